@@ -1,0 +1,2 @@
+//! Placeholder, replaced by the follower benchmark.
+fn main() {}

@@ -1,0 +1,140 @@
+//! The announce plan: after a write commits, which legs to run and how to report them.
+
+use crate::event::Event;
+use crate::job::{Job, JobId};
+
+/// Which announce legs a writer runs. All three by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Legs {
+    /// Publish the event to the durable events stream, keyed by the entity key.
+    pub publish: bool,
+    /// Notify the wake channel with the event.
+    pub notify: bool,
+    /// Enqueue a `pack_housekeeping` job for the key.
+    pub enqueue: bool,
+}
+
+impl Default for Legs {
+    fn default() -> Self {
+        Legs {
+            publish: true,
+            notify: true,
+            enqueue: true,
+        }
+    }
+}
+
+/// What to do to announce one committed write. Each leg is independent and fail-soft: a
+/// driver runs every planned leg whatever the others did, and no leg can fail the write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AnnouncePlan {
+    /// The key to publish under (the events stream is keyed by entity key).
+    pub key: String,
+    /// The event's wire bytes, for the publish and notify legs.
+    pub payload: Vec<u8>,
+    /// Run the publish leg.
+    pub publish: bool,
+    /// Run the notify leg.
+    pub notify: bool,
+    /// The job to enqueue, if the enqueue leg runs.
+    pub job: Option<Job>,
+}
+
+impl AnnouncePlan {
+    /// Plans the announcement of `event` with `legs`. `None` when the event cannot be
+    /// serialised: the driver then runs nothing and reports [`AnnounceReport::default`].
+    #[must_use]
+    pub fn new(event: &Event, legs: Legs) -> Option<AnnouncePlan> {
+        let payload = event.encode().ok()?;
+        let key = event.key().to_owned();
+        let job = legs
+            .enqueue
+            .then(|| Job::PackHousekeeping { key: key.clone() });
+        Some(AnnouncePlan {
+            key,
+            payload,
+            publish: legs.publish,
+            notify: legs.notify,
+            job,
+        })
+    }
+}
+
+/// What an announcement achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AnnounceReport {
+    /// The event reached the durable events stream.
+    pub published: bool,
+    /// The wake channel was notified.
+    pub notified: bool,
+    /// The id of the enqueued maintenance job, if one was enqueued.
+    pub enqueued: Option<JobId>,
+}
+
+impl AnnounceReport {
+    /// Whether every leg of `plan` landed. If not, the next reconcile closes the window.
+    #[must_use]
+    pub fn is_complete(&self, plan: &AnnouncePlan) -> bool {
+        (!plan.publish || self.published)
+            && (!plan.notify || self.notified)
+            && (plan.job.is_none() || self.enqueued.is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plan_carries_the_event_bytes_and_a_housekeeping_job_for_the_key() {
+        let e = Event::Removed {
+            seq: 4,
+            key: "pkg".into(),
+        };
+        let plan = AnnouncePlan::new(&e, Legs::default()).unwrap();
+        assert_eq!(plan.key, "pkg");
+        assert_eq!(Event::decode(&plan.payload).unwrap(), e);
+        assert_eq!(plan.job, Some(Job::PackHousekeeping { key: "pkg".into() }));
+        assert!(plan.publish && plan.notify);
+    }
+
+    #[test]
+    fn legs_can_be_switched_off() {
+        let e = Event::Mutation {
+            seq: 1,
+            key: "k".into(),
+        };
+        let plan = AnnouncePlan::new(
+            &e,
+            Legs {
+                publish: false,
+                notify: true,
+                enqueue: false,
+            },
+        )
+        .unwrap();
+        assert!(!plan.publish && plan.job.is_none());
+        let report = AnnounceReport {
+            published: false,
+            notified: true,
+            enqueued: None,
+        };
+        assert!(report.is_complete(&plan));
+    }
+
+    #[test]
+    fn a_report_with_a_missing_leg_is_incomplete() {
+        let e = Event::Mutation {
+            seq: 1,
+            key: "k".into(),
+        };
+        let plan = AnnouncePlan::new(&e, Legs::default()).unwrap();
+        let partial = AnnounceReport {
+            published: true,
+            notified: false,
+            enqueued: Some(JobId(1)),
+        };
+        assert!(!partial.is_complete(&plan));
+        assert!(!AnnounceReport::default().is_complete(&plan));
+    }
+}

@@ -1,0 +1,267 @@
+//! The bodies of the cargo-fuzz targets, as library functions.
+//!
+//! `fuzz/` calls these from its libFuzzer targets; plain tests replay them over a checked-in
+//! corpus so that CI exercises them on the stable toolchain. Each panics on a violated
+//! invariant, which is what a fuzzer looks for.
+
+use std::collections::BTreeMap;
+
+use crate::config::{FollowerConfig, Sync};
+use crate::decode::Utf8;
+use crate::entry::{Entry, Op};
+use crate::event::Event;
+use crate::follower::{Continuity, FeedInfo, Follower, Input, Output, Token};
+use crate::time::Time;
+
+/// Decodes arbitrary bytes as an event: never panics, and a valid event re-encodes to bytes
+/// that decode to the same event.
+pub fn decode_event(data: &[u8]) {
+    if let Ok(event) = Event::decode(data) {
+        let bytes = event.encode().expect("a decoded event always encodes");
+        assert_eq!(
+            Event::decode(&bytes).as_ref(),
+            Ok(&event),
+            "round trip changed the event"
+        );
+    }
+}
+
+/// Reads fuzz bytes as a little program of follower inputs.
+struct Bytes<'a> {
+    data: &'a [u8],
+}
+
+impl Bytes<'_> {
+    fn byte(&mut self) -> Option<u8> {
+        let (&b, rest) = self.data.split_first()?;
+        self.data = rest;
+        Some(b)
+    }
+
+    fn small(&mut self, below: u8) -> u64 {
+        u64::from(self.byte().unwrap_or(0) % below)
+    }
+}
+
+const KEYS: [&str; 6] = ["a", "b", "c", "d", "", "bad\u{1}key"];
+
+fn key(b: &mut Bytes<'_>) -> String {
+    KEYS[b.small(KEYS.len() as u8) as usize].to_owned()
+}
+
+fn value(b: &mut Bytes<'_>) -> Vec<u8> {
+    match b.small(4) {
+        0 => vec![0xff, 0xfe], // poison for the UTF-8 decoder
+        n => vec![b'a' + n as u8],
+    }
+}
+
+fn entry(b: &mut Bytes<'_>) -> Entry {
+    let seq = b.small(48);
+    let position = b.small(64);
+    let op = match b.small(6) {
+        0 | 1 => Op::Put,
+        2 => Op::Delete,
+        3 => Op::Purge,
+        4 => Op::Mutation,
+        _ => Op::Unknown("ROLLUP".into()),
+    };
+    let value = if op == Op::Put { value(b) } else { Vec::new() };
+    Entry::new(position, seq, key(b), op, value)
+}
+
+/// What the harness observed of the follower's outputs, to check invariants against.
+#[derive(Default)]
+struct Observed {
+    cache: BTreeMap<String, u64>,
+    watermark: u64,
+    ready: u32,
+    checkpoint: Option<u64>,
+    feed: Option<Token>,
+    request: Option<Token>,
+    stopped: bool,
+}
+
+impl Observed {
+    fn check(&mut self, f: &mut Follower<Utf8>) {
+        while let Some(output) = f.poll_output() {
+            assert!(!self.stopped, "output after Stopped: {output:?}");
+            match output {
+                Output::Put { key, seq, .. } => {
+                    if let Some(&have) = self.cache.get(&key) {
+                        assert!(seq > have, "{key}: put at {seq} over newer or equal {have}");
+                    }
+                    self.cache.insert(key, seq);
+                }
+                Output::Remove { key, .. } => {
+                    assert!(
+                        self.cache.remove(&key).is_some(),
+                        "removed absent key {key}"
+                    );
+                }
+                Output::Checkpoint { position } => {
+                    assert!(
+                        self.checkpoint.is_none_or(|c| position > c),
+                        "checkpoint went back"
+                    );
+                    self.checkpoint = Some(position);
+                }
+                Output::Ready { .. } => self.ready += 1,
+                Output::OpenFeed { token, from, .. } => {
+                    assert_eq!(from, f.watermark() + 1, "a feed must open at watermark+1");
+                    self.feed = Some(token);
+                }
+                Output::LookupSource { token }
+                | Output::Reconcile { token, .. }
+                | Output::Snapshot { token }
+                | Output::Fetch { token, .. } => self.request = Some(token),
+                Output::Stopped => self.stopped = true,
+                Output::CloseFeed { .. } | Output::Diagnostic(_) => {}
+            }
+        }
+        assert!(f.watermark() >= self.watermark, "watermark went backwards");
+        self.watermark = f.watermark();
+        assert!(self.ready <= 1, "ready reported twice");
+        assert_eq!(
+            f.is_ready(),
+            self.ready == 1,
+            "is_ready disagrees with outputs"
+        );
+        assert_eq!(
+            f.len(),
+            self.cache.len(),
+            "index and applied outputs disagree"
+        );
+        for (k, &seq) in &self.cache {
+            assert_eq!(
+                f.seq_of(k),
+                Some(seq),
+                "index and applied outputs disagree on {k}"
+            );
+        }
+    }
+}
+
+/// Runs arbitrary input sequences through a follower: never panics, and the invariants
+/// hold after every step (watermark monotone, never-older per key, no double apply, ready
+/// at most once, checkpoints monotone, feeds open at watermark+1).
+pub fn follower_inputs(data: &[u8]) {
+    let mut b = Bytes { data };
+    let sync = if b.small(4) == 0 {
+        Sync::WakeOnly
+    } else {
+        Sync::Feed
+    };
+    let Ok(config) = FollowerConfig::builder("fuzz")
+        .seed(u64::from(b.small(255) as u8))
+        .sync(sync)
+        .max_value_bytes(4)
+        .build()
+    else {
+        return;
+    };
+    let mut f = Follower::new(config, Utf8);
+    let mut seen = Observed::default();
+    let mut now = Time::ZERO;
+    seen.check(&mut f);
+    while let Some(op) = b.byte() {
+        // Mostly answer the latest request or feed; sometimes use a stale token.
+        let stale = b.small(8) == 0;
+        let feed = if stale {
+            Token(b.small(8))
+        } else {
+            seen.feed.unwrap_or(Token(0))
+        };
+        let req = if stale {
+            Token(b.small(8))
+        } else {
+            seen.request.unwrap_or(Token(0))
+        };
+        let input = match op % 17 {
+            0 => Input::SourceFound { token: req },
+            1 => {
+                let continuity = if b.small(2) == 0 {
+                    Continuity::Gapless
+                } else {
+                    Continuity::Sparse
+                };
+                let info = FeedInfo {
+                    first_available: b.small(8),
+                    head: b.small(32),
+                    continuity,
+                    checkpoints: b.small(2) == 0,
+                };
+                Input::FeedOpened { token: feed, info }
+            }
+            2..=5 => Input::Entry {
+                token: feed,
+                entry: entry(&mut b),
+            },
+            6 => Input::FeedFailed {
+                token: feed,
+                error: "boom".into(),
+            },
+            7 => Input::FeedEnded { token: feed },
+            8 => {
+                let changes = (0..b.small(4)).map(|_| entry(&mut b)).collect();
+                Input::Changes {
+                    token: req,
+                    changes,
+                    source_watermark: b.small(48),
+                }
+            }
+            9 => Input::ChangesUnavailable {
+                token: req,
+                first_available: b.small(48),
+            },
+            10 => {
+                let entries = (0..b.small(4)).map(|_| entry(&mut b)).collect();
+                Input::Snapshot {
+                    token: req,
+                    entries,
+                    source_watermark: b.small(48),
+                }
+            }
+            11 => {
+                let value = (b.small(3) > 0).then(|| (b.small(48), value(&mut b)));
+                Input::Fetched { token: req, value }
+            }
+            12 => Input::RequestFailed {
+                token: req,
+                error: "nope".into(),
+            },
+            13 => Input::Wake,
+            14 => Input::Undecodable {
+                token: feed,
+                position: b.small(64),
+                seq: (b.small(2) == 0).then(|| b.small(48)),
+                reason: "junk".into(),
+            },
+            15 => {
+                now = now.saturating_add(std::time::Duration::from_millis(b.small(255) * 200));
+                f.handle_timeout(now);
+                seen.check(&mut f);
+                continue;
+            }
+            _ if b.small(4) == 0 => Input::Stop,
+            _ => Input::Wake,
+        };
+        f.handle_input(input, now);
+        seen.check(&mut f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_and_empty_programs_do_not_panic() {
+        follower_inputs(&[]);
+        follower_inputs(&[0]);
+        decode_event(&[]);
+        for n in 0..=255u8 {
+            follower_inputs(&[n, n, n]);
+        }
+    }
+}

@@ -1,0 +1,85 @@
+//! tidemark-core: the deterministic, sans-IO decisions that keep a local cache converged
+//! with a durable, keyed source of truth through a change feed.
+//!
+//! This crate decides; it never does. It performs no I/O, reads no clock and no OS
+//! randomness, spawns nothing and holds no global state: time comes in as a [`Time`] value
+//! and jitter from a generator seeded by configuration. The same inputs therefore give
+//! the same outputs, which is what lets a simulator, property tests and fuzzers replay any
+//! run exactly. Adapters (tokio drivers, NATS, SQLite, the simulator) carry the decisions
+//! out.
+//!
+//! # The follower
+//!
+//! [`Follower`] is the state machine of one cache. It is driven like quinn-proto or str0m:
+//!
+//! 1. report a fact with [`Follower::handle_input`] (a feed entry, a feed failure, a
+//!    reconcile's rows…) or [`Follower::handle_timeout`];
+//! 2. drain [`Follower::poll_output`] until it returns `None`, carrying out each
+//!    [`Output`] in order (apply a put, open the feed from watermark+1, reconcile, …);
+//! 3. sleep until [`Follower::poll_timeout`], then go to 1.
+//!
+//! ```
+//! use tidemark_core::*;
+//!
+//! let config = FollowerConfig::builder("mirror").seed(7).build()?;
+//! let mut f = Follower::new(config, Utf8);
+//! let now = Time::ZERO;
+//! let Some(Output::LookupSource { token }) = f.poll_output() else { unreachable!() };
+//! f.handle_input(Input::SourceFound { token }, now);
+//! let Some(Output::OpenFeed { token, from: 1, .. }) = f.poll_output() else { unreachable!() };
+//! let info = FeedInfo { first_available: 1, head: 1, continuity: Continuity::Gapless, checkpoints: false };
+//! f.handle_input(Input::FeedOpened { token, info }, now);
+//! f.handle_input(Input::Entry { token, entry: Entry::put(1, "a", "hello") }, now);
+//! assert_eq!(f.poll_output(), Some(Output::Put { key: "a".into(), seq: 1, value: "hello".into() }));
+//! assert_eq!(f.poll_output(), Some(Output::Ready { watermark: 1 }));
+//! assert_eq!(f.watermark(), 1);
+//! # Ok::<(), ConfigError>(())
+//! ```
+//!
+//! What it guarantees: the watermark only grows; an entry at or below it is not applied
+//! again (but is still checkpointed); per key a newer value is never replaced by an older
+//! one; a gap on a gapless feed, or a feed that can no longer serve watermark+1, leads to a
+//! reconcile or a full resync instead of a silent skip; readiness comes only after the
+//! initial sync; bad entries and undecodable values are counted skips, never panics.
+//!
+//! # Also here
+//!
+//! - [`Event`]: the announcement wire format; [`Entry`] and [`Op`]: what feeds deliver.
+//! - [`Decode`]: the user's value decoder, with an error type of their choosing.
+//! - [`BackoffPolicy`] and [`Backoff`]: exponential, jittered, capped, reset when healthy.
+//! - [`AnnouncePlan`] and [`AnnounceReport`]: the writer's three fail-soft legs.
+//! - [`Job`], [`Schedule`] and [`RestartPolicy`].
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod announce;
+mod backoff;
+mod config;
+mod decode;
+mod entry;
+mod error;
+mod event;
+mod follower;
+pub mod fuzzing;
+mod job;
+mod restart;
+mod rng;
+mod schedule;
+mod time;
+
+pub use announce::{AnnouncePlan, AnnounceReport, Legs};
+pub use backoff::{Backoff, BackoffPolicy};
+pub use config::{FollowerConfig, FollowerConfigBuilder, Sync};
+pub use decode::{Decode, DecodeFn, Json, RawBytes, Utf8, decode_fn};
+pub use entry::{CacheChange, Entry, Op};
+pub use error::ConfigError;
+pub use event::{EncodeError, Event, NotAnEvent};
+pub use follower::{
+    Cause, Continuity, Counters, Diagnostic, FeedInfo, Follower, Input, InvalidReason, Output,
+    Phase, Status, Token,
+};
+pub use job::{Job, JobId};
+pub use restart::RestartPolicy;
+pub use rng::Rng;
+pub use schedule::Schedule;
+pub use time::Time;
