@@ -1,0 +1,94 @@
+//! The runtime's one error type. Data problems on a feed (undecodable payloads, poison
+//! values, invalid keys) are counted events, never errors: only misuse and I/O failures
+//! are `Err`.
+
+use std::time::Duration;
+
+/// What a port or driver could not do.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The backend could not be reached or failed to answer (I/O, a network partition, a
+    /// busy database, an injected fault). Retryable: drivers back off and try again.
+    #[error("{port} unavailable: {reason}")]
+    Unavailable {
+        /// Which port failed (`"source"`, `"feed"`, `"wake"`, `"queue"`, …).
+        port: &'static str,
+        /// The backend's explanation.
+        reason: String,
+    },
+    /// A compare-and-set write found another seq than the one it expected.
+    #[error("conflict on {key:?}: expected seq {expected}, found {current:?}")]
+    Conflict {
+        /// The key written.
+        key: String,
+        /// The seq the caller expected the key to hold.
+        expected: u64,
+        /// The seq it holds (`None`: the key is absent).
+        current: Option<u64>,
+    },
+    /// A key the source refuses (empty, too long, control characters).
+    #[error("invalid key {key:?}: {reason}")]
+    InvalidKey {
+        /// The key, possibly shortened.
+        key: String,
+        /// Why it is refused.
+        reason: &'static str,
+    },
+    /// A value larger than the backend accepts.
+    #[error("value of {len} bytes exceeds the limit of {max}")]
+    ValueTooLarge {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A queue lease or a lock lease is no longer held (it expired and was handed to
+    /// someone else, or was already completed).
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// Something named does not exist (a job id, a schedule).
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// The port was closed (the process-local backend was shut down).
+    #[error("{0} closed")]
+    Closed(&'static str),
+    /// A driver did not finish within its budget.
+    #[error("{what} did not finish within {budget:?}")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The budget.
+        budget: Duration,
+    },
+    /// A user worker's handler failed; the worker exits and its restart policy decides.
+    #[error("worker {worker} failed: {reason}")]
+    Worker {
+        /// The worker's name.
+        worker: String,
+        /// The handler's error, displayed.
+        reason: String,
+    },
+    /// A configuration the core refused.
+    #[error(transparent)]
+    Config(#[from] tidemark_core::ConfigError),
+}
+
+impl Error {
+    /// An [`Error::Unavailable`] for `port`.
+    pub fn unavailable(port: &'static str, reason: impl Into<String>) -> Self {
+        Error::Unavailable {
+            port,
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether trying again later may succeed.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Timeout { .. })
+    }
+}
+
+/// The runtime's result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,57 @@
+//! Feeds: streams of entries a follower replays from a seq and then keeps following.
+
+use std::future::Future;
+
+use tidemark_core::{Entry, FeedInfo};
+
+use crate::error::Result;
+
+/// One thing a feed delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FeedItem {
+    /// An entry.
+    Entry(Entry),
+    /// Something at `position` that is not an entry (a payload that is not an event, a key
+    /// that is not UTF-8). The follower counts it and checkpoints past it: a data problem,
+    /// never an error.
+    Undecodable {
+        /// Its position on the feed.
+        position: u64,
+        /// Its seq, where the feed knows it.
+        seq: Option<u64>,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// An open feed: what it reported, and its items.
+#[derive(Debug)]
+pub struct Opened<S> {
+    /// First available seq, head, continuity, whether it checkpoints.
+    pub info: FeedInfo,
+    /// The items, from the requested start on.
+    pub stream: S,
+}
+
+/// The items of an open feed. It ends cleanly (`None`) or fails (`Some(Err)`); either way
+/// the follower reopens it from its watermark + 1.
+pub trait FeedStream: Send {
+    /// The next item, waiting for one if the feed is caught up.
+    fn next(&mut self) -> impl Future<Output = Option<Result<FeedItem>>> + Send;
+}
+
+/// A feed of entries: a source's change log (gapless), a KV watch (sparse), or an events
+/// stream whose positions differ from seqs.
+pub trait Feed: Send + Sync {
+    /// The stream an open feed yields.
+    type Stream: FeedStream + 'static;
+
+    /// Opens the feed at seq `from`. A feed with durable cursors (an events stream) starts
+    /// after `after_position` when given, else at its beginning; a feed keyed by seq (a
+    /// change log, a KV bucket) starts at `from`.
+    fn open(
+        &self,
+        from: u64,
+        after_position: Option<u64>,
+    ) -> impl Future<Output = Result<Opened<Self::Stream>>> + Send;
+}

@@ -1,0 +1,37 @@
+//! Named locks with an owner and a time to live: one sweeper at a time.
+
+use std::future::Future;
+use std::time::Duration;
+
+use crate::error::Result;
+
+/// A held lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockLease {
+    /// The lock's name.
+    pub name: String,
+    /// Who holds it.
+    pub owner: String,
+    /// Grows with every acquisition of this lock: a fencing token a holder can pass to
+    /// storage so that a holder whose lease expired cannot overwrite its successor.
+    pub fencing: u64,
+}
+
+/// Named, expiring locks.
+pub trait Lock: Send + Sync {
+    /// Takes `name` for `owner` for `ttl`, if it is free or its holder's lease expired.
+    /// `None` if someone else holds it.
+    fn try_lock(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<LockLease>>> + Send;
+
+    /// Extends a held lease to `ttl` from now. [`Error::LeaseLost`](crate::Error::LeaseLost)
+    /// if it expired and someone else took the lock.
+    fn renew(&self, lease: &LockLease, ttl: Duration) -> impl Future<Output = Result<()>> + Send;
+
+    /// Releases a held lease (nothing happens if it was already lost).
+    fn release(&self, lease: &LockLease) -> impl Future<Output = Result<()>> + Send;
+}

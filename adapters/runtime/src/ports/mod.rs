@@ -1,0 +1,24 @@
+//! The ports: small async traits an adapter implements (memory, SQLite, NATS, the
+//! simulator) and the drivers are written against, once.
+//!
+//! Every method returns `impl Future + Send`, so a driver generic over a port can be
+//! spawned on a multi-threaded runtime. Implementations are cheap handles (an `Arc`
+//! inside) shared by reference.
+
+mod cursor;
+mod feed;
+mod lock;
+mod publish;
+mod queue;
+mod schedule;
+mod source;
+mod wake;
+
+pub use cursor::Cursors;
+pub use feed::{Feed, FeedItem, FeedStream, Opened};
+pub use lock::{Lock, LockLease};
+pub use publish::Publish;
+pub use queue::{JobRecord, JobState, Leased, Queue};
+pub use schedule::{DueSchedule, ScheduleStore};
+pub use source::{Changes, Snapshot, Source, Versioned};
+pub use wake::{Received, Wake, WakeListener};

@@ -1,0 +1,42 @@
+//! Durable named schedules, and the compare-and-set that fires each tick once.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tidemark_core::Schedule;
+
+use crate::error::Result;
+
+/// A stored schedule, with how far its clock has run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DueSchedule {
+    /// The schedule.
+    pub schedule: Schedule,
+    /// The last tick fired, if any.
+    pub last_fired: Option<u64>,
+    /// Time since the schedule's anchor (when it was stored), by the store's clock: the one
+    /// clock every runner shares.
+    pub since_anchor: Duration,
+}
+
+/// Durable schedules.
+pub trait ScheduleStore: Send + Sync {
+    /// Stores `schedule`, replacing one of the same name (its anchor restarts now and its
+    /// ticks count afresh).
+    fn put_schedule(&self, schedule: Schedule) -> impl Future<Output = Result<()>> + Send;
+
+    /// Removes the schedule called `name`; whether it existed.
+    fn remove_schedule(&self, name: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Every stored schedule with its last fired tick and clock, in name order.
+    fn schedules(&self) -> impl Future<Output = Result<Vec<DueSchedule>>> + Send;
+
+    /// Compare-and-set of the last fired tick: records `tick` only if the stored last tick
+    /// is still `expected`. Exactly one of several runners racing for a tick gets `true`.
+    fn mark_fired(
+        &self,
+        name: &str,
+        expected: Option<u64>,
+        tick: u64,
+    ) -> impl Future<Output = Result<bool>> + Send;
+}

@@ -1,0 +1,84 @@
+//! The source of truth: a durable, keyed store in which every mutation gets the next seq.
+
+use std::future::Future;
+
+use tidemark_core::Entry;
+
+use crate::error::Result;
+
+/// A value with the seq it was written at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Versioned {
+    /// The seq of the mutation that wrote it.
+    pub seq: u64,
+    /// Its bytes.
+    pub value: Vec<u8>,
+}
+
+/// The source's changes since a seq, or the news that they are no longer available.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// Every mutation after the requested seq, in seq order: puts (with values) and
+    /// removals (tombstones, `Op::Delete`, with their seq). Only the latest mutation per key
+    /// need appear.
+    Since {
+        /// The changes.
+        entries: Vec<Entry>,
+        /// The source's watermark when they were read.
+        watermark: u64,
+    },
+    /// Tombstones at or below the requested seq were compacted: only a snapshot can bring
+    /// a reader up to date.
+    Compacted {
+        /// The first seq the source can still serve changes from.
+        first_available: u64,
+    },
+}
+
+/// Every current entry of the source.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct Snapshot {
+    /// The current puts, in key order.
+    pub entries: Vec<Entry>,
+    /// The source's watermark at the snapshot.
+    pub watermark: u64,
+}
+
+/// The durable, keyed source of truth (the registry).
+///
+/// Each mutation gets the next seq: positive and strictly increasing. Removals leave
+/// tombstones carrying their seq, so [`changes_since`](Self::changes_since) covers them and
+/// costs what changed, not the size of the source.
+pub trait Source: Send + Sync {
+    /// Writes `value` under `key`; returns the mutation's seq once it is durable.
+    fn put(&self, key: &str, value: Vec<u8>) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Writes `value` under `key` only if the key's current seq is `expected` (0: the key
+    /// must be absent). Otherwise [`Error::Conflict`](crate::Error::Conflict).
+    fn update(
+        &self,
+        key: &str,
+        value: Vec<u8>,
+        expected: u64,
+    ) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Removes `key`, leaving a tombstone; returns its seq, or `None` if the key was absent
+    /// (nothing changed, no seq was used).
+    fn remove(&self, key: &str) -> impl Future<Output = Result<Option<u64>>> + Send;
+
+    /// The seq of the last mutation (0 for a source never written).
+    fn watermark(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Mutations after `since`, including removals, or [`Changes::Compacted`].
+    fn changes_since(&self, since: u64) -> impl Future<Output = Result<Changes>> + Send;
+
+    /// Every current entry and the watermark, read at one point in time.
+    fn snapshot(&self) -> impl Future<Output = Result<Snapshot>> + Send;
+
+    /// `key`'s current value and its seq, or `None` if absent.
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>>> + Send;
+
+    /// The first seq [`changes_since`](Self::changes_since) can still serve from
+    /// (`since + 1 >= first_available`): 1 when nothing was ever compacted.
+    fn first_available(&self) -> impl Future<Output = Result<u64>> + Send;
+}
