@@ -1,3 +1,70 @@
 //! tidemark-memory: the in-process reference implementation of every tidemark port.
+//!
+//! [`Memory`] bundles a source (whose change log is a gapless feed), an events stream with
+//! durable cursors, wake channels, a job queue, locks and schedules, all sharing one set of
+//! [`Faults`]: fail an announce leg, fail the next N calls of a port, drop, duplicate or
+//! reorder announcements, compact the source's history. Every handle is a cheap clone of
+//! an `Arc`, so a simulator can keep the state outside a host that crashes.
+//!
+//! Time (visibility timeouts, lock expiry, schedule clocks) is tokio's, so tests with
+//! paused time and simulators drive it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+
+mod events;
+mod faults;
+mod lock;
+mod queue;
+mod schedule;
+mod source;
+mod wake;
+
+pub use events::{EventStream, MemoryEvents, Record};
+pub use faults::{Faults, Mangle, Port};
+pub use lock::MemoryLock;
+pub use queue::{DEFAULT_MAX_ATTEMPTS, MemoryQueue};
+pub use schedule::MemorySchedules;
+pub use source::{LogStream, MAX_KEY_BYTES, MAX_VALUE_BYTES, MemorySource};
+pub use wake::{MemoryListener, MemoryWake};
+
+/// Every memory port, sharing one set of [`Faults`].
+#[derive(Clone, Debug)]
+pub struct Memory {
+    /// The source of truth; also a gapless feed of its own changes.
+    pub source: MemorySource,
+    /// The durable events stream, with cursors.
+    pub events: MemoryEvents,
+    /// Wake channels.
+    pub wake: MemoryWake,
+    /// The job queue.
+    pub queue: MemoryQueue,
+    /// Named locks.
+    pub lock: MemoryLock,
+    /// Durable schedules.
+    pub schedules: MemorySchedules,
+    /// The fault switches every port above consults.
+    pub faults: Faults,
+}
+
+impl Memory {
+    /// Fresh, empty ports with no fault armed.
+    #[must_use]
+    pub fn new() -> Self {
+        let faults = Faults::new();
+        Memory {
+            source: MemorySource::new(faults.clone()),
+            events: MemoryEvents::new(faults.clone()),
+            wake: MemoryWake::new(faults.clone()),
+            queue: MemoryQueue::new(faults.clone()),
+            lock: MemoryLock::new(faults.clone()),
+            schedules: MemorySchedules::new(faults.clone()),
+            faults,
+        }
+    }
+}
+
+impl Default for Memory {
+    fn default() -> Self {
+        Memory::new()
+    }
+}

@@ -2,6 +2,8 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod error;
 pub mod ports;
 

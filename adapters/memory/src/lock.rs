@@ -1,0 +1,113 @@
+//! In-process named locks with a time to live.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tidemark::{Error, Lock, LockLease, Result};
+use tokio::time::Instant;
+
+use crate::faults::{Faults, Port};
+
+#[derive(Debug)]
+struct Held {
+    owner: String,
+    fencing: u64,
+    expires: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    held: BTreeMap<String, Held>,
+    fencing: BTreeMap<String, u64>,
+}
+
+/// In-process named locks. Time is tokio's, so paused time drives expiry.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryLock {
+    state: Arc<Mutex<State>>,
+    faults: Faults,
+}
+
+impl MemoryLock {
+    /// No lock held; calls consult `faults`.
+    #[must_use]
+    pub fn new(faults: Faults) -> Self {
+        MemoryLock {
+            state: Arc::default(),
+            faults,
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Lock for MemoryLock {
+    async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
+        self.faults.check(Port::Lock)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        if let Some(h) = s.held.get_mut(name)
+            && h.expires > now
+        {
+            if h.owner != owner {
+                return Ok(None);
+            }
+            // The holder asking again keeps its lease (and its fencing token).
+            h.expires = now + ttl;
+            return Ok(Some(LockLease {
+                name: name.to_owned(),
+                owner: owner.to_owned(),
+                fencing: h.fencing,
+            }));
+        }
+        let fencing = {
+            let f = s.fencing.entry(name.to_owned()).or_insert(0);
+            *f += 1;
+            *f
+        };
+        s.held.insert(
+            name.to_owned(),
+            Held {
+                owner: owner.to_owned(),
+                fencing,
+                expires: now + ttl,
+            },
+        );
+        Ok(Some(LockLease {
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+            fencing,
+        }))
+    }
+
+    async fn renew(&self, lease: &LockLease, ttl: Duration) -> Result<()> {
+        self.faults.check(Port::Lock)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        match s.held.get_mut(&lease.name) {
+            Some(h) if h.fencing == lease.fencing && h.expires > now => {
+                h.expires = now + ttl;
+                Ok(())
+            }
+            _ => Err(Error::LeaseLost(format!(
+                "lock {} (fencing {})",
+                lease.name, lease.fencing
+            ))),
+        }
+    }
+
+    async fn release(&self, lease: &LockLease) -> Result<()> {
+        self.faults.check(Port::Lock)?;
+        let mut s = self.state();
+        if s.held
+            .get(&lease.name)
+            .is_some_and(|h| h.fencing == lease.fencing)
+        {
+            s.held.remove(&lease.name);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,194 @@
+//! The in-process job queue: leases with visibility timeouts, retries, a dead letter.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tidemark::tidemark_core::{Job, JobId};
+use tidemark::{Error, JobRecord, JobState, Leased, Queue, Result};
+use tokio::time::Instant;
+
+use crate::faults::{Faults, Port};
+
+/// Attempts before a job is dead-lettered, by default.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+
+#[derive(Debug)]
+struct Slot {
+    record: JobRecord,
+    visible_at: Instant,
+    receipt: u64,
+    lease_until: Option<Instant>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_id: u64,
+    next_receipt: u64,
+    jobs: BTreeMap<JobId, Slot>,
+}
+
+impl State {
+    /// Expired leases go back to ready, or to the dead letter if their attempts are used.
+    fn expire(&mut self, now: Instant, max_attempts: u32) {
+        for slot in self.jobs.values_mut() {
+            if slot.record.state == JobState::Leased && slot.lease_until.is_some_and(|t| t <= now) {
+                slot.lease_until = None;
+                slot.record.last_error =
+                    Some(format!("lease expired on attempt {}", slot.record.attempts));
+                slot.record.state = if slot.record.attempts >= max_attempts {
+                    JobState::DeadLettered
+                } else {
+                    JobState::Ready
+                };
+                slot.visible_at = now;
+            }
+        }
+    }
+
+    fn held<'a>(&'a mut self, lease: &Leased, now: Instant) -> Result<&'a mut Slot> {
+        match self.jobs.get_mut(&lease.id) {
+            Some(slot)
+                if slot.record.state == JobState::Leased
+                    && slot.receipt == lease.receipt
+                    && slot.lease_until.is_some_and(|t| t > now) =>
+            {
+                Ok(slot)
+            }
+            _ => Err(Error::LeaseLost(format!(
+                "{} (receipt {})",
+                lease.id, lease.receipt
+            ))),
+        }
+    }
+}
+
+/// An in-process job queue. Time is tokio's, so paused time drives visibility timeouts.
+#[derive(Clone, Debug)]
+pub struct MemoryQueue {
+    state: Arc<Mutex<State>>,
+    max_attempts: u32,
+    faults: Faults,
+}
+
+impl Default for MemoryQueue {
+    fn default() -> Self {
+        MemoryQueue::new(Faults::new())
+    }
+}
+
+impl MemoryQueue {
+    /// An empty queue dead-lettering after [`DEFAULT_MAX_ATTEMPTS`].
+    #[must_use]
+    pub fn new(faults: Faults) -> Self {
+        MemoryQueue {
+            state: Arc::default(),
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            faults,
+        }
+    }
+
+    /// The same queue dead-lettering after `max_attempts` (at least 1).
+    #[must_use]
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Every job, in id order (for oracles and tests).
+    #[must_use]
+    pub fn jobs(&self) -> Vec<JobRecord> {
+        let mut s = self.state();
+        s.expire(Instant::now(), self.max_attempts);
+        s.jobs.values().map(|slot| slot.record.clone()).collect()
+    }
+}
+
+impl Queue for MemoryQueue {
+    async fn enqueue(&self, job: Job) -> Result<JobId> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        s.next_id += 1;
+        let id = JobId(s.next_id);
+        s.jobs.insert(
+            id,
+            Slot {
+                record: JobRecord {
+                    id,
+                    job,
+                    state: JobState::Ready,
+                    attempts: 0,
+                    last_error: None,
+                },
+                visible_at: Instant::now(),
+                receipt: 0,
+                lease_until: None,
+            },
+        );
+        Ok(id)
+    }
+
+    async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        s.expire(Instant::now(), self.max_attempts);
+        Ok(s.jobs.get(&id).map(|slot| slot.record.clone()))
+    }
+
+    async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        s.expire(now, self.max_attempts);
+        s.next_receipt += 1;
+        let receipt = s.next_receipt;
+        let Some(slot) = s
+            .jobs
+            .values_mut()
+            .find(|slot| slot.record.state == JobState::Ready && slot.visible_at <= now)
+        else {
+            return Ok(None);
+        };
+        slot.record.attempts += 1;
+        slot.record.state = JobState::Leased;
+        slot.receipt = receipt;
+        slot.lease_until = Some(now + visibility);
+        Ok(Some(Leased {
+            id: slot.record.id,
+            job: slot.record.job.clone(),
+            attempt: slot.record.attempts,
+            receipt,
+        }))
+    }
+
+    async fn ack(&self, lease: &Leased) -> Result<()> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        let slot = s.held(lease, now)?;
+        slot.record.state = JobState::Done;
+        slot.lease_until = None;
+        Ok(())
+    }
+
+    async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let max_attempts = self.max_attempts;
+        let mut s = self.state();
+        let slot = s.held(lease, now)?;
+        slot.lease_until = None;
+        slot.record.last_error = Some(error.to_owned());
+        slot.record.state = if slot.record.attempts >= max_attempts {
+            JobState::DeadLettered
+        } else {
+            slot.visible_at = now + retry_after;
+            JobState::Ready
+        };
+        Ok(slot.record.state)
+    }
+}

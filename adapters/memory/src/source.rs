@@ -1,0 +1,335 @@
+//! The in-process source of truth, whose own change log is a gapless feed.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tidemark::{
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
+};
+use tokio::sync::watch;
+
+use crate::faults::{Faults, Port};
+
+/// Keys longer than this are refused.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Values larger than this are refused.
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+/// How many log entries a feed copies per lock of the source.
+const READ_BATCH: usize = 1024;
+
+#[derive(Debug, Default)]
+struct State {
+    seq: u64,
+    entries: BTreeMap<String, Versioned>,
+    /// Every mutation from `log_base` on, in seq order (`log[i].seq == log_base + i`).
+    log: VecDeque<Entry>,
+    log_base: u64,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Mutex<State>,
+    head: watch::Sender<u64>,
+    /// Bumped to end every open feed cleanly.
+    generation: AtomicU64,
+    faults: Faults,
+}
+
+/// An in-process source: a key → value map in which every mutation gets the next seq, with
+/// a change log (puts and tombstones) that serves [`Source::changes_since`] and is itself
+/// a [`Continuity::Gapless`] [`Feed`].
+///
+/// A cheap handle: clones share the state, which can live outside a simulated host that
+/// crashes, like a disk.
+#[derive(Clone, Debug)]
+pub struct MemorySource {
+    inner: Arc<Inner>,
+}
+
+impl Default for MemorySource {
+    fn default() -> Self {
+        MemorySource::new(Faults::new())
+    }
+}
+
+fn check_key(key: &str) -> Result<()> {
+    let reason = if key.is_empty() {
+        "empty"
+    } else if key.len() > MAX_KEY_BYTES {
+        "longer than 1024 bytes"
+    } else if key.bytes().any(|b| b.is_ascii_control()) {
+        "contains a control character"
+    } else {
+        return Ok(());
+    };
+    let mut shown = key.to_owned();
+    if shown.len() > 64 {
+        let mut cut = 64;
+        while !shown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        shown.truncate(cut);
+    }
+    Err(Error::InvalidKey { key: shown, reason })
+}
+
+fn check_value(value: &[u8]) -> Result<()> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(Error::ValueTooLarge {
+            len: value.len(),
+            max: MAX_VALUE_BYTES,
+        });
+    }
+    Ok(())
+}
+
+impl MemorySource {
+    /// An empty source whose calls consult `faults`.
+    #[must_use]
+    pub fn new(faults: Faults) -> Self {
+        let (head, _) = watch::channel(0);
+        MemorySource {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State {
+                    log_base: 1,
+                    ..State::default()
+                }),
+                head,
+                generation: AtomicU64::new(0),
+                faults,
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn commit(&self, key: &str, op: Op, value: Vec<u8>) -> u64 {
+        let seq = {
+            let mut s = self.state();
+            s.seq += 1;
+            let seq = s.seq;
+            if op == Op::Put {
+                s.entries.insert(
+                    key.to_owned(),
+                    Versioned {
+                        seq,
+                        value: value.clone(),
+                    },
+                );
+            } else {
+                s.entries.remove(key);
+            }
+            s.log.push_back(Entry::new(seq, seq, key, op, value));
+            seq
+        };
+        self.inner.head.send_replace(seq);
+        seq
+    }
+
+    /// Drops the change log below `seq` (tombstones and superseded puts): a reader whose
+    /// watermark + 1 is below it must resync from a snapshot.
+    pub fn compact_below(&self, seq: u64) {
+        let mut s = self.state();
+        let upto = seq.min(s.seq + 1);
+        while s.log_base < upto {
+            s.log.pop_front();
+            s.log_base += 1;
+        }
+    }
+
+    /// Ends every open feed cleanly (as a server restart would); followers reopen.
+    pub fn end_feeds(&self) {
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        self.inner.head.send_modify(|_| {});
+    }
+
+    /// The fault switches this source consults.
+    #[must_use]
+    pub fn faults(&self) -> &Faults {
+        &self.inner.faults
+    }
+
+    /// The current entries, in key order, without consulting faults (for oracles).
+    #[must_use]
+    pub fn contents(&self) -> BTreeMap<String, Versioned> {
+        self.state().entries.clone()
+    }
+
+    /// The current watermark, without consulting faults (for oracles).
+    #[must_use]
+    pub fn current_watermark(&self) -> u64 {
+        self.state().seq
+    }
+}
+
+impl Source for MemorySource {
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
+        self.inner.faults.check(Port::Source)?;
+        check_key(key)?;
+        check_value(&value)?;
+        Ok(self.commit(key, Op::Put, value))
+    }
+
+    async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
+        self.inner.faults.check(Port::Source)?;
+        check_key(key)?;
+        check_value(&value)?;
+        let seq = {
+            let mut s = self.state();
+            let current = s.entries.get(key).map(|v| v.seq);
+            if current.unwrap_or(0) != expected {
+                return Err(Error::Conflict {
+                    key: key.to_owned(),
+                    expected,
+                    current,
+                });
+            }
+            s.seq += 1;
+            let seq = s.seq;
+            s.entries.insert(
+                key.to_owned(),
+                Versioned {
+                    seq,
+                    value: value.clone(),
+                },
+            );
+            s.log.push_back(Entry::put(seq, key, value));
+            seq
+        };
+        self.inner.head.send_replace(seq);
+        Ok(seq)
+    }
+
+    async fn remove(&self, key: &str) -> Result<Option<u64>> {
+        self.inner.faults.check(Port::Source)?;
+        check_key(key)?;
+        if !self.state().entries.contains_key(key) {
+            return Ok(None);
+        }
+        Ok(Some(self.commit(key, Op::Delete, Vec::new())))
+    }
+
+    async fn watermark(&self) -> Result<u64> {
+        self.inner.faults.check(Port::Source)?;
+        Ok(self.state().seq)
+    }
+
+    async fn changes_since(&self, since: u64) -> Result<Changes> {
+        self.inner.faults.check(Port::Source)?;
+        let s = self.state();
+        if since.saturating_add(1) < s.log_base {
+            return Ok(Changes::Compacted {
+                first_available: s.log_base,
+            });
+        }
+        let skip = usize::try_from(since.saturating_add(1) - s.log_base).unwrap_or(usize::MAX);
+        // Only the latest mutation per key: the cost is what changed, once per key.
+        let mut latest: BTreeMap<&str, &Entry> = BTreeMap::new();
+        for e in s.log.iter().skip(skip) {
+            latest.insert(e.key.as_str(), e);
+        }
+        let mut entries: Vec<Entry> = latest.into_values().cloned().collect();
+        entries.sort_by_key(|e| e.seq);
+        Ok(Changes::Since {
+            entries,
+            watermark: s.seq,
+        })
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.inner.faults.check(Port::Source)?;
+        let s = self.state();
+        Ok(Snapshot {
+            entries: s
+                .entries
+                .iter()
+                .map(|(k, v)| Entry::put(v.seq, k.clone(), v.value.clone()))
+                .collect(),
+            watermark: s.seq,
+        })
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>> {
+        self.inner.faults.check(Port::Source)?;
+        Ok(self.state().entries.get(key).cloned())
+    }
+
+    async fn first_available(&self) -> Result<u64> {
+        self.inner.faults.check(Port::Source)?;
+        Ok(self.state().log_base)
+    }
+}
+
+/// The source's change log, read from a seq on.
+#[derive(Debug)]
+pub struct LogStream {
+    inner: Arc<Inner>,
+    head: watch::Receiver<u64>,
+    next_seq: u64,
+    generation: u64,
+    buf: VecDeque<Entry>,
+}
+
+impl FeedStream for LogStream {
+    async fn next(&mut self) -> Option<Result<FeedItem>> {
+        loop {
+            if self.inner.generation.load(Ordering::Acquire) != self.generation {
+                return None;
+            }
+            if let Err(e) = self.inner.faults.check(Port::Feed) {
+                return Some(Err(e));
+            }
+            if let Some(entry) = self.buf.pop_front() {
+                return Some(Ok(FeedItem::Entry(entry)));
+            }
+            self.head.borrow_and_update();
+            {
+                let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+                if self.next_seq < s.log_base {
+                    return Some(Err(Error::unavailable(
+                        "feed",
+                        "history compacted under an open feed",
+                    )));
+                }
+                let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
+                self.buf
+                    .extend(s.log.iter().skip(skip).take(READ_BATCH).cloned());
+                self.next_seq += self.buf.len() as u64;
+            }
+            if self.buf.is_empty() && self.head.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl Feed for MemorySource {
+    type Stream = LogStream;
+
+    async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<LogStream>> {
+        self.inner.faults.check(Port::Feed)?;
+        let (first_available, head) = {
+            let s = self.state();
+            (s.log_base, s.seq)
+        };
+        Ok(Opened {
+            info: FeedInfo {
+                first_available,
+                head,
+                continuity: Continuity::Gapless,
+                checkpoints: false,
+            },
+            stream: LogStream {
+                inner: Arc::clone(&self.inner),
+                head: self.inner.head.subscribe(),
+                next_seq: from.max(1),
+                generation: self.inner.generation.load(Ordering::Acquire),
+                buf: VecDeque::new(),
+            },
+        })
+    }
+}

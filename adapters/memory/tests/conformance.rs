@@ -1,0 +1,36 @@
+//! The port conformance suite, instantiated with the memory adapter.
+
+use tidemark::conformance as c;
+use tidemark_memory::{
+    MemoryEvents, MemoryLock, MemoryQueue, MemorySchedules, MemorySource, MemoryWake,
+};
+
+macro_rules! conformance {
+    ($($name:ident => $port:expr $(, $arg:expr)*;)*) => {$(
+        #[tokio::test(start_paused = true)]
+        async fn $name() {
+            c::$name(&$port $(, $arg)*).await;
+        }
+    )*};
+}
+
+conformance! {
+    source_seqs_increase => MemorySource::default();
+    source_get_returns_value_and_seq => MemorySource::default();
+    source_update_is_compare_and_set => MemorySource::default();
+    source_remove_absent_is_none => MemorySource::default();
+    source_changes_cover_removals => MemorySource::default();
+    source_changes_since_watermark_is_empty => MemorySource::default();
+    source_snapshot_is_current => MemorySource::default();
+    source_refuses_invalid_keys => MemorySource::default();
+    change_log_replays_then_follows => MemorySource::default();
+    events_deliver_published_in_order => MemoryEvents::default();
+    cursors_are_monotone => MemoryEvents::default();
+    wake_reaches_listeners => MemoryWake::default();
+    queue_round_trip => MemoryQueue::default();
+    queue_lease_expiry_redelivers => MemoryQueue::default();
+    queue_dead_letters_after_max_attempts => MemoryQueue::default().with_max_attempts(3), 3;
+    lock_is_exclusive_and_expires => MemoryLock::default();
+    schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
+    schedule_replace_and_remove => MemorySchedules::default();
+}

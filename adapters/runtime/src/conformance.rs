@@ -1,0 +1,414 @@
+//! The port conformance suite: async test bodies generic over the ports, so every adapter
+//! proves the same semantics with the same code. An adapter's tests instantiate each body
+//! with a fresh port:
+//!
+//! ```ignore
+//! #[tokio::test(start_paused = true)]
+//! async fn source_changes_cover_removals() {
+//!     tidemark::conformance::source_changes_cover_removals(&MemorySource::default()).await;
+//! }
+//! ```
+//!
+//! Bodies panic (with a message saying why the behaviour matters) on a violation. Bodies
+//! that wait use tokio time and short durations, so they run under paused time and stay
+//! quick against a real clock. Enabled by the `conformance` feature.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use std::time::Duration;
+
+use tidemark_core::{Entry, Event, Job, Op, Schedule};
+
+use crate::ports::{
+    Changes, Cursors, Feed, FeedItem, FeedStream, JobState, Lock, Publish, Queue, Received,
+    ScheduleStore, Source, Wake, WakeListener,
+};
+
+async fn next_item<S: FeedStream>(stream: &mut S) -> FeedItem {
+    match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+        Ok(Some(Ok(item))) => item,
+        Ok(other) => panic!("feed should deliver an item, got {other:?}"),
+        Err(_) => panic!("feed delivered nothing within 5s"),
+    }
+}
+
+fn entry(item: FeedItem) -> Entry {
+    match item {
+        FeedItem::Entry(e) => e,
+        other => panic!("expected an entry, got {other:?}"),
+    }
+}
+
+/// Seqs are positive and strictly increasing across puts and removes, and the watermark is
+/// the last one: followers order everything by them.
+pub async fn source_seqs_increase<S: Source>(s: &S) {
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        0,
+        "a fresh source has watermark 0"
+    );
+    let a = s.put("a", b"1".to_vec()).await.unwrap();
+    let b = s.put("b", b"2".to_vec()).await.unwrap();
+    let c = s.remove("a").await.unwrap().expect("a existed");
+    assert!(
+        a > 0 && a < b && b < c,
+        "seqs must be positive and increase: {a} {b} {c}"
+    );
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        c,
+        "the watermark is the last seq"
+    );
+}
+
+/// `get` returns a value with the seq that wrote it, and nothing for an absent key:
+/// marker fetches rely on the seq to keep per-key order.
+pub async fn source_get_returns_value_and_seq<S: Source>(s: &S) {
+    let seq = s.put("k", b"v".to_vec()).await.unwrap();
+    let got = s.get("k").await.unwrap().expect("k was written");
+    assert_eq!((got.seq, got.value), (seq, b"v".to_vec()));
+    assert!(
+        s.get("absent").await.unwrap().is_none(),
+        "absent keys read as None"
+    );
+}
+
+/// `update` is a compare-and-set on the current seq: writers never overwrite a change
+/// they did not see.
+pub async fn source_update_is_compare_and_set<S: Source>(s: &S) {
+    let first = s.update("k", b"1".to_vec(), 0).await.unwrap();
+    assert!(
+        s.update("k", b"x".to_vec(), 0).await.is_err(),
+        "expected 0 (absent) must conflict once the key exists"
+    );
+    let second = s.update("k", b"2".to_vec(), first).await.unwrap();
+    assert!(second > first);
+    match s.update("k", b"3".to_vec(), first).await {
+        Err(crate::Error::Conflict { current, .. }) => assert_eq!(current, Some(second)),
+        other => panic!("a stale expected seq must be a conflict, got {other:?}"),
+    }
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, b"2".to_vec());
+}
+
+/// Removing an absent key changes nothing and uses no seq.
+pub async fn source_remove_absent_is_none<S: Source>(s: &S) {
+    let w = s.put("k", b"v".to_vec()).await.unwrap();
+    assert_eq!(s.remove("absent").await.unwrap(), None);
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        w,
+        "no seq is used by a no-op removal"
+    );
+}
+
+/// Changes since N include removals as tombstones with their seq, so a reader that missed
+/// a removal drops the key after one reconcile.
+pub async fn source_changes_cover_removals<S: Source>(s: &S) {
+    s.put("keep", b"1".to_vec()).await.unwrap();
+    let since = s.put("gone", b"2".to_vec()).await.unwrap();
+    let put = s.put("keep", b"3".to_vec()).await.unwrap();
+    let removed = s.remove("gone").await.unwrap().unwrap();
+    let Changes::Since { entries, watermark } = s.changes_since(since).await.unwrap() else {
+        panic!("nothing was compacted: changes must be available");
+    };
+    assert_eq!(watermark, removed);
+    let summary: Vec<_> = entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.seq, e.op.clone()))
+        .collect();
+    assert_eq!(
+        summary,
+        [("keep", put, Op::Put), ("gone", removed, Op::Delete)],
+        "changes must be in seq order and include the removal as a tombstone"
+    );
+    assert_eq!(
+        entries[0].value,
+        b"3".to_vec(),
+        "a put change carries its value"
+    );
+}
+
+/// Changes since the watermark are empty: that is what makes a second reconcile a no-op.
+pub async fn source_changes_since_watermark_is_empty<S: Source>(s: &S) {
+    s.put("a", b"1".to_vec()).await.unwrap();
+    let w = s.watermark().await.unwrap();
+    match s.changes_since(w).await.unwrap() {
+        Changes::Since { entries, watermark } => {
+            assert!(entries.is_empty(), "nothing changed since the watermark");
+            assert_eq!(watermark, w);
+        }
+        Changes::Compacted { .. } => panic!("the watermark itself is always servable"),
+    }
+}
+
+/// A snapshot holds every current key (not removed ones) and the watermark: the base of a
+/// resync.
+pub async fn source_snapshot_is_current<S: Source>(s: &S) {
+    s.put("a", b"1".to_vec()).await.unwrap();
+    s.put("b", b"2".to_vec()).await.unwrap();
+    s.remove("a").await.unwrap();
+    let b = s.put("b", b"3".to_vec()).await.unwrap();
+    let snap = s.snapshot().await.unwrap();
+    assert_eq!(snap.watermark, b);
+    assert_eq!(snap.entries, vec![Entry::put(b, "b", b"3".to_vec())]);
+    assert!(
+        s.first_available().await.unwrap() <= 1,
+        "nothing was compacted"
+    );
+}
+
+/// Empty keys and control characters are refused with a typed error, never stored.
+pub async fn source_refuses_invalid_keys<S: Source>(s: &S) {
+    assert!(matches!(
+        s.put("", b"v".to_vec()).await,
+        Err(crate::Error::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        s.put("a\nb", b"v".to_vec()).await,
+        Err(crate::Error::InvalidKey { .. })
+    ));
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        0,
+        "a refused write uses no seq"
+    );
+}
+
+/// A source's change log replays from a seq, then follows live writes, gaplessly: what a
+/// follower's resume from watermark+1 relies on.
+pub async fn change_log_replays_then_follows<S: Source + Feed>(s: &S) {
+    s.put("a", b"1".to_vec()).await.unwrap();
+    let second = s.put("b", b"2".to_vec()).await.unwrap();
+    let opened = s.open(second, None).await.unwrap();
+    assert_eq!(
+        opened.info.head, second,
+        "head is the source's last seq at open"
+    );
+    let mut stream = opened.stream;
+    assert_eq!(
+        entry(next_item(&mut stream).await).seq,
+        second,
+        "replay starts at `from`"
+    );
+    let third = s.remove("a").await.unwrap().unwrap();
+    let live = entry(next_item(&mut stream).await);
+    assert_eq!(
+        (live.seq, live.op),
+        (third, Op::Delete),
+        "live removals follow"
+    );
+}
+
+/// The events stream delivers what was published, in order, at increasing positions, and
+/// a foreign payload as undecodable, not as an error.
+pub async fn events_deliver_published_in_order<P: Publish + Feed>(p: &P) {
+    let e1 = Event::Put {
+        seq: 10,
+        key: "a".into(),
+        value: b"v".to_vec(),
+    };
+    let e2 = Event::Removed {
+        seq: 11,
+        key: "a".into(),
+    };
+    let p1 = p.publish("a", e1.encode().unwrap()).await.unwrap();
+    let p2 = p
+        .publish("x", b"{\"foreign\":true}".to_vec())
+        .await
+        .unwrap();
+    let p3 = p.publish("a", e2.encode().unwrap()).await.unwrap();
+    assert!(p1 < p2 && p2 < p3, "positions increase");
+    let mut stream = p.open(1, None).await.unwrap().stream;
+    let first = entry(next_item(&mut stream).await);
+    assert_eq!((first.position, first.seq, first.op), (p1, 10, Op::Put));
+    assert!(
+        matches!(next_item(&mut stream).await, FeedItem::Undecodable { position, .. } if position == p2),
+        "a foreign payload is a counted skip, not an error"
+    );
+    let third = entry(next_item(&mut stream).await);
+    assert_eq!((third.position, third.seq), (p3, 11));
+    let mut after = p.open(1, Some(p2)).await.unwrap().stream;
+    assert_eq!(
+        entry(next_item(&mut after).await).position,
+        p3,
+        "open after a cursor"
+    );
+}
+
+/// Cursor saves are monotone and a fresh name has no cursor: a consumer never goes back.
+pub async fn cursors_are_monotone<C: Cursors>(c: &C) {
+    assert_eq!(c.load("fresh").await.unwrap(), None);
+    assert_eq!(c.save("c", 5).await.unwrap(), 5);
+    assert_eq!(
+        c.save("c", 3).await.unwrap(),
+        5,
+        "a lower save keeps the higher cursor"
+    );
+    assert_eq!(c.load("c").await.unwrap(), Some(5));
+}
+
+/// A notify reaches a listener with its payload; a quiet channel times out.
+pub async fn wake_reaches_listeners<W: Wake>(w: &W) {
+    let mut l = w.listen("ch").await.unwrap();
+    assert_eq!(
+        l.recv_timeout(Duration::from_millis(50)).await.unwrap(),
+        Received::TimedOut,
+        "no wake without a notify"
+    );
+    w.notify("ch", b"hello".to_vec()).await.unwrap();
+    w.notify("other", b"no".to_vec()).await.unwrap();
+    assert_eq!(
+        l.recv_timeout(Duration::from_secs(5)).await.unwrap(),
+        Received::Wake(b"hello".to_vec())
+    );
+    assert_eq!(
+        l.recv_timeout(Duration::from_millis(50)).await.unwrap(),
+        Received::TimedOut,
+        "another channel's notify does not wake this one"
+    );
+}
+
+/// Enqueue → get → lease → ack: a job is readable by id and done once acked.
+pub async fn queue_round_trip<Q: Queue>(q: &Q) {
+    let job = Job::PackHousekeeping { key: "k".into() };
+    let id = q.enqueue(job.clone()).await.unwrap();
+    let rec = q.get(id).await.unwrap().expect("a job reads back by id");
+    assert_eq!((rec.job.clone(), rec.state), (job.clone(), JobState::Ready));
+    let lease = q
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a ready job");
+    assert_eq!((lease.id, lease.job.clone(), lease.attempt), (id, job, 1));
+    assert!(
+        q.lease(Duration::from_secs(30)).await.unwrap().is_none(),
+        "leased jobs are hidden"
+    );
+    q.ack(&lease).await.unwrap();
+    assert_eq!(q.get(id).await.unwrap().unwrap().state, JobState::Done);
+}
+
+/// A job whose lease expires is delivered again, and the old lease can no longer ack:
+/// a crashed worker loses no job and cannot complete one it no longer holds.
+pub async fn queue_lease_expiry_redelivers<Q: Queue>(q: &Q) {
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let first = q.lease(Duration::from_millis(100)).await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = q
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("redelivered");
+    assert_eq!((second.id, second.attempt), (id, 2));
+    assert!(
+        q.ack(&first).await.is_err(),
+        "an expired lease must not ack"
+    );
+    q.ack(&second).await.unwrap();
+}
+
+/// After `max_attempts` failures a job is dead-lettered with its last error kept.
+pub async fn queue_dead_letters_after_max_attempts<Q: Queue>(q: &Q, max_attempts: u32) {
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    for attempt in 1..=max_attempts {
+        let lease = q
+            .lease(Duration::from_secs(30))
+            .await
+            .unwrap()
+            .expect("ready again");
+        assert_eq!(lease.attempt, attempt);
+        let state = q
+            .fail(&lease, &format!("boom {attempt}"), Duration::ZERO)
+            .await
+            .unwrap();
+        let want = if attempt == max_attempts {
+            JobState::DeadLettered
+        } else {
+            JobState::Ready
+        };
+        assert_eq!(state, want);
+    }
+    let rec = q.get(id).await.unwrap().unwrap();
+    assert_eq!(rec.state, JobState::DeadLettered, "attempts are used up");
+    assert_eq!(
+        rec.last_error.as_deref(),
+        Some(&*format!("boom {max_attempts}"))
+    );
+    assert!(
+        q.lease(Duration::from_secs(30)).await.unwrap().is_none(),
+        "dead letters stay out"
+    );
+}
+
+/// One holder at a time; an expired lease frees the lock with a higher fencing token, and
+/// the old holder can no longer renew.
+pub async fn lock_is_exclusive_and_expires<L: Lock>(l: &L) {
+    let ttl = Duration::from_millis(100);
+    let a = l
+        .try_lock("sweeper", "a", ttl)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    assert!(
+        l.try_lock("sweeper", "b", ttl).await.unwrap().is_none(),
+        "exclusive while held"
+    );
+    l.renew(&a, ttl).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let b = l
+        .try_lock("sweeper", "b", ttl)
+        .await
+        .unwrap()
+        .expect("expired: free again");
+    assert!(b.fencing > a.fencing, "fencing tokens grow");
+    assert!(
+        l.renew(&a, ttl).await.is_err(),
+        "the expired holder lost the lock"
+    );
+    l.release(&a).await.unwrap();
+    assert!(
+        l.try_lock("sweeper", "c", ttl).await.unwrap().is_none(),
+        "a stale release is a no-op"
+    );
+    l.release(&b).await.unwrap();
+    assert!(
+        l.try_lock("sweeper", "c", ttl).await.unwrap().is_some(),
+        "released: free"
+    );
+}
+
+/// `mark_fired` is a compare-and-set: exactly one of two racing runners wins a tick.
+pub async fn schedule_mark_fired_is_compare_and_set<T: ScheduleStore>(t: &T) {
+    let s = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(s.clone()).await.unwrap();
+    let due = t.schedules().await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].schedule.clone(), due[0].last_fired), (s, None));
+    assert!(t.mark_fired("sweep", None, 1).await.unwrap());
+    assert!(
+        !t.mark_fired("sweep", None, 1).await.unwrap(),
+        "the loser of the race sees false"
+    );
+    assert_eq!(t.schedules().await.unwrap()[0].last_fired, Some(1));
+}
+
+/// Schedules can be replaced (ticks restart) and removed.
+pub async fn schedule_replace_and_remove<T: ScheduleStore>(t: &T) {
+    let s = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    assert!(t.mark_fired("sweep", None, 3).await.unwrap());
+    let faster = Schedule::new("sweep", Duration::from_secs(5), Job::Sweep).unwrap();
+    t.put_schedule(faster.clone()).await.unwrap();
+    let due = t.schedules().await.unwrap();
+    assert_eq!(
+        (due[0].schedule.clone(), due[0].last_fired),
+        (faster, None),
+        "replaced"
+    );
+    assert!(t.remove_schedule("sweep").await.unwrap());
+    assert!(!t.remove_schedule("sweep").await.unwrap());
+    assert!(t.schedules().await.unwrap().is_empty());
+    assert!(
+        !t.mark_fired("sweep", None, 1).await.unwrap(),
+        "a removed schedule never fires"
+    );
+}
