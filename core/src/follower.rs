@@ -742,8 +742,8 @@ impl<D: Decode> Follower<D> {
                         Request::Lookup => (Cause::Lookup, &mut self.lookup_backoff),
                         _ => (Cause::RequestFailed, &mut self.failure_backoff),
                     };
-                    let attempt = backoff.attempt() + 1;
                     let delay = backoff.next_delay(now, &mut self.rng);
+                    let attempt = backoff.attempt();
                     self.retry_at = Some((now.saturating_add(delay), request));
                     self.diag(Diagnostic::BackingOff {
                         cause,
@@ -889,8 +889,8 @@ impl<D: Decode> Follower<D> {
             Cause::FeedEnded => &mut self.end_backoff,
             _ => &mut self.failure_backoff,
         };
-        let attempt = backoff.attempt() + 1;
         let delay = backoff.next_delay(now, &mut self.rng);
+        let attempt = backoff.attempt();
         self.reopen_at = Some(now.saturating_add(delay));
         self.diag(Diagnostic::BackingOff {
             cause,

@@ -1,0 +1,808 @@
+//! The follower's decisions, one SPEC.md line at a time (§2–4, §10, §12).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tidemark_core::*;
+
+// ---- §4 starting ----
+
+#[test]
+fn ready_only_after_the_initial_sync_reaches_the_head() {
+    let mut h = H::new();
+    let outs = h.open(gapless(3));
+    assert!(
+        !is_ready(&outs),
+        "a follower with 3 entries to load must not be ready yet"
+    );
+    assert!(!is_ready(&h.put(1, "a", "1")));
+    assert!(!is_ready(&h.put(2, "b", "2")));
+    assert_eq!(h.f.phase(), Phase::Syncing);
+    let outs = h.put(3, "c", "3");
+    assert!(is_ready(&outs), "ready once the watermark reaches the head");
+    assert_eq!(outs.last(), Some(&Output::Ready { watermark: 3 }));
+    assert_eq!(h.f.phase(), Phase::Live);
+}
+
+#[test]
+fn an_empty_source_becomes_ready_without_any_entry() {
+    let mut h = H::new();
+    let outs = h.open(gapless(0));
+    assert!(
+        is_ready(&outs),
+        "no entry will ever arrive: readiness must come from the head"
+    );
+}
+
+#[test]
+fn ready_is_reported_once() {
+    let mut h = H::new();
+    h.open(gapless(1));
+    let mut n = h
+        .put(1, "a", "1")
+        .iter()
+        .filter(|o| matches!(o, Output::Ready { .. }))
+        .count();
+    n += h
+        .put(2, "a", "2")
+        .iter()
+        .filter(|o| matches!(o, Output::Ready { .. }))
+        .count();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn the_first_output_is_a_lookup_and_the_feed_opens_from_one() {
+    let mut h = H::new();
+    let outs = h.drain();
+    assert!(matches!(outs[..], [Output::LookupSource { .. }]));
+    assert_eq!(opened_from(&h.found()), Some(1));
+}
+
+#[test]
+fn a_sparse_replay_into_an_empty_cache_needs_no_resync() {
+    // A KV bucket with history 1: seqs 1..=9 were overwritten, the oldest live entry is 10.
+    let mut h = H::new();
+    let outs = h.open(sparse(10, 12));
+    assert!(diagnostics(&outs).is_empty(), "{outs:?}");
+    h.put(10, "a", "x");
+    let outs = h.put(12, "b", "y");
+    assert!(
+        is_ready(&outs),
+        "a sparse feed may skip seqs: 12 reaches the head"
+    );
+    assert_eq!(h.f.counters().gaps, 0);
+}
+
+// ---- §4 resume ----
+
+#[test]
+fn after_a_feed_failure_it_reopens_from_watermark_plus_one() {
+    let mut h = H::new();
+    h.open(gapless(2));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::FeedFailed {
+        token,
+        error: "connection reset".into(),
+    });
+    assert!(outs.contains(&Output::CloseFeed { token }));
+    assert_eq!(h.f.phase(), Phase::BackingOff);
+    let outs = h.run_to_timeout();
+    assert_eq!(
+        opened_from(&outs),
+        Some(3),
+        "nothing written while closed may be lost"
+    );
+    assert_eq!(h.f.counters().reopens, 1);
+}
+
+#[test]
+fn after_a_clean_end_it_reopens_quickly_from_watermark_plus_one() {
+    let mut h = H::new();
+    h.open(gapless(1));
+    h.put(1, "a", "1");
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::FeedEnded { token });
+    let delay = diagnostics(&outs)
+        .into_iter()
+        .find_map(|d| match d {
+            Diagnostic::BackingOff {
+                cause: Cause::FeedEnded,
+                delay,
+                ..
+            } => Some(delay),
+            _ => None,
+        })
+        .expect("a clean end schedules a reopen");
+    assert!(
+        delay <= Duration::from_millis(50),
+        "a server restart should be followed quickly: {delay:?}"
+    );
+    assert_eq!(opened_from(&h.run_to_timeout()), Some(2));
+}
+
+#[test]
+fn entries_from_a_closed_feed_are_ignored() {
+    let mut h = H::new();
+    h.open(gapless(5));
+    let old = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token: old,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    let outs = h.input(Input::Entry {
+        token: old,
+        entry: Entry::put(1, "a", "late"),
+    });
+    assert!(
+        puts(&outs).is_empty(),
+        "an entry from a feed we closed must not be applied"
+    );
+    assert_eq!(h.f.counters().ignored, 1);
+}
+
+#[test]
+fn a_warm_restart_resumes_from_the_persisted_watermark() {
+    let keys = vec![("a".to_string(), 40), ("b".to_string(), 41)];
+    let f = Follower::resume(config().build().unwrap(), Utf8, 41, keys);
+    let mut h = H::with(f);
+    assert_eq!(opened_from(&h.found()), Some(42), "only the delta is read");
+    h.reopen(gapless(42));
+    let outs = h.put(42, "a", "new");
+    assert_eq!(puts(&outs), [("a".into(), 42, "new".into())]);
+    assert!(is_ready(&outs));
+    assert_eq!(h.f.len(), 2);
+}
+
+// ---- §4 resync ----
+
+#[test]
+fn compaction_past_the_watermark_resyncs_and_removes_vanished_keys() {
+    let mut h = H::new();
+    h.open(gapless(3));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    h.put(3, "c", "3");
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    // History up to 9 is gone; the follower wants 4.
+    let outs = h.reopen(FeedInfo {
+        first_available: 10,
+        ..gapless(12)
+    });
+    assert!(diagnostics(&outs).contains(&Diagnostic::Compacted {
+        wanted: 4,
+        first_available: 10
+    }));
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        "{outs:?}"
+    );
+    assert_eq!(h.f.phase(), Phase::Resyncing);
+    let snapshot = vec![
+        Entry::put(2, "b", "2"),
+        Entry::put(11, "c", "3'"),
+        Entry::put(12, "d", "4"),
+    ];
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: snapshot,
+        source_watermark: 12,
+    });
+    assert_eq!(
+        removes(&outs),
+        [("a".into(), 12)],
+        "a key the source no longer has must go"
+    );
+    assert_eq!(
+        puts(&outs),
+        [("c".into(), 11, "3'".into()), ("d".into(), 12, "4".into())],
+        "unchanged keys are not re-applied"
+    );
+    assert_eq!(h.f.watermark(), 12);
+    assert_eq!(
+        opened_from(&outs),
+        Some(13),
+        "then it follows again from the snapshot"
+    );
+    assert_eq!(h.f.counters().resyncs, 1);
+}
+
+#[test]
+fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
+    let mut h = H::new();
+    h.open(gapless(1));
+    h.put(1, "a", "1");
+    let outs = h.entry(Entry::put(5, "b", "x")); // a gap: reconcile since 1
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 1, .. }))
+    );
+    let outs = h.input(Input::ChangesUnavailable {
+        token: h.request.unwrap(),
+        first_available: 4,
+    });
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        "{outs:?}"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(5, "b", "x")],
+        source_watermark: 5,
+    });
+    assert_eq!(removes(&outs), [("a".into(), 5)]);
+    assert_eq!(h.f.watermark(), 5);
+}
+
+#[test]
+fn resync_removals_come_in_key_order() {
+    let mut h = H::new();
+    h.open(gapless(40));
+    for (i, k) in ["q", "b", "z", "a", "m"].iter().enumerate() {
+        h.put(i as u64 + 1, k, "v");
+    }
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h.reopen(FeedInfo {
+        first_available: 30,
+        ..gapless(40)
+    });
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![],
+        source_watermark: 40,
+    });
+    let keys: Vec<_> = removes(&outs).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        keys,
+        ["a", "b", "m", "q", "z"],
+        "outputs must not depend on hash order"
+    );
+}
+
+// ---- §3 applying and the watermark ----
+
+#[test]
+fn an_entry_at_or_below_the_watermark_is_not_applied_again_but_is_checkpointed() {
+    let mut h = H::new();
+    h.open(gapless(2));
+    h.put(1, "a", "1");
+    h.put(2, "a", "2");
+    let outs = h.entry(Entry::new(3, 1, "a", Op::Put, b"1".to_vec()));
+    assert!(
+        puts(&outs).is_empty(),
+        "a replayed seq must not be applied twice"
+    );
+    assert!(
+        outs.contains(&Output::Checkpoint { position: 3 }),
+        "but its position is recorded"
+    );
+    assert!(diagnostics(&outs).contains(&Diagnostic::SeqRegressed {
+        previous: 2,
+        got: 1
+    }));
+    assert_eq!(h.f.counters().stale, 1);
+    assert_eq!(h.f.watermark(), 2);
+}
+
+#[test]
+fn checkpoints_are_monotone() {
+    let mut h = H::new();
+    h.open(gapless(9));
+    assert!(
+        h.entry(Entry::new(5, 1, "a", Op::Put, b"1".to_vec()))
+            .contains(&Output::Checkpoint { position: 5 })
+    );
+    let outs = h.entry(Entry::new(4, 2, "a", Op::Put, b"2".to_vec()));
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Checkpoint { .. })),
+        "a lower position must not move the cursor back: {outs:?}"
+    );
+}
+
+#[test]
+fn the_watermark_only_grows_and_regressions_are_reported() {
+    let mut h = H::new();
+    h.open(sparse(1, 10));
+    h.put(10, "a", "1");
+    let outs = h.put(4, "b", "old");
+    assert_eq!(
+        h.f.watermark(),
+        10,
+        "a lower seq must not lower the watermark"
+    );
+    assert!(puts(&outs).is_empty());
+    assert!(diagnostics(&outs).contains(&Diagnostic::SeqRegressed {
+        previous: 10,
+        got: 4
+    }));
+}
+
+#[test]
+fn a_gap_on_a_gapless_feed_reconciles_from_the_watermark() {
+    let mut h = H::new();
+    h.open(gapless(2));
+    h.put(1, "a", "1");
+    let outs = h.put(4, "d", "4");
+    assert!(
+        puts(&outs).is_empty(),
+        "the entry past the gap is not applied blindly"
+    );
+    assert!(diagnostics(&outs).contains(&Diagnostic::Gap {
+        expected: 2,
+        got: 4
+    }));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 1, .. })),
+        "{outs:?}"
+    );
+    let changes = vec![
+        Entry::put(2, "b", "2"),
+        Entry::delete(3, "a"),
+        Entry::put(4, "d", "4"),
+    ];
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes,
+        source_watermark: 4,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("b".into(), 2, "2".into()), ("d".into(), 4, "4".into())]
+    );
+    assert_eq!(removes(&outs), [("a".into(), 3)]);
+    assert!(diagnostics(&outs).contains(&Diagnostic::Reconciled {
+        applied: 2,
+        removed: 1,
+        watermark: 4
+    }));
+    assert_eq!(
+        opened_from(&outs),
+        Some(5),
+        "it resumes the feed after what it caught up"
+    );
+    assert_eq!(h.f.counters().gaps, 1);
+}
+
+#[test]
+fn a_sparse_feed_never_reports_gaps() {
+    let mut h = H::new();
+    h.open(sparse(1, 100));
+    h.put(3, "a", "1");
+    let outs = h.put(50, "b", "2");
+    assert_eq!(puts(&outs).len(), 1);
+    assert_eq!(h.f.counters().gaps, 0);
+}
+
+#[test]
+fn a_fetched_value_newer_than_its_marker_is_never_replaced_by_an_older_entry() {
+    let mut h = H::new();
+    h.open(sparse(1, 20));
+    let outs = h.entry(Entry::new(5, 5, "a", Op::Mutation, vec![]));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Fetch { seq: 5, .. })),
+        "{outs:?}"
+    );
+    // The source already holds the value written at 9.
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((9, b"nine".to_vec())),
+    });
+    assert_eq!(puts(&outs), [("a".into(), 9, "nine".into())]);
+    assert_eq!(h.f.watermark(), 5, "seqs 6..=8 are not in the cache yet");
+    let outs = h.put(7, "a", "seven");
+    assert!(
+        puts(&outs).is_empty(),
+        "7 is older than the 9 the cache holds"
+    );
+    assert_eq!(h.f.seq_of("a"), Some(9));
+    assert_eq!(h.f.watermark(), 7, "but its position is past");
+}
+
+#[test]
+fn a_marker_for_an_absent_key_removes_it() {
+    let mut h = H::new();
+    h.open(gapless(2));
+    h.put(1, "a", "1");
+    h.entry(Entry::new(2, 2, "a", Op::Mutation, vec![]));
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: None,
+    });
+    assert_eq!(removes(&outs), [("a".into(), 2)]);
+    assert!(is_ready(&outs));
+}
+
+#[test]
+fn entries_arriving_during_a_fetch_wait_for_it() {
+    let mut h = H::new();
+    h.open(gapless(3));
+    h.entry(Entry::new(1, 1, "a", Op::Mutation, vec![]));
+    let outs = h.put(2, "b", "2");
+    assert!(
+        puts(&outs).is_empty(),
+        "held until the fetch answers, to keep seq order"
+    );
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((1, b"1".to_vec())),
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 1, "1".into()), ("b".into(), 2, "2".into())]
+    );
+    assert_eq!(h.f.watermark(), 2);
+}
+
+#[test]
+fn removals_and_purges_remove_and_absent_keys_are_no_ops() {
+    let mut h = H::new();
+    h.open(gapless(4));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    assert_eq!(removes(&h.entry(Entry::delete(3, "a"))), [("a".into(), 3)]);
+    assert_eq!(
+        removes(&h.entry(Entry::new(4, 4, "b", Op::Purge, vec![]))),
+        [("b".into(), 4)]
+    );
+    assert!(removes(&h.entry(Entry::delete(5, "zz"))).is_empty());
+    assert_eq!(h.f.watermark(), 5);
+    assert!(h.f.is_empty());
+}
+
+// ---- §2 decoding ----
+
+#[test]
+fn a_decode_failure_is_logged_counted_skipped_and_passed() {
+    let mut h = H::new();
+    h.open(gapless(2));
+    let outs = h.entry(Entry::new(1, 1, "a", Op::Put, vec![0xff, 0xfe]));
+    assert!(puts(&outs).is_empty(), "no handler fires for poison");
+    match &diagnostics(&outs)[..] {
+        [Diagnostic::DecodeFailed { key, seq: 1, error }] => {
+            assert_eq!(key, "a");
+            assert!(
+                error.contains("utf-8"),
+                "the decoder's own error is kept: {error}"
+            );
+        }
+        other => panic!("expected one decode failure, got {other:?}"),
+    }
+    assert_eq!(
+        h.f.watermark(),
+        1,
+        "a poison entry must not wedge the follower"
+    );
+    assert!(outs.contains(&Output::Checkpoint { position: 1 }));
+    assert_eq!(puts(&h.put(2, "a", "ok")), [("a".into(), 2, "ok".into())]);
+    assert_eq!(h.f.counters().poison, 1);
+}
+
+// ---- §12 bad input ----
+
+#[test]
+fn invalid_entries_are_counted_skips_never_panics() {
+    let config = config()
+        .max_value_bytes(4)
+        .max_key_bytes(8)
+        .build()
+        .unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    h.open(sparse(1, 100));
+    let bad = [
+        (Entry::put(0, "a", "v"), InvalidReason::ZeroSeq),
+        (Entry::put(1, "", "v"), InvalidReason::EmptyKey),
+        (
+            Entry::put(2, "k".repeat(9), "v"),
+            InvalidReason::KeyTooLong { len: 9 },
+        ),
+        (
+            Entry::put(3, "a\nb", "v"),
+            InvalidReason::ControlCharacterInKey,
+        ),
+        (
+            Entry::put(4, "a", "12345"),
+            InvalidReason::ValueTooLarge { len: 5 },
+        ),
+        (
+            Entry::new(5, 5, "a", Op::Unknown("ROLLUP".into()), vec![]),
+            InvalidReason::UnknownOperation("ROLLUP".into()),
+        ),
+    ];
+    for (entry, reason) in bad {
+        let outs = h.entry(entry);
+        assert!(puts(&outs).is_empty() && removes(&outs).is_empty());
+        assert!(
+            diagnostics(&outs)
+                .iter()
+                .any(|d| matches!(d, Diagnostic::InvalidEntry { reason: r, .. } if *r == reason)),
+            "expected {reason:?} in {outs:?}"
+        );
+    }
+    assert_eq!(h.f.counters().invalid, 6);
+    assert_eq!(
+        h.f.watermark(),
+        5,
+        "deliberately skipped entries move the watermark past them"
+    );
+    assert!(h.f.is_empty(), "the cache is untouched");
+}
+
+#[test]
+fn undecodable_feed_payloads_are_counted_and_checkpointed_past() {
+    let mut h = H::new();
+    h.open(gapless(5));
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::Undecodable {
+        token,
+        position: 7,
+        seq: None,
+        reason: "not an event".into(),
+    });
+    assert!(
+        outs.contains(&Output::Checkpoint { position: 7 }),
+        "poison must not wedge the cursor"
+    );
+    assert_eq!(h.f.counters().invalid, 1);
+    assert_eq!(
+        h.f.watermark(),
+        0,
+        "with no seq there is nothing to move past"
+    );
+}
+
+// ---- §6 reconcile, §7 wake ----
+
+#[test]
+fn a_wake_only_follower_reconciles_on_start_and_on_each_wake_and_never_polls() {
+    let config = config().sync(Sync::WakeOnly).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    let outs = h.found();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 0, .. }))
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(1, "a", "1")],
+        source_watermark: 1,
+    });
+    assert!(is_ready(&outs));
+    assert_eq!(
+        h.f.poll_timeout(),
+        None,
+        "no commits, no refreshes: nothing is scheduled"
+    );
+    assert!(
+        h.advance(Duration::from_secs(3600)).is_empty(),
+        "an hour of quiet asks nothing"
+    );
+    let outs = h.input(Input::Wake);
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 1, .. }))
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 1,
+    });
+    assert!(diagnostics(&outs).contains(&Diagnostic::Reconciled {
+        applied: 0,
+        removed: 0,
+        watermark: 1
+    }));
+}
+
+#[test]
+fn a_wake_during_a_reconcile_causes_one_more() {
+    let config = config().sync(Sync::WakeOnly).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    h.found();
+    let first = h.request.unwrap();
+    assert!(
+        h.input(Input::Wake).is_empty(),
+        "no second reconcile while one is in flight"
+    );
+    assert!(h.input(Input::Wake).is_empty());
+    let outs = h.input(Input::Changes {
+        token: first,
+        changes: vec![],
+        source_watermark: 0,
+    });
+    let n = outs
+        .iter()
+        .filter(|o| matches!(o, Output::Reconcile { .. }))
+        .count();
+    assert_eq!(
+        n, 1,
+        "wakes during a reconcile coalesce into exactly one more"
+    );
+}
+
+#[test]
+fn reconcile_skips_changes_older_than_the_cache() {
+    let mut h = H::new();
+    h.open(sparse(1, 10));
+    h.put(10, "a", "new");
+    let outs = h.input(Input::Wake);
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 10, .. }))
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(3, "a", "old"), Entry::put(11, "b", "b")],
+        source_watermark: 11,
+    });
+    assert_eq!(puts(&outs), [("b".into(), 11, "b".into())]);
+    assert_eq!(h.f.watermark(), 11);
+}
+
+// ---- §10 failure handling ----
+
+#[test]
+fn lookup_failure_retries_with_growing_backoff_and_keeps_trying() {
+    let mut h = H::new();
+    h.drain();
+    let mut delays = Vec::new();
+    for _ in 0..12 {
+        let outs = h.input(Input::RequestFailed {
+            token: h.request.unwrap(),
+            error: "bucket not found".into(),
+        });
+        let d = diagnostics(&outs)
+            .into_iter()
+            .find_map(|d| match d {
+                Diagnostic::BackingOff {
+                    cause: Cause::Lookup,
+                    delay,
+                    ..
+                } => Some(delay),
+                _ => None,
+            })
+            .expect("a lookup failure backs off");
+        delays.push(d);
+        let outs = h.run_to_timeout();
+        assert!(
+            outs.iter()
+                .any(|o| matches!(o, Output::LookupSource { .. })),
+            "it never gives up"
+        );
+    }
+    assert!(delays[4] > delays[0] * 4, "delays grow: {delays:?}");
+    assert!(
+        delays.iter().all(|d| *d <= Duration::from_secs(30)),
+        "and are capped: {delays:?}"
+    );
+    assert_eq!(
+        opened_from(&h.found()),
+        Some(1),
+        "once the bucket appears it proceeds"
+    );
+}
+
+#[test]
+fn repeated_feed_failures_back_off_instead_of_looping() {
+    let mut h = H::new();
+    h.open(gapless(0));
+    let mut opens = 0;
+    let start = h.now;
+    for _ in 0..10 {
+        let token = h.feed.unwrap();
+        h.input(Input::FeedFailed {
+            token,
+            error: "permission denied".into(),
+        });
+        if opened_from(&h.run_to_timeout()).is_some() {
+            opens += 1;
+        }
+    }
+    assert_eq!(opens, 10);
+    let elapsed = h.now.saturating_since(start);
+    assert!(
+        elapsed > Duration::from_secs(60),
+        "10 failures must take time, not a tight loop: {elapsed:?}"
+    );
+}
+
+#[test]
+fn failed_requests_are_retried_after_a_backoff() {
+    let mut h = H::new();
+    h.open(gapless(1));
+    h.put(3, "a", "1"); // gap
+    let outs = h.input(Input::RequestFailed {
+        token: h.request.unwrap(),
+        error: "timeout".into(),
+    });
+    assert!(diagnostics(&outs).iter().any(|d| matches!(
+        d,
+        Diagnostic::BackingOff {
+            cause: Cause::RequestFailed,
+            ..
+        }
+    )));
+    assert_eq!(h.f.phase(), Phase::BackingOff);
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 0, .. })),
+        "{outs:?}"
+    );
+}
+
+#[test]
+fn backoff_resets_after_a_healthy_period() {
+    let mut h = H::new();
+    h.open(gapless(0));
+    let fail = |h: &mut H| {
+        let token = h.feed.unwrap();
+        let outs = h.input(Input::FeedFailed {
+            token,
+            error: "x".into(),
+        });
+        let attempt = diagnostics(&outs)
+            .into_iter()
+            .find_map(|d| match d {
+                Diagnostic::BackingOff { attempt, .. } => Some(attempt),
+                _ => None,
+            })
+            .unwrap();
+        h.run_to_timeout();
+        let token = h.feed.unwrap();
+        h.input(Input::FeedOpened {
+            token,
+            info: gapless(0),
+        });
+        attempt
+    };
+    assert_eq!([fail(&mut h), fail(&mut h), fail(&mut h)], [1, 2, 3]);
+    h.advance(Duration::from_secs(121));
+    assert_eq!(
+        fail(&mut h),
+        1,
+        "two healthy minutes forget earlier failures"
+    );
+}
+
+#[test]
+fn stop_closes_the_feed_and_decides_nothing_more() {
+    let mut h = H::new();
+    h.open(gapless(3));
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::Stop);
+    assert_eq!(outs, [Output::CloseFeed { token }, Output::Stopped]);
+    assert_eq!(h.f.phase(), Phase::Stopped);
+    assert!(h.put(1, "a", "1").is_empty());
+    assert_eq!(h.f.poll_timeout(), None);
+}
+
+#[test]
+fn status_lists_name_phase_watermark_and_counters() {
+    let mut h = H::new();
+    h.open(gapless(1));
+    h.put(1, "a", "1");
+    let s = h.f.status();
+    assert_eq!(
+        (s.name.as_str(), s.phase, s.watermark, s.ready, s.keys),
+        ("test", Phase::Live, 1, true, 1)
+    );
+    assert_eq!(s.counters.applied, 1);
+}
