@@ -2,11 +2,23 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache;
+mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod error;
+mod follower;
+mod noop;
 pub mod ports;
+mod shutdown;
+mod sink;
 
+pub use cache::{Cache, CacheWriter, Change, cache};
+pub use clock::Clock;
 pub use error::{Error, Result};
+pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
+pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
+pub use shutdown::{Shutdown, StopSignal};
+pub use sink::Sink;
 pub use tidemark_core;

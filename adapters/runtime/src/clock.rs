@@ -1,0 +1,42 @@
+//! The drivers' clock: tokio time, as the core's [`Time`].
+
+use std::time::Duration;
+
+use tidemark_core::Time;
+use tokio::time::Instant;
+
+/// Converts between tokio's [`Instant`] and the core's [`Time`] (nanoseconds since the
+/// clock was made). Reading tokio's clock, never std's, is what lets paused time and
+/// simulators drive the drivers.
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    start: Instant,
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Clock::new()
+    }
+}
+
+impl Clock {
+    /// A clock whose origin is now.
+    #[must_use]
+    pub fn new() -> Self {
+        Clock {
+            start: Instant::now(),
+        }
+    }
+
+    /// Now, as a [`Time`].
+    #[must_use]
+    pub fn now(&self) -> Time {
+        Time::from_nanos(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// The instant a [`Time`] stands for.
+    #[must_use]
+    pub fn instant(&self, t: Time) -> Instant {
+        self.start + Duration::from_nanos(t.as_nanos())
+    }
+}

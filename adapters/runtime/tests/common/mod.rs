@@ -1,0 +1,24 @@
+//! Shared helpers for the driver tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::time::Duration;
+
+/// Waits (in tokio time) until `cond` holds; panics after 120 simulated seconds with `what`.
+pub async fn until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !cond() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A follower config with the given name.
+pub fn config(name: &str) -> tidemark::tidemark_core::FollowerConfig {
+    tidemark::tidemark_core::FollowerConfig::builder(name)
+        .seed(1)
+        .build()
+        .unwrap()
+}

@@ -1,0 +1,176 @@
+//! The follower task and the cache: sync, ready, resume, resync, decode failures.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{config, until};
+use tidemark::tidemark_core::{Phase, Utf8};
+use tidemark::{Change, Source, spawn_cache};
+use tidemark_memory::{Memory, Port};
+
+#[tokio::test(start_paused = true)]
+async fn wait_ready_on_an_empty_source_resolves() {
+    let m = Memory::new();
+    let (cache, handle) = spawn_cache(config("empty"), Utf8, m.source.clone(), m.source.clone());
+    let wm = tokio::time::timeout(std::time::Duration::from_secs(5), cache.wait_ready())
+        .await
+        .expect("an empty source must still become ready, or readers of empty sources hang")
+        .unwrap();
+    assert_eq!((wm, cache.len()), (0, 0));
+    handle.stop();
+}
+
+#[tokio::test(start_paused = true)]
+async fn initial_sync_loads_every_entry_before_ready() {
+    let m = Memory::new();
+    for i in 0..100 {
+        m.source
+            .put(&format!("k{i:03}"), format!("v{i}").into_bytes())
+            .await
+            .unwrap();
+    }
+    m.source.remove("k050").await.unwrap();
+    let (cache, _h) = spawn_cache(config("sync"), Utf8, m.source.clone(), m.source.clone());
+    let wm = cache.wait_ready().await.unwrap();
+    assert_eq!(
+        (cache.len(), wm),
+        (99, 101),
+        "ready must mean every current entry is loaded (the watch-from-empty defect)"
+    );
+    assert_eq!(cache.get("k007").as_deref(), Some("v7"));
+    assert!(
+        cache.get("k050").is_none(),
+        "a removed key is not in the cache"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn live_writes_reach_the_cache_and_subscribers() {
+    let m = Memory::new();
+    let (cache, _h) = spawn_cache(config("live"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    let mut changes = cache.subscribe();
+    let put = m.source.put("a", b"1".to_vec()).await.unwrap();
+    let removed = m.source.remove("a").await.unwrap().unwrap();
+    assert_eq!(
+        changes.recv().await.unwrap(),
+        Change::Put {
+            key: "a".into(),
+            seq: put
+        }
+    );
+    assert_eq!(
+        changes.recv().await.unwrap(),
+        Change::Removed {
+            key: "a".into(),
+            seq: removed
+        },
+        "subscribers must see removals, not only puts"
+    );
+    until("the watermark reaches the removal", || {
+        cache.watermark() == removed
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_feed_failing_mid_stream_resumes_from_watermark_and_loses_nothing() {
+    let m = Memory::new();
+    let (cache, h) = spawn_cache(config("resume"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    for i in 0..10 {
+        m.source.put(&format!("a{i}"), b"x".to_vec()).await.unwrap();
+    }
+    until("the first writes are applied", || cache.watermark() == 10).await;
+    // The feed fails for a while; writes go on meanwhile.
+    m.faults.set_failing(Port::Feed, true);
+    m.source.put("during", b"x".to_vec()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    for i in 0..10 {
+        m.source.put(&format!("b{i}"), b"y".to_vec()).await.unwrap();
+    }
+    m.faults.set_failing(Port::Feed, false);
+    let wm = m.source.current_watermark();
+    until("the follower catches up after the feed heals", || {
+        cache.watermark() == wm
+    })
+    .await;
+    assert_eq!(
+        cache.len(),
+        21,
+        "every write made while the feed was down must arrive"
+    );
+    assert!(cache.get("during").is_some());
+    assert!(
+        h.status().counters.reopens >= 1,
+        "the feed was reopened from watermark+1"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn compaction_forces_a_resync_that_removes_vanished_keys() {
+    let m = Memory::new();
+    m.source.put("stays", b"1".to_vec()).await.unwrap();
+    m.source.put("vanishes", b"2".to_vec()).await.unwrap();
+    let (cache, h) = spawn_cache(config("resync"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    m.faults.set_failing(Port::Feed, true);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    m.source.remove("vanishes").await.unwrap();
+    m.source.put("new", b"3".to_vec()).await.unwrap();
+    m.source.compact_below(m.source.current_watermark() + 1);
+    m.faults.set_failing(Port::Feed, false);
+    until("the follower resyncs", || h.status().counters.resyncs >= 1).await;
+    until("the watermark converges", || cache.watermark() == 4).await;
+    assert_eq!(
+        cache.keys(),
+        ["new", "stays"],
+        "a resync must remove keys whose tombstones were compacted away"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_undecodable_value_is_skipped_and_the_watermark_moves_past_it() {
+    let m = Memory::new();
+    let (cache, h) = spawn_cache(config("poison"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    m.source.put("bad", vec![0xff, 0xfe]).await.unwrap();
+    let good = m.source.put("good", b"ok".to_vec()).await.unwrap();
+    until("the entry after the poison applies", || {
+        cache.watermark() == good
+    })
+    .await;
+    assert!(
+        cache.get("bad").is_none(),
+        "a value that fails to decode is not applied"
+    );
+    assert_eq!(
+        h.status().counters.poison,
+        1,
+        "a poison entry is counted, not retried forever"
+    );
+    assert_eq!(h.status().phase, Phase::Live);
+}
+
+#[tokio::test(start_paused = true)]
+async fn reconcile_through_a_live_follower_is_empty_once_converged() {
+    let m = Memory::new();
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    let (cache, h) = spawn_cache(config("rec"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    let r = h.reconcile().await.unwrap();
+    assert_eq!(
+        (r.applied, r.removed, r.watermark),
+        (0, 0, 1),
+        "a converged follower's reconcile must find nothing"
+    );
+    let status = h
+        .stop_within(std::time::Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        status.phase,
+        Phase::Stopped,
+        "stop ends the task within its budget"
+    );
+}
