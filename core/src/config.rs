@@ -12,6 +12,24 @@ pub enum Sync {
     /// No feed: read the source's changes since the watermark on start and on every wake
     /// (the wake runner). Ready after the first reconcile. Never polls.
     WakeOnly,
+    /// Follow a stream of announcements that may miss changes (a writer can crash between
+    /// commit and announce): reconcile from the source first — ready after that — then
+    /// apply announcements as they come, and reconcile again on every wake.
+    Announcements,
+}
+
+impl Sync {
+    /// Whether the follower keeps a feed open.
+    #[must_use]
+    pub fn uses_feed(self) -> bool {
+        matches!(self, Sync::Feed | Sync::Announcements)
+    }
+
+    /// Whether the initial sync reads the source rather than replaying the feed.
+    #[must_use]
+    pub fn syncs_by_reconcile(self) -> bool {
+        matches!(self, Sync::WakeOnly | Sync::Announcements)
+    }
 }
 
 /// What a follower is allowed to do and how it backs off. Build with

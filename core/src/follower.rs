@@ -630,9 +630,10 @@ impl<D: Decode> Follower<D> {
                 {
                     self.found = true;
                     self.lookup_backoff.reset();
-                    match self.config.sync {
-                        Sync::Feed => self.maybe_open_feed(),
-                        Sync::WakeOnly => self.send(Request::Reconcile),
+                    if self.config.sync.syncs_by_reconcile() && !self.ready {
+                        self.send(Request::Reconcile);
+                    } else {
+                        self.maybe_open_feed();
                     }
                 }
             }
@@ -822,7 +823,7 @@ impl<D: Decode> Follower<D> {
 
     /// Opens the feed if it should be open and nothing stands in the way.
     fn maybe_open_feed(&mut self) {
-        if self.config.sync != Sync::Feed
+        if !self.config.sync.uses_feed()
             || self.stopped
             || !self.found
             || self.feed.is_some()
@@ -937,8 +938,10 @@ impl<D: Decode> Follower<D> {
         self.send(Request::Snapshot);
     }
 
+    /// A replayed feed completes the initial sync once the watermark reaches its head;
+    /// other modes become ready from a reconcile.
     fn check_ready(&mut self, head: u64) {
-        if !self.ready && self.watermark >= head {
+        if !self.ready && self.config.sync == Sync::Feed && self.watermark >= head {
             self.become_ready();
         }
     }

@@ -147,10 +147,10 @@ impl Observed {
 /// at most once, checkpoints monotone, feeds open at watermark+1).
 pub fn follower_inputs(data: &[u8]) {
     let mut b = Bytes { data };
-    let sync = if b.small(4) == 0 {
-        Sync::WakeOnly
-    } else {
-        Sync::Feed
+    let sync = match b.small(6) {
+        0 => Sync::WakeOnly,
+        1 => Sync::Announcements,
+        _ => Sync::Feed,
     };
     let Ok(config) = FollowerConfig::builder("fuzz")
         .seed(u64::from(b.small(255) as u8))

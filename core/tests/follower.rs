@@ -806,3 +806,48 @@ fn status_lists_name_phase_watermark_and_counters() {
     );
     assert_eq!(s.counters.applied, 1);
 }
+
+#[test]
+fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
+    let config = config().sync(Sync::Announcements).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    let outs = h.found();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 0, .. })),
+        "announcements may have been lost: the initial sync reads the source"
+    );
+    assert!(
+        opened_from(&outs).is_none(),
+        "the stream opens after the reconcile"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(1, "a", "1"), Entry::put(2, "b", "2")],
+        source_watermark: 2,
+    });
+    assert!(is_ready(&outs));
+    assert_eq!(opened_from(&outs), Some(3));
+    // The stream replays announcements from its beginning: old ones are stale.
+    let info = FeedInfo {
+        first_available: 0,
+        head: 9,
+        continuity: Continuity::Sparse,
+        checkpoints: true,
+    };
+    h.reopen(info);
+    assert!(puts(&h.put(1, "a", "1")).is_empty());
+    assert_eq!(puts(&h.put(3, "c", "3")), [("c".into(), 3, "3".into())]);
+    // Seq 4 was never announced (the writer crashed); a wake closes the window.
+    let outs = h.input(Input::Wake);
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 3, .. }))
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(4, "d", "4")],
+        source_watermark: 4,
+    });
+    assert_eq!(puts(&outs), [("d".into(), 4, "4".into())]);
+}
