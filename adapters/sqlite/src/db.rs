@@ -1,0 +1,285 @@
+//! One database file: its connection, the blocking-call bridge, and the commit watcher that
+//! sees every commit by any process.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::watch;
+
+use crate::error::{Error, Result};
+use crate::schema;
+
+/// How hard SQLite syncs to disk at each commit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synchronous {
+    /// Every commit is on disk when it returns, even across a power loss (`FULL`).
+    Full,
+    /// A commit survives a process crash; the last commits may be lost on a power loss
+    /// (`NORMAL` in WAL mode). Much faster for single-write transactions.
+    Normal,
+}
+
+/// How to open a database file.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long a call waits for another process's write lock (default 5 s).
+    pub busy_timeout: Duration,
+    /// How often the commit watcher checks `PRAGMA data_version` (default 2 ms): the
+    /// cross-process wake latency is about half this on average.
+    pub watch_interval: Duration,
+    /// Durability of each commit (default [`Synchronous::Full`]).
+    pub synchronous: Synchronous,
+    /// Leases per job before it is dead-lettered (default 5).
+    pub max_attempts: u32,
+    /// Run `PRAGMA quick_check` when opening (default off: it reads the whole file).
+    pub verify: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            busy_timeout: Duration::from_secs(5),
+            watch_interval: Duration::from_millis(2),
+            synchronous: Synchronous::Full,
+            max_attempts: 5,
+            verify: false,
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub(crate) conn: Mutex<Connection>,
+    pub(crate) path: PathBuf,
+    pub(crate) options: Options,
+    /// Bumped after every commit this handle makes and every commit the watcher sees:
+    /// what feeds wait on.
+    pub(crate) commits: watch::Sender<u64>,
+    /// Bumped only by the watcher, once per change of `data_version` it sees (commits by
+    /// any connection, this process's included): what wake listeners wait on, so one
+    /// commit makes one wake.
+    pub(crate) seen: watch::Sender<u64>,
+    closed: AtomicBool,
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// One tidemark database file. Cheap to clone; every port is a view of it:
+/// [`source`](Self::source), [`events`](Self::events), [`wake`](Self::wake),
+/// [`queue`](Self::queue), [`lock`](Self::lock), [`schedules`](Self::schedules),
+/// [`follower_cache`](Self::follower_cache).
+///
+/// Several handles, in one process or many, may open the same file: WAL mode lets readers
+/// run beside one writer, writes take the lock up front (`BEGIN IMMEDIATE`) and wait up to
+/// the busy timeout. Every call runs on tokio's blocking pool, never on the async runtime.
+#[derive(Clone)]
+pub struct SqliteDb {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SqliteDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteDb")
+            .field("path", &self.shared.path)
+            .finish_non_exhaustive()
+    }
+}
+
+fn connect(path: &Path, options: &Options) -> Result<Connection> {
+    let sql = |e| Error::from_sqlite(path, e);
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(sql)?;
+    conn.busy_timeout(options.busy_timeout).map_err(sql)?;
+    // Reading the header page first turns "not a database" into a typed error early.
+    let _: i32 = conn
+        .pragma_query_value(None, "application_id", |r| r.get(0))
+        .map_err(sql)?;
+    Ok(conn)
+}
+
+impl SqliteDb {
+    /// Opens (creating if absent) the tidemark database at `path` with default options.
+    ///
+    /// A file that is not a database, is truncated or corrupt, belongs to another
+    /// application, or carries a newer schema is refused with its [`Error`] variant.
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteDb> {
+        SqliteDb::open_with(path, Options::default()).await
+    }
+
+    /// Opens the database at `path` with `options`.
+    pub async fn open_with(path: impl AsRef<Path>, options: Options) -> Result<SqliteDb> {
+        let path = path.as_ref().to_path_buf();
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || SqliteDb::open_blocking(&p, options))
+            .await
+            .map_err(|e| Error::Io {
+                path,
+                source: std::io::Error::other(e.to_string()),
+            })?
+    }
+
+    /// [`open_with`](Self::open_with) for a caller outside any async runtime. Needs a tokio
+    /// runtime only for the commit watcher's channel, which works without one.
+    pub fn open_blocking(path: &Path, options: Options) -> Result<SqliteDb> {
+        let sql = |e| Error::from_sqlite(path, e);
+        schema::check_header(path)?;
+        let mut conn = connect(path, &options)?;
+        let mode: String = conn
+            .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
+            .map_err(sql)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            tracing::warn!(path = %path.display(), mode, "WAL mode unavailable");
+        }
+        let sync = match options.synchronous {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync).map_err(sql)?;
+        schema::migrate(&mut conn, path)?;
+        if options.verify {
+            let verdict: String = conn
+                .query_row("PRAGMA quick_check", [], |r| r.get(0))
+                .map_err(sql)?;
+            if verdict != "ok" {
+                return Err(Error::Corrupt {
+                    path: path.to_path_buf(),
+                    detail: verdict,
+                });
+            }
+        }
+        let watcher = connect(path, &options)?;
+        let (commits, _) = watch::channel(0);
+        let (seen, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            conn: Mutex::new(conn),
+            path: path.to_path_buf(),
+            options,
+            commits,
+            seen,
+            closed: AtomicBool::new(false),
+        });
+        spawn_watcher(Arc::downgrade(&shared), watcher)?;
+        Ok(SqliteDb { shared })
+    }
+
+    /// The file's path.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.shared.path
+    }
+
+    /// The options it was opened with.
+    #[must_use]
+    pub fn options(&self) -> &Options {
+        &self.shared.options
+    }
+
+    /// Runs `f` on the connection on tokio's blocking pool; SQLite failures become
+    /// [`tidemark::Error::Unavailable`] for `port`.
+    pub(crate) async fn call<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| tidemark::Error::unavailable(port, format!("blocking task failed: {e}")))?
+    }
+
+    /// Like [`call`](Self::call) for a write: wakes this process's waiters once it
+    /// committed (other processes see it through their watcher).
+    pub(crate) async fn write<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let out = self.call(port, f).await?;
+        self.shared.commits.send_modify(|n| *n = n.wrapping_add(1));
+        Ok(out)
+    }
+
+    /// A receiver that changes after every commit to the file by anyone.
+    pub(crate) fn commits(&self) -> watch::Receiver<u64> {
+        self.shared.commits.subscribe()
+    }
+
+    /// A receiver that changes once per batch of commits the watcher saw.
+    pub(crate) fn seen(&self) -> watch::Receiver<u64> {
+        self.shared.seen.subscribe()
+    }
+}
+
+/// The commit watcher: a dedicated thread and connection asking `PRAGMA data_version`,
+/// which changes whenever another connection (in any process) commits to the file. It
+/// reads no table: it is not polling the source's rows. It ends with the last handle.
+fn spawn_watcher(shared: Weak<Shared>, conn: Connection) -> Result<()> {
+    let (interval, path) = match shared.upgrade() {
+        Some(s) => (s.options.watch_interval, s.path.clone()),
+        None => return Ok(()),
+    };
+    std::thread::Builder::new()
+        .name("tidemark-sqlite-watch".into())
+        .spawn(move || {
+            let mut last: Option<i64> = None;
+            loop {
+                let Some(s) = shared.upgrade() else { return };
+                if s.closed.load(Ordering::Acquire) {
+                    return;
+                }
+                match conn.pragma_query_value(None, "data_version", |r| r.get::<_, i64>(0)) {
+                    Ok(v) => {
+                        if last.is_some_and(|l| l != v) {
+                            s.commits.send_modify(|n| *n = n.wrapping_add(1));
+                            s.seen.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                        last = Some(v);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "commit watcher could not read data_version")
+                    }
+                }
+                drop(s);
+                std::thread::sleep(interval);
+            }
+        })
+        .map_err(|source| Error::Io { path, source })?;
+    Ok(())
+}
+
+/// Milliseconds since the unix epoch: the clock every process on the machine shares.
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A `u64` seq or position as SQLite's integer.
+pub(crate) fn to_i64(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// SQLite's integer as a `u64` seq or position (negative values, written by no one but a
+/// foreign writer, read as 0).
+pub(crate) fn to_u64(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// A duration as whole milliseconds for SQLite.
+pub(crate) fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

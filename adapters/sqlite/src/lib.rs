@@ -1,0 +1,73 @@
+//! tidemark-sqlite: every tidemark port on one SQLite file, so a user gets durability with
+//! no server.
+//!
+//! Open a [`SqliteDb`] and take the views you need; they share one connection per handle
+//! and every call runs on tokio's blocking pool:
+//!
+//! - [`SqliteSource`]: the registry ([`Source`](tidemark::Source)) with tombstones that
+//!   carry their seq, a watermark, compaction with a recorded horizon, and its change log
+//!   as a gapless [`Feed`](tidemark::Feed). An *announcing* source also writes an outbox
+//!   row in each mutation's own transaction, which a [`Relay`] drains into the events
+//!   stream, the wake channel and the queue, at least once.
+//! - [`SqliteEvents`]: the durable events stream ([`Publish`](tidemark::Publish), a sparse
+//!   [`Feed`](tidemark::Feed)) and named [`Cursors`](tidemark::Cursors).
+//! - [`SqliteWake`]: wake channels across processes. Any commit to the file by any process
+//!   wakes every listener on it (the SPEC §7 backstop), seen through `PRAGMA data_version`
+//!   on a dedicated connection, which reads no table.
+//! - [`SqliteQueue`], [`SqliteLock`], [`SqliteSchedules`]: jobs with leases, retries and a
+//!   dead letter; named locks with owner, TTL and fencing; durable schedules whose ticks
+//!   enqueue exactly one job across processes.
+//! - [`PersistedCache`] and [`PersistentFollower`]: a follower's cache and watermark kept
+//!   in the file, written in the same transaction as each applied batch, for a warm
+//!   restart that catches up only the delta.
+//!
+//! The schema is versioned (`PRAGMA user_version`, `PRAGMA application_id`); a file that is
+//! not a database, is truncated or corrupt, belongs to another application or has a newer
+//! schema is refused with an [`Error`], never a panic.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod db;
+mod error;
+mod events;
+mod schema;
+mod source;
+mod wake;
+
+pub use db::{Options, SqliteDb, Synchronous};
+pub use error::{Error, Result};
+pub use events::{EventStream, Record, SqliteEvents};
+pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
+pub use source::{
+    ChangeLogStream, Compaction, MAX_KEY_BYTES, MAX_VALUE_BYTES, SqliteSource, Write,
+};
+pub use wake::{SqliteListener, SqliteWake};
+
+impl SqliteDb {
+    /// The registry as a source and a gapless change-log feed; its writes announce nothing.
+    #[must_use]
+    pub fn source(&self) -> SqliteSource {
+        SqliteSource::new(self.clone(), None)
+    }
+
+    /// The registry as a source whose every mutation also writes an outbox row, in the
+    /// same transaction, announcing it on the given legs. A [`Relay`] drains the outbox.
+    #[must_use]
+    pub fn announced_source(&self, legs: tidemark::tidemark_core::Legs) -> SqliteSource {
+        SqliteSource::new(self.clone(), Some(legs))
+    }
+}
+
+impl SqliteDb {
+    /// The durable events stream and its named cursors.
+    #[must_use]
+    pub fn events(&self) -> SqliteEvents {
+        SqliteEvents::new(self.clone())
+    }
+
+    /// Wake channels on this file, seen by every process that opens it.
+    #[must_use]
+    pub fn wake(&self) -> SqliteWake {
+        SqliteWake::new(self.clone())
+    }
+}

@@ -1,0 +1,537 @@
+//! The source of truth on SQLite: a registry with tombstones, a watermark, a gapless change
+//! log that is itself a [`Feed`], compaction with a recorded horizon, and (optionally) an
+//! outbox row written in each mutation's own transaction.
+
+use std::collections::VecDeque;
+
+use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use tidemark::tidemark_core::{AnnouncePlan, Continuity, Entry, Event, FeedInfo, Legs};
+use tidemark::{
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
+};
+use tokio::sync::watch;
+
+use crate::db::{SqliteDb, to_i64, to_u64};
+use crate::error::unavailable;
+
+/// Keys longer than this are refused.
+pub const MAX_KEY_BYTES: usize = 1024;
+/// Values larger than this are refused.
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+/// Change-log rows a feed reads per query.
+const READ_BATCH: i64 = 1024;
+
+/// One mutation of a batch written in one transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Write {
+    /// Put a value under a key.
+    Put(String, Vec<u8>),
+    /// Remove a key (a no-op, using no seq, if it is absent).
+    Remove(String),
+}
+
+/// What a compaction removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Compaction {
+    /// Tombstones dropped from the registry.
+    pub tombstones: u64,
+    /// Change-log rows dropped.
+    pub log_rows: u64,
+    /// The first seq changes can be served from afterwards.
+    pub first_available: u64,
+}
+
+/// The registry: a [`Source`], and its change log as a [`Continuity::Gapless`] [`Feed`].
+///
+/// Each mutation, its seq, its change-log row and (for an announcing source) its outbox
+/// row commit in one transaction. Removals keep a tombstone row carrying their seq, so
+/// [`Source::changes_since`] covers them by walking the seq index: its cost is what
+/// changed, not the registry's size.
+#[derive(Clone, Debug)]
+pub struct SqliteSource {
+    db: SqliteDb,
+    announce: Option<Legs>,
+}
+
+fn check_key(key: &str) -> Result<()> {
+    let reason = if key.is_empty() {
+        "empty"
+    } else if key.len() > MAX_KEY_BYTES {
+        "longer than 1024 bytes"
+    } else if key.bytes().any(|b| b.is_ascii_control()) {
+        "contains a control character"
+    } else {
+        return Ok(());
+    };
+    let mut shown = key.to_owned();
+    if shown.len() > 64 {
+        let mut cut = 64;
+        while !shown.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        shown.truncate(cut);
+    }
+    Err(Error::InvalidKey { key: shown, reason })
+}
+
+fn check_value(value: &[u8]) -> Result<()> {
+    if value.len() > MAX_VALUE_BYTES {
+        return Err(Error::ValueTooLarge {
+            len: value.len(),
+            max: MAX_VALUE_BYTES,
+        });
+    }
+    Ok(())
+}
+
+fn check_write(w: &Write) -> Result<()> {
+    match w {
+        Write::Put(k, v) => {
+            check_key(k)?;
+            check_value(v)
+        }
+        Write::Remove(k) => check_key(k),
+    }
+}
+
+const PORT: &str = "source";
+
+fn sql(e: rusqlite::Error) -> Error {
+    unavailable(PORT, &e)
+}
+
+pub(crate) fn meta(conn: &Connection, name: &str) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT value FROM tidemark_meta WHERE name = ?1")?
+        .query_row([name], |r| r.get::<_, i64>(0))
+        .map(to_u64)
+}
+
+fn is_live(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<bool> {
+    Ok(tx
+        .prepare_cached("SELECT deleted FROM registry WHERE key = ?1")?
+        .query_row([key], |r| r.get::<_, bool>(0))
+        .optional()?
+        .is_some_and(|deleted| !deleted))
+}
+
+/// Applies one mutation inside `tx`: next seq, registry row (or tombstone), change-log row
+/// and, when `announce` says so, the outbox row.
+fn mutate(
+    tx: &Transaction<'_>,
+    key: &str,
+    value: Option<&[u8]>,
+    announce: Option<Legs>,
+) -> rusqlite::Result<u64> {
+    let seq: i64 = tx
+        .prepare_cached(
+            "UPDATE tidemark_meta SET value = value + 1 WHERE name = 'watermark' RETURNING value",
+        )?
+        .query_row([], |r| r.get(0))?;
+    let deleted = value.is_none();
+    tx.prepare_cached(
+        "INSERT INTO registry (key, value, seq, deleted) VALUES (?1, ?2, ?3, ?4)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value, seq = excluded.seq,
+         deleted = excluded.deleted",
+    )?
+    .execute(params![key, value, seq, deleted])?;
+    tx.prepare_cached("INSERT INTO changelog (seq, key, deleted, value) VALUES (?1, ?2, ?3, ?4)")?
+        .execute(params![seq, key, deleted, value])?;
+    let seq = to_u64(seq);
+    if let Some(legs) = announce {
+        let event = match value {
+            Some(v) => Event::Put {
+                seq,
+                key: key.to_owned(),
+                value: v.to_vec(),
+            },
+            None => Event::Removed {
+                seq,
+                key: key.to_owned(),
+            },
+        };
+        // An event that cannot be serialised yields an empty announcement: no row.
+        if let Some(plan) = AnnouncePlan::new(&event, legs) {
+            let job = plan.job.as_ref().and_then(|j| j.encode().ok());
+            tx.prepare_cached(
+                "INSERT INTO outbox (seq, key, payload, publish, notify, job)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                to_i64(seq),
+                key,
+                plan.payload,
+                plan.publish,
+                plan.notify,
+                job
+            ])?;
+        }
+    }
+    Ok(seq)
+}
+
+fn read_entry(
+    key: rusqlite::types::ValueRef<'_>,
+    value: Option<Vec<u8>>,
+    seq: i64,
+    deleted: bool,
+) -> std::result::Result<Entry, (u64, String)> {
+    let seq = to_u64(seq);
+    let key = match key {
+        rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+            String::from_utf8(b.to_vec()).map_err(|e| (seq, format!("key is not UTF-8: {e}")))?
+        }
+        other => return Err((seq, format!("key is not text: {:?}", other.data_type()))),
+    };
+    Ok(if deleted {
+        Entry::delete(seq, key)
+    } else {
+        Entry::put(seq, key, value.unwrap_or_default())
+    })
+}
+
+impl SqliteSource {
+    pub(crate) fn new(db: SqliteDb, announce: Option<Legs>) -> Self {
+        SqliteSource { db, announce }
+    }
+
+    /// The database this source lives in.
+    #[must_use]
+    pub fn db(&self) -> &SqliteDb {
+        &self.db
+    }
+
+    /// Applies `writes` in one transaction (one fsync); returns each write's seq (`None`
+    /// for a removal of an absent key). All or nothing: an invalid key refuses the batch.
+    pub async fn write_batch(&self, writes: Vec<Write>) -> Result<Vec<Option<u64>>> {
+        for w in &writes {
+            check_write(w)?;
+        }
+        let announce = self.announce;
+        self.db
+            .write(PORT, move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let mut seqs = Vec::with_capacity(writes.len());
+                for w in &writes {
+                    seqs.push(match w {
+                        Write::Put(k, v) => Some(mutate(&tx, k, Some(v), announce).map_err(sql)?),
+                        Write::Remove(k) => {
+                            if is_live(&tx, k).map_err(sql)? {
+                                Some(mutate(&tx, k, None, announce).map_err(sql)?)
+                            } else {
+                                None
+                            }
+                        }
+                    });
+                }
+                tx.commit().map_err(sql)?;
+                Ok(seqs)
+            })
+            .await
+    }
+
+    /// Drops tombstones and change-log rows below `horizon` and records it: a reader whose
+    /// watermark + 1 is below the horizon gets [`Changes::Compacted`] (and a feed opened
+    /// there reports it as `first_available`) and resyncs from a snapshot.
+    pub async fn compact_below(&self, horizon: u64) -> Result<Compaction> {
+        self.db
+            .write(PORT, move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let watermark = meta(&tx, "watermark").map_err(sql)?;
+                let first = meta(&tx, "first_available").map_err(sql)?;
+                let horizon = horizon.min(watermark.saturating_add(1)).max(first);
+                let h = to_i64(horizon);
+                let tombstones = tx
+                    .execute("DELETE FROM registry WHERE deleted = 1 AND seq < ?1", [h])
+                    .map_err(sql)?;
+                let log_rows = tx
+                    .execute("DELETE FROM changelog WHERE seq < ?1", [h])
+                    .map_err(sql)?;
+                tx.execute(
+                    "UPDATE tidemark_meta SET value = ?1 WHERE name = 'first_available'",
+                    [h],
+                )
+                .map_err(sql)?;
+                tx.commit().map_err(sql)?;
+                Ok(Compaction {
+                    tombstones: tombstones as u64,
+                    log_rows: log_rows as u64,
+                    first_available: horizon,
+                })
+            })
+            .await
+    }
+
+    /// Entries changed after `since` and the watermark, or `None` when compacted; run on a
+    /// connection already in a read transaction.
+    pub(crate) fn changes_blocking(conn: &Connection, since: u64) -> rusqlite::Result<Changes> {
+        let first_available = meta(conn, "first_available")?;
+        if since.saturating_add(1) < first_available {
+            return Ok(Changes::Compacted { first_available });
+        }
+        let watermark = meta(conn, "watermark")?;
+        let mut stmt = conn.prepare_cached(
+            "SELECT key, value, seq, deleted FROM registry WHERE seq > ?1 ORDER BY seq",
+        )?;
+        let mut rows = stmt.query([to_i64(since)])?;
+        let mut entries = Vec::new();
+        while let Some(row) = rows.next()? {
+            match read_entry(row.get_ref(0)?, row.get(1)?, row.get(2)?, row.get(3)?) {
+                Ok(e) => entries.push(e),
+                Err((seq, reason)) => {
+                    tracing::warn!(seq, reason, "skipping a registry row no reader can carry");
+                }
+            }
+        }
+        Ok(Changes::Since { entries, watermark })
+    }
+}
+
+impl Source for SqliteSource {
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
+        let seqs = self
+            .write_batch(vec![Write::Put(key.to_owned(), value)])
+            .await?;
+        seqs.first()
+            .copied()
+            .flatten()
+            .ok_or_else(|| Error::unavailable(PORT, "a put returned no seq"))
+    }
+
+    async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
+        check_key(key)?;
+        check_value(&value)?;
+        let key = key.to_owned();
+        let announce = self.announce;
+        self.db
+            .write(PORT, move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let current = tx
+                    .query_row(
+                        "SELECT seq FROM registry WHERE key = ?1 AND deleted = 0",
+                        [&key],
+                        |r| r.get::<_, i64>(0),
+                    )
+                    .optional()
+                    .map_err(sql)?
+                    .map(to_u64);
+                if current.unwrap_or(0) != expected {
+                    return Err(Error::Conflict {
+                        key,
+                        expected,
+                        current,
+                    });
+                }
+                let seq = mutate(&tx, &key, Some(&value), announce).map_err(sql)?;
+                tx.commit().map_err(sql)?;
+                Ok(seq)
+            })
+            .await
+    }
+
+    async fn remove(&self, key: &str) -> Result<Option<u64>> {
+        let seqs = self
+            .write_batch(vec![Write::Remove(key.to_owned())])
+            .await?;
+        Ok(seqs.first().copied().flatten())
+    }
+
+    async fn watermark(&self) -> Result<u64> {
+        self.db
+            .call(PORT, |conn| meta(conn, "watermark").map_err(sql))
+            .await
+    }
+
+    async fn changes_since(&self, since: u64) -> Result<Changes> {
+        self.db
+            .call(PORT, move |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                let changes = SqliteSource::changes_blocking(&tx, since).map_err(sql)?;
+                tx.finish().map_err(sql)?;
+                Ok(changes)
+            })
+            .await
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot> {
+        self.db
+            .call(PORT, |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                let watermark = meta(&tx, "watermark").map_err(sql)?;
+                let mut entries = Vec::new();
+                {
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "SELECT key, value, seq, deleted FROM registry WHERE deleted = 0
+                             ORDER BY key",
+                        )
+                        .map_err(sql)?;
+                    let mut rows = stmt.query([]).map_err(sql)?;
+                    while let Some(row) = rows.next().map_err(sql)? {
+                        let e = read_entry(
+                            row.get_ref(0).map_err(sql)?,
+                            row.get(1).map_err(sql)?,
+                            row.get(2).map_err(sql)?,
+                            false,
+                        );
+                        match e {
+                            Ok(e) => entries.push(e),
+                            Err((seq, reason)) => {
+                                tracing::warn!(seq, reason, "skipping a registry row");
+                            }
+                        }
+                    }
+                }
+                tx.finish().map_err(sql)?;
+                Ok(Snapshot { entries, watermark })
+            })
+            .await
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>> {
+        let key = key.to_owned();
+        self.db
+            .call(PORT, move |conn| {
+                conn.prepare_cached(
+                    "SELECT seq, value FROM registry WHERE key = ?1 AND deleted = 0",
+                )
+                .and_then(|mut s| {
+                    s.query_row([&key], |r| {
+                        Ok(Versioned {
+                            seq: to_u64(r.get(0)?),
+                            value: r.get::<_, Option<Vec<u8>>>(1)?.unwrap_or_default(),
+                        })
+                    })
+                    .optional()
+                })
+                .map_err(sql)
+            })
+            .await
+    }
+
+    async fn first_available(&self) -> Result<u64> {
+        self.db
+            .call(PORT, |conn| meta(conn, "first_available").map_err(sql))
+            .await
+    }
+}
+
+/// The change log read from a seq on; waits for commits (by any process) when caught up.
+#[derive(Debug)]
+pub struct ChangeLogStream {
+    db: SqliteDb,
+    commits: watch::Receiver<u64>,
+    next_seq: u64,
+    buf: VecDeque<FeedItem>,
+}
+
+impl FeedStream for ChangeLogStream {
+    async fn next(&mut self) -> Option<Result<FeedItem>> {
+        loop {
+            if let Some(item) = self.buf.pop_front() {
+                return Some(Ok(item));
+            }
+            self.commits.borrow_and_update();
+            let from = self.next_seq;
+            let read = self
+                .db
+                .call("feed", move |conn| {
+                    let tx = conn.transaction().map_err(sql)?;
+                    let first = meta(&tx, "first_available").map_err(sql)?;
+                    if from < first {
+                        return Err(Error::unavailable(
+                            "feed",
+                            "history compacted under an open feed",
+                        ));
+                    }
+                    let mut items = Vec::new();
+                    {
+                        let mut stmt = tx
+                            .prepare_cached(
+                                "SELECT key, value, seq, deleted FROM changelog WHERE seq >= ?1
+                                 ORDER BY seq LIMIT ?2",
+                            )
+                            .map_err(sql)?;
+                        let mut rows =
+                            stmt.query(params![to_i64(from), READ_BATCH]).map_err(sql)?;
+                        while let Some(row) = rows.next().map_err(sql)? {
+                            let e = read_entry(
+                                row.get_ref(0).map_err(sql)?,
+                                row.get(1).map_err(sql)?,
+                                row.get(2).map_err(sql)?,
+                                row.get(3).map_err(sql)?,
+                            );
+                            items.push(match e {
+                                Ok(e) => FeedItem::Entry(e),
+                                Err((seq, reason)) => FeedItem::Undecodable {
+                                    position: seq,
+                                    seq: Some(seq),
+                                    reason,
+                                },
+                            });
+                        }
+                    }
+                    tx.finish().map_err(sql)?;
+                    Ok(items)
+                })
+                .await;
+            match read {
+                Err(e) => return Some(Err(e)),
+                Ok(items) => {
+                    if let Some(last) = items.last() {
+                        self.next_seq = match last {
+                            FeedItem::Entry(e) => e.seq + 1,
+                            FeedItem::Undecodable { position, .. } => position + 1,
+                        };
+                    }
+                    self.buf.extend(items);
+                }
+            }
+            if self.buf.is_empty() && self.commits.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+}
+
+impl Feed for SqliteSource {
+    type Stream = ChangeLogStream;
+
+    async fn open(
+        &self,
+        from: u64,
+        _after_position: Option<u64>,
+    ) -> Result<Opened<ChangeLogStream>> {
+        let (first_available, head) = self
+            .db
+            .call("feed", |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                let out = (
+                    meta(&tx, "first_available").map_err(sql)?,
+                    meta(&tx, "watermark").map_err(sql)?,
+                );
+                tx.finish().map_err(sql)?;
+                Ok(out)
+            })
+            .await?;
+        Ok(Opened {
+            info: FeedInfo {
+                first_available,
+                head,
+                continuity: Continuity::Gapless,
+                checkpoints: false,
+            },
+            stream: ChangeLogStream {
+                commits: self.db.commits(),
+                db: self.db.clone(),
+                next_seq: from.max(1),
+                buf: VecDeque::new(),
+            },
+        })
+    }
+}

@@ -1,0 +1,134 @@
+//! Wake channels across processes. A notify is a row in the `wakes` table, committed like
+//! any write; every commit to the file, by any process and announced or not, is seen by the
+//! commit watcher (`PRAGMA data_version`) and wakes every listener on the file. A listener
+//! then reads only the `wakes` rows of its channel, never the registry.
+
+use std::collections::VecDeque;
+
+use rusqlite::params;
+use tidemark::{Error, Received, Result, Wake, WakeListener};
+use tokio::sync::watch;
+
+use crate::db::SqliteDb;
+use crate::error::unavailable;
+
+/// Wake rows kept per file; older ones are pruned by each notify. A listener that falls
+/// further behind still wakes, it just misses old payloads (wakes are not data).
+const KEEP: i64 = 10_000;
+const READ_BATCH: i64 = 1024;
+
+fn sql(e: rusqlite::Error) -> Error {
+    unavailable("wake", &e)
+}
+
+/// Wake channels on one database file, across processes.
+///
+/// A listener wakes with each payload notified on its channel, in notify order, and with
+/// an empty payload after any other commit to the file (the backstop: a writer that never
+/// announces still wakes every reader). Several commits inside one watcher interval may
+/// give one wake.
+#[derive(Clone, Debug)]
+pub struct SqliteWake {
+    db: SqliteDb,
+}
+
+impl SqliteWake {
+    pub(crate) fn new(db: SqliteDb) -> Self {
+        SqliteWake { db }
+    }
+}
+
+/// A listener on one channel of one database file.
+#[derive(Debug)]
+pub struct SqliteListener {
+    db: SqliteDb,
+    channel: String,
+    seen: watch::Receiver<u64>,
+    last_id: i64,
+    pending: VecDeque<Vec<u8>>,
+    more: bool,
+}
+
+impl WakeListener for SqliteListener {
+    async fn recv(&mut self) -> Result<Received> {
+        loop {
+            if let Some(p) = self.pending.pop_front() {
+                return Ok(Received::Wake(p));
+            }
+            if !self.more && self.seen.changed().await.is_err() {
+                return Ok(Received::Closed);
+            }
+            self.seen.borrow_and_update();
+            let (channel, last) = (self.channel.clone(), self.last_id);
+            let rows = self
+                .db
+                .call("wake", move |conn| {
+                    let mut stmt = conn
+                        .prepare_cached(
+                            "SELECT id, payload FROM wakes WHERE channel = ?1 AND id > ?2
+                             ORDER BY id LIMIT ?3",
+                        )
+                        .map_err(sql)?;
+                    let rows = stmt
+                        .query_map(params![channel, last, READ_BATCH], |r| {
+                            Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+                        })
+                        .map_err(sql)?;
+                    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+                })
+                .await?;
+            self.more = rows.len() as i64 == READ_BATCH;
+            if let Some((id, _)) = rows.last() {
+                self.last_id = *id;
+            } else if !self.more {
+                // A commit with no payload for this channel: the backstop wake.
+                return Ok(Received::Wake(Vec::new()));
+            }
+            self.pending.extend(rows.into_iter().map(|(_, p)| p));
+        }
+    }
+}
+
+impl Wake for SqliteWake {
+    type Listener = SqliteListener;
+
+    async fn notify(&self, channel: &str, payload: Vec<u8>) -> Result<()> {
+        let channel = channel.to_owned();
+        self.db
+            .write("wake", move |conn| {
+                let id: i64 = conn
+                    .prepare_cached(
+                        "INSERT INTO wakes (channel, payload) VALUES (?1, ?2) RETURNING id",
+                    )
+                    .and_then(|mut s| s.query_row(params![channel, payload], |r| r.get(0)))
+                    .map_err(sql)?;
+                if id % 256 == 0 {
+                    conn.prepare_cached("DELETE FROM wakes WHERE id <= ?1")
+                        .and_then(|mut s| s.execute([id - KEEP]))
+                        .map_err(sql)?;
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn listen(&self, channel: &str) -> Result<SqliteListener> {
+        let mut seen = self.db.seen();
+        seen.borrow_and_update();
+        let last_id = self
+            .db
+            .call("wake", |conn| {
+                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM wakes", [], |r| r.get(0))
+                    .map_err(sql)
+            })
+            .await?;
+        Ok(SqliteListener {
+            db: self.db.clone(),
+            channel: channel.to_owned(),
+            seen,
+            last_id,
+            pending: VecDeque::new(),
+            more: false,
+        })
+    }
+}

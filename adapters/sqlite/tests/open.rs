@@ -1,0 +1,133 @@
+//! Files that are not ours are refused with a typed error, never a panic.
+
+mod common;
+
+use std::io::{Seek, SeekFrom, Write as _};
+
+use tidemark::Source;
+use tidemark_sqlite::{Error, SCHEMA_VERSION, SqliteDb};
+
+#[tokio::test]
+async fn opening_twice_is_idempotent() {
+    let (_dir, path, db) = common::fresh().await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    let again = SqliteDb::open(&path).await.unwrap();
+    let third = SqliteDb::open(&path).await.unwrap();
+    assert_eq!(again.source().watermark().await.unwrap(), 1);
+    assert_eq!(third.source().watermark().await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
+    std::fs::write(&path, "these are my notes, not a database ".repeat(200)).unwrap();
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(matches!(err, Error::NotADatabase { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_truncated_file_is_refused() {
+    let (_dir, path, db) = common::fresh().await;
+    let writes = (0..2000)
+        .map(|i| tidemark_sqlite::Write::Put(format!("key-{i}"), vec![7; 100]))
+        .collect();
+    db.source().write_batch(writes).await.unwrap();
+    drop(db);
+    // Let the watcher thread close its connection, which checkpoints the WAL into the file.
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    }
+    let len = std::fs::metadata(&path).unwrap().len();
+    assert!(len > 8192, "the test needs a multi-page file, got {len}");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(matches!(err, Error::Truncated { .. }), "{err}");
+
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(40)
+        .unwrap();
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(
+        matches!(err, Error::Truncated { .. }),
+        "a cut-off header: {err}"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupt_file_is_refused() {
+    let (_dir, path, db) = common::fresh().await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    drop(db);
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
+    }
+    // Scribble over the schema table's page content (page 1 after the file header).
+    let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    f.seek(SeekFrom::Start(100)).unwrap();
+    f.write_all(&[0xA5; 900]).unwrap();
+    drop(f);
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_foreign_database_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT);")
+            .unwrap();
+    }
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(matches!(err, Error::Foreign { .. }), "{err}");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let tables: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type='table'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        tables, 1,
+        "tidemark must not write into someone else's database"
+    );
+
+    let other_app = dir.path().join("other.db");
+    {
+        let c = rusqlite::Connection::open(&other_app).unwrap();
+        c.pragma_update(None, "application_id", 42).unwrap();
+    }
+    let err = SqliteDb::open(&other_app).await.unwrap_err();
+    assert!(matches!(err, Error::Foreign { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let (_dir, path, db) = common::fresh().await;
+    drop(db);
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+            .unwrap();
+    }
+    let err = SqliteDb::open(&path).await.unwrap_err();
+    assert!(
+        matches!(err, Error::NewerSchema { found, supported, .. } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
+        "{err}"
+    );
+}

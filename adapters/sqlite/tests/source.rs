@@ -1,0 +1,219 @@
+//! The registry: seqs, tombstones, changes since N, compaction with a horizon, and its
+//! change log as a gapless feed.
+
+mod common;
+
+use std::time::Duration;
+
+use tidemark::tidemark_core::{Continuity, Entry};
+use tidemark::{Changes, Error, Feed, FeedItem, FeedStream, Source};
+use tidemark_sqlite::{SqliteDb, Write};
+
+#[tokio::test]
+async fn every_mutation_gets_the_next_seq_and_removals_keep_tombstones() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    assert_eq!(
+        src.watermark().await.unwrap(),
+        0,
+        "a new source has watermark 0"
+    );
+    assert_eq!(src.put("a", b"1".to_vec()).await.unwrap(), 1);
+    assert_eq!(src.put("b", b"2".to_vec()).await.unwrap(), 2);
+    assert_eq!(src.remove("a").await.unwrap(), Some(3));
+    assert_eq!(
+        src.remove("a").await.unwrap(),
+        None,
+        "removing an absent key uses no seq"
+    );
+    assert_eq!(src.watermark().await.unwrap(), 3);
+    assert_eq!(
+        src.get("a").await.unwrap(),
+        None,
+        "a tombstone reads as absent"
+    );
+    let Changes::Since { entries, watermark } = src.changes_since(1).await.unwrap() else {
+        panic!("nothing was compacted");
+    };
+    assert_eq!(watermark, 3);
+    assert_eq!(
+        entries,
+        vec![Entry::put(2, "b", "2"), Entry::delete(3, "a")],
+        "changes since 1 must include the removal with its seq"
+    );
+    let snap = src.snapshot().await.unwrap();
+    assert_eq!(snap.entries, vec![Entry::put(2, "b", "2")]);
+    assert_eq!(snap.watermark, 3);
+}
+
+#[tokio::test]
+async fn update_is_a_compare_and_set_on_the_keys_seq() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    assert_eq!(src.update("k", b"v1".to_vec(), 0).await.unwrap(), 1);
+    let err = src.update("k", b"v2".to_vec(), 0).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Conflict {
+                current: Some(1),
+                expected: 0,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(src.update("k", b"v2".to_vec(), 1).await.unwrap(), 2);
+    assert_eq!(src.get("k").await.unwrap().unwrap().value, b"v2");
+}
+
+#[tokio::test]
+async fn bad_keys_and_values_are_typed_errors_and_change_nothing() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    for key in ["", "a\nb", &"k".repeat(2000)] {
+        assert!(matches!(
+            src.put(key, b"x".to_vec()).await,
+            Err(Error::InvalidKey { .. })
+        ));
+    }
+    assert!(matches!(
+        src.put("big", vec![0; tidemark_sqlite::MAX_VALUE_BYTES + 1])
+            .await,
+        Err(Error::ValueTooLarge { .. })
+    ));
+    let batch = vec![
+        Write::Put("ok".into(), b"1".to_vec()),
+        Write::Put(String::new(), vec![]),
+    ];
+    assert!(src.write_batch(batch).await.is_err());
+    assert_eq!(
+        src.watermark().await.unwrap(),
+        0,
+        "refused writes use no seq"
+    );
+}
+
+#[tokio::test]
+async fn compaction_records_a_horizon_below_which_readers_must_resync() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    for i in 0..10 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    for i in 0..5 {
+        src.remove(&format!("k{i}")).await.unwrap();
+    }
+    // Tombstones have seqs 11..=15.
+    let c = src.compact_below(14).await.unwrap();
+    assert_eq!(
+        c.tombstones, 3,
+        "tombstones 11, 12, 13 are below the horizon"
+    );
+    assert_eq!(c.first_available, 14);
+    assert_eq!(src.first_available().await.unwrap(), 14);
+    assert_eq!(
+        src.changes_since(5).await.unwrap(),
+        Changes::Compacted {
+            first_available: 14
+        },
+        "a reader below the horizon would miss removals: it must be told to resync"
+    );
+    let Changes::Since { entries, .. } = src.changes_since(13).await.unwrap() else {
+        panic!("13 + 1 is at the horizon: still served");
+    };
+    assert_eq!(
+        entries,
+        vec![Entry::delete(14, "k3"), Entry::delete(15, "k4")]
+    );
+    let opened = src.open(1, None).await.unwrap();
+    assert_eq!(
+        opened.info.first_available, 14,
+        "the feed reports the horizon"
+    );
+}
+
+#[tokio::test]
+async fn changes_since_reads_only_what_changed() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    let writes = (0..5000)
+        .map(|i| Write::Put(format!("k{i}"), b"v".to_vec()))
+        .collect();
+    src.write_batch(writes).await.unwrap();
+    src.put("k7", b"new".to_vec()).await.unwrap();
+    let Changes::Since { entries, watermark } = src.changes_since(5000).await.unwrap() else {
+        panic!("not compacted");
+    };
+    assert_eq!(watermark, 5001);
+    assert_eq!(entries, vec![Entry::put(5001, "k7", "new")]);
+    let plan: String = {
+        let conn = rusqlite::Connection::open(db.path()).unwrap();
+        conn.query_row(
+            "EXPLAIN QUERY PLAN SELECT key, value, seq, deleted FROM registry WHERE seq > 5000 ORDER BY seq",
+            [],
+            |r| r.get(3),
+        )
+        .unwrap()
+    };
+    assert!(
+        plan.contains("registry_seq"),
+        "changes since N must walk the seq index, not scan the registry: {plan}"
+    );
+}
+
+#[tokio::test]
+async fn the_change_log_is_a_gapless_feed_that_follows_new_commits() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    src.put("a", b"2".to_vec()).await.unwrap();
+    src.remove("a").await.unwrap();
+    let mut opened = src.open(2, None).await.unwrap();
+    assert_eq!(opened.info.head, 3);
+    assert_eq!(opened.info.continuity, Continuity::Gapless);
+    assert_eq!(
+        opened.stream.next().await.unwrap().unwrap(),
+        FeedItem::Entry(Entry::put(2, "a", "2")),
+        "an overwritten value still appears: every seq is on the feed"
+    );
+    assert_eq!(
+        opened.stream.next().await.unwrap().unwrap(),
+        FeedItem::Entry(Entry::delete(3, "a"))
+    );
+    let writer = db.source();
+    let later = tokio::spawn(async move { writer.put("b", b"3".to_vec()).await });
+    let next = tokio::time::timeout(Duration::from_secs(5), opened.stream.next())
+        .await
+        .expect("an open feed must deliver a later commit");
+    assert_eq!(
+        next.unwrap().unwrap(),
+        FeedItem::Entry(Entry::put(4, "b", "3"))
+    );
+    later.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_feed_opened_on_another_handle_sees_commits_from_this_one() {
+    let (_dir, path, db) = common::fresh().await;
+    let other = SqliteDb::open(&path).await.unwrap();
+    let mut opened = other.source().open(1, None).await.unwrap();
+    db.source().put("x", b"1".to_vec()).await.unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), opened.stream.next())
+        .await
+        .expect("a commit on another connection must reach the feed through the watcher");
+    assert_eq!(
+        next.unwrap().unwrap(),
+        FeedItem::Entry(Entry::put(1, "x", "1"))
+    );
+}
+
+#[tokio::test]
+async fn data_survives_reopening_the_file() {
+    let (_dir, path, db) = common::fresh().await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    drop(db);
+    let db = SqliteDb::open(&path).await.unwrap();
+    assert_eq!(db.source().watermark().await.unwrap(), 1);
+    assert_eq!(db.source().get("a").await.unwrap().unwrap().seq, 1);
+}
