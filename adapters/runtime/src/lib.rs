@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod announce;
 mod cache;
 mod clock;
 #[cfg(feature = "conformance")]
@@ -13,6 +14,7 @@ pub mod ports;
 mod shutdown;
 mod sink;
 
+pub use announce::{AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
 pub use error::{Error, Result};

@@ -1,0 +1,130 @@
+//! The announcing registry: durable write first, then three independent, fail-soft legs.
+
+use tidemark_core::{AnnouncePlan, AnnounceReport, Event, Legs};
+use tracing::warn;
+
+use crate::error::Result;
+use crate::ports::{Publish, Queue, Source, Wake};
+
+/// A committed write: its durable seq, and what its announcement achieved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Written {
+    /// The seq the source gave the write. It is the write's result whatever the legs did.
+    pub seq: u64,
+    /// Which announce legs landed. A missing leg is closed by the next reconcile.
+    pub report: AnnounceReport,
+}
+
+/// Wraps a [`Source`]: every write commits first and only then is announced on three
+/// legs (publish to the events stream keyed by key, notify the wake channel, enqueue a
+/// `pack_housekeeping` job). Each leg is independent and fail-soft: a failing leg affects
+/// no other leg and never fails the write.
+#[derive(Clone, Debug)]
+pub struct AnnouncingRegistry<S, P, W, Q> {
+    source: S,
+    events: P,
+    wake: W,
+    queue: Q,
+    channel: String,
+    legs: Legs,
+}
+
+impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
+    /// A registry announcing on wake channel `channel` with all three legs.
+    pub fn new(source: S, events: P, wake: W, queue: Q, channel: impl Into<String>) -> Self {
+        AnnouncingRegistry {
+            source,
+            events,
+            wake,
+            queue,
+            channel: channel.into(),
+            legs: Legs::default(),
+        }
+    }
+
+    /// Runs only the given legs.
+    #[must_use]
+    pub fn with_legs(mut self, legs: Legs) -> Self {
+        self.legs = legs;
+        self
+    }
+
+    /// The wrapped source, for reads.
+    pub fn source(&self) -> &S {
+        &self.source
+    }
+
+    /// Writes `value` under `key`, then announces it.
+    pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<Written> {
+        let seq = self.source.put(key, value.clone()).await?;
+        let report = self
+            .announce(&Event::Put {
+                seq,
+                key: key.to_owned(),
+                value,
+            })
+            .await;
+        Ok(Written { seq, report })
+    }
+
+    /// Compare-and-set write (see [`Source::update`]), then announces it.
+    pub async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<Written> {
+        let seq = self.source.update(key, value.clone(), expected).await?;
+        let report = self
+            .announce(&Event::Put {
+                seq,
+                key: key.to_owned(),
+                value,
+            })
+            .await;
+        Ok(Written { seq, report })
+    }
+
+    /// Removes `key`, then announces the removal; `None` if the key was absent.
+    pub async fn remove(&self, key: &str) -> Result<Option<Written>> {
+        let Some(seq) = self.source.remove(key).await? else {
+            return Ok(None);
+        };
+        let report = self
+            .announce(&Event::Removed {
+                seq,
+                key: key.to_owned(),
+            })
+            .await;
+        Ok(Some(Written { seq, report }))
+    }
+
+    /// Runs the announce legs for an already committed `event`. An event that cannot be
+    /// serialised yields an empty report. Never fails: failures are logged and reported.
+    pub async fn announce(&self, event: &Event) -> AnnounceReport {
+        let Some(plan) = AnnouncePlan::new(event, self.legs) else {
+            warn!(
+                key = event.key(),
+                seq = event.seq(),
+                "event could not be serialised; not announced"
+            );
+            return AnnounceReport::default();
+        };
+        let mut report = AnnounceReport::default();
+        let seq = event.seq();
+        if plan.publish {
+            match self.events.publish(&plan.key, plan.payload.clone()).await {
+                Ok(_) => report.published = true,
+                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: publish failed"),
+            }
+        }
+        if plan.notify {
+            match self.wake.notify(&self.channel, plan.payload.clone()).await {
+                Ok(()) => report.notified = true,
+                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: notify failed"),
+            }
+        }
+        if let Some(job) = plan.job {
+            match self.queue.enqueue(job).await {
+                Ok(id) => report.enqueued = Some(id),
+                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: enqueue failed"),
+            }
+        }
+        report
+    }
+}
