@@ -1,0 +1,85 @@
+//! The schedule runner: enqueues each due tick exactly once across several runners.
+
+use std::time::Duration;
+
+use tidemark_core::JobId;
+use tracing::{info, warn};
+
+use crate::error::Result;
+use crate::ports::{Queue, ScheduleStore};
+use crate::shutdown::StopSignal;
+
+/// One tick this runner fired.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fired {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The tick fired.
+    pub tick: u64,
+    /// The job enqueued.
+    pub job: JobId,
+}
+
+/// Fires every due tick once: for each schedule, the latest due tick newer than its last
+/// fired one is claimed by a compare-and-set in the store (so of several runners exactly
+/// one wins it) and its job enqueued. A tick missed while no runner ran fires once.
+/// Returns what this runner fired and how long until the next tick is due.
+pub async fn fire_due<T: ScheduleStore, Q: Queue>(
+    store: &T,
+    queue: &Q,
+) -> Result<(Vec<Fired>, Option<Duration>)> {
+    let mut fired = Vec::new();
+    let mut next: Option<Duration> = None;
+    for due in store.schedules().await? {
+        let s = &due.schedule;
+        let mut last = due.last_fired;
+        if let Some(tick) = s.tick_to_fire(due.last_fired, due.since_anchor)
+            && store.mark_fired(s.name(), due.last_fired, tick).await?
+        {
+            last = Some(tick);
+            match queue.enqueue(s.job().clone()).await {
+                Ok(job) => {
+                    info!(schedule = s.name(), tick, %job, "schedule fired");
+                    fired.push(Fired {
+                        schedule: s.name().to_owned(),
+                        tick,
+                        job,
+                    });
+                }
+                // The tick is claimed: the next one fires. Losing one sweep beats two.
+                Err(e) => {
+                    warn!(schedule = s.name(), tick, error = %e, "tick claimed but enqueue failed")
+                }
+            }
+        }
+        let after = s.latest_tick(due.since_anchor).max(last).unwrap_or(0);
+        let wait = s.next_due(after).saturating_sub(due.since_anchor);
+        next = Some(next.map_or(wait, |n| n.min(wait)));
+    }
+    Ok((fired, next))
+}
+
+/// Runs [`fire_due`] until `stop`, sleeping until the next tick is due (at most `idle`,
+/// so schedules added by others are noticed). A store failure is logged and retried
+/// after `idle`.
+pub async fn run_scheduler<T: ScheduleStore, Q: Queue>(
+    store: &T,
+    queue: &Q,
+    idle: Duration,
+    mut stop: StopSignal,
+) {
+    loop {
+        let wait = match fire_due(store, queue).await {
+            Ok((_, next)) => next.unwrap_or(idle).min(idle),
+            Err(e) => {
+                warn!(error = %e, "scheduler pass failed");
+                idle
+            }
+        };
+        tokio::select! {
+            biased;
+            () = stop.stopped() => return,
+            () = tokio::time::sleep(wait.max(Duration::from_millis(1))) => {}
+        }
+    }
+}
