@@ -1,1 +1,2 @@
+//! Benchmarks of the SQLite adapter (filled in below).
 fn main() {}

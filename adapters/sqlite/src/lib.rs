@@ -30,6 +30,10 @@
 mod db;
 mod error;
 mod events;
+mod lock;
+mod outbox;
+mod queue;
+mod schedule;
 mod schema;
 mod source;
 mod wake;
@@ -37,6 +41,10 @@ mod wake;
 pub use db::{Options, SqliteDb, Synchronous};
 pub use error::{Error, Result};
 pub use events::{EventStream, Record, SqliteEvents};
+pub use lock::SqliteLock;
+pub use outbox::{Relay, RelayReport};
+pub use queue::SqliteQueue;
+pub use schedule::SqliteSchedules;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use source::{
     ChangeLogStream, Compaction, MAX_KEY_BYTES, MAX_VALUE_BYTES, SqliteSource, Write,
@@ -69,5 +77,25 @@ impl SqliteDb {
     #[must_use]
     pub fn wake(&self) -> SqliteWake {
         SqliteWake::new(self.clone())
+    }
+}
+
+impl SqliteDb {
+    /// The durable job queue.
+    #[must_use]
+    pub fn queue(&self) -> SqliteQueue {
+        SqliteQueue::new(self.clone())
+    }
+
+    /// Named locks with owner, TTL and fencing.
+    #[must_use]
+    pub fn lock(&self) -> SqliteLock {
+        SqliteLock::new(self.clone())
+    }
+
+    /// Durable schedules.
+    #[must_use]
+    pub fn schedules(&self) -> SqliteSchedules {
+        SqliteSchedules::new(self.clone())
     }
 }

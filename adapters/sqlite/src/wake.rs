@@ -1,7 +1,9 @@
 //! Wake channels across processes. A notify is a row in the `wakes` table, committed like
-//! any write; every commit to the file, by any process and announced or not, is seen by the
-//! commit watcher (`PRAGMA data_version`) and wakes every listener on the file. A listener
-//! then reads only the `wakes` rows of its channel, never the registry.
+//! any write. Every commit to the file, by any process, is seen by the commit watcher
+//! (`PRAGMA data_version` on its own connection); each listener then reads the `wakes`
+//! rows of its channel and the source's watermark (one meta row), never the registry.
+//! A payload wakes its channel's listeners in order; a source write that nobody announced
+//! wakes every listener with an empty payload (the backstop).
 
 use std::collections::VecDeque;
 
@@ -11,6 +13,7 @@ use tokio::sync::watch;
 
 use crate::db::SqliteDb;
 use crate::error::unavailable;
+use crate::source::meta;
 
 /// Wake rows kept per file; older ones are pruned by each notify. A listener that falls
 /// further behind still wakes, it just misses old payloads (wakes are not data).
@@ -24,9 +27,12 @@ fn sql(e: rusqlite::Error) -> Error {
 /// Wake channels on one database file, across processes.
 ///
 /// A listener wakes with each payload notified on its channel, in notify order, and with
-/// an empty payload after any other commit to the file (the backstop: a writer that never
-/// announces still wakes every reader). Several commits inside one watcher interval may
-/// give one wake.
+/// an empty payload after any commit that moved the source's watermark without a payload
+/// for its channel (the backstop: a writer that never announces, in any process, still
+/// wakes every reader). Commits that change no source data (another channel's notify, a
+/// cursor save, a job lease) wake no one. Several commits inside one watcher interval may
+/// give one wake. Latency is about the watcher interval
+/// ([`Options::watch_interval`](crate::Options::watch_interval)).
 #[derive(Clone, Debug)]
 pub struct SqliteWake {
     db: SqliteDb,
@@ -45,6 +51,7 @@ pub struct SqliteListener {
     channel: String,
     seen: watch::Receiver<u64>,
     last_id: i64,
+    watermark: u64,
     pending: VecDeque<Vec<u8>>,
     more: bool,
 }
@@ -60,28 +67,37 @@ impl WakeListener for SqliteListener {
             }
             self.seen.borrow_and_update();
             let (channel, last) = (self.channel.clone(), self.last_id);
-            let rows = self
+            let (rows, watermark) = self
                 .db
                 .call("wake", move |conn| {
-                    let mut stmt = conn
-                        .prepare_cached(
-                            "SELECT id, payload FROM wakes WHERE channel = ?1 AND id > ?2
-                             ORDER BY id LIMIT ?3",
-                        )
-                        .map_err(sql)?;
-                    let rows = stmt
-                        .query_map(params![channel, last, READ_BATCH], |r| {
-                            Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
-                        })
-                        .map_err(sql)?;
-                    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
+                    let tx = conn.transaction().map_err(sql)?;
+                    let rows = {
+                        let mut stmt = tx
+                            .prepare_cached(
+                                "SELECT id, payload FROM wakes WHERE channel = ?1 AND id > ?2
+                                 ORDER BY id LIMIT ?3",
+                            )
+                            .map_err(sql)?;
+                        let rows = stmt
+                            .query_map(params![channel, last, READ_BATCH], |r| {
+                                Ok((r.get::<_, i64>(0)?, r.get::<_, Vec<u8>>(1)?))
+                            })
+                            .map_err(sql)?;
+                        rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)?
+                    };
+                    let watermark = meta(&tx, "watermark").map_err(sql)?;
+                    tx.finish().map_err(sql)?;
+                    Ok((rows, watermark))
                 })
                 .await?;
+            let moved = watermark != self.watermark;
+            self.watermark = watermark;
             self.more = rows.len() as i64 == READ_BATCH;
             if let Some((id, _)) = rows.last() {
                 self.last_id = *id;
-            } else if !self.more {
-                // A commit with no payload for this channel: the backstop wake.
+            } else if moved {
+                // The source changed and nobody announced it on this channel: the
+                // backstop wake.
                 return Ok(Received::Wake(Vec::new()));
             }
             self.pending.extend(rows.into_iter().map(|(_, p)| p));
@@ -115,11 +131,16 @@ impl Wake for SqliteWake {
     async fn listen(&self, channel: &str) -> Result<SqliteListener> {
         let mut seen = self.db.seen();
         seen.borrow_and_update();
-        let last_id = self
+        let (last_id, watermark) = self
             .db
             .call("wake", |conn| {
-                conn.query_row("SELECT COALESCE(MAX(id), 0) FROM wakes", [], |r| r.get(0))
-                    .map_err(sql)
+                let tx = conn.transaction().map_err(sql)?;
+                let last = tx
+                    .query_row("SELECT COALESCE(MAX(id), 0) FROM wakes", [], |r| r.get(0))
+                    .map_err(sql)?;
+                let watermark = meta(&tx, "watermark").map_err(sql)?;
+                tx.finish().map_err(sql)?;
+                Ok((last, watermark))
             })
             .await?;
         Ok(SqliteListener {
@@ -127,6 +148,7 @@ impl Wake for SqliteWake {
             channel: channel.to_owned(),
             seen,
             last_id,
+            watermark,
             pending: VecDeque::new(),
             more: false,
         })

@@ -1,0 +1,254 @@
+//! The job queue on SQLite: leases with a visibility timeout, retries after a delay, and a
+//! dead letter that keeps the last error. Times are unix milliseconds, the clock every
+//! process on the machine shares.
+
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use tidemark::tidemark_core::{Job, JobId};
+use tidemark::{Error, JobRecord, JobState, Leased, Queue, Result};
+
+use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
+use crate::error::unavailable;
+
+const READY: i64 = 0;
+const LEASED: i64 = 1;
+const DONE: i64 = 2;
+const DEAD: i64 = 3;
+
+fn sql(e: rusqlite::Error) -> Error {
+    unavailable("queue", &e)
+}
+
+fn state_of(code: i64) -> JobState {
+    match code {
+        LEASED => JobState::Leased,
+        DONE => JobState::Done,
+        DEAD => JobState::DeadLettered,
+        _ => JobState::Ready,
+    }
+}
+
+/// A durable job queue in the database file, shared by every process that opens it.
+///
+/// A leased job whose visibility timeout passes is delivered again (its last error reads
+/// "lease expired"); after [`Options::max_attempts`](crate::Options::max_attempts) leases
+/// it is dead-lettered instead. Receipts are attempt numbers: acking or failing with an
+/// older attempt's receipt is [`Error::LeaseLost`].
+#[derive(Clone, Debug)]
+pub struct SqliteQueue {
+    db: SqliteDb,
+}
+
+/// Enqueues `job` on `conn` (inside the caller's transaction, if any).
+pub(crate) fn enqueue_on(conn: &Connection, job: &Job) -> Result<JobId> {
+    let bytes = job
+        .encode()
+        .map_err(|e| Error::unavailable("queue", format!("job could not be encoded: {e}")))?;
+    conn.prepare_cached("INSERT INTO jobs (job) VALUES (?1) RETURNING id")
+        .and_then(|mut s| s.query_row([bytes], |r| r.get::<_, i64>(0)))
+        .map(|id| JobId(to_u64(id)))
+        .map_err(sql)
+}
+
+impl SqliteQueue {
+    pub(crate) fn new(db: SqliteDb) -> Self {
+        SqliteQueue { db }
+    }
+
+    /// Jobs in each state: (ready, leased, done, dead-lettered).
+    pub async fn counts(&self) -> Result<(u64, u64, u64, u64)> {
+        self.db
+            .call("queue", |conn| {
+                let mut out = [0u64; 4];
+                let mut stmt = conn
+                    .prepare_cached("SELECT state, count(*) FROM jobs GROUP BY state")
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                    .map_err(sql)?;
+                for row in rows {
+                    let (state, n) = row.map_err(sql)?;
+                    if let Some(slot) = usize::try_from(state).ok().and_then(|i| out.get_mut(i)) {
+                        *slot = to_u64(n);
+                    }
+                }
+                Ok((out[0], out[1], out[2], out[3]))
+            })
+            .await
+    }
+}
+
+impl Queue for SqliteQueue {
+    async fn enqueue(&self, job: Job) -> Result<JobId> {
+        self.db
+            .write("queue", move |conn| enqueue_on(conn, &job))
+            .await
+    }
+
+    async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
+        self.db
+            .call("queue", move |conn| {
+                let row = conn
+                    .prepare_cached(
+                        "SELECT job, state, attempts, last_error FROM jobs WHERE id = ?1",
+                    )
+                    .and_then(|mut s| {
+                        s.query_row([to_i64(id.0)], |r| {
+                            Ok((
+                                r.get::<_, Vec<u8>>(0)?,
+                                r.get::<_, i64>(1)?,
+                                r.get::<_, i64>(2)?,
+                                r.get::<_, Option<String>>(3)?,
+                            ))
+                        })
+                        .optional()
+                    })
+                    .map_err(sql)?;
+                let Some((bytes, state, attempts, last_error)) = row else {
+                    return Ok(None);
+                };
+                let job = Job::decode(&bytes).map_err(|e| {
+                    Error::unavailable("queue", format!("{id} holds an unreadable job: {e}"))
+                })?;
+                Ok(Some(JobRecord {
+                    id,
+                    job,
+                    state: state_of(state),
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    last_error,
+                }))
+            })
+            .await
+    }
+
+    async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
+        let max_attempts = i64::from(self.db.options().max_attempts);
+        self.db
+            .write("queue", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let now = now_ms();
+                let leased = loop {
+                    let row = tx
+                        .prepare_cached(
+                            "SELECT id, job, state, attempts FROM jobs
+                             WHERE (state = 0 AND not_before <= ?1)
+                                OR (state = 1 AND lease_until <= ?1)
+                             ORDER BY id LIMIT 1",
+                        )
+                        .and_then(|mut s| {
+                            s.query_row([now], |r| {
+                                Ok((
+                                    r.get::<_, i64>(0)?,
+                                    r.get::<_, Vec<u8>>(1)?,
+                                    r.get::<_, i64>(2)?,
+                                    r.get::<_, i64>(3)?,
+                                ))
+                            })
+                            .optional()
+                        })
+                        .map_err(sql)?;
+                    let Some((id, bytes, state, attempts)) = row else {
+                        break None;
+                    };
+                    let expired = state == LEASED;
+                    let job = match Job::decode(&bytes) {
+                        Ok(job) if attempts < max_attempts => job,
+                        decoded => {
+                            // Attempts used up, or a job no one can run: dead letter.
+                            let error = match decoded {
+                                Err(e) => Some(format!("unreadable job: {e}")),
+                                Ok(_) if expired => Some("lease expired".to_owned()),
+                                Ok(_) => None,
+                            };
+                            tx.execute(
+                                "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error)
+                                 WHERE id = ?1",
+                                params![id, DEAD, error],
+                            )
+                            .map_err(sql)?;
+                            continue;
+                        }
+                    };
+                    let attempt = attempts + 1;
+                    tx.execute(
+                        "UPDATE jobs SET state = ?2, attempts = ?3, lease_until = ?4,
+                         last_error = CASE WHEN ?5 THEN 'lease expired' ELSE last_error END
+                         WHERE id = ?1",
+                        params![
+                            id,
+                            LEASED,
+                            attempt,
+                            now.saturating_add(ms(visibility)),
+                            expired
+                        ],
+                    )
+                    .map_err(sql)?;
+                    break Some(Leased {
+                        id: JobId(to_u64(id)),
+                        job,
+                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                        receipt: to_u64(attempt),
+                    });
+                };
+                tx.commit().map_err(sql)?;
+                Ok(leased)
+            })
+            .await
+    }
+
+    async fn ack(&self, lease: &Leased) -> Result<()> {
+        let (id, receipt) = (lease.id, lease.receipt);
+        self.db
+            .write("queue", move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = ?2 WHERE id = ?1 AND state = 1 AND attempts = ?3",
+                    )
+                    .and_then(|mut s| s.execute(params![to_i64(id.0), DONE, to_i64(receipt)]))
+                    .map_err(sql)?;
+                if n == 0 {
+                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
+        let (id, receipt) = (lease.id, lease.receipt);
+        let error = error.to_owned();
+        let max_attempts = i64::from(self.db.options().max_attempts);
+        self.db
+            .write("queue", move |conn| {
+                let now = now_ms();
+                let state = if to_i64(receipt) >= max_attempts {
+                    DEAD
+                } else {
+                    READY
+                };
+                let n = conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5
+                         WHERE id = ?1 AND state = 1 AND attempts = ?3",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            to_i64(id.0),
+                            state,
+                            to_i64(receipt),
+                            error,
+                            now.saturating_add(ms(retry_after))
+                        ])
+                    })
+                    .map_err(sql)?;
+                if n == 0 {
+                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
+                }
+                Ok(state_of(state))
+            })
+            .await
+    }
+}

@@ -1,0 +1,167 @@
+//! Durable schedules: the compare-and-set of each schedule's last fired tick, and a tick
+//! that fires its job in the same transaction, so a due tick enqueues exactly one job
+//! however many processes run the scheduler.
+
+use std::time::Duration;
+
+use rusqlite::{TransactionBehavior, params};
+use tidemark::tidemark_core::{Job, JobId, Schedule};
+use tidemark::{DueSchedule, Error, Result, ScheduleStore};
+
+use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
+use crate::error::unavailable;
+use crate::queue::enqueue_on;
+
+fn sql(e: rusqlite::Error) -> Error {
+    unavailable("schedule", &e)
+}
+
+/// Durable named schedules in the database file. The store's clock is the machine's unix
+/// time, shared by every process.
+#[derive(Clone, Debug)]
+pub struct SqliteSchedules {
+    db: SqliteDb,
+}
+
+impl SqliteSchedules {
+    pub(crate) fn new(db: SqliteDb) -> Self {
+        SqliteSchedules { db }
+    }
+
+    /// Fires every due schedule's latest tick once: the compare-and-set of its last fired
+    /// tick and the enqueue of its job commit together, so racing schedulers in any number
+    /// of processes enqueue each tick's job exactly once. Returns the jobs this call
+    /// enqueued, by schedule name.
+    pub async fn fire_due(&self) -> Result<Vec<(String, JobId)>> {
+        let mut fired = Vec::new();
+        for due in self.schedules().await? {
+            let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.since_anchor) else {
+                continue;
+            };
+            let name = due.schedule.name().to_owned();
+            let job = due.schedule.job().clone();
+            let expected = due.last_fired;
+            let id = self
+                .db
+                .write("schedule", move |conn| {
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .map_err(sql)?;
+                    if !cas(&tx, &name, expected, tick)? {
+                        return Ok(None);
+                    }
+                    let id = enqueue_on(&tx, &job)?;
+                    tx.commit().map_err(sql)?;
+                    Ok(Some((name, id)))
+                })
+                .await?;
+            fired.extend(id);
+        }
+        Ok(fired)
+    }
+}
+
+fn cas(conn: &rusqlite::Connection, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
+    let n = conn
+        .execute(
+            "UPDATE schedules SET last_fired = ?3 WHERE name = ?1 AND last_fired IS ?2",
+            params![name, expected.map(to_i64), to_i64(tick)],
+        )
+        .map_err(sql)?;
+    Ok(n == 1)
+}
+
+impl ScheduleStore for SqliteSchedules {
+    async fn put_schedule(&self, schedule: Schedule) -> Result<()> {
+        let job = schedule
+            .job()
+            .encode()
+            .map_err(|e| Error::unavailable("schedule", e.to_string()))?;
+        self.db
+            .write("schedule", move |conn| {
+                conn.execute(
+                    "INSERT INTO schedules (name, interval_ns, job, anchor, last_fired)
+                     VALUES (?1, ?2, ?3, ?4, NULL)
+                     ON CONFLICT (name) DO UPDATE SET interval_ns = excluded.interval_ns,
+                     job = excluded.job, anchor = excluded.anchor, last_fired = NULL",
+                    params![
+                        schedule.name(),
+                        i64::try_from(schedule.interval().as_nanos()).unwrap_or(i64::MAX),
+                        job,
+                        now_ms()
+                    ],
+                )
+                .map_err(sql)?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let name = name.to_owned();
+        self.db
+            .write("schedule", move |conn| {
+                conn.execute("DELETE FROM schedules WHERE name = ?1", [name])
+                    .map(|n| n > 0)
+                    .map_err(sql)
+            })
+            .await
+    }
+
+    async fn schedules(&self) -> Result<Vec<DueSchedule>> {
+        self.db
+            .call("schedule", |conn| {
+                let now = now_ms();
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT name, interval_ns, job, anchor, last_fired FROM schedules
+                         ORDER BY name",
+                    )
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map([], |r| {
+                        Ok((
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, Vec<u8>>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, Option<i64>>(4)?,
+                        ))
+                    })
+                    .map_err(sql)?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (name, interval, job, anchor, last_fired) = row.map_err(sql)?;
+                    let parsed = Job::decode(&job)
+                        .map_err(|e| e.to_string())
+                        .and_then(|job| {
+                            let interval = Duration::from_nanos(to_u64(interval));
+                            Schedule::new(name.clone(), interval, job).map_err(|e| e.to_string())
+                        });
+                    match parsed {
+                        Ok(schedule) => out.push(DueSchedule {
+                            schedule,
+                            last_fired: last_fired.map(to_u64),
+                            since_anchor: Duration::from_millis(to_u64(now - anchor)),
+                        }),
+                        Err(reason) => {
+                            tracing::warn!(
+                                schedule = name,
+                                reason,
+                                "skipping an unreadable schedule"
+                            );
+                        }
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
+        let name = name.to_owned();
+        self.db
+            .write("schedule", move |conn| cas(conn, &name, expected, tick))
+            .await
+    }
+}

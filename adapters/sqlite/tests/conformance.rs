@@ -1,0 +1,44 @@
+//! The runtime's port conformance suite, instantiated for SQLite: the same test bodies the
+//! memory adapter passes, each on a fresh database file. Real time, not paused: the commit
+//! watcher is a thread, outside tokio's clock.
+
+mod common;
+
+use tidemark::conformance as c;
+
+macro_rules! conformance {
+    ($($name:ident => |$db:ident| $view:expr;)*) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (_dir, _path, $db) = common::fresh().await;
+            c::$name(&$view).await;
+        }
+    )*};
+}
+
+conformance! {
+    source_seqs_increase => |db| db.source();
+    source_get_returns_value_and_seq => |db| db.source();
+    source_update_is_compare_and_set => |db| db.source();
+    source_remove_absent_is_none => |db| db.source();
+    source_changes_cover_removals => |db| db.source();
+    source_changes_since_watermark_is_empty => |db| db.source();
+    source_snapshot_is_current => |db| db.source();
+    source_refuses_invalid_keys => |db| db.source();
+    change_log_replays_then_follows => |db| db.source();
+    events_deliver_published_in_order => |db| db.events();
+    cursors_are_monotone => |db| db.events();
+    wake_reaches_listeners => |db| db.wake();
+    queue_round_trip => |db| db.queue();
+    queue_lease_expiry_redelivers => |db| db.queue();
+    lock_is_exclusive_and_expires => |db| db.lock();
+    schedule_mark_fired_is_compare_and_set => |db| db.schedules();
+    schedule_replace_and_remove => |db| db.schedules();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_dead_letters_after_max_attempts() {
+    let (_dir, _path, db) = common::fresh().await;
+    let max = db.options().max_attempts;
+    c::queue_dead_letters_after_max_attempts(&db.queue(), max).await;
+}
