@@ -1,0 +1,234 @@
+//! Typed workers under a supervisor: dispatch, decode failures, restart policy, drain.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::until;
+use tidemark::tidemark_core::{BackoffPolicy, RestartPolicy, Utf8};
+use tidemark::{Source, Supervisor, ValueOf, Worker, WorkerPhase};
+use tidemark_memory::Memory;
+
+#[derive(Default, Clone)]
+struct Log(Arc<Mutex<Vec<String>>>);
+
+impl Log {
+    fn lines(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+struct Mirror {
+    log: Log,
+    fail_on: Option<&'static str>,
+}
+
+impl Worker for Mirror {
+    type Decoder = Utf8;
+    type Error = String;
+
+    fn name(&self) -> &str {
+        "mirror"
+    }
+    fn description(&self) -> &str {
+        "mirrors packages into a log"
+    }
+    fn source(&self) -> &str {
+        "packages"
+    }
+    fn decoder(&self) -> Utf8 {
+        Utf8
+    }
+    async fn on_put(&mut self, key: &str, seq: u64, value: ValueOf<Self>) -> Result<(), String> {
+        if self.fail_on == Some(key) {
+            return Err(format!("cannot handle {key}"));
+        }
+        self.log
+            .0
+            .lock()
+            .unwrap()
+            .push(format!("put {key}@{seq}={value}"));
+        Ok(())
+    }
+    async fn on_delete(&mut self, key: &str, seq: u64) -> Result<(), String> {
+        self.log.0.lock().unwrap().push(format!("del {key}@{seq}"));
+        Ok(())
+    }
+    async fn drain(&mut self) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        self.log.0.lock().unwrap().push("drained".into());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_gets_puts_and_deletes_and_skips_undecodable_values() {
+    let m = Memory::new();
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    m.source.put("bad", vec![0xff]).await.unwrap();
+    let log = Log::default();
+    let mut sup = Supervisor::new(1);
+    sup.spawn(
+        Mirror {
+            log: log.clone(),
+            fail_on: None,
+        },
+        m.source.clone(),
+        m.source.clone(),
+        RestartPolicy::Never,
+    )
+    .unwrap();
+    m.source.remove("a").await.unwrap();
+    until("the removal is dispatched", || log.lines().len() == 2).await;
+    assert_eq!(
+        log.lines(),
+        ["put a@1=1", "del a@3"],
+        "no handler fires for an undecodable value"
+    );
+    let info = sup.get("mirror").unwrap();
+    assert_eq!(info.counters.poison, 1, "the decode failure is counted");
+    assert_eq!(info.watermark, 3, "and the watermark moved past it");
+    let listed = sup.list();
+    assert_eq!(
+        (
+            listed[0].name.as_str(),
+            listed[0].description.as_str(),
+            listed[0].source.as_str()
+        ),
+        ("mirror", "mirrors packages into a log", "packages"),
+        "an operator sees what runs and where it reads"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_worker_exit_is_terminal_and_reported() {
+    let m = Memory::new();
+    m.source.put("boom", b"x".to_vec()).await.unwrap();
+    let mut sup = Supervisor::new(1);
+    sup.spawn(
+        Mirror {
+            log: Log::default(),
+            fail_on: Some("boom"),
+        },
+        m.source.clone(),
+        m.source.clone(),
+        RestartPolicy::default(),
+    )
+    .unwrap();
+    until("the worker fails", || {
+        matches!(sup.get("mirror").unwrap().phase, WorkerPhase::Failed(_))
+    })
+    .await;
+    let info = sup.get("mirror").unwrap();
+    assert_eq!(info.restarts, 0, "the default policy never restarts");
+    assert!(
+        matches!(&info.phase, WorkerPhase::Failed(r) if r.contains("cannot handle boom")),
+        "the reason is reported: {info:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_opted_in_worker_is_restarted_with_backoff_up_to_its_limit() {
+    let m = Memory::new();
+    m.source.put("boom", b"x".to_vec()).await.unwrap();
+    let mut sup = Supervisor::new(1);
+    let policy = RestartPolicy::OnExit {
+        backoff: BackoffPolicy::default(),
+        max_restarts: Some(3),
+    };
+    sup.spawn(
+        Mirror {
+            log: Log::default(),
+            fail_on: Some("boom"),
+        },
+        m.source.clone(),
+        m.source.clone(),
+        policy,
+    )
+    .unwrap();
+    until("the restarts are used up", || {
+        matches!(sup.get("mirror").unwrap().phase, WorkerPhase::Failed(_))
+    })
+    .await;
+    assert_eq!(
+        sup.get("mirror").unwrap().restarts,
+        3,
+        "restarted exactly up to its limit"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_drains_every_worker_within_its_budget() {
+    let m = Memory::new();
+    let log = Log::default();
+    let mut sup = Supervisor::new(1);
+    sup.spawn(
+        Mirror {
+            log: log.clone(),
+            fail_on: None,
+        },
+        m.source.clone(),
+        m.source.clone(),
+        RestartPolicy::Never,
+    )
+    .unwrap();
+    until("the worker is live", || {
+        sup.get("mirror").unwrap().phase
+            != WorkerPhase::Running(tidemark::tidemark_core::Phase::Starting)
+    })
+    .await;
+    let infos = sup
+        .shutdown(Duration::from_secs(1))
+        .await
+        .expect("drains within the budget");
+    assert_eq!(infos[0].phase, WorkerPhase::Stopped);
+    assert_eq!(
+        log.lines(),
+        ["drained"],
+        "in-flight work is drained on shutdown"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_slower_than_the_budget_is_aborted_and_named() {
+    struct Slow;
+    impl Worker for Slow {
+        type Decoder = Utf8;
+        type Error = String;
+        fn name(&self) -> &str {
+            "slow"
+        }
+        fn source(&self) -> &str {
+            "packages"
+        }
+        fn decoder(&self) -> Utf8 {
+            Utf8
+        }
+        async fn on_put(&mut self, _: &str, _: u64, _: String) -> Result<(), String> {
+            Ok(())
+        }
+        async fn on_delete(&mut self, _: &str, _: u64) -> Result<(), String> {
+            Ok(())
+        }
+        async fn drain(&mut self) {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+    }
+    let m = Memory::new();
+    let mut sup = Supervisor::new(1);
+    sup.spawn(
+        Slow,
+        m.source.clone(),
+        m.source.clone(),
+        RestartPolicy::Never,
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    match sup.shutdown(Duration::from_secs(1)).await {
+        Err(tidemark::Error::Timeout { what, .. }) => {
+            assert!(what.contains("slow"), "the late worker is named")
+        }
+        other => panic!("a drain over budget must be reported, got {other:?}"),
+    }
+}
