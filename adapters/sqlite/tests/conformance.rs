@@ -1,6 +1,7 @@
 //! The runtime's port conformance suite, instantiated for SQLite: the same test bodies the
 //! memory adapter passes, each on a fresh database file. Real time, not paused: the commit
 //! watcher is a thread, outside tokio's clock.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,4 +1,5 @@
 //! Files that are not ours are refused with a typed error, never a panic.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! Several processes on one file. The test binary re-invokes itself as the child (the
 //! `child_process` entry point, which does nothing unless `TIDEMARK_SQLITE_CHILD` is set).
 //! The parent only ever kills the child it spawned, by its handle.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! The registry: seqs, tombstones, changes since N, compaction with a horizon, and its
 //! change log as a gapless feed.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
