@@ -1,4 +1,36 @@
 //! tidemark: the async ports and the tokio drivers that run [`tidemark_core`] against them.
+//!
+//! - **Ports** ([`ports`]): small async traits an adapter implements: [`Source`], [`Feed`],
+//!   [`Cursors`], [`Publish`], [`Wake`], [`Queue`], [`Lock`], [`ScheduleStore`]. The
+//!   `conformance` feature exposes generic test bodies every adapter runs.
+//! - **Drivers**, written once for every adapter and the simulator: the [`FollowerTask`]
+//!   (one core follower against a source and a feed, into a [`Cache`] or a [`Worker`]),
+//!   the wake runner ([`spawn_wake_cache`]: no feed, catches up on each wake, never
+//!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
+//!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`], the [`Supervisor`], and
+//!   the schedule runner ([`run_scheduler`]).
+//!
+//! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
+//! `select!`, and iterate no `HashMap` into outputs.
+//!
+//! ```
+//! use tidemark::tidemark_core::{FollowerConfig, Utf8};
+//! use tidemark::{Source, spawn_cache};
+//! use tidemark_memory::Memory;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let m = Memory::new();
+//! m.source.put("pkg/a", b"1.0.0".to_vec()).await?;
+//! let config = FollowerConfig::builder("mirror").build()?;
+//! let (cache, follower) = spawn_cache(config, Utf8, m.source.clone(), m.source.clone());
+//! let watermark = cache.wait_ready().await?;
+//! assert_eq!(cache.get("pkg/a").as_deref(), Some("1.0.0"));
+//! println!("ready at {watermark} with {} keys", cache.len());
+//! follower.stop();
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

@@ -1,0 +1,90 @@
+//! The follower task applying 1,000,000 entries from the memory feed into a cache, and the
+//! core alone on the same entries; prints both rates and their ratio.
+//!
+//! `cargo bench -p tidemark-memory --bench follower_task`
+#![allow(clippy::unwrap_used)]
+
+use std::time::Instant;
+
+use tidemark::tidemark_core::{
+    Continuity, Entry, FeedInfo, Follower, FollowerConfig, Input, Output, RawBytes, Time,
+};
+use tidemark::{Source, spawn_cache};
+use tidemark_memory::MemorySource;
+
+const N: u64 = 1_000_000;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let source = MemorySource::default();
+    let entries: Vec<Entry> = (1..=N)
+        .map(|i| Entry::put(i, format!("key-{i:07}"), vec![b'x'; 32]))
+        .collect();
+    rt.block_on(async {
+        for e in &entries {
+            source.put(&e.key, e.value.clone()).await.unwrap();
+        }
+    });
+
+    // The core alone: the same entries through a Follower, outputs drained and dropped.
+    let started = Instant::now();
+    let mut core = Follower::new(FollowerConfig::builder("bench").build().unwrap(), RawBytes);
+    let mut token = None;
+    while let Some(out) = core.poll_output() {
+        if let Output::LookupSource { token } = out {
+            core.handle_input(Input::SourceFound { token }, Time::ZERO);
+        } else if let Output::OpenFeed { token: t, .. } = out {
+            token = Some(t);
+        }
+    }
+    let token = token.unwrap();
+    let info = FeedInfo {
+        first_available: 1,
+        head: N,
+        continuity: Continuity::Gapless,
+        checkpoints: false,
+    };
+    core.handle_input(Input::FeedOpened { token, info }, Time::ZERO);
+    let mut applied = 0u64;
+    for e in entries {
+        core.handle_input(Input::Entry { token, entry: e }, Time::ZERO);
+        while let Some(out) = core.poll_output() {
+            if matches!(out, Output::Put { .. }) {
+                applied += 1;
+            }
+        }
+    }
+    let core_secs = started.elapsed().as_secs_f64();
+    assert_eq!(applied, N);
+
+    // The follower task: memory feed → core → cache.
+    let started = Instant::now();
+    let watermark = rt.block_on(async {
+        let config = FollowerConfig::builder("bench").build().unwrap();
+        let (cache, handle) = spawn_cache(config, RawBytes, source.clone(), source.clone());
+        let wm = cache.wait_ready().await.unwrap();
+        assert_eq!(cache.len() as u64, N);
+        handle.stop();
+        wm
+    });
+    let task_secs = started.elapsed().as_secs_f64();
+    assert_eq!(watermark, N);
+
+    let core_rate = N as f64 / core_secs;
+    let task_rate = N as f64 / task_secs;
+    println!(
+        "core alone:    {N} entries in {core_secs:.3}s = {:.0} entries/s",
+        core_rate
+    );
+    println!(
+        "follower task: {N} entries in {task_secs:.3}s = {:.0} entries/s",
+        task_rate
+    );
+    println!(
+        "ratio task/core: {:.1}% (target >= 50%)",
+        100.0 * task_rate / core_rate
+    );
+}
