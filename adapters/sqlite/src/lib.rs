@@ -27,6 +27,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache;
 mod db;
 mod error;
 mod events;
@@ -38,6 +39,7 @@ mod schema;
 mod source;
 mod wake;
 
+pub use cache::{CacheOp, CatchUp, PersistedCache, PersistentFollower};
 pub use db::{Options, SqliteDb, Synchronous};
 pub use error::{Error, Result};
 pub use events::{EventStream, Record, SqliteEvents};
@@ -97,5 +99,13 @@ impl SqliteDb {
     #[must_use]
     pub fn schedules(&self) -> SqliteSchedules {
         SqliteSchedules::new(self.clone())
+    }
+}
+
+impl SqliteDb {
+    /// The persisted cache of the follower called `name`.
+    #[must_use]
+    pub fn follower_cache(&self, name: impl Into<String>) -> PersistedCache {
+        PersistedCache::new(self.clone(), name.into())
     }
 }

@@ -1,0 +1,147 @@
+//! A follower that keeps its cache and watermark in the file restarts warm and reads only
+//! the delta.
+
+mod common;
+
+use std::time::Duration;
+
+use tidemark::tidemark_core::FollowerConfig;
+use tidemark::{Source, Wake};
+use tidemark_sqlite::{PersistentFollower, SqliteDb, Write};
+
+async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
+    db.source()
+        .snapshot()
+        .await
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| (e.key, e.seq, e.value))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_restart_reads_only_the_delta() {
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.write_batch(
+        (0..1000)
+            .map(|i| Write::Put(format!("k{i:04}"), format!("v{i}").into_bytes()))
+            .collect(),
+    )
+    .await
+    .unwrap();
+    let mut f = PersistentFollower::start(
+        FollowerConfig::builder("warm"),
+        db.source(),
+        db.follower_cache("warm"),
+    )
+    .await
+    .unwrap();
+    let cold = f.catch_up().await.unwrap();
+    assert_eq!(cold.read, 1000, "a cold start reads everything");
+    assert!(f.is_ready());
+    drop(f);
+    drop(db);
+
+    // While the follower is down: 7 puts (one overwrite of a new key) and 3 removals.
+    let db = SqliteDb::open(&path).await.unwrap();
+    let src = db.source();
+    for i in 0..6 {
+        src.put(&format!("k{:04}", i * 100), b"changed".to_vec())
+            .await
+            .unwrap();
+    }
+    src.put("new", b"1".to_vec()).await.unwrap();
+    src.put("new", b"2".to_vec()).await.unwrap();
+    for key in ["k0001", "k0002", "new"] {
+        src.remove(key).await.unwrap();
+    }
+    let mut f = PersistentFollower::start(
+        FollowerConfig::builder("warm"),
+        db.source(),
+        db.follower_cache("warm"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(f.watermark(), 1000, "resumes from the persisted watermark");
+    let warm = f.catch_up().await.unwrap();
+    assert_eq!(
+        warm.read, 9,
+        "a warm restart must read only the delta (latest change per key), not the 1000 rows"
+    );
+    assert!(!warm.resynced);
+    assert_eq!(warm.watermark, src.watermark().await.unwrap());
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&db).await,
+        "the persisted cache equals the source after the delta"
+    );
+    assert_eq!(f.cache().watermark().await.unwrap(), warm.watermark);
+    let again = f.wake().await.unwrap();
+    assert_eq!(again.read, 0, "a second catch-up finds nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_below_the_compaction_horizon_resyncs_and_drops_removed_keys() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    for key in ["a", "b", "c"] {
+        src.put(key, b"1".to_vec()).await.unwrap();
+    }
+    let mut f = PersistentFollower::start(
+        FollowerConfig::builder("r"),
+        db.source(),
+        db.follower_cache("r"),
+    )
+    .await
+    .unwrap();
+    f.catch_up().await.unwrap();
+    drop(f);
+    src.remove("b").await.unwrap();
+    src.put("d", b"4".to_vec()).await.unwrap();
+    src.compact_below(src.watermark().await.unwrap() + 1)
+        .await
+        .unwrap();
+    let mut f = PersistentFollower::start(
+        FollowerConfig::builder("r"),
+        db.source(),
+        db.follower_cache("r"),
+    )
+    .await
+    .unwrap();
+    let r = f.catch_up().await.unwrap();
+    assert!(
+        r.resynced,
+        "history past the watermark is gone: only a snapshot helps"
+    );
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&db).await,
+        "the removed key must leave the persisted cache"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_persistent_follower_catches_up_on_wakes() {
+    let (_dir, _path, db) = common::fresh().await;
+    let mut f = PersistentFollower::start(
+        FollowerConfig::builder("w"),
+        db.source(),
+        db.follower_cache("w"),
+    )
+    .await
+    .unwrap();
+    let mut listener = db.wake().listen("any").await.unwrap();
+    let cache = f.cache().clone();
+    let task = tokio::spawn(async move { f.run(&mut listener).await });
+    db.source().put("x", b"1".to_vec()).await.unwrap();
+    for _ in 0..500 {
+        if cache.watermark().await.unwrap() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(cache.get("x").await.unwrap(), Some((1, b"1".to_vec())));
+    task.abort();
+}
