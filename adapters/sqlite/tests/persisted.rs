@@ -1,5 +1,6 @@
 //! A follower that keeps its cache and watermark in the file restarts warm and reads only
 //! the delta.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
