@@ -1,0 +1,140 @@
+//! Queue, lock and schedules shared by several handles on one file (as several processes
+//! would share it).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use tidemark::tidemark_core::{Job, Schedule};
+use tidemark::{JobState, Lock, Queue, ScheduleStore};
+use tidemark_sqlite::SqliteDb;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
+    let (_dir, path, db) = common::fresh().await;
+    let others: Vec<SqliteDb> = {
+        let mut v = Vec::new();
+        for _ in 0..3 {
+            v.push(SqliteDb::open(&path).await.unwrap());
+        }
+        v
+    };
+    let every = Duration::from_millis(150);
+    db.schedules()
+        .put_schedule(Schedule::new("sweep", every, Job::Sweep).unwrap())
+        .await
+        .unwrap();
+    let mut fired = 0;
+    for round in 0..3 {
+        tokio::time::sleep(every + Duration::from_millis(5)).await;
+        let mut tasks = Vec::new();
+        for h in others.iter().chain(std::iter::once(&db)) {
+            let s = h.schedules();
+            tasks.push(tokio::spawn(
+                async move { s.fire_due().await.unwrap().len() },
+            ));
+        }
+        let mut this_round = 0;
+        for t in tasks {
+            this_round += t.await.unwrap();
+        }
+        assert_eq!(
+            this_round, 1,
+            "round {round}: one due tick, one job, whoever races"
+        );
+        fired += this_round;
+    }
+    // A long outage: many intervals missed, one job.
+    tokio::time::sleep(every * 6).await;
+    let late: usize = db.schedules().fire_due().await.unwrap().len()
+        + others[0].schedules().fire_due().await.unwrap().len();
+    assert_eq!(
+        late, 1,
+        "missed ticks fire once, not once per missed interval"
+    );
+    fired += late;
+    let (ready, ..) = db.queue().counts().await.unwrap();
+    assert_eq!(
+        ready, fired as u64,
+        "every fired tick's job is in the queue"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_job_waits_its_retry_delay_and_a_dead_letter_keeps_its_error() {
+    let (_dir, path, db) = common::fresh().await;
+    let other = SqliteDb::open(&path).await.unwrap();
+    let id = db.queue().enqueue(Job::Sweep).await.unwrap();
+    let lease = other
+        .queue()
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        db.queue()
+            .lease(Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "a job leased by one process is hidden from another"
+    );
+    let state = other
+        .queue()
+        .fail(&lease, "disk full", Duration::from_millis(200))
+        .await
+        .unwrap();
+    assert_eq!(state, JobState::Ready);
+    assert!(
+        db.queue()
+            .lease(Duration::from_secs(30))
+            .await
+            .unwrap()
+            .is_none(),
+        "not before its retry delay"
+    );
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let again = db
+        .queue()
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((again.id, again.attempt), (id, 2));
+    let rec = db.queue().get(id).await.unwrap().unwrap();
+    assert_eq!(rec.last_error.as_deref(), Some("disk full"));
+    assert!(
+        other.queue().ack(&lease).await.is_err(),
+        "the first attempt's receipt is stale"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sweeper_at_a_time_across_handles() {
+    let (_dir, path, db) = common::fresh().await;
+    let other = SqliteDb::open(&path).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let a = db
+        .lock()
+        .try_lock("sweeper", "proc-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        other
+            .lock()
+            .try_lock("sweeper", "proc-b", ttl)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    db.lock().release(&a).await.unwrap();
+    let b = other
+        .lock()
+        .try_lock("sweeper", "proc-b", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.fencing > a.fencing, "fencing survives release");
+}
