@@ -1,6 +1,6 @@
 //! The follower: decides how a cache stays converged with its source.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::time::Duration;
 
@@ -444,6 +444,9 @@ pub struct Follower<D: Decode> {
     rng: Rng,
     watermark: u64,
     index: Index,
+    /// Removals applied above the watermark (announcements mode): a late, older put for
+    /// such a key must not bring it back. Pruned as the watermark passes them.
+    tombstones: BTreeMap<String, u64>,
     ready: bool,
     found: bool,
     stopped: bool,
@@ -488,6 +491,7 @@ impl<D: Decode> Follower<D> {
             decoder,
             watermark,
             index: keys.into_iter().collect(),
+            tombstones: BTreeMap::new(),
             ready: false,
             found: false,
             stopped: false,
@@ -672,7 +676,7 @@ impl<D: Decode> Follower<D> {
                     && seq > self.watermark
                     && !self.gapless()
                 {
-                    self.advance(seq);
+                    self.advance_on_feed(seq);
                 }
                 self.checkpoint(position);
             }
@@ -958,6 +962,9 @@ impl<D: Decode> Follower<D> {
     fn advance(&mut self, seq: u64) {
         if seq > self.watermark {
             self.watermark = seq;
+            if !self.tombstones.is_empty() {
+                self.tombstones.retain(|_, s| *s > seq);
+            }
         }
     }
 
@@ -1048,13 +1055,32 @@ impl<D: Decode> Follower<D> {
             return;
         }
         self.apply(seq, key, op, value);
-        self.advance(seq);
+        self.advance_on_feed(seq);
         self.checkpoint(position);
         self.check_ready(head);
     }
 
+    /// The seq of the newest change the cache reflects for `key`: its value, or a removal
+    /// applied above the watermark.
+    fn key_seq(&self, key: &str) -> Option<u64> {
+        let held = self.index.get(key).copied();
+        if self.tombstones.is_empty() {
+            return held;
+        }
+        held.max(self.tombstones.get(key).copied())
+    }
+
     fn newer_in_cache(&self, key: &str, seq: u64) -> bool {
-        self.index.get(key).is_some_and(|&s| s >= seq)
+        self.key_seq(key).is_some_and(|s| s >= seq)
+    }
+
+    /// A feed entry at `seq` was handled. Feeds that deliver in seq order move the
+    /// watermark; an announcements stream can reorder and lose entries, so there only a
+    /// reconcile moves it, and per-key seqs (with tombstones) keep applies never-older.
+    fn advance_on_feed(&mut self, seq: u64) {
+        if self.config.sync != Sync::Announcements {
+            self.advance(seq);
+        }
     }
 
     /// Applies one change above the watermark, with the per-key never-older rule.
@@ -1070,14 +1096,15 @@ impl<D: Decode> Follower<D> {
                     self.invalid(seq, key, InvalidReason::ValueTooLarge { len: value.len() });
                     return (0, 0);
                 }
-                if let Some(&have) = self.index.get(key.as_str())
-                    && have >= seq
-                {
+                if self.newer_in_cache(&key, seq) {
                     self.counters.stale += 1;
                     return (0, 0);
                 }
                 match self.decoder.decode(&key, value) {
                     Ok(value) => {
+                        if !self.tombstones.is_empty() {
+                            self.tombstones.remove(key.as_str());
+                        }
                         match self.index.get_mut(key.as_str()) {
                             Some(have) => *have = seq,
                             None => {
@@ -1096,19 +1123,21 @@ impl<D: Decode> Follower<D> {
                     }
                 }
             }
-            CacheChange::Remove => match self.index.get(key.as_str()) {
-                Some(&have) if have >= seq => {
+            CacheChange::Remove => {
+                if self.newer_in_cache(&key, seq) {
                     self.counters.stale += 1;
-                    (0, 0)
+                    return (0, 0);
                 }
-                Some(_) => {
-                    self.index.remove(key.as_str());
-                    self.counters.removed += 1;
-                    self.out.push_back(Output::Remove { key, seq });
-                    (0, 1)
+                if self.config.sync == Sync::Announcements && seq > self.watermark {
+                    self.tombstones.insert(key.clone(), seq);
                 }
-                None => (0, 0),
-            },
+                if self.index.remove(key.as_str()).is_none() {
+                    return (0, 0);
+                }
+                self.counters.removed += 1;
+                self.out.push_back(Output::Remove { key, seq });
+                (0, 1)
+            }
             CacheChange::Fetch => {
                 self.invalid(seq, key, InvalidReason::UnexpectedInRows);
                 (0, 0)
@@ -1133,7 +1162,7 @@ impl<D: Decode> Follower<D> {
                 self.apply(seq, key, Op::Delete, Vec::new());
             }
         }
-        self.advance(seq);
+        self.advance_on_feed(seq);
         self.checkpoint(position);
         let head = self
             .feed

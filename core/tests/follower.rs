@@ -842,12 +842,80 @@ fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
     let outs = h.input(Input::Wake);
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 3, .. }))
+            .any(|o| matches!(o, Output::Reconcile { since: 2, .. })),
+        "announcements do not move the watermark: only what a reconcile read does"
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
-        changes: vec![Entry::put(4, "d", "4")],
+        changes: vec![Entry::put(3, "c", "3"), Entry::put(4, "d", "4")],
         source_watermark: 4,
     });
     assert_eq!(puts(&outs), [("d".into(), 4, "4".into())]);
+}
+
+fn announcements_follower() -> H {
+    let config = config().sync(Sync::Announcements).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 0,
+    });
+    let info = FeedInfo {
+        first_available: 0,
+        head: 0,
+        continuity: Continuity::Sparse,
+        checkpoints: true,
+    };
+    h.reopen(info);
+    h
+}
+
+#[test]
+fn a_reordered_announcement_is_applied_when_newer_than_its_key() {
+    let mut h = announcements_follower();
+    h.put(1, "k", "1");
+    h.put(3, "other", "3");
+    let outs = h.put(2, "k", "2");
+    assert_eq!(
+        puts(&outs),
+        [("k".into(), 2, "2".into())],
+        "a late announcement newer than the cached value must not be lost"
+    );
+    let outs = h.put(1, "k", "1");
+    assert!(
+        puts(&outs).is_empty(),
+        "and an older one must not replace it"
+    );
+}
+
+#[test]
+fn a_late_put_never_resurrects_a_key_removed_after_it() {
+    let mut h = announcements_follower();
+    h.put(1, "k", "1");
+    assert_eq!(removes(&h.entry(Entry::delete(5, "k"))), [("k".into(), 5)]);
+    let outs = h.put(3, "k", "3");
+    assert!(
+        puts(&outs).is_empty(),
+        "the put at 3 is older than the removal at 5"
+    );
+    assert_eq!(h.f.seq_of("k"), None);
+    // A reconcile past the removal prunes the tombstone; the watermark covers it.
+    let outs = h.input(Input::Wake);
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Reconcile { since: 0, .. }))
+    );
+    let changes = vec![Entry::delete(5, "k")];
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes,
+        source_watermark: 5,
+    });
+    assert_eq!(h.f.watermark(), 5);
+    assert!(
+        puts(&h.put(4, "k", "4")).is_empty(),
+        "at or below the watermark: stale"
+    );
 }
