@@ -2,7 +2,6 @@
 //! sees every commit by any process.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -61,13 +60,6 @@ pub(crate) struct Shared {
     /// any connection, this process's included): what wake listeners wait on, so one
     /// commit makes one wake.
     pub(crate) seen: watch::Sender<u64>,
-    closed: AtomicBool,
-}
-
-impl Drop for Shared {
-    fn drop(&mut self) {
-        self.closed.store(true, Ordering::Release);
-    }
 }
 
 /// One tidemark database file. Cheap to clone; every port is a view of it:
@@ -129,8 +121,8 @@ impl SqliteDb {
             })?
     }
 
-    /// [`open_with`](Self::open_with) for a caller outside any async runtime. Needs a tokio
-    /// runtime only for the commit watcher's channel, which works without one.
+    /// [`open_with`](Self::open_with) for a caller outside any async runtime (it blocks).
+    /// The ports themselves need a tokio runtime.
     pub fn open_blocking(path: &Path, options: Options) -> Result<SqliteDb> {
         let sql = |e| Error::from_sqlite(path, e);
         schema::check_header(path)?;
@@ -167,7 +159,6 @@ impl SqliteDb {
             options,
             commits,
             seen,
-            closed: AtomicBool::new(false),
         });
         spawn_watcher(Arc::downgrade(&shared), watcher)?;
         Ok(SqliteDb { shared })
@@ -238,9 +229,6 @@ fn spawn_watcher(shared: Weak<Shared>, conn: Connection) -> Result<()> {
             let mut last: Option<i64> = None;
             loop {
                 let Some(s) = shared.upgrade() else { return };
-                if s.closed.load(Ordering::Acquire) {
-                    return;
-                }
                 match conn.pragma_query_value(None, "data_version", |r| r.get::<_, i64>(0)) {
                     Ok(v) => {
                         if last.is_some_and(|l| l != v) {

@@ -11,9 +11,11 @@
 //!   stream, the wake channel and the queue, at least once.
 //! - [`SqliteEvents`]: the durable events stream ([`Publish`](tidemark::Publish), a sparse
 //!   [`Feed`](tidemark::Feed)) and named [`Cursors`](tidemark::Cursors).
-//! - [`SqliteWake`]: wake channels across processes. Any commit to the file by any process
-//!   wakes every listener on it (the SPEC §7 backstop), seen through `PRAGMA data_version`
-//!   on a dedicated connection, which reads no table.
+//! - [`SqliteWake`]: wake channels across processes. Every commit to the file by any
+//!   process is seen through `PRAGMA data_version` on a dedicated watcher connection (which
+//!   reads no table); a source write, announced or not, then wakes every listener on the
+//!   file (the SPEC §7 backstop), and notified payloads reach their channel in order.
+//!   Latency is about the watch interval (2 ms by default; measured p50 ≈ 1 ms).
 //! - [`SqliteQueue`], [`SqliteLock`], [`SqliteSchedules`]: jobs with leases, retries and a
 //!   dead letter; named locks with owner, TTL and fencing; durable schedules whose ticks
 //!   enqueue exactly one job across processes.
