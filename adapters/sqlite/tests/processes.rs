@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tidemark::tidemark_core::{FollowerConfig, Legs, RawBytes, Sync};
 use tidemark::{Cache, Source, Wake, spawn_cache, spawn_wake_cache};
-use tidemark_sqlite::{Relay, SqliteDb, Write};
+use tidemark_sqlite::{PersistentFollower, Relay, SqliteDb, Write};
 
 const CHILD_ENV: &str = "TIDEMARK_SQLITE_CHILD";
 
@@ -237,6 +237,31 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
             q("SELECT count(DISTINCT seq), COALESCE(max(seq), 0) FROM events"),
             (w, w),
             "round {round}: every committed write was published after restart"
+        );
+
+        // A persisted follower restarts warm each round and converges on the delta.
+        let mut f = PersistentFollower::start(
+            FollowerConfig::builder("survivor"),
+            db.source(),
+            db.follower_cache("survivor"),
+        )
+        .await
+        .unwrap();
+        let caught = f.catch_up().await.unwrap();
+        assert_eq!(caught.watermark, watermark, "round {round}");
+        let snap: Vec<(String, u64, Vec<u8>)> = db
+            .source()
+            .snapshot()
+            .await
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| (e.key, e.seq, e.value))
+            .collect();
+        assert_eq!(
+            f.cache().entries().await.unwrap(),
+            snap,
+            "round {round}: the persisted follower lost nothing"
         );
     }
     let db = SqliteDb::open(&path).await.unwrap();
