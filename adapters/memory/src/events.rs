@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tidemark::tidemark_core::{Continuity, Event, FeedInfo};
 use tidemark::{Cursors, Feed, FeedItem, FeedStream, Opened, Publish, Result};
-use tokio::sync::watch;
 
 use crate::faults::{Faults, Mangle, Port};
+use crate::signal::Signal;
 
 const READ_BATCH: usize = 1024;
 
@@ -33,7 +33,7 @@ struct State {
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
-    head: watch::Sender<u64>,
+    head: Signal,
     faults: Faults,
 }
 
@@ -56,11 +56,10 @@ impl MemoryEvents {
     /// An empty stream whose calls consult `faults`.
     #[must_use]
     pub fn new(faults: Faults) -> Self {
-        let (head, _) = watch::channel(0);
         MemoryEvents {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
-                head,
+                head: Signal::default(),
                 faults,
             }),
         }
@@ -78,14 +77,14 @@ impl MemoryEvents {
 
     /// Releases an announcement held back by [`Mangle::Reorder`], if any.
     pub fn release_held(&self) {
-        let head = {
+        {
             let mut s = self.state();
             let Some((key, payload)) = s.held.take() else {
                 return;
             };
-            append(&mut s, key, payload)
-        };
-        self.inner.head.send_replace(head);
+            append(&mut s, key, payload);
+        }
+        self.inner.head.bump();
     }
 }
 
@@ -127,8 +126,7 @@ impl Publish for MemoryEvents {
                 }
             }
         };
-        let head = self.state().records.len() as u64;
-        self.inner.head.send_replace(head);
+        self.inner.head.bump();
         Ok(position)
     }
 }
@@ -148,7 +146,7 @@ fn item(record: &Record) -> FeedItem {
 #[derive(Debug)]
 pub struct EventStream {
     inner: Arc<Inner>,
-    head: watch::Receiver<u64>,
+    seen: u64,
     next_position: u64,
     buf: VecDeque<FeedItem>,
 }
@@ -162,7 +160,7 @@ impl FeedStream for EventStream {
             if let Some(item) = self.buf.pop_front() {
                 return Some(Ok(item));
             }
-            self.head.borrow_and_update();
+            self.seen = self.inner.head.version();
             {
                 let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
                 let skip =
@@ -171,8 +169,8 @@ impl FeedStream for EventStream {
                     .extend(s.records.iter().skip(skip).take(READ_BATCH).map(item));
                 self.next_position += self.buf.len() as u64;
             }
-            if self.buf.is_empty() && self.head.changed().await.is_err() {
-                return None;
+            if self.buf.is_empty() {
+                self.inner.head.changed_since(self.seen).await;
             }
         }
     }
@@ -207,7 +205,7 @@ impl Feed for MemoryEvents {
             },
             stream: EventStream {
                 inner: Arc::clone(&self.inner),
-                head: self.inner.head.subscribe(),
+                seen: self.inner.head.version(),
                 next_position: start,
                 buf: VecDeque::new(),
             },

@@ -16,6 +16,7 @@ mod faults;
 mod lock;
 mod queue;
 mod schedule;
+mod signal;
 mod source;
 mod wake;
 

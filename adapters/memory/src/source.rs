@@ -8,9 +8,9 @@ use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
 };
-use tokio::sync::watch;
 
 use crate::faults::{Faults, Port};
+use crate::signal::Signal;
 
 /// Keys longer than this are refused.
 pub const MAX_KEY_BYTES: usize = 1024;
@@ -31,7 +31,7 @@ struct State {
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
-    head: watch::Sender<u64>,
+    head: Signal,
     /// Bumped to end every open feed cleanly.
     generation: AtomicU64,
     faults: Faults,
@@ -89,14 +89,13 @@ impl MemorySource {
     /// An empty source whose calls consult `faults`.
     #[must_use]
     pub fn new(faults: Faults) -> Self {
-        let (head, _) = watch::channel(0);
         MemorySource {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     log_base: 1,
                     ..State::default()
                 }),
-                head,
+                head: Signal::default(),
                 generation: AtomicU64::new(0),
                 faults,
             }),
@@ -126,7 +125,7 @@ impl MemorySource {
             s.log.push_back(Entry::new(seq, seq, key, op, value));
             seq
         };
-        self.inner.head.send_replace(seq);
+        self.inner.head.bump();
         seq
     }
 
@@ -144,7 +143,7 @@ impl MemorySource {
     /// Ends every open feed cleanly (as a server restart would); followers reopen.
     pub fn end_feeds(&self) {
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
-        self.inner.head.send_modify(|_| {});
+        self.inner.head.bump();
     }
 
     /// The fault switches this source consults.
@@ -200,7 +199,7 @@ impl Source for MemorySource {
             s.log.push_back(Entry::put(seq, key, value));
             seq
         };
-        self.inner.head.send_replace(seq);
+        self.inner.head.bump();
         Ok(seq)
     }
 
@@ -268,7 +267,7 @@ impl Source for MemorySource {
 #[derive(Debug)]
 pub struct LogStream {
     inner: Arc<Inner>,
-    head: watch::Receiver<u64>,
+    seen: u64,
     next_seq: u64,
     generation: u64,
     buf: VecDeque<Entry>,
@@ -286,7 +285,7 @@ impl FeedStream for LogStream {
             if let Some(entry) = self.buf.pop_front() {
                 return Some(Ok(FeedItem::Entry(entry)));
             }
-            self.head.borrow_and_update();
+            self.seen = self.inner.head.version();
             {
                 let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
                 if self.next_seq < s.log_base {
@@ -300,8 +299,8 @@ impl FeedStream for LogStream {
                     .extend(s.log.iter().skip(skip).take(READ_BATCH).cloned());
                 self.next_seq += self.buf.len() as u64;
             }
-            if self.buf.is_empty() && self.head.changed().await.is_err() {
-                return None;
+            if self.buf.is_empty() {
+                self.inner.head.changed_since(self.seen).await;
             }
         }
     }
@@ -325,7 +324,7 @@ impl Feed for MemorySource {
             },
             stream: LogStream {
                 inner: Arc::clone(&self.inner),
-                head: self.inner.head.subscribe(),
+                seen: self.inner.head.version(),
                 next_seq: from.max(1),
                 generation: self.inner.generation.load(Ordering::Acquire),
                 buf: VecDeque::new(),
