@@ -1,0 +1,277 @@
+//! The campaign CLI: run one seed with a readable trace, or a range of seeds with a
+//! progress bar and a summary; every failure prints the exact command that replays it.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_sim::scenario::{FaultKind, Scenario, Strategy, plan};
+use tidemark_sim::world::{Outcome, run};
+
+/// Simulate tidemark writers, a source host and followers under faults, and check that
+/// every follower converges.
+#[derive(Parser, Debug)]
+#[command(name = "tidemark-sim", version)]
+struct Args {
+    /// Run this one seed and print its trace.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Run a campaign over these seeds (`START..END`, end exclusive).
+    #[arg(long, default_value = "0..300")]
+    seeds: String,
+    /// Followers per run (3 to 8).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(3..=8))]
+    followers: u64,
+    /// Writers per run.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=4))]
+    writers: u64,
+    /// Length of the fault phase in simulated seconds.
+    #[arg(long, default_value_t = 20)]
+    duration: u64,
+    /// Bound on convergence after healing, in simulated seconds.
+    #[arg(long, default_value_t = 60)]
+    liveness: u64,
+    /// Fault kinds to draw from (default: all). Repeat or separate with commas.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    faults: Vec<FaultKind>,
+    /// How followers are built (the naive strategies must be caught diverging).
+    #[arg(long, value_enum, default_value_t = Strategy::Correct)]
+    strategy: Strategy,
+    /// Run every seed twice and fail if the trace hashes differ.
+    #[arg(long)]
+    check_determinism: bool,
+    /// Worker threads for a campaign.
+    #[arg(long, default_value_t = 2)]
+    jobs: usize,
+}
+
+impl Args {
+    fn scenario(&self, keep_trace: bool) -> Scenario {
+        let mut s = Scenario {
+            followers: self.followers as usize,
+            writers: self.writers as usize,
+            fault_phase: Duration::from_secs(self.duration),
+            liveness_bound: Duration::from_secs(self.liveness),
+            strategy: self.strategy,
+            keep_trace,
+            ..Scenario::default()
+        };
+        if !self.faults.is_empty() {
+            s.faults = self.faults.iter().copied().collect();
+        }
+        s
+    }
+
+    /// The command that replays `seed` with these settings.
+    fn replay(&self, seed: u64) -> String {
+        let mut cmd = format!(
+            "cargo run -p tidemark-sim --release -- --seed {seed} --followers {} --writers {} --duration {} --liveness {} --strategy {}",
+            self.followers,
+            self.writers,
+            self.duration,
+            self.liveness,
+            clap::ValueEnum::to_possible_value(&self.strategy)
+                .map_or_else(String::new, |v| v.get_name().to_owned()),
+        );
+        if !self.faults.is_empty() {
+            let names: Vec<String> = self
+                .faults
+                .iter()
+                .filter_map(|f| {
+                    clap::ValueEnum::to_possible_value(f).map(|v| v.get_name().to_owned())
+                })
+                .collect();
+            cmd.push_str(&format!(" --faults {}", names.join(",")));
+        }
+        cmd
+    }
+}
+
+fn parse_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("--seeds wants START..END, got {s:?}"))?;
+    let a: u64 = a
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad start {a:?}: {e}"))?;
+    let b: u64 = b
+        .trim()
+        .parse()
+        .map_err(|e| format!("bad end {b:?}: {e}"))?;
+    if b <= a {
+        return Err(format!("--seeds {s}: the range is empty"));
+    }
+    Ok(a..b)
+}
+
+fn one(args: &Args, seed: u64) -> ExitCode {
+    let scenario = args.scenario(true);
+    println!(
+        "seed {seed}: {} followers, {} writers, strategy {:?}",
+        scenario.followers, scenario.writers, scenario.strategy
+    );
+    println!("fault plan:");
+    for (at, action) in plan(seed, &scenario) {
+        println!("  {:>7.3}s {action}", at.as_secs_f64());
+    }
+    let outcome = run(seed, &scenario);
+    for line in &outcome.trace {
+        println!("{line}");
+    }
+    report(args, &outcome);
+    if args.check_determinism {
+        let again = run(seed, &args.scenario(false));
+        if again.trace_hash != outcome.trace_hash {
+            println!(
+                "NOT DETERMINISTIC: trace hash {:016x} then {:016x}",
+                outcome.trace_hash, again.trace_hash
+            );
+            return ExitCode::FAILURE;
+        }
+        println!("deterministic: the same seed gave the same trace hash twice");
+    }
+    if outcome.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn report(args: &Args, o: &Outcome) {
+    println!(
+        "seed {}: {} · watermark {} · converged after {} · trace {:016x}",
+        o.seed,
+        if o.passed() { "passed" } else { "FAILED" },
+        o.watermark,
+        o.converged_after
+            .map_or("never".to_owned(), |d| format!("{:.3}s", d.as_secs_f64())),
+        o.trace_hash
+    );
+    for f in &o.failures {
+        println!("  {f}");
+    }
+    if !o.passed() {
+        println!("  replay: {}", args.replay(o.seed));
+    }
+}
+
+fn campaign(args: &Args, seeds: std::ops::Range<u64>) -> ExitCode {
+    let scenario = args.scenario(false);
+    let total = seeds.end - seeds.start;
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} seeds {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let started = Instant::now();
+    let next = std::sync::atomic::AtomicU64::new(seeds.start);
+    let outcomes = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|scope| {
+        for _ in 0..args.jobs.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if seed >= seeds.end {
+                        return;
+                    }
+                    let mut o = run(seed, &scenario);
+                    if args.check_determinism {
+                        let again = run(seed, &scenario);
+                        if again.trace_hash != o.trace_hash {
+                            o.failures.push(format!(
+                                "not deterministic: trace hash {:016x} then {:016x}",
+                                o.trace_hash, again.trace_hash
+                            ));
+                        }
+                    }
+                    if !o.passed() {
+                        bar.println(format!("seed {seed} FAILED: {}", o.failures.join(" | ")));
+                    }
+                    outcomes.lock().unwrap_or_else(|e| e.into_inner()).push(o);
+                    bar.inc(1);
+                }
+            });
+        }
+    });
+    bar.finish_and_clear();
+    let elapsed = started.elapsed();
+    let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
+    outcomes.sort_by_key(|o| o.seed);
+    summary(args, &outcomes, elapsed)
+}
+
+fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| !o.passed()).collect();
+    let mut faults: BTreeMap<FaultKind, u64> = BTreeMap::new();
+    for o in outcomes {
+        for (k, n) in &o.faults {
+            *faults.entry(*k).or_default() += u64::from(*n);
+        }
+    }
+    let mut times: Vec<f64> = outcomes
+        .iter()
+        .filter_map(|o| o.converged_after)
+        .map(|d| d.as_secs_f64())
+        .collect();
+    times.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * p).round() as usize)
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    println!(
+        "strategy {:?}: {} seeds in {:.1}s ({:.1} seeds/s)",
+        args.strategy,
+        outcomes.len(),
+        elapsed.as_secs_f64(),
+        outcomes.len() as f64 / elapsed.as_secs_f64()
+    );
+    println!("faults injected:");
+    for (k, n) in &faults {
+        println!("  {:<20} {n}", format!("{k:?}"));
+    }
+    println!(
+        "convergence after healing (simulated): p50 {:.2}s  p90 {:.2}s  p99 {:.2}s  max {:.2}s",
+        pct(0.5),
+        pct(0.9),
+        pct(0.99),
+        times.last().copied().unwrap_or(f64::NAN)
+    );
+    println!(
+        "failures: {} of {} ({:.1}%)",
+        failed.len(),
+        outcomes.len(),
+        100.0 * failed.len() as f64 / outcomes.len().max(1) as f64
+    );
+    for o in &failed {
+        println!(
+            "  seed {}: {}",
+            o.seed,
+            o.failures.first().map_or("", String::as_str)
+        );
+        println!("    replay: {}", args.replay(o.seed));
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    if let Some(seed) = args.seed {
+        return one(&args, seed);
+    }
+    match parse_range(&args.seeds) {
+        Ok(range) => campaign(&args, range),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! The small wire protocol between the source host and its clients: one JSON frame per
+//! message, each prefixed by its length (u32, big endian). async-nats cannot run on
+//! turmoil's network, so the simulated source speaks this instead, behind the same ports.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use turmoil::net::TcpStream;
+
+/// Frames larger than this are refused (a corrupt length must not allocate gigabytes).
+const MAX_FRAME: u32 = 16 * 1024 * 1024;
+
+/// A client's request. Fields mirror the port methods of the same names.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Request {
+    /// Source::put.
+    Put { key: String, value: Vec<u8> },
+    /// Source::update.
+    Update {
+        key: String,
+        value: Vec<u8>,
+        expected: u64,
+    },
+    /// Source::remove.
+    Remove { key: String },
+    /// Source::watermark.
+    Watermark,
+    /// Source::changes_since.
+    ChangesSince { since: u64 },
+    /// Source::snapshot.
+    Snapshot,
+    /// Source::get.
+    Get { key: String },
+    /// Source::first_available.
+    FirstAvailable,
+    /// Open the source's change log at `from`; the connection then streams items.
+    OpenFeed { from: u64 },
+    /// Open the events stream after `after` (a position); the connection then streams
+    /// items.
+    OpenEvents { after: Option<u64> },
+    /// Publish an announcement to the events stream.
+    Publish { key: String, payload: Vec<u8> },
+    /// Notify a wake channel.
+    Notify { channel: String, payload: Vec<u8> },
+    /// Listen on a wake channel; the connection then streams wakes.
+    Listen { channel: String },
+}
+
+/// An entry on the wire.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireEntry {
+    /// Feed position.
+    pub position: u64,
+    /// Source seq.
+    pub seq: u64,
+    /// Key.
+    pub key: String,
+    /// `put`, `delete`, `purge`, `mutation`, or anything else.
+    pub op: String,
+    /// Value bytes (puts only).
+    pub value: Vec<u8>,
+}
+
+impl From<Entry> for WireEntry {
+    fn from(e: Entry) -> Self {
+        let op = match e.op {
+            Op::Put => "put".to_owned(),
+            Op::Delete => "delete".to_owned(),
+            Op::Purge => "purge".to_owned(),
+            Op::Mutation => "mutation".to_owned(),
+            Op::Unknown(name) => name,
+            _ => "unknown".to_owned(),
+        };
+        WireEntry {
+            position: e.position,
+            seq: e.seq,
+            key: e.key,
+            op,
+            value: e.value,
+        }
+    }
+}
+
+impl From<WireEntry> for Entry {
+    fn from(w: WireEntry) -> Self {
+        let op = match w.op.as_str() {
+            "put" => Op::Put,
+            "delete" => Op::Delete,
+            "purge" => Op::Purge,
+            "mutation" => Op::Mutation,
+            _ => Op::Unknown(w.op),
+        };
+        Entry::new(w.position, w.seq, w.key, op, w.value)
+    }
+}
+
+/// A feed's opening report on the wire.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireFeedInfo {
+    /// First seq servable.
+    pub first_available: u64,
+    /// Head at open.
+    pub head: u64,
+    /// Gapless (true) or sparse.
+    pub gapless: bool,
+    /// Wants checkpoints.
+    pub checkpoints: bool,
+}
+
+impl From<FeedInfo> for WireFeedInfo {
+    fn from(i: FeedInfo) -> Self {
+        WireFeedInfo {
+            first_available: i.first_available,
+            head: i.head,
+            gapless: i.continuity == Continuity::Gapless,
+            checkpoints: i.checkpoints,
+        }
+    }
+}
+
+impl From<WireFeedInfo> for FeedInfo {
+    fn from(w: WireFeedInfo) -> Self {
+        FeedInfo {
+            first_available: w.first_available,
+            head: w.head,
+            continuity: if w.gapless {
+                Continuity::Gapless
+            } else {
+                Continuity::Sparse
+            },
+            checkpoints: w.checkpoints,
+        }
+    }
+}
+
+/// The source host's answer. Fields mirror the port results of the same names.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum Response {
+    /// A seq (put, update, watermark, first available).
+    Seq(u64),
+    /// A removal's seq, or none if the key was absent.
+    MaybeSeq(Option<u64>),
+    /// Changes since a seq and the watermark.
+    Changes {
+        entries: Vec<WireEntry>,
+        watermark: u64,
+    },
+    /// The source can no longer serve changes since the requested seq.
+    Compacted { first_available: u64 },
+    /// A snapshot.
+    Snapshot {
+        entries: Vec<WireEntry>,
+        watermark: u64,
+    },
+    /// A value and its seq, or none.
+    Value(Option<(u64, Vec<u8>)>),
+    /// The feed opened; items follow.
+    FeedOpened(WireFeedInfo),
+    /// A feed item.
+    Item(WireEntry),
+    /// An item on the feed that is not an entry.
+    Undecodable {
+        position: u64,
+        seq: Option<u64>,
+        reason: String,
+    },
+    /// A wake.
+    Wake(Vec<u8>),
+    /// Nothing happened for a while, but the connection is alive (a partition sends no
+    /// reset, so silence must be told apart from a dead link).
+    Heartbeat,
+    /// Done.
+    Ok,
+    /// The server's port failed; the message says why.
+    Failed(String),
+    /// The stream ended cleanly.
+    End,
+}
+
+/// How often an idle streaming connection sends a heartbeat.
+pub const HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long a client waits for any frame before it declares the link dead.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Writes one frame.
+pub async fn write<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Result<()> {
+    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
+    stream.write_all(&len.to_be_bytes()).await?;
+    stream.write_all(&bytes).await?;
+    stream.flush().await
+}
+
+/// Reads one frame, giving up after [`READ_TIMEOUT`].
+pub async fn read<T: for<'de> Deserialize<'de>>(stream: &mut TcpStream) -> std::io::Result<T> {
+    match tokio::time::timeout(READ_TIMEOUT, read_untimed(stream)).await {
+        Ok(r) => r,
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no frame within the read timeout",
+        )),
+    }
+}
+
+/// Reads one frame, waiting as long as it takes (the server, waiting for a request).
+pub async fn read_untimed<T: for<'de> Deserialize<'de>>(
+    stream: &mut TcpStream,
+) -> std::io::Result<T> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).await?;
+    let len = u32::from_be_bytes(len);
+    if len > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "frame too large",
+        ));
+    }
+    let mut buf = vec![0u8; len as usize];
+    stream.read_exact(&mut buf).await?;
+    serde_json::from_slice(&buf)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}

@@ -1,0 +1,308 @@
+//! What a run simulates: its hosts, the faults allowed, the follower strategy, and the
+//! fault plan drawn from the seed.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use tidemark::tidemark_core::Rng;
+
+/// Kinds of fault the plan may draw.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
+pub enum FaultKind {
+    /// A two-way partition between the source and another host, repaired later.
+    Partition,
+    /// A one-way partition.
+    OneWay,
+    /// Messages on a link held, then released.
+    Hold,
+    /// Higher message latency for a while.
+    Latency,
+    /// A rate of failed links for a while.
+    LinkFailure,
+    /// A follower crashes and restarts (losing its in-memory state unless persisted).
+    FollowerCrash,
+    /// The source host crashes and restarts (its state survives, like a disk).
+    SourceCrash,
+    /// A writer crashes between commit and announce.
+    WriterCrash,
+    /// The next announcement on the events stream is lost.
+    DropAnnounce,
+    /// The next announcement is delivered twice.
+    DuplicateAnnounce,
+    /// The next announcement is delivered after the one after it.
+    ReorderAnnounce,
+    /// The next wake notification fails.
+    DropWake,
+    /// A writer writes a value the followers cannot decode.
+    Poison,
+    /// The source compacts its history and tombstones.
+    Compaction,
+}
+
+impl FaultKind {
+    /// Every kind.
+    pub const ALL: [FaultKind; 14] = [
+        FaultKind::Partition,
+        FaultKind::OneWay,
+        FaultKind::Hold,
+        FaultKind::Latency,
+        FaultKind::LinkFailure,
+        FaultKind::FollowerCrash,
+        FaultKind::SourceCrash,
+        FaultKind::WriterCrash,
+        FaultKind::DropAnnounce,
+        FaultKind::DuplicateAnnounce,
+        FaultKind::ReorderAnnounce,
+        FaultKind::DropWake,
+        FaultKind::Poison,
+        FaultKind::Compaction,
+    ];
+}
+
+/// How followers are built.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Strategy {
+    /// tidemark's followers: change-log followers, wake runners and announcement followers,
+    /// with initial sync, resume from the watermark and reconcile.
+    Correct,
+    /// The usual broken worker: watches only new changes from wherever the feed is now —
+    /// no initial sync, no resume from the watermark.
+    WatchNewOnly,
+    /// Trusts announcements: replays the events stream, never reconciles.
+    NoReconcile,
+}
+
+/// A run's shape.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    /// Followers (3 to 8).
+    pub followers: usize,
+    /// Writers.
+    pub writers: usize,
+    /// Length of the fault phase, simulated.
+    pub fault_phase: Duration,
+    /// Bound on convergence after healing, simulated.
+    pub liveness_bound: Duration,
+    /// Fault kinds the plan may draw.
+    pub faults: BTreeSet<FaultKind>,
+    /// How followers are built.
+    pub strategy: Strategy,
+    /// Keep the trace's lines (for printing one run).
+    pub keep_trace: bool,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            followers: 4,
+            writers: 2,
+            fault_phase: Duration::from_secs(20),
+            liveness_bound: Duration::from_secs(60),
+            faults: FaultKind::ALL.into_iter().collect(),
+            strategy: Strategy::Correct,
+            keep_trace: false,
+        }
+    }
+}
+
+/// Something the orchestrator does to the world at a planned time.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Partition `a` and `b` both ways.
+    Partition(String, String),
+    /// Partition messages from the first host to the second.
+    PartitionOneWay(String, String),
+    /// Repair both ways.
+    Repair(String, String),
+    /// Hold messages between two hosts.
+    Hold(String, String),
+    /// Release held messages.
+    Release(String, String),
+    /// Set the maximum message latency.
+    Latency(Duration),
+    /// Set the link failure rate.
+    FailRate(f64),
+    /// Crash follower `i`.
+    CrashFollower(usize),
+    /// Restart follower `i`.
+    RestartFollower(usize),
+    /// Crash the source host.
+    CrashSource,
+    /// Restart the source host.
+    RestartSource,
+    /// Make writer `i` crash right after its next commit, before announcing.
+    WriterCrashAfterCommit(usize),
+    /// Restart writer `i`.
+    RestartWriter(usize),
+    /// Lose the next announcement.
+    DropAnnounce,
+    /// Duplicate the next announcement.
+    DuplicateAnnounce,
+    /// Reorder the next announcement.
+    ReorderAnnounce,
+    /// Fail the next wake notification.
+    DropWake,
+    /// Make writer `i` write a poison value next.
+    Poison(usize),
+    /// Compact the source's history below its watermark minus a few.
+    Compact,
+}
+
+impl Action {
+    /// The kind of fault this action injects, if it injects one (repairs do not).
+    #[must_use]
+    pub fn kind(&self) -> Option<FaultKind> {
+        Some(match self {
+            Action::Partition(..) => FaultKind::Partition,
+            Action::PartitionOneWay(..) => FaultKind::OneWay,
+            Action::Hold(..) => FaultKind::Hold,
+            Action::Latency(d) if *d > Duration::from_millis(100) => FaultKind::Latency,
+            Action::FailRate(r) if *r > 0.0 => FaultKind::LinkFailure,
+            Action::CrashFollower(_) => FaultKind::FollowerCrash,
+            Action::CrashSource => FaultKind::SourceCrash,
+            Action::WriterCrashAfterCommit(_) => FaultKind::WriterCrash,
+            Action::DropAnnounce => FaultKind::DropAnnounce,
+            Action::DuplicateAnnounce => FaultKind::DuplicateAnnounce,
+            Action::ReorderAnnounce => FaultKind::ReorderAnnounce,
+            Action::DropWake => FaultKind::DropWake,
+            Action::Poison(_) => FaultKind::Poison,
+            Action::Compact => FaultKind::Compaction,
+            _ => return None,
+        })
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+/// The name of follower `i`'s host.
+#[must_use]
+pub fn follower_host(i: usize) -> String {
+    format!("follower-{i}")
+}
+
+/// The name of writer `i`'s host.
+#[must_use]
+pub fn writer_host(i: usize) -> String {
+    format!("writer-{i}")
+}
+
+/// The source host's name.
+pub const SOURCE: &str = "source";
+
+/// Draws the fault plan of a run from its seed: `(at, action)` sorted by time, every
+/// fault followed by its repair inside the fault phase.
+#[must_use]
+pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
+    let mut rng = Rng::new(seed ^ 0x7469_6465_6d61_726b);
+    let kinds: Vec<FaultKind> = s.faults.iter().copied().collect();
+    let mut plan = Vec::new();
+    if kinds.is_empty() {
+        return plan;
+    }
+    let slot = Duration::from_millis(250);
+    let end = s.fault_phase;
+    let pick = |rng: &mut Rng, n: usize| (rng.next_u64() % n as u64) as usize;
+    let mut t = slot;
+    while t < end {
+        if rng.next_f64() < 0.25 {
+            let kind = kinds[pick(&mut rng, kinds.len())];
+            let later = t + Duration::from_millis(300 + rng.next_u64() % 4000);
+            let heal_at = later.min(end);
+            let other = |rng: &mut Rng| {
+                let hosts = s.followers + s.writers;
+                let i = pick(rng, hosts);
+                if i < s.followers {
+                    follower_host(i)
+                } else {
+                    writer_host(i - s.followers)
+                }
+            };
+            match kind {
+                FaultKind::Partition => {
+                    let h = other(&mut rng);
+                    plan.push((t, Action::Partition(SOURCE.into(), h.clone())));
+                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+                }
+                FaultKind::OneWay => {
+                    let h = other(&mut rng);
+                    let (from, to) = if rng.next_u64() % 2 == 0 {
+                        (SOURCE.to_owned(), h.clone())
+                    } else {
+                        (h.clone(), SOURCE.to_owned())
+                    };
+                    plan.push((t, Action::PartitionOneWay(from, to)));
+                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+                }
+                FaultKind::Hold => {
+                    let h = other(&mut rng);
+                    plan.push((t, Action::Hold(SOURCE.into(), h.clone())));
+                    plan.push((heal_at, Action::Release(SOURCE.into(), h)));
+                }
+                FaultKind::Latency => {
+                    plan.push((
+                        t,
+                        Action::Latency(Duration::from_millis(100 + rng.next_u64() % 900)),
+                    ));
+                    plan.push((heal_at, Action::Latency(Duration::from_millis(50))));
+                }
+                FaultKind::LinkFailure => {
+                    plan.push((t, Action::FailRate(0.05 + rng.next_f64() * 0.2)));
+                    plan.push((heal_at, Action::FailRate(0.0)));
+                }
+                FaultKind::FollowerCrash => {
+                    let i = pick(&mut rng, s.followers);
+                    plan.push((t, Action::CrashFollower(i)));
+                    plan.push((heal_at, Action::RestartFollower(i)));
+                }
+                FaultKind::SourceCrash => {
+                    plan.push((t, Action::CrashSource));
+                    plan.push((heal_at, Action::RestartSource));
+                }
+                FaultKind::WriterCrash => {
+                    let i = pick(&mut rng, s.writers.max(1));
+                    plan.push((t, Action::WriterCrashAfterCommit(i)));
+                    plan.push((heal_at, Action::RestartWriter(i)));
+                }
+                FaultKind::DropAnnounce => plan.push((t, Action::DropAnnounce)),
+                FaultKind::DuplicateAnnounce => plan.push((t, Action::DuplicateAnnounce)),
+                FaultKind::ReorderAnnounce => plan.push((t, Action::ReorderAnnounce)),
+                FaultKind::DropWake => plan.push((t, Action::DropWake)),
+                FaultKind::Poison => {
+                    plan.push((t, Action::Poison(pick(&mut rng, s.writers.max(1)))))
+                }
+                FaultKind::Compaction => plan.push((t, Action::Compact)),
+            }
+        }
+        t += slot;
+    }
+    // Stable: equal times keep their drawing order.
+    plan.sort_by_key(|(at, _)| *at);
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_is_a_function_of_the_seed() {
+        let s = Scenario::default();
+        assert_eq!(plan(5, &s), plan(5, &s));
+        assert_ne!(plan(5, &s), plan(6, &s));
+    }
+
+    #[test]
+    fn every_planned_fault_is_healed_within_the_fault_phase() {
+        let s = Scenario::default();
+        for seed in 0..50 {
+            for (at, _) in plan(seed, &s) {
+                assert!(at <= s.fault_phase);
+            }
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! The source host: serves a [`Memory`]'s source, change log, events stream and wake
+//! channels over the sim's wire protocol. The `Memory` lives outside the host, so it
+//! survives the host's crashes like a disk.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use tidemark::{
+    Changes, Feed, FeedItem, FeedStream, Publish, Received, Source, Wake, WakeListener,
+};
+use tidemark_memory::Memory;
+use turmoil::net::{TcpListener, TcpStream};
+
+use crate::oracle::History;
+use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
+
+/// The port the source host listens on.
+pub const PORT: u16 = 7000;
+
+/// Runs the source host until the simulation ends or the host crashes. Every commit is
+/// also recorded in `history`, for the oracle.
+pub async fn serve(memory: Memory, history: History) -> turmoil::Result {
+    let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let memory = memory.clone();
+        let history = history.clone();
+        // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
+        // runtime list is sharded by a process-wide task id, so its drop order (and the
+        // resets peers see) would differ from one run of a seed to the next.
+        tokio::task::spawn_local(async move {
+            // A client that goes away mid-request is its own problem.
+            let _ = connection(memory, history, stream).await;
+        });
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> Response {
+    Response::Failed(e.to_string())
+}
+
+async fn connection(
+    memory: Memory,
+    history: History,
+    mut stream: TcpStream,
+) -> std::io::Result<()> {
+    let request: Request = proto::read_untimed(&mut stream).await?;
+    let source = &memory.source;
+    let response = match request {
+        Request::Put { key, value } => match source.put(&key, value.clone()).await {
+            Ok(seq) => {
+                history.record(seq, &key, Some(value));
+                Response::Seq(seq)
+            }
+            Err(e) => failed(e),
+        },
+        Request::Update {
+            key,
+            value,
+            expected,
+        } => match source.update(&key, value.clone(), expected).await {
+            Ok(seq) => {
+                history.record(seq, &key, Some(value));
+                Response::Seq(seq)
+            }
+            Err(e) => failed(e),
+        },
+        Request::Remove { key } => match source.remove(&key).await {
+            Ok(seq) => {
+                if let Some(seq) = seq {
+                    history.record(seq, &key, None);
+                }
+                Response::MaybeSeq(seq)
+            }
+            Err(e) => failed(e),
+        },
+        Request::Watermark => source.watermark().await.map_or_else(failed, Response::Seq),
+        Request::FirstAvailable => source
+            .first_available()
+            .await
+            .map_or_else(failed, Response::Seq),
+        Request::ChangesSince { since } => match source.changes_since(since).await {
+            Ok(Changes::Since { entries, watermark }) => Response::Changes {
+                entries: entries.into_iter().map(WireEntry::from).collect(),
+                watermark,
+            },
+            Ok(Changes::Compacted { first_available }) => Response::Compacted { first_available },
+            Err(e) => failed(e),
+        },
+        Request::Snapshot => match source.snapshot().await {
+            Ok(s) => Response::Snapshot {
+                entries: s.entries.into_iter().map(WireEntry::from).collect(),
+                watermark: s.watermark,
+            },
+            Err(e) => failed(e),
+        },
+        Request::Get { key } => match source.get(&key).await {
+            Ok(v) => Response::Value(v.map(|v| (v.seq, v.value))),
+            Err(e) => failed(e),
+        },
+        Request::Publish { key, payload } => memory
+            .events
+            .publish(&key, payload)
+            .await
+            .map_or_else(failed, Response::Seq),
+        Request::Notify { channel, payload } => memory
+            .wake
+            .notify(&channel, payload)
+            .await
+            .map_or_else(failed, |()| Response::Ok),
+        Request::OpenFeed { from } => {
+            let opened = memory.source.open(from, None).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::OpenEvents { after } => {
+            let opened = memory.events.open(0, after).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::Listen { channel } => return stream_wakes(&memory, stream, &channel).await,
+    };
+    proto::write(&mut stream, &response).await
+}
+
+async fn stream_feed<S: FeedStream>(
+    mut stream: TcpStream,
+    opened: tidemark::Result<tidemark::Opened<S>>,
+) -> std::io::Result<()> {
+    let opened = match opened {
+        Ok(opened) => opened,
+        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+    };
+    proto::write(&mut stream, &Response::FeedOpened(opened.info.into())).await?;
+    let mut items = opened.stream;
+    loop {
+        let next = tokio::select! {
+            biased;
+            item = items.next() => Some(item),
+            () = tokio::time::sleep(HEARTBEAT) => None,
+        };
+        let response = match next {
+            None => Response::Heartbeat,
+            Some(None) => Response::End,
+            Some(Some(Ok(FeedItem::Entry(entry)))) => Response::Item(entry.into()),
+            Some(Some(Ok(FeedItem::Undecodable {
+                position,
+                seq,
+                reason,
+            }))) => Response::Undecodable {
+                position,
+                seq,
+                reason,
+            },
+            Some(Some(Err(e))) => failed(e),
+        };
+        let last = matches!(response, Response::End | Response::Failed(_));
+        proto::write(&mut stream, &response).await?;
+        if last {
+            return Ok(());
+        }
+    }
+}
+
+async fn stream_wakes(
+    memory: &Memory,
+    mut stream: TcpStream,
+    channel: &str,
+) -> std::io::Result<()> {
+    let mut listener = match memory.wake.listen(channel).await {
+        Ok(l) => l,
+        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+    };
+    proto::write(&mut stream, &Response::Ok).await?;
+    loop {
+        let response = match listener.recv_timeout(HEARTBEAT).await {
+            Ok(Received::Wake(payload)) => Response::Wake(payload),
+            Ok(Received::TimedOut) => Response::Heartbeat,
+            Ok(Received::Closed) => Response::End,
+            Err(e) => failed(e),
+        };
+        let last = matches!(response, Response::End | Response::Failed(_));
+        proto::write(&mut stream, &response).await?;
+        if last {
+            return Ok(());
+        }
+    }
+}
