@@ -1,0 +1,2 @@
+//! Benchmarks of the NATS adapter (to come).
+fn main() {}

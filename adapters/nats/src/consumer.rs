@@ -1,0 +1,302 @@
+//! A push consumer the follower controls: ephemeral, unacknowledged, flow-controlled, with
+//! idle heartbeats, read straight from its delivery subject.
+//!
+//! async-nats' ordered consumer recovers on its own (recreating itself, from "deliver all"
+//! when it has seen nothing). Here any doubt — a consumer sequence gap, a heartbeat that
+//! names another last sequence, missing heartbeats, a reconnect — ends the stream with an
+//! error, and the follower reopens from *its* watermark + 1.
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
+use async_nats::jetstream::{self, stream::Stream};
+use async_nats::{Client, HeaderMap, StatusCode, Subscriber, connection::State};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use tidemark::Result;
+use tracing::debug;
+
+use crate::error::unavailable;
+
+/// How often an idle consumer proves it is alive. Three missed in a row end the stream.
+pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long the server keeps a consumer nobody listens to (a crashed process's).
+const INACTIVE: Duration = Duration::from_secs(10);
+/// How often the reader looks at the connection while waiting.
+const TICK: Duration = Duration::from_millis(250);
+
+/// One stream message delivered to the consumer.
+#[derive(Debug)]
+pub(crate) struct Delivered {
+    pub subject: String,
+    pub seq: u64,
+    pub pending: u64,
+    pub headers: Option<HeaderMap>,
+    pub payload: Bytes,
+}
+
+/// What the reader saw.
+#[derive(Debug)]
+pub(crate) enum Seen {
+    /// A message.
+    Message(Delivered),
+    /// An idle heartbeat while in step with the server: it has nothing more to send now.
+    Idle,
+}
+
+/// An open ephemeral push consumer. Dropping it unsubscribes and deletes the consumer (in
+/// the background; the inactivity threshold is the backstop).
+pub(crate) struct PushReader {
+    client: Client,
+    context: jetstream::Context,
+    subscriber: Subscriber,
+    stream: String,
+    consumer: String,
+    last_consumer_seq: u64,
+    connects: u64,
+    idle_limit: Duration,
+    since_traffic: Duration,
+}
+
+impl std::fmt::Debug for PushReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushReader")
+            .field("stream", &self.stream)
+            .field("consumer", &self.consumer)
+            .field("last_consumer_seq", &self.last_consumer_seq)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushReader {
+    /// Subscribes to a fresh inbox, then creates the consumer on `stream` delivering
+    /// `filter` per `deliver` to it (subscribing first loses nothing).
+    pub(crate) async fn open(
+        client: &Client,
+        context: &jetstream::Context,
+        stream: &Stream,
+        filter: String,
+        deliver: DeliverPolicy,
+        port: &'static str,
+    ) -> Result<PushReader> {
+        let connects = client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let inbox = client.new_inbox();
+        let subscriber = client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| unavailable(port, e))?;
+        let config = push::Config {
+            deliver_subject: inbox,
+            description: Some("tidemark follower".into()),
+            deliver_policy: deliver,
+            ack_policy: AckPolicy::None,
+            max_deliver: 1,
+            filter_subject: filter,
+            replay_policy: ReplayPolicy::Instant,
+            flow_control: true,
+            idle_heartbeat: HEARTBEAT,
+            inactive_threshold: INACTIVE,
+            num_replicas: 1,
+            memory_storage: true,
+            ..Default::default()
+        };
+        let consumer = stream
+            .create_consumer(config)
+            .await
+            .map_err(|e| unavailable(port, format!("creating a consumer: {e}")))?;
+        Ok(PushReader {
+            client: client.clone(),
+            context: context.clone(),
+            subscriber,
+            stream: stream.cached_info().config.name.clone(),
+            consumer: consumer.cached_info().name.clone(),
+            last_consumer_seq: 0,
+            connects,
+            idle_limit: HEARTBEAT * 3,
+            since_traffic: Duration::ZERO,
+        })
+    }
+
+    /// The next message or idle heartbeat; an error when the consumer can no longer be
+    /// trusted to deliver every message in order; `None` if the subscription closed.
+    pub(crate) async fn next(&mut self, port: &'static str) -> Option<Result<Seen>> {
+        loop {
+            if let Err(e) = self.check_connection(port) {
+                return Some(Err(e));
+            }
+            let message = match tokio::time::timeout(TICK, self.subscriber.next()).await {
+                Ok(Some(message)) => message,
+                Ok(None) => return None,
+                Err(_) => {
+                    self.since_traffic += TICK;
+                    if let Err(e) = self.check_connection(port) {
+                        return Some(Err(e));
+                    }
+                    if self.since_traffic >= self.idle_limit {
+                        return Some(Err(unavailable(
+                            port,
+                            format!("consumer {} missed its heartbeats", self.consumer),
+                        )));
+                    }
+                    continue;
+                }
+            };
+            self.since_traffic = Duration::ZERO;
+            match message.status {
+                Some(StatusCode::IDLE_HEARTBEAT) => {
+                    if let Some(stalled) = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("Nats-Consumer-Stalled"))
+                    {
+                        self.reply(stalled.as_str().to_owned()).await;
+                    }
+                    if let Some(reply) = message.reply {
+                        // A flow-control request: answer it or delivery stops.
+                        self.reply(reply.to_string()).await;
+                        continue;
+                    }
+                    let last = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get_last(async_nats::header::NATS_LAST_CONSUMER))
+                        .and_then(|v| v.as_str().parse::<u64>().ok());
+                    if let Some(last) = last
+                        && last != self.last_consumer_seq
+                    {
+                        return Some(Err(unavailable(
+                            port,
+                            format!(
+                                "consumer {} delivered up to {last} but {} arrived",
+                                self.consumer, self.last_consumer_seq
+                            ),
+                        )));
+                    }
+                    return Some(Ok(Seen::Idle));
+                }
+                Some(status) => {
+                    return Some(Err(unavailable(
+                        port,
+                        format!(
+                            "consumer {}: status {status} {}",
+                            self.consumer,
+                            message.description.as_deref().unwrap_or("")
+                        ),
+                    )));
+                }
+                None => {}
+            }
+            let Some((seq, consumer_seq, pending)) =
+                message.reply.as_deref().and_then(parse_ack_subject)
+            else {
+                return Some(Err(unavailable(
+                    port,
+                    format!("consumer {}: a message without metadata", self.consumer),
+                )));
+            };
+            if consumer_seq != self.last_consumer_seq + 1 {
+                return Some(Err(unavailable(
+                    port,
+                    format!(
+                        "consumer {} skipped from {} to {consumer_seq}",
+                        self.consumer, self.last_consumer_seq
+                    ),
+                )));
+            }
+            self.last_consumer_seq = consumer_seq;
+            return Some(Ok(Seen::Message(Delivered {
+                subject: message.subject.to_string(),
+                seq,
+                pending,
+                headers: message.headers,
+                payload: message.payload,
+            })));
+        }
+    }
+
+    fn check_connection(&self, port: &'static str) -> Result<()> {
+        let connects = self
+            .client
+            .statistics()
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed);
+        if connects != self.connects {
+            return Err(unavailable(port, "reconnected: the consumer may be gone"));
+        }
+        if self.client.connection_state() != State::Connected {
+            return Err(unavailable(port, "disconnected from the server"));
+        }
+        Ok(())
+    }
+
+    async fn reply(&self, subject: String) {
+        if let Err(e) = self.client.publish(subject, Bytes::new()).await {
+            debug!(consumer = %self.consumer, error = %e, "flow-control reply failed");
+        }
+    }
+}
+
+impl Drop for PushReader {
+    fn drop(&mut self) {
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let context = self.context.clone();
+            let (consumer, stream) = (self.consumer.clone(), self.stream.clone());
+            handle.spawn(async move {
+                // Best effort: the inactivity threshold removes it otherwise.
+                let _ = context.delete_consumer_from_stream(consumer, stream).await;
+            });
+        }
+    }
+}
+
+/// Stream sequence, consumer sequence and pending count from a JetStream ack subject:
+/// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1) or with a
+/// domain and account hash after `ACK` (v2, optionally with a trailing token).
+pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let at = match tokens.len() {
+        9 => 4,
+        11 | 12 => 6,
+        _ => return None,
+    };
+    if tokens.first() != Some(&"$JS") || tokens.get(1) != Some(&"ACK") {
+        return None;
+    }
+    let number = |i: usize| tokens.get(at + i).and_then(|t| t.parse::<u64>().ok());
+    Some((number(1)?, number(2)?, number(4)?))
+}
+
+/// The delivered-count (attempt) from an ack subject.
+#[allow(dead_code)]
+pub(crate) fn parse_delivered(reply: &str) -> Option<u64> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let at = match tokens.len() {
+        9 => 4,
+        11 | 12 => 6,
+        _ => return None,
+    };
+    tokens.get(at).and_then(|t| t.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ack_subjects_parse_in_both_formats() {
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.KV_b.c1.1.42.7.1700000000.3"),
+            Some((42, 7, 3))
+        );
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.dom.hash.KV_b.c1.2.42.7.1700000000.3.tok"),
+            Some((42, 7, 3))
+        );
+        assert_eq!(parse_delivered("$JS.ACK.S.c.4.1.1.1.0"), Some(4));
+        assert_eq!(parse_ack_subject("_INBOX.x"), None, "not an ack subject");
+        assert_eq!(parse_ack_subject("$JS.ACK.S.c.x.1.1.1.0"), Some((1, 1, 0)));
+    }
+}

@@ -1,0 +1,581 @@
+//! A KV bucket as both [`Source`] and [`Feed`]: revision = seq.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_nats::jetstream::consumer::DeliverPolicy;
+use async_nats::jetstream::context::PublishErrorKind;
+use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
+use async_nats::jetstream::stream::State;
+use async_nats::{Client, HeaderMap, jetstream};
+use bytes::Bytes;
+use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tidemark::{
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
+};
+use tokio::sync::Mutex;
+use tracing::debug;
+
+use crate::consumer::{Delivered, PushReader, Seen};
+use crate::error::{check_key, check_name, unavailable};
+
+const KV_OPERATION: &str = "KV-Operation";
+const MARKER_REASON: &str = "Nats-Marker-Reason";
+const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
+
+/// A NATS KV bucket as tidemark's source of truth and change feed (revision = seq).
+///
+/// - As a [`Feed`] it opens an ephemeral push consumer from the follower's watermark + 1
+///   (the latest revision per key on a first sync, which replays the stream at server
+///   speed — never `keys()` + `get`), reports the stream's first sequence so compaction
+///   is detected, and the sequence of its last message as the head the initial sync must
+///   reach. Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
+///   error; the follower reopens it from its own watermark + 1.
+/// - As a [`Source`] it writes (put, compare-and-set update, delete), reads single keys,
+///   and replays changes since a seq or a full snapshot from the stream.
+///
+/// The bucket is looked up lazily: while it does not exist, every call fails with
+/// [`Error::Unavailable`] and the follower's lookup backoff retries until it appears.
+/// Cheap to clone.
+#[derive(Clone)]
+pub struct KvBucket {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    context: jetstream::Context,
+    bucket: String,
+    store: Mutex<Option<kv::Store>>,
+    read: AtomicU64,
+}
+
+impl std::fmt::Debug for KvBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KvBucket")
+            .field("bucket", &self.inner.bucket)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KvBucket {
+    /// The bucket called `bucket`, reached through `client`. Nothing is requested yet.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] if `bucket` is not a valid bucket name.
+    pub fn new(client: Client, bucket: impl Into<String>) -> Result<KvBucket> {
+        let context = jetstream::new(client.clone());
+        Self::with_context(client, context, bucket)
+    }
+
+    /// As [`new`](Self::new), with a JetStream context of your own (a domain, a prefix, a
+    /// timeout).
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] if `bucket` is not a valid bucket name.
+    pub fn with_context(
+        client: Client,
+        context: jetstream::Context,
+        bucket: impl Into<String>,
+    ) -> Result<KvBucket> {
+        let bucket = bucket.into();
+        check_name(&bucket)?;
+        Ok(KvBucket {
+            inner: Arc::new(Inner {
+                client,
+                context,
+                bucket,
+                store: Mutex::new(None),
+                read: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The bucket's name.
+    #[must_use]
+    pub fn bucket(&self) -> &str {
+        &self.inner.bucket
+    }
+
+    /// The client.
+    #[must_use]
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// How many entries the feeds of this handle (and its clones) have delivered so far:
+    /// what a warm restart saves shows here.
+    #[must_use]
+    pub fn entries_read(&self) -> u64 {
+        self.inner.read.load(Ordering::Relaxed)
+    }
+
+    async fn store(&self, port: &'static str) -> Result<kv::Store> {
+        let mut cached = self.inner.store.lock().await;
+        if let Some(store) = cached.as_ref() {
+            return Ok(store.clone());
+        }
+        let store = self
+            .inner
+            .context
+            .get_key_value(self.inner.bucket.clone())
+            .await
+            .map_err(|e| unavailable(port, format!("bucket {}: {e}", self.inner.bucket)))?;
+        *cached = Some(store.clone());
+        Ok(store)
+    }
+
+    async fn forget(&self) {
+        *self.inner.store.lock().await = None;
+    }
+
+    /// The bucket's stream state, read now.
+    async fn state(&self, port: &'static str) -> Result<(kv::Store, State)> {
+        let store = self.store(port).await?;
+        match store.stream.get_info().await {
+            Ok(info) => Ok((store, info.state)),
+            Err(e) => {
+                // Deleted and recreated, or never there: look it up afresh next time.
+                self.forget().await;
+                Err(unavailable(
+                    port,
+                    format!("bucket {}: {e}", self.inner.bucket),
+                ))
+            }
+        }
+    }
+
+    fn filter(store: &kv::Store) -> String {
+        format!("{}>", store.prefix)
+    }
+
+    /// The seq of the last message still in the stream (0 if none): every replay delivers
+    /// it, so an initial sync that reached it is complete. The stream's last sequence can
+    /// name a message that is gone (a purged delete marker), which no replay would reach.
+    async fn head(&self, store: &kv::Store, state: &State, port: &'static str) -> Result<u64> {
+        if state.messages == 0 {
+            return Ok(0);
+        }
+        match store
+            .stream
+            .get_last_raw_message_by_subject(&Self::filter(store))
+            .await
+        {
+            Ok(message) => Ok(message.sequence),
+            Err(e) => {
+                debug!(bucket = %self.inner.bucket, error = %e, "last message lookup failed; using the stream's last sequence");
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound
+                {
+                    Ok(0)
+                } else {
+                    Err(unavailable(port, e))
+                }
+            }
+        }
+    }
+
+    /// Replays the bucket with `deliver` until the message at `head` arrived.
+    async fn replay(
+        &self,
+        store: &kv::Store,
+        deliver: DeliverPolicy,
+        head: u64,
+        port: &'static str,
+    ) -> Result<Vec<Entry>> {
+        let mut out = Vec::new();
+        if head == 0 {
+            return Ok(out);
+        }
+        let mut reader = PushReader::open(
+            &self.inner.client,
+            &self.inner.context,
+            &store.stream,
+            Self::filter(store),
+            deliver,
+            port,
+        )
+        .await?;
+        loop {
+            match reader.next(port).await {
+                None => return Err(unavailable(port, "replay subscription closed")),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(Seen::Idle)) => {
+                    return Err(unavailable(port, "replay stalled below the stream's head"));
+                }
+                Some(Ok(Seen::Message(d))) => {
+                    let seq = d.seq;
+                    if let FeedItem::Entry(mut e) = to_item(&store.prefix, d) {
+                        e.pending = None;
+                        out.push(e);
+                    }
+                    if seq >= head {
+                        return Ok(out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The current entry of `key`, whatever its operation.
+    async fn entry(&self, key: &str) -> Result<Option<kv::Entry>> {
+        let store = self.store("source").await?;
+        store
+            .entry(key.to_owned())
+            .await
+            .map_err(|e| unavailable("source", e))
+    }
+
+    async fn conflict(&self, key: &str, expected: u64) -> Error {
+        let current = match self.get(key).await {
+            Ok(v) => v.map(|v| v.seq),
+            Err(e) => return e,
+        };
+        Error::Conflict {
+            key: key.to_owned(),
+            expected,
+            current,
+        }
+    }
+
+    fn check_value(&self, value: &[u8]) -> Result<()> {
+        let max = self.inner.client.server_info().max_payload;
+        if max > 0 && value.len() > max {
+            return Err(Error::ValueTooLarge {
+                len: value.len(),
+                max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The first seq a replay from the stream can still serve.
+fn first_available(state: &State) -> u64 {
+    if state.messages == 0 {
+        state.last_sequence + 1
+    } else {
+        state.first_sequence.max(1)
+    }
+}
+
+/// What a KV message's headers say happened to its key.
+pub(crate) fn operation(headers: Option<&HeaderMap>) -> Op {
+    let Some(headers) = headers else {
+        return Op::Put;
+    };
+    if let Some(op) = headers.get(KV_OPERATION) {
+        return match op.as_str() {
+            "PUT" => Op::Put,
+            "DEL" => Op::Delete,
+            "PURGE" => Op::Purge,
+            other => Op::Unknown(other.to_owned()),
+        };
+    }
+    // Server-written markers (expiry, purge, removal by TTL) carry a reason instead.
+    if let Some(reason) = headers.get(MARKER_REASON) {
+        return match reason.as_str() {
+            "MaxAge" | "Purge" => Op::Purge,
+            "Remove" => Op::Delete,
+            other => Op::Unknown(format!("marker {other}")),
+        };
+    }
+    Op::Put
+}
+
+fn to_item(prefix: &str, d: Delivered) -> FeedItem {
+    let Some(key) = d.subject.strip_prefix(prefix) else {
+        return FeedItem::Undecodable {
+            position: d.seq,
+            seq: Some(d.seq),
+            reason: format!("subject {} is outside the bucket", d.subject),
+        };
+    };
+    let op = operation(d.headers.as_ref());
+    let value = if op == Op::Put {
+        Vec::from(d.payload)
+    } else {
+        Vec::new()
+    };
+    FeedItem::Entry(Entry::new(d.seq, d.seq, key, op, value).with_pending(d.pending))
+}
+
+impl Source for KvBucket {
+    async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
+        check_key(key)?;
+        self.check_value(&value)?;
+        let store = self.store("source").await?;
+        store
+            .put(key, Bytes::from(value))
+            .await
+            .map_err(|e| unavailable("source", e))
+    }
+
+    async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
+        check_key(key)?;
+        self.check_value(&value)?;
+        let store = self.store("source").await?;
+        if expected == 0 {
+            return match store.create(key, Bytes::from(value)).await {
+                Ok(seq) => Ok(seq),
+                Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
+                    Err(self.conflict(key, expected).await)
+                }
+                Err(e) => Err(unavailable("source", e)),
+            };
+        }
+        match store.update(key, Bytes::from(value), expected).await {
+            Ok(seq) => Ok(seq),
+            Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
+                Err(self.conflict(key, expected).await)
+            }
+            Err(e) => Err(unavailable("source", e)),
+        }
+    }
+
+    async fn remove(&self, key: &str) -> Result<Option<u64>> {
+        check_key(key)?;
+        let store = self.store("source").await?;
+        let subject = format!(
+            "{}{key}",
+            store.put_prefix.as_deref().unwrap_or(store.prefix.as_str())
+        );
+        // Delete only what exists, against the revision read, so an absent key uses no
+        // seq and the delete's own seq is known.
+        for _ in 0..16 {
+            let Some(entry) = self.entry(key).await? else {
+                return Ok(None);
+            };
+            if entry.operation != Operation::Put {
+                return Ok(None);
+            }
+            let mut headers = HeaderMap::new();
+            headers.insert(KV_OPERATION, "DEL");
+            headers.insert(
+                EXPECTED_LAST_SUBJECT_SEQ,
+                entry.revision.to_string().as_str(),
+            );
+            let ack = self
+                .inner
+                .context
+                .publish_with_headers(subject.clone(), headers, Bytes::new())
+                .await
+                .map_err(|e| unavailable("source", e))?
+                .await;
+            match ack {
+                Ok(ack) => return Ok(Some(ack.sequence)),
+                Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {}
+                Err(e) => return Err(unavailable("source", e)),
+            }
+        }
+        Err(unavailable(
+            "source",
+            format!("remove of {key:?} kept racing other writers"),
+        ))
+    }
+
+    async fn watermark(&self) -> Result<u64> {
+        Ok(self.state("source").await?.1.last_sequence)
+    }
+
+    async fn changes_since(&self, since: u64) -> Result<Changes> {
+        let (store, state) = self.state("source").await?;
+        let first = first_available(&state);
+        if since.saturating_add(1) < first && since < state.last_sequence {
+            return Ok(Changes::Compacted {
+                first_available: first,
+            });
+        }
+        let head = self.head(&store, &state, "source").await?;
+        let mut latest: HashMap<String, Entry> = HashMap::new();
+        if head > since {
+            let deliver = DeliverPolicy::ByStartSequence {
+                start_sequence: since + 1,
+            };
+            for e in self.replay(&store, deliver, head, "source").await? {
+                latest.insert(e.key.clone(), e);
+            }
+        }
+        let mut entries: Vec<Entry> = latest
+            .into_values()
+            .filter_map(|mut e| match e.op {
+                Op::Put | Op::Delete => Some(e),
+                Op::Purge => {
+                    e.op = Op::Delete;
+                    Some(e)
+                }
+                _ => None,
+            })
+            .collect();
+        entries.sort_by_key(|e| e.seq);
+        let watermark = entries
+            .last()
+            .map_or(state.last_sequence, |e| e.seq.max(state.last_sequence));
+        Ok(Changes::Since { entries, watermark })
+    }
+
+    async fn snapshot(&self) -> Result<Snapshot> {
+        let (store, state) = self.state("source").await?;
+        let head = self.head(&store, &state, "source").await?;
+        let mut latest: HashMap<String, Entry> = HashMap::new();
+        let mut top = state.last_sequence;
+        for e in self
+            .replay(&store, DeliverPolicy::LastPerSubject, head, "source")
+            .await?
+        {
+            top = top.max(e.seq);
+            latest.insert(e.key.clone(), e);
+        }
+        let mut entries: Vec<Entry> = latest.into_values().filter(|e| e.op == Op::Put).collect();
+        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(Snapshot {
+            entries,
+            watermark: top,
+        })
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Versioned>> {
+        check_key(key)?;
+        Ok(self.entry(key).await?.and_then(|e| {
+            (e.operation == Operation::Put).then(|| Versioned {
+                seq: e.revision,
+                value: Vec::from(e.value),
+            })
+        }))
+    }
+
+    async fn first_available(&self) -> Result<u64> {
+        Ok(first_available(&self.state("source").await?.1))
+    }
+}
+
+/// The entries of an open KV feed.
+#[derive(Debug)]
+pub struct KvStream {
+    reader: PushReader,
+    prefix: String,
+    head: u64,
+    seen: u64,
+    owner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.bucket)
+    }
+}
+
+impl FeedStream for KvStream {
+    async fn next(&mut self) -> Option<Result<FeedItem>> {
+        loop {
+            match self.reader.next("feed").await? {
+                Err(e) => return Some(Err(e)),
+                Ok(Seen::Idle) if self.seen < self.head => {
+                    // The server says it has nothing more, yet the head was not delivered
+                    // (a fresh consumer on a just-restarted server): reopen.
+                    return Some(Err(unavailable(
+                        "feed",
+                        format!(
+                            "consumer idle at {} below the head {}",
+                            self.seen, self.head
+                        ),
+                    )));
+                }
+                Ok(Seen::Idle) => {}
+                Ok(Seen::Message(d)) => {
+                    self.seen = self.seen.max(d.seq);
+                    self.owner.read.fetch_add(1, Ordering::Relaxed);
+                    return Some(Ok(to_item(&self.prefix, d)));
+                }
+            }
+        }
+    }
+}
+
+impl Feed for KvBucket {
+    type Stream = KvStream;
+
+    async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<KvStream>> {
+        let (store, state) = self.state("feed").await?;
+        let head = self.head(&store, &state, "feed").await?;
+        // A first sync needs only the latest revision per key; a resume needs everything
+        // after the watermark, in order.
+        let deliver = if from <= 1 {
+            DeliverPolicy::LastPerSubject
+        } else {
+            DeliverPolicy::ByStartSequence {
+                start_sequence: from,
+            }
+        };
+        let reader = PushReader::open(
+            &self.inner.client,
+            &self.inner.context,
+            &store.stream,
+            Self::filter(&store),
+            deliver,
+            "feed",
+        )
+        .await?;
+        Ok(Opened {
+            info: FeedInfo {
+                first_available: first_available(&state),
+                head,
+                continuity: Continuity::Sparse,
+                checkpoints: false,
+            },
+            stream: KvStream {
+                reader,
+                prefix: store.prefix.clone(),
+                head,
+                seen: from.saturating_sub(1),
+                owner: Arc::clone(&self.inner),
+            },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, *v);
+        }
+        h
+    }
+
+    #[test]
+    fn kv_operations_and_markers_map_to_ops() {
+        assert_eq!(operation(None), Op::Put);
+        assert_eq!(
+            operation(Some(&headers(&[(KV_OPERATION, "DEL")]))),
+            Op::Delete
+        );
+        assert_eq!(
+            operation(Some(&headers(&[(KV_OPERATION, "PURGE")]))),
+            Op::Purge
+        );
+        assert_eq!(
+            operation(Some(&headers(&[(MARKER_REASON, "MaxAge")]))),
+            Op::Purge,
+            "an expiry marker is a removal"
+        );
+        assert_eq!(
+            operation(Some(&headers(&[(MARKER_REASON, "Remove")]))),
+            Op::Delete
+        );
+        assert_eq!(
+            operation(Some(&headers(&[(MARKER_REASON, "Purge")]))),
+            Op::Purge
+        );
+        assert_eq!(
+            operation(Some(&headers(&[(KV_OPERATION, "ROLLUP")]))),
+            Op::Unknown("ROLLUP".into()),
+            "an unknown operation must never become a put"
+        );
+        assert_eq!(operation(Some(&headers(&[("X-Other", "1")]))), Op::Put);
+    }
+}

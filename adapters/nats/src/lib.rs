@@ -1,0 +1,35 @@
+//! tidemark-nats: tidemark on NATS JetStream.
+//!
+//! - [`KvBucket`]: a KV bucket as both [`Source`](tidemark::Source) and
+//!   [`Feed`](tidemark::Feed) (revision = seq). Followers replay it from their
+//!   watermark + 1 over an ephemeral push consumer they control, detect compaction from
+//!   the stream's first sequence, and become ready once the replay reaches the stream's
+//!   last message.
+//! - [`NatsOptions`]: server URLs, credentials file, nkey, user/password, token, TLS (CA,
+//!   client certificate) and connection name, passed through to async-nats.
+//!
+//! ```no_run
+//! use tidemark::tidemark_core::{FollowerConfig, Utf8};
+//! use tidemark::spawn_cache;
+//! use tidemark_nats::{KvBucket, NatsOptions};
+//!
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = NatsOptions::new(["nats://127.0.0.1:4222"]).name("mirror").connect().await?;
+//! let bucket = KvBucket::new(client, "packages")?;
+//! let config = FollowerConfig::builder("mirror").build()?;
+//! let (cache, follower) = spawn_cache(config, Utf8, bucket.clone(), bucket);
+//! cache.wait_ready().await?;
+//! println!("{} packages", cache.len());
+//! follower.stop();
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod consumer;
+mod error;
+mod kv;
+mod options;
+
+pub use kv::{KvBucket, KvStream};
+pub use options::{ConnectError, NatsOptions};

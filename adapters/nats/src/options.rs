@@ -1,0 +1,263 @@
+//! Connection options: servers, credentials and TLS, passed through to async-nats.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_nats::{Client, ConnectErrorKind};
+
+/// Why a connection could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// No server URL was given.
+    #[error("no NATS server URL given")]
+    NoServers,
+    /// The credentials file could not be read or parsed.
+    #[error("cannot use credentials file {path:?}: {source}")]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The server refused the credentials (wrong user or password, token, nkey or JWT).
+    #[error(
+        "NATS server {servers} rejected the credentials (authorization violation): check the \
+         user/password, token, nkey or credentials file"
+    )]
+    Unauthorized {
+        /// The servers tried.
+        servers: String,
+    },
+    /// TLS failed (a missing or wrong CA, client certificate or key; a server without TLS).
+    #[error("TLS with NATS server {servers} failed: {reason}")]
+    Tls {
+        /// The servers tried.
+        servers: String,
+        /// The client's explanation.
+        reason: String,
+    },
+    /// The servers could not be reached or the handshake failed.
+    #[error("cannot connect to NATS server {servers}: {reason}")]
+    Unreachable {
+        /// The servers tried.
+        servers: String,
+        /// The client's explanation.
+        reason: String,
+    },
+}
+
+/// How to reach and authenticate to NATS. Every option is passed through to async-nats.
+///
+/// ```no_run
+/// # async fn f() -> Result<(), tidemark_nats::ConnectError> {
+/// use tidemark_nats::NatsOptions;
+/// let client = NatsOptions::new(["nats://10.0.0.1:4222", "nats://10.0.0.2:4222"])
+///     .name("registry-mirror")
+///     .credentials_file("/etc/nats/mirror.creds")
+///     .ca_certificate("/etc/nats/ca.pem")
+///     .connect()
+///     .await?;
+/// # drop(client); Ok(()) }
+/// ```
+///
+/// Authentication: at most one of [`credentials_file`](Self::credentials_file) (JWT and
+/// nkey seed, the `.creds` file `nsc` writes), [`nkey`](Self::nkey) (a seed),
+/// [`user_password`](Self::user_password) or [`token`](Self::token). TLS:
+/// [`ca_certificate`](Self::ca_certificate) trusts a private CA,
+/// [`client_certificate`](Self::client_certificate) presents a certificate for mutual
+/// TLS, [`require_tls`](Self::require_tls) refuses a plain-text server. A `tls://` URL also
+/// requires TLS.
+#[derive(Clone, Default)]
+pub struct NatsOptions {
+    servers: Vec<String>,
+    name: Option<String>,
+    credentials_file: Option<PathBuf>,
+    nkey: Option<String>,
+    user_password: Option<(String, String)>,
+    token: Option<String>,
+    ca_certificates: Vec<PathBuf>,
+    client_certificate: Option<(PathBuf, PathBuf)>,
+    require_tls: bool,
+    connection_timeout: Option<Duration>,
+    request_timeout: Option<Duration>,
+}
+
+impl fmt::Debug for NatsOptions {
+    // Never prints secrets.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsOptions")
+            .field("servers", &self.servers)
+            .field("name", &self.name)
+            .field("credentials_file", &self.credentials_file)
+            .field("nkey", &self.nkey.as_ref().map(|_| "<redacted>"))
+            .field(
+                "user",
+                &self.user_password.as_ref().map(|(user, _)| user.as_str()),
+            )
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_certificates", &self.ca_certificates)
+            .field("client_certificate", &self.client_certificate)
+            .field("require_tls", &self.require_tls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NatsOptions {
+    /// Options for these server URLs (`nats://host:port`, `tls://host:port`, or a bare
+    /// `host:port`). The client fails over between them.
+    #[must_use]
+    pub fn new<I, S>(servers: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        NatsOptions {
+            servers: servers.into_iter().map(Into::into).collect(),
+            ..NatsOptions::default()
+        }
+    }
+
+    /// The connection name the server shows in its monitoring (`connz`).
+    #[must_use]
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// Authenticates with a credentials file (a user JWT and its nkey seed).
+    #[must_use]
+    pub fn credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.credentials_file = Some(path.into());
+        self
+    }
+
+    /// Authenticates with an nkey seed (`SU…`).
+    #[must_use]
+    pub fn nkey(mut self, seed: impl Into<String>) -> Self {
+        self.nkey = Some(seed.into());
+        self
+    }
+
+    /// Authenticates with a user and password.
+    #[must_use]
+    pub fn user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.user_password = Some((user.into(), password.into()));
+        self
+    }
+
+    /// Authenticates with a token.
+    #[must_use]
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Trusts the CA certificate(s) in this PEM file for the server's certificate.
+    #[must_use]
+    pub fn ca_certificate(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_certificates.push(path.into());
+        self
+    }
+
+    /// Presents this client certificate and key (PEM files) for mutual TLS.
+    #[must_use]
+    pub fn client_certificate(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.client_certificate = Some((cert.into(), key.into()));
+        self
+    }
+
+    /// Refuses to talk to a server without TLS.
+    #[must_use]
+    pub fn require_tls(mut self, required: bool) -> Self {
+        self.require_tls = required;
+        self
+    }
+
+    /// How long one connection attempt may take (async-nats' default otherwise).
+    #[must_use]
+    pub fn connection_timeout(mut self, timeout: Duration) -> Self {
+        self.connection_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a request (a JetStream API call, a publish acknowledgement) may take.
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// The async-nats options these stand for, to add settings this type does not carry.
+    ///
+    /// # Errors
+    /// [`ConnectError::Credentials`] if the credentials file cannot be read.
+    pub async fn to_connect_options(&self) -> Result<async_nats::ConnectOptions, ConnectError> {
+        let mut o = match &self.credentials_file {
+            Some(path) => async_nats::ConnectOptions::with_credentials_file(path.clone())
+                .await
+                .map_err(|source| ConnectError::Credentials {
+                    path: path.clone(),
+                    source,
+                })?,
+            None => async_nats::ConnectOptions::new(),
+        };
+        if let Some(seed) = &self.nkey {
+            o = o.nkey(seed.clone());
+        }
+        if let Some((user, password)) = &self.user_password {
+            o = o.user_and_password(user.clone(), password.clone());
+        }
+        if let Some(token) = &self.token {
+            o = o.token(token.clone());
+        }
+        for ca in &self.ca_certificates {
+            o = o.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.client_certificate {
+            o = o.add_client_certificate(cert.clone(), key.clone());
+        }
+        if self.require_tls {
+            o = o.require_tls(true);
+        }
+        if let Some(name) = &self.name {
+            o = o.name(name);
+        }
+        if let Some(t) = self.connection_timeout {
+            o = o.connection_timeout(t);
+        }
+        if let Some(t) = self.request_timeout {
+            o = o.request_timeout(Some(t));
+        }
+        Ok(o)
+    }
+
+    /// Connects. Once connected, the client reconnects on its own after a server restart;
+    /// the followers notice and reopen from their watermark.
+    ///
+    /// # Errors
+    /// A [`ConnectError`] saying whether the servers were unreachable, refused the
+    /// credentials, or TLS failed.
+    pub async fn connect(&self) -> Result<Client, ConnectError> {
+        if self.servers.is_empty() {
+            return Err(ConnectError::NoServers);
+        }
+        let servers = self.servers.join(",");
+        let options = self.to_connect_options().await?;
+        options
+            .connect(self.servers.as_slice())
+            .await
+            .map_err(|e| match e.kind() {
+                ConnectErrorKind::AuthorizationViolation => ConnectError::Unauthorized { servers },
+                ConnectErrorKind::Tls => ConnectError::Tls {
+                    servers,
+                    reason: e.to_string(),
+                },
+                _ => ConnectError::Unreachable {
+                    servers,
+                    reason: e.to_string(),
+                },
+            })
+    }
+}

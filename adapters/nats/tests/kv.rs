@@ -1,0 +1,435 @@
+//! The KV bucket as source and feed, against real nats-server processes.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_nats::HeaderMap;
+use bytes::Bytes;
+use futures::StreamExt as _;
+use tidemark::tidemark_core::{Follower, RawBytes, Utf8};
+use tidemark::{FollowerTask, Source, spawn_cache};
+use tidemark_nats::KvBucket;
+use tokio::sync::Mutex;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_sync_of_a_filled_bucket_then_ready_and_an_empty_bucket_is_ready() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "filled", 1, 1).await;
+    create_bucket(&client, "empty", 1, 1).await;
+    // Pipelined puts: 10,000 keys, a few overwritten so revisions are sparse.
+    let mut acks = futures::stream::iter(0..10_000u32)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .put(format!("k{i}"), Bytes::from(format!("v{i}")))
+                    .await
+            }
+        })
+        .buffer_unordered(256);
+    while let Some(ack) = acks.next().await {
+        ack.unwrap();
+    }
+    for i in 0..100u32 {
+        store
+            .put(format!("k{i}"), Bytes::from(format!("w{i}")))
+            .await
+            .unwrap();
+    }
+    let bucket = KvBucket::new(client.clone(), "filled").unwrap();
+    let last = bucket.watermark().await.unwrap();
+    assert_eq!(last, 10_100);
+
+    let (cache, handle) = spawn_cache(config("filled"), Utf8, bucket.clone(), bucket.clone());
+    let ready_at = tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        ready_at, last,
+        "ready only once the replay reached the last revision"
+    );
+    assert_eq!(cache.len(), 10_000, "every key is loaded before ready");
+    assert_eq!(
+        cache.get("k5").as_deref(),
+        Some("w5"),
+        "the latest revision wins"
+    );
+    assert_eq!(cache.get("k9999").as_deref(), Some("v9999"));
+    assert_eq!(
+        bucket.entries_read(),
+        10_000,
+        "the first sync replays only the latest revision per key"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+
+    let empty = KvBucket::new(client.clone(), "empty").unwrap();
+    let (cache, handle) = spawn_cache(config("empty"), Utf8, empty.clone(), empty.clone());
+    let ready_at = tokio::time::timeout(Duration::from_secs(10), cache.wait_ready())
+        .await
+        .expect("an empty bucket must become ready, not wait for a first write")
+        .unwrap();
+    assert_eq!((ready_at, cache.len()), (0, 0));
+    empty.put("late", b"1".to_vec()).await.unwrap();
+    wait_until(WAIT, "a write after ready arrives", || cache.len() == 1).await;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_puts_deletes_purges_and_markers_are_mirrored() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "live", 5, 1).await;
+    let bucket = KvBucket::new(client.clone(), "live").unwrap();
+    bucket.put("gone", b"x".to_vec()).await.unwrap();
+    let (cache, handle) = spawn_cache(config("live"), Utf8, bucket.clone(), bucket.clone());
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cache.get("gone").as_deref(), Some("x"));
+
+    let a = bucket.put("a", b"1".to_vec()).await.unwrap();
+    bucket.put("b", b"2".to_vec()).await.unwrap();
+    bucket.put("c", b"3".to_vec()).await.unwrap();
+    let a2 = bucket.update("a", b"11".to_vec(), a).await.unwrap();
+    assert!(matches!(
+        bucket.update("a", b"stale".to_vec(), a).await,
+        Err(tidemark::Error::Conflict { current: Some(c), .. }) if c == a2
+    ));
+    let removed = bucket.remove("gone").await.unwrap();
+    assert!(removed.is_some(), "a present key's removal has a seq");
+    assert_eq!(
+        bucket.remove("never").await.unwrap(),
+        None,
+        "an absent key uses no seq"
+    );
+    store.delete("b").await.unwrap(); // async-nats' own delete marker
+    store.purge("c").await.unwrap(); // a purge marker
+    // A marker without KV-Operation, as the server writes on expiry.
+    let mut headers = HeaderMap::new();
+    headers.insert("Nats-Marker-Reason", "MaxAge");
+    let js = async_nats::jetstream::new(client.clone());
+    bucket.put("expired", b"e".to_vec()).await.unwrap();
+    js.publish_with_headers("$KV.live.expired", headers, Bytes::new())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // An operation this version does not know: counted and skipped, never a put.
+    let mut headers = HeaderMap::new();
+    headers.insert("KV-Operation", "ROLLUP");
+    js.publish_with_headers("$KV.live.a", headers, Bytes::from_static(b"nope"))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    // Undecodable for this follower's decoder (not UTF-8): counted, skipped.
+    bucket.put("binary", vec![0xff, 0xfe]).await.unwrap();
+    let last = bucket.put("d", b"4".to_vec()).await.unwrap();
+
+    wait_until(WAIT, "the follower reaches the last write", || {
+        cache.watermark() == last
+    })
+    .await;
+    let got: BTreeMap<String, String> = cache
+        .snapshot()
+        .into_iter()
+        .map(|(k, _, v)| (k, v))
+        .collect();
+    let want: BTreeMap<String, String> = [("a", "11"), ("d", "4")]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(
+        got, want,
+        "deletes, purges and expiry markers remove; the unknown op leaves a alone"
+    );
+    let status = handle.status();
+    assert_eq!(
+        status.counters.poison, 1,
+        "the undecodable value is counted"
+    );
+    assert_eq!(
+        status.counters.invalid, 1,
+        "the unknown operation is counted"
+    );
+    let independent = contents(&store).await;
+    assert_eq!(
+        independent.keys().collect::<Vec<_>>(),
+        ["a", "binary", "d"],
+        "the bucket, read by async-nats itself, agrees (binary is only skipped locally)"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+/// Writes while the server is killed and restarted and while the follower is stopped;
+/// keys written once and never again are what catch a lost update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_five_times_during_writes_loses_nothing_and_applies_nothing_twice() {
+    let mut server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "crash", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "crash").unwrap();
+    bucket.put("seed", b"0".to_vec()).await.unwrap();
+
+    let model: Arc<Mutex<BTreeMap<String, Vec<u8>>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        // Its own context with a short timeout, so a put lost in a restart is retried soon.
+        let mut js = async_nats::jetstream::new(client.clone());
+        js.set_timeout(Duration::from_millis(500));
+        let bucket = KvBucket::with_context(client.clone(), js, "crash").unwrap();
+        let (model, stop) = (Arc::clone(&model), Arc::clone(&stop));
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // Skewed: every `once-i` is written exactly once; ten hot keys churn.
+                let once = format!("once-{i}");
+                let value = i.to_string().into_bytes();
+                put_retry(&bucket, &once, value.clone()).await;
+                model.lock().await.insert(once, value.clone());
+                let hot = format!("hot-{}", i % 10);
+                put_retry(&bucket, &hot, value.clone()).await;
+                model.lock().await.insert(hot, value);
+                i += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            i
+        })
+    };
+
+    let record = Record::default();
+    let mut handle = FollowerTask::new(
+        config("crash"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        record.sink(),
+    )
+    .spawn();
+    wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
+    let mut written_while_away = 0;
+    for round in 0..5 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.kill9().unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        server.restart().await.unwrap();
+        if round % 2 == 1 {
+            // The follower cannot read while the writer goes on: it must catch up from its
+            // watermark when it returns.
+            let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+            let before = model.lock().await.len();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let during = model.lock().await.len() - before;
+            written_while_away += during;
+            let core = Follower::resume(config("crash"), RawBytes, status.watermark, record.keys());
+            handle = FollowerTask::from_core(core, bucket.clone(), bucket.clone(), record.sink())
+                .spawn();
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::Relaxed);
+    let writes = writer.await.unwrap();
+    assert!(writes > 50, "the writer kept writing ({writes} rounds)");
+    assert!(
+        written_while_away > 10,
+        "keys were written while the follower could not read ({written_while_away})"
+    );
+    let last = retry(WAIT, || bucket.watermark()).await;
+    wait_until(WAIT, "the follower converges on the last revision", || {
+        record.watermark() == last
+    })
+    .await;
+    let model = model.lock().await.clone();
+    let cache: BTreeMap<String, Vec<u8>> = record
+        .map()
+        .into_iter()
+        .filter(|(k, _)| k != "seed")
+        .map(|(k, (_, v))| (k, v))
+        .collect();
+    let missing: Vec<_> = model
+        .keys()
+        .filter(|k| !cache.contains_key(*k))
+        .take(5)
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "lost updates: {missing:?} of {}",
+        model.len()
+    );
+    assert_eq!(
+        cache, model,
+        "the cache equals everything the writer committed"
+    );
+    record.assert_applied_once();
+    let snapshot = retry(WAIT, || bucket.snapshot()).await;
+    assert_eq!(
+        snapshot.entries.len(),
+        model.len() + 1,
+        "the bucket holds the same keys"
+    );
+    assert_eq!(
+        record.watermark(),
+        snapshot.watermark,
+        "watermark = last revision"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_restart_reads_only_the_delta() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "warm", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "warm").unwrap();
+    for i in 0..500 {
+        bucket.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = FollowerTask::new(
+        config("warm"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        record.sink(),
+    )
+    .spawn();
+    wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(status.watermark, 500);
+
+    for i in 0..20 {
+        bucket.put(&format!("k{i}"), b"w".to_vec()).await.unwrap();
+    }
+    bucket.remove("k499").await.unwrap();
+    let last = bucket.put("new", b"n".to_vec()).await.unwrap();
+
+    let fresh = KvBucket::new(client.clone(), "warm").unwrap();
+    let core = Follower::resume(config("warm"), RawBytes, status.watermark, record.keys());
+    let handle = FollowerTask::from_core(core, fresh.clone(), fresh.clone(), record.sink()).spawn();
+    wait_until(WAIT, "the delta arrives", || record.watermark() == last).await;
+    assert_eq!(
+        fresh.entries_read(),
+        22,
+        "a warm restart reads only what changed since its watermark"
+    );
+    assert_eq!(record.value("k3"), Some(b"w".to_vec()));
+    assert_eq!(record.value("k499"), None);
+    assert_eq!(record.len(), 500);
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_forces_a_resync_that_removes_vanished_keys() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "compact", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "compact").unwrap();
+    for k in ["a", "b", "c", "d"] {
+        bucket.put(k, b"1".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = FollowerTask::new(
+        config("compact"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        record.sink(),
+    )
+    .spawn();
+    wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+
+    // While the follower is away: a and b are deleted, c and d rewritten (history 1 drops
+    // their old revisions), then the delete markers purged (what purge-deletes does):
+    // nothing in the stream says a and b ever went away.
+    bucket.remove("a").await.unwrap();
+    bucket.remove("b").await.unwrap();
+    bucket.put("c", b"2".to_vec()).await.unwrap();
+    let d = bucket.put("d", b"2".to_vec()).await.unwrap();
+    store.stream.purge().filter("$KV.compact.a").await.unwrap();
+    store.stream.purge().filter("$KV.compact.b").await.unwrap();
+    assert!(
+        bucket.first_available().await.unwrap() > status.watermark + 1,
+        "the removals are gone from the stream"
+    );
+    match bucket.changes_since(status.watermark).await.unwrap() {
+        tidemark::Changes::Compacted { .. } => {}
+        other => panic!("changes since a compacted seq must say so, got {other:?}"),
+    }
+
+    let core = Follower::resume(config("compact"), RawBytes, status.watermark, record.keys());
+    let handle =
+        FollowerTask::from_core(core, bucket.clone(), bucket.clone(), record.sink()).spawn();
+    wait_until(WAIT, "the resync", || record.watermark() >= d).await;
+    let keys: Vec<String> = record.map().into_keys().collect();
+    assert_eq!(
+        keys,
+        ["c", "d"],
+        "keys the source no longer has are removed"
+    );
+    assert_eq!(
+        handle.status().counters.resyncs,
+        1,
+        "compaction was detected"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_bucket_is_retried_with_backoff_until_it_appears() {
+    let server = server().await;
+    let client = client(&server).await;
+    let bucket = KvBucket::new(client.clone(), "later").unwrap();
+    let record = Record::default();
+    let handle = FollowerTask::new(
+        config("later"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        record.sink(),
+    )
+    .spawn();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(record.ready().is_none(), "no bucket, no ready");
+    assert!(
+        !handle.is_finished(),
+        "a lookup failure is retried, not fatal"
+    );
+    let store = create_bucket(&client, "later", 1, 1).await;
+    store.put("k", Bytes::from_static(b"v")).await.unwrap();
+    wait_until(WAIT, "ready once the bucket exists", || record.len() == 1).await;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_source_passes_the_runtime_conformance_suite() {
+    use tidemark::conformance as c;
+    let server = server().await;
+    let client = client(&server).await;
+    let fresh = |name: &'static str| {
+        let client = client.clone();
+        async move {
+            create_bucket(&client, name, 1, 1).await;
+            KvBucket::new(client, name).unwrap()
+        }
+    };
+    c::source_seqs_increase(&fresh("c1").await).await;
+    c::source_get_returns_value_and_seq(&fresh("c2").await).await;
+    c::source_update_is_compare_and_set(&fresh("c3").await).await;
+    c::source_remove_absent_is_none(&fresh("c4").await).await;
+    c::source_changes_cover_removals(&fresh("c5").await).await;
+    c::source_changes_since_watermark_is_empty(&fresh("c6").await).await;
+    c::source_refuses_invalid_keys(&fresh("c7").await).await;
+}
