@@ -83,8 +83,3 @@ pub use restart::RestartPolicy;
 pub use rng::Rng;
 pub use schedule::Schedule;
 pub use time::Time;
-
-/// The README's Rust examples, compiled and run as doc tests so the README stays true.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
