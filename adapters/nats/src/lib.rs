@@ -5,6 +5,12 @@
 //!   watermark + 1 over an ephemeral push consumer they control, detect compaction from
 //!   the stream's first sequence, and become ready once the replay reaches the stream's
 //!   last message.
+//! - [`NatsEvents`]: the durable events stream (`Event` JSON on `<prefix>.<key>`):
+//!   [`Publish`](tidemark::Publish), [`Feed`](tidemark::Feed) and
+//!   [`Cursors`](tidemark::Cursors) kept as durable consumers' ack floors.
+//! - [`NatsWake`]: wake channels over core NATS subjects.
+//! - [`NatsQueue`]: maintenance jobs on a work-queue stream (lease = ack wait, nak with
+//!   delay, dead letter after the maximum attempts, keeping the last error).
 //! - [`NatsOptions`]: server URLs, credentials file, nkey, user/password, token, TLS (CA,
 //!   client certificate) and connection name, passed through to async-nats.
 //!
@@ -28,8 +34,14 @@
 
 mod consumer;
 mod error;
+mod events;
 mod kv;
 mod options;
+mod queue;
+mod wake;
 
+pub use events::{EventStream, NatsEvents};
 pub use kv::{KvBucket, KvStream};
 pub use options::{ConnectError, NatsOptions};
+pub use queue::NatsQueue;
+pub use wake::{NatsWake, NatsWakeListener};

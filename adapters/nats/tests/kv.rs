@@ -433,3 +433,63 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     c::source_changes_since_watermark_is_empty(&fresh("c6").await).await;
     c::source_refuses_invalid_keys(&fresh("c7").await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_r3_bucket_keeps_the_follower_converging_when_a_node_dies() {
+    let mut cluster = match tidemark_tests::NatsCluster::start(3).await {
+        Ok(c) => c,
+        Err(e) => panic!("a real nats-server is required for these tests: {e}"),
+    };
+    let client = cluster.connect().await.unwrap();
+    let store = create_bucket(&client, "replicated", 1, 3).await;
+    let mut js = async_nats::jetstream::new(client.clone());
+    js.set_timeout(Duration::from_secs(1));
+    let bucket = KvBucket::with_context(client.clone(), js, "replicated").unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..100u32 {
+        let v = format!("a{i}").into_bytes();
+        put_retry(&bucket, &format!("k{i}"), v.clone()).await;
+        model.insert(format!("k{i}"), v);
+    }
+    let record = Record::default();
+    let handle = FollowerTask::new(
+        config("replicated"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        record.sink(),
+    )
+    .spawn();
+    wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
+    // Kill the stream's leader: the worst node to lose.
+    let mut stream = store.stream.clone();
+    let leader = stream
+        .info()
+        .await
+        .ok()
+        .and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone()))
+        .and_then(|name| cluster.index_of(&name))
+        .unwrap_or(0);
+    cluster.kill9(leader).unwrap();
+    for i in 0..200u32 {
+        let key = format!("k{}", i % 150);
+        let v = format!("b{i}").into_bytes();
+        put_retry(&bucket, &key, v.clone()).await;
+        model.insert(key, v);
+    }
+    let last = retry(WAIT, || bucket.watermark()).await;
+    wait_until(
+        Duration::from_secs(60),
+        "convergence after losing a node",
+        || record.watermark() >= last,
+    )
+    .await;
+    let cache: BTreeMap<String, Vec<u8>> =
+        record.map().into_iter().map(|(k, (_, v))| (k, v)).collect();
+    assert_eq!(
+        cache, model,
+        "the follower converged on the surviving nodes"
+    );
+    record.assert_applied_once();
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
