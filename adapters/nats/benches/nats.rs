@@ -1,2 +1,239 @@
-//! Benchmarks of the NATS adapter (to come).
-fn main() {}
+//! Benchmarks of the NATS adapter against a bare async-nats loop, on the same server in
+//! the same run, printed as figures and ratios:
+//!
+//! - live follow rate vs a bare `watch_all` loop (target ≥ 90%);
+//! - initial sync of 100,000 keys vs a bare `watch_with_history` loop (target ≥ 90%) and
+//!   vs `keys()` + `get` (extrapolated from a sample);
+//! - write → applied latency p50/p99 over 8 followers vs 8 bare watches.
+//!
+//! `cargo bench -p tidemark-nats` runs it; `cargo test --benches` (no `--bench` flag)
+//! only checks that it builds and skips the heavy work.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use tidemark::tidemark_core::{FollowerConfig, RawBytes};
+use tidemark::{Change, spawn_cache};
+use tidemark_nats::KvBucket;
+use tidemark_tests::NatsServer;
+
+fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("tidemark-nats bench: skipped (run `cargo bench -p tidemark-nats`)");
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(run());
+}
+
+async fn fill(store: &kv::Store, n: u32, tag: &str) -> u64 {
+    let mut acks = futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            let v = Bytes::from(format!("{tag}-{i}-................................"));
+            async move { store.put(format!("k{i}"), v).await }
+        })
+        .buffer_unordered(512);
+    let mut last = 0;
+    while let Some(r) = acks.next().await {
+        last = last.max(r.expect("put"));
+    }
+    last
+}
+
+async fn bucket(js: &jetstream::Context, name: &str) -> kv::Store {
+    js.create_key_value(kv::Config {
+        bucket: name.into(),
+        history: 1,
+        ..Default::default()
+    })
+    .await
+    .expect("bucket")
+}
+
+fn config(name: &str) -> FollowerConfig {
+    FollowerConfig::builder(name).build().expect("config")
+}
+
+async fn run() {
+    let server = NatsServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("a real nats-server is required: {e}"));
+    let client = server.connect().await.expect("connect");
+    tidemark_tests::wait_jetstream_ready(&client)
+        .await
+        .expect("ready");
+    let js = jetstream::new(client.clone());
+    println!("nats-server {} on {}", server.bin().version(), server.url());
+
+    // ---- initial sync of 100,000 keys ----
+    let n = 100_000;
+    let store = bucket(&js, "sync").await;
+    let last = fill(&store, n, "v").await;
+    let t = Instant::now();
+    let mut watch = store.watch_with_history(">").await.expect("watch");
+    while let Some(e) = watch.next().await {
+        if e.expect("entry").revision >= last {
+            break;
+        }
+    }
+    let bare = t.elapsed();
+    drop(watch);
+    let b = KvBucket::new(client.clone(), "sync").unwrap();
+    // The adapter's feed alone, without the follower task and cache.
+    let t = Instant::now();
+    let mut feed = tidemark::Feed::open(&b, 1, None)
+        .await
+        .expect("open")
+        .stream;
+    let mut read = 0u32;
+    while read < n {
+        match tidemark::FeedStream::next(&mut feed).await {
+            Some(Ok(_)) => read += 1,
+            other => panic!("feed ended: {other:?}"),
+        }
+    }
+    let feed_only = t.elapsed();
+    drop(feed);
+    println!(
+        "  feed alone (no follower task, no cache): {:.0} keys/s ({feed_only:.2?}) -> {:.0}% of bare",
+        f64::from(n) / feed_only.as_secs_f64(),
+        100.0 * bare.as_secs_f64() / feed_only.as_secs_f64()
+    );
+    let t = Instant::now();
+    let (cache, h) = spawn_cache(config("sync"), RawBytes, b.clone(), b);
+    cache.wait_ready().await.expect("ready");
+    let ours = t.elapsed();
+    assert_eq!(cache.len(), n as usize);
+    h.stop();
+    let sample = 2_000u32;
+    let t = Instant::now();
+    for i in 0..sample {
+        store.get(format!("k{i}")).await.expect("get");
+    }
+    let per_get = t.elapsed() / sample;
+    let keys_get = per_get * n;
+    println!(
+        "initial sync of {n} keys: tidemark {:.0} keys/s ({ours:.2?}), bare watch_with_history {:.0} keys/s ({bare:.2?}) -> {:.0}% of bare (target >= 90%); keys()+get (extrapolated from {sample} gets) {:.0} keys/s ({keys_get:.2?}) -> tidemark is {:.0}x faster",
+        f64::from(n) / ours.as_secs_f64(),
+        f64::from(n) / bare.as_secs_f64(),
+        100.0 * bare.as_secs_f64() / ours.as_secs_f64(),
+        f64::from(n) / keys_get.as_secs_f64(),
+        keys_get.as_secs_f64() / ours.as_secs_f64(),
+    );
+
+    // ---- live follow rate ----
+    let live_n = 50_000;
+    let store = bucket(&js, "live_bare").await;
+    let mut watch = store.watch_all().await.expect("watch");
+    let t = Instant::now();
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move { fill(&store, live_n, "l").await })
+    };
+    let mut seen = 0;
+    while let Some(e) = watch.next().await {
+        e.expect("entry");
+        seen += 1;
+        if seen == live_n {
+            break;
+        }
+    }
+    let bare = t.elapsed();
+    writer.await.unwrap();
+    drop(watch);
+    let store = bucket(&js, "live_ours").await;
+    let b = KvBucket::new(client.clone(), "live_ours").unwrap();
+    let (cache, h) = spawn_cache(config("live"), RawBytes, b.clone(), b);
+    cache.wait_ready().await.expect("ready");
+    let t = Instant::now();
+    let last = fill(&store, live_n, "l").await;
+    while cache.watermark() < last {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let ours = t.elapsed();
+    h.stop();
+    println!(
+        "live follow of {live_n} pipelined puts: tidemark {:.0}/s ({ours:.2?}), bare watch_all {:.0}/s ({bare:.2?}) -> {:.0}% of bare (target >= 90%)",
+        f64::from(live_n) / ours.as_secs_f64(),
+        f64::from(live_n) / bare.as_secs_f64(),
+        100.0 * bare.as_secs_f64() / ours.as_secs_f64(),
+    );
+
+    // ---- write -> applied latency over 8 followers ----
+    let writes = 300;
+    let store = bucket(&js, "latency").await;
+    let b = KvBucket::new(client.clone(), "latency").unwrap();
+    let arrivals: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    let mut handles = Vec::new();
+    for f in 0..8 {
+        let (cache, h) = spawn_cache(config(&format!("lat{f}")), RawBytes, b.clone(), b.clone());
+        cache.wait_ready().await.expect("ready");
+        let mut changes = cache.subscribe();
+        let arrivals = Arc::clone(&arrivals);
+        tokio::spawn(async move {
+            while let Ok(c) = changes.recv().await {
+                if let Change::Put { seq, .. } = c {
+                    arrivals.lock().unwrap().push((seq, Instant::now()));
+                }
+            }
+        });
+        handles.push(h);
+    }
+    let mut bare_tasks = Vec::new();
+    let bare_arrivals: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
+    for _ in 0..8 {
+        let mut watch = store.watch_all().await.expect("watch");
+        let arrivals = Arc::clone(&bare_arrivals);
+        bare_tasks.push(tokio::spawn(async move {
+            while let Some(Ok(e)) = watch.next().await {
+                arrivals.lock().unwrap().push((e.revision, Instant::now()));
+            }
+        }));
+    }
+    let mut started = std::collections::HashMap::new();
+    for i in 0..writes {
+        let t0 = Instant::now();
+        let seq = store
+            .put(format!("k{}", i % 50), Bytes::from_static(b"x"))
+            .await
+            .unwrap();
+        started.insert(seq, t0);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pct = |arr: &Arc<Mutex<Vec<(u64, Instant)>>>| {
+        let mut lat: Vec<Duration> = arr
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(seq, at)| started.get(seq).map(|t0| at.duration_since(*t0)))
+            .collect();
+        lat.sort();
+        let p = |q: f64| {
+            lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+                .copied()
+                .unwrap_or_default()
+        };
+        (lat.len(), p(0.5), p(0.99))
+    };
+    let (n_ours, p50, p99) = pct(&arrivals);
+    let (n_bare, b50, b99) = pct(&bare_arrivals);
+    println!(
+        "write->applied latency, 8 followers x {writes} writes: tidemark p50 {p50:.2?} p99 {p99:.2?} ({n_ours} samples); bare watch_all p50 {b50:.2?} p99 {b99:.2?} ({n_bare} samples)"
+    );
+    for h in handles {
+        h.stop();
+    }
+    for t in bare_tasks {
+        t.abort();
+    }
+}
