@@ -164,8 +164,17 @@ pub(crate) fn check_header(path: &Path) -> Result<()> {
         n => u64::from(n),
     };
     let pages = u64::from(be32(28));
+    // A checkpoint copies pages from the WAL in page order, page 1 (with the new size)
+    // first, so a process killed mid-checkpoint leaves a file shorter than its header says
+    // while the WAL still holds every page: SQLite's recovery finishes the job. Only
+    // without a WAL is a short file really cut off.
+    let wal_holds_pages = {
+        let mut wal = path.as_os_str().to_owned();
+        wal.push("-wal");
+        std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0)
+    };
     // The in-header size is valid only when the change counter matches "version valid for".
-    if pages > 0 && be32(24) == be32(92) {
+    if pages > 0 && be32(24) == be32(92) && !wal_holds_pages {
         let expected = pages.saturating_mul(page_size);
         if len < expected {
             return Err(Error::Truncated {

@@ -27,7 +27,7 @@ fn spawn_child(mode: &str, path: &Path) -> Child {
         .env(CHILD_ENV, mode)
         .env("TIDEMARK_SQLITE_CHILD_DB", path)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn the child writer")
 }
