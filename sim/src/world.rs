@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Follower, FollowerConfig, Rng, Sync, Utf8};
+use tidemark::tidemark_core::{Event, Follower, FollowerConfig, Rng, Sync, Utf8};
 use tidemark::{AnnouncingRegistry, FollowerTask, NoFeed, Source, StopSignal};
 use tidemark_memory::{Mangle, Memory, MemoryQueue, Port};
 
@@ -182,9 +182,26 @@ async fn writer(i: usize, seed: u64, control: Arc<WriterControl>, trace: Trace) 
             } else {
                 format!("v{}", rng.next_u64() % 1_000_000).into_bytes()
             };
-            match registry.put(&key, value).await {
-                Ok(w) => trace.line(format!("writer-{i} put {key}@{} {:?}", w.seq, w.report)),
-                Err(e) => trace.line(format!("writer-{i} put failed: {e}")),
+            if rng.next_f64() < 0.15 {
+                // A mutation marker: commit, then announce only "key changed at seq"; readers
+                // of the announcements fetch the value from the source.
+                match registry.source().put(&key, value).await {
+                    Ok(seq) => {
+                        let report = registry
+                            .announce(&Event::Mutation {
+                                seq,
+                                key: key.clone(),
+                            })
+                            .await;
+                        trace.line(format!("writer-{i} marked {key}@{seq} {report:?}"));
+                    }
+                    Err(e) => trace.line(format!("writer-{i} put failed: {e}")),
+                }
+            } else {
+                match registry.put(&key, value).await {
+                    Ok(w) => trace.line(format!("writer-{i} put {key}@{} {:?}", w.seq, w.report)),
+                    Err(e) => trace.line(format!("writer-{i} put failed: {e}")),
+                }
             }
         }
     }
