@@ -52,7 +52,25 @@ pub struct WorkerInfo {
 #[derive(Debug)]
 struct Entry {
     info: Arc<Mutex<WorkerInfo>>,
+    /// The running follower's status, read when the worker is listed: it changes with
+    /// every batch, far too often to copy on each change.
+    live: Arc<Mutex<Option<watch::Receiver<Status>>>>,
     task: JoinHandle<()>,
+}
+
+impl Entry {
+    fn info(&self) -> WorkerInfo {
+        let mut info = lock(&self.info).clone();
+        if let WorkerPhase::Running(_) = info.phase
+            && let Some(status) = lock(&self.live).as_ref()
+        {
+            let s = status.borrow();
+            info.phase = WorkerPhase::Running(s.phase);
+            info.watermark = s.watermark;
+            info.counters = s.counters;
+        }
+        info
+    }
 }
 
 /// Runs a set of workers; lists them; shuts them down within a drain budget.
@@ -63,8 +81,9 @@ pub struct Supervisor {
     seed: u64,
 }
 
-fn lock(info: &Mutex<WorkerInfo>) -> std::sync::MutexGuard<'_, WorkerInfo> {
-    info.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves plain data behind: keep going.
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Supervisor {
@@ -111,6 +130,8 @@ impl Supervisor {
         let shutdown = self.shutdown.clone();
         let seed = self.seed ^ (self.workers.len() as u64).wrapping_mul(0x9E37_79B9);
         let task_info = Arc::clone(&info);
+        let live: Arc<Mutex<Option<watch::Receiver<Status>>>> = Arc::default();
+        let task_live = Arc::clone(&live);
         let worker_name = name.clone();
         let task = tokio::spawn(async move {
             let name = worker_name;
@@ -133,9 +154,17 @@ impl Supervisor {
                 )
                 .source_name(source_name);
                 let status = task.status();
+                *lock(&task_live) = Some(status.clone());
                 let mirror = mirror_status(status, Arc::clone(&task_info));
                 let result = task.run(shutdown.signal()).await;
                 mirror.abort();
+                if let Some(status) = lock(&task_live).take() {
+                    // Keep the last figures of the run that ended.
+                    let s = status.borrow();
+                    let mut i = lock(&task_info);
+                    i.watermark = s.watermark;
+                    i.counters = s.counters;
+                }
                 if shutdown.is_triggered() {
                     let mut i = lock(&task_info);
                     i.phase = WorkerPhase::Stopped;
@@ -171,23 +200,20 @@ impl Supervisor {
                 }
             }
         });
-        self.workers.insert(name, Entry { info, task });
+        self.workers.insert(name, Entry { info, live, task });
         Ok(())
     }
 
     /// Every worker, in name order.
     #[must_use]
     pub fn list(&self) -> Vec<WorkerInfo> {
-        self.workers
-            .values()
-            .map(|e| lock(&e.info).clone())
-            .collect()
+        self.workers.values().map(Entry::info).collect()
     }
 
     /// One worker.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<WorkerInfo> {
-        self.workers.get(name).map(|e| lock(&e.info).clone())
+        self.workers.get(name).map(Entry::info)
     }
 
     /// Stops every worker, letting each drain within `budget`; workers still running
@@ -205,7 +231,7 @@ impl Supervisor {
                 entry.task.abort();
                 late.push(name);
             }
-            infos.push(lock(&entry.info).clone());
+            infos.push(entry.info());
         }
         if late.is_empty() {
             info!(workers = infos.len(), "supervisor shut down");

@@ -232,3 +232,40 @@ async fn a_worker_slower_than_the_budget_is_aborted_and_named() {
         other => panic!("a drain over budget must be reported, got {other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_listing_shows_a_live_workers_current_watermark_and_counters() {
+    let m = Memory::new();
+    let log = Log::default();
+    let mut sup = Supervisor::new(1);
+    sup.spawn(
+        Mirror {
+            log: log.clone(),
+            fail_on: None,
+        },
+        m.source.clone(),
+        m.source.clone(),
+        RestartPolicy::Never,
+    )
+    .unwrap();
+    until("the worker is live", || {
+        matches!(
+            sup.get("mirror").unwrap().phase,
+            tidemark::WorkerPhase::Running(tidemark::tidemark_core::Phase::Live)
+        )
+    })
+    .await;
+    for i in 0..5u8 {
+        m.source
+            .put(&format!("k{i}"), vec![b'0' + i])
+            .await
+            .unwrap();
+    }
+    until("every put is dispatched", || log.lines().len() == 5).await;
+    let info = sup.get("mirror").unwrap();
+    assert_eq!(
+        (info.watermark, info.counters.applied),
+        (5, 5),
+        "an operator must see how far a live worker is, not where it was when its phase last changed"
+    );
+}
