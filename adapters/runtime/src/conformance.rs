@@ -2,11 +2,13 @@
 //! proves the same semantics with the same code. An adapter's tests instantiate each body
 //! with a fresh port:
 //!
-//! ```ignore
+//! ```
+//! # use tidemark_memory::MemorySource;
 //! #[tokio::test(start_paused = true)]
 //! async fn source_changes_cover_removals() {
 //!     tidemark::conformance::source_changes_cover_removals(&MemorySource::default()).await;
 //! }
+//! # fn main() {}
 //! ```
 //!
 //! Bodies panic (with a message saying why the behaviour matters) on a violation. Bodies
