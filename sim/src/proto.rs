@@ -195,14 +195,76 @@ pub async fn write<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Re
     stream.flush().await
 }
 
-/// Reads one frame, giving up after [`READ_TIMEOUT`].
-pub async fn read<T: for<'de> Deserialize<'de>>(stream: &mut TcpStream) -> std::io::Result<T> {
-    match tokio::time::timeout(READ_TIMEOUT, read_untimed(stream)).await {
-        Ok(r) => r,
-        Err(_) => Err(std::io::Error::new(
-            std::io::ErrorKind::TimedOut,
-            "no frame within the read timeout",
-        )),
+/// Reads frames from a stream, cancel-safely: bytes read before a caller gave up (a
+/// `select!` took another branch) stay buffered for the next call, so the stream never
+/// loses its place in the framing.
+#[derive(Debug)]
+pub struct FrameReader {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl FrameReader {
+    /// Reads frames from `stream`.
+    #[must_use]
+    pub fn new(stream: TcpStream) -> Self {
+        FrameReader {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The stream, for writing.
+    pub fn stream(&mut self) -> &mut TcpStream {
+        &mut self.stream
+    }
+
+    /// Reads one frame, giving up after [`READ_TIMEOUT`] without a byte.
+    pub async fn read<T: for<'de> Deserialize<'de>>(&mut self) -> std::io::Result<T> {
+        loop {
+            if let Some(frame) = self.take_frame()? {
+                return serde_json::from_slice(&frame)
+                    .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e));
+            }
+            let mut chunk = [0u8; 8192];
+            // A single `read` is cancel-safe: either it returned bytes (kept) or nothing.
+            let n = match tokio::time::timeout(READ_TIMEOUT, self.stream.read(&mut chunk)).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no frame within the read timeout",
+                    ));
+                }
+            };
+            if n == 0 {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "connection closed",
+                ));
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    fn take_frame(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        let Some(len) = self.buf.get(..4) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        if len > MAX_FRAME {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "frame too large",
+            ));
+        }
+        let end = 4 + len as usize;
+        if self.buf.len() < end {
+            return Ok(None);
+        }
+        let frame = self.buf[4..end].to_vec();
+        self.buf.drain(..end);
+        Ok(Some(frame))
     }
 }
 

@@ -10,7 +10,7 @@ use tidemark::{
 };
 use turmoil::net::TcpStream;
 
-use crate::proto::{self, Request, Response};
+use crate::proto::{self, FrameReader, Request, Response};
 use crate::server::PORT;
 
 /// How long connecting may take before the link counts as down.
@@ -47,14 +47,11 @@ impl Remote {
     }
 
     async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
-        let mut stream = self.connect(port).await?;
-        proto::write(&mut stream, &request)
+        let mut frames = FrameReader::new(self.connect(port).await?);
+        proto::write(frames.stream(), &request)
             .await
             .map_err(|e| unavailable(port, e))?;
-        match proto::read(&mut stream)
-            .await
-            .map_err(|e| unavailable(port, e))?
-        {
+        match frames.read().await.map_err(|e| unavailable(port, e))? {
             Response::Failed(reason) => Err(Error::unavailable(port, reason)),
             other => Ok(other),
         }
@@ -178,7 +175,7 @@ impl Source for Remote {
 /// The source's change log, streamed from the source host.
 #[derive(Debug)]
 pub struct RemoteStream {
-    stream: TcpStream,
+    frames: FrameReader,
     done: bool,
 }
 
@@ -188,7 +185,7 @@ impl FeedStream for RemoteStream {
             if self.done {
                 return None;
             }
-            match proto::read::<Response>(&mut self.stream).await {
+            match self.frames.read::<Response>().await {
                 Ok(Response::Heartbeat) => {}
                 Ok(Response::Item(e)) => return Some(Ok(FeedItem::Entry(e.into()))),
                 Ok(Response::Undecodable {
@@ -225,18 +222,19 @@ impl FeedStream for RemoteStream {
 
 impl Remote {
     async fn open_stream(&self, request: Request) -> Result<Opened<RemoteStream>> {
-        let mut stream = self.connect("feed").await?;
-        proto::write(&mut stream, &request)
+        let mut frames = FrameReader::new(self.connect("feed").await?);
+        proto::write(frames.stream(), &request)
             .await
             .map_err(|e| unavailable("feed", e))?;
-        match proto::read::<Response>(&mut stream)
+        match frames
+            .read::<Response>()
             .await
             .map_err(|e| unavailable("feed", e))?
         {
             Response::FeedOpened(info) => Ok(Opened {
                 info: FeedInfo::from(info),
                 stream: RemoteStream {
-                    stream,
+                    frames,
                     done: false,
                 },
             }),
@@ -292,13 +290,13 @@ impl Publish for Remote {
 /// A wake subscription streamed from the source host.
 #[derive(Debug)]
 pub struct RemoteListener {
-    stream: TcpStream,
+    frames: FrameReader,
 }
 
 impl WakeListener for RemoteListener {
     async fn recv(&mut self) -> Result<Received> {
         loop {
-            match proto::read::<Response>(&mut self.stream).await {
+            match self.frames.read::<Response>().await {
                 Ok(Response::Heartbeat) => {}
                 Ok(Response::Wake(payload)) => return Ok(Received::Wake(payload)),
                 Ok(Response::End) => return Ok(Received::Closed),
@@ -330,20 +328,21 @@ impl Wake for Remote {
     }
 
     async fn listen(&self, channel: &str) -> Result<RemoteListener> {
-        let mut stream = self.connect("listen").await?;
+        let mut frames = FrameReader::new(self.connect("listen").await?);
         proto::write(
-            &mut stream,
+            frames.stream(),
             &Request::Listen {
                 channel: channel.to_owned(),
             },
         )
         .await
         .map_err(|e| unavailable("listen", e))?;
-        match proto::read::<Response>(&mut stream)
+        match frames
+            .read::<Response>()
             .await
             .map_err(|e| unavailable("listen", e))?
         {
-            Response::Ok => Ok(RemoteListener { stream }),
+            Response::Ok => Ok(RemoteListener { frames }),
             Response::Failed(reason) => Err(Error::unavailable("listen", reason)),
             r => Err(unexpected("listen", &r)),
         }

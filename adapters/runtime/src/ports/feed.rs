@@ -37,6 +37,10 @@ pub struct Opened<S> {
 /// the follower reopens it from its watermark + 1.
 pub trait FeedStream: Send {
     /// The next item, waiting for one if the feed is caught up.
+    ///
+    /// Must be cancel-safe: the follower task selects over it together with wakes, timers
+    /// and stop, and drops it when another branch wins. A dropped call must lose no item
+    /// (buffer what was read, like `tokio::io::AsyncReadExt::read` or an mpsc receiver).
     fn next(&mut self) -> impl Future<Output = Option<Result<FeedItem>>> + Send;
 }
 

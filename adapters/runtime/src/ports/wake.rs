@@ -20,6 +20,9 @@ pub enum Received {
 pub trait WakeListener: Send {
     /// The next wake, waiting as long as it takes; [`Received::Closed`] when the wake
     /// source closes. Never [`Received::TimedOut`].
+    ///
+    /// Must be cancel-safe: the follower task drops it whenever a feed item, a timer or
+    /// stop comes first.
     fn recv(&mut self) -> impl Future<Output = Result<Received>> + Send;
 
     /// The next wake, or [`Received::TimedOut`] after `timeout` (tokio time, so paused
