@@ -213,32 +213,40 @@ where
                     return Err(e);
                 }
                 Event::Feed((token, item)) => {
-                    let input = match item {
-                        Some(Ok(FeedItem::Entry(entry))) => Input::Entry { token, entry },
-                        Some(Ok(FeedItem::Undecodable {
-                            position,
-                            seq,
-                            reason,
-                        })) => Input::Undecodable {
-                            token,
-                            position,
-                            seq,
-                            reason,
-                        },
-                        Some(Err(e)) => Input::FeedFailed {
-                            token,
-                            error: e.to_string(),
-                        },
-                        None => Input::FeedEnded { token },
-                    };
-                    self.core.handle_input(input, now);
+                    // Items already waiting are taken in a batch: one turn of the select
+                    // and one status update for up to FEED_BATCH items, not one each.
+                    let mut next = Some(item);
+                    let mut taken = 0;
+                    while let Some(item) = next.take() {
+                        let more = matches!(item, Some(Ok(_)));
+                        self.core
+                            .handle_input(feed_input(token, item), self.clock.now());
+                        taken += 1;
+                        if !more || taken == FEED_BATCH {
+                            break;
+                        }
+                        // Carry out this item's decisions before reading the next one.
+                        self.perform_outputs().await?;
+                        next = match &mut self.stream {
+                            Some((t, s)) if *t == token => poll_now(s.next()),
+                            _ => None,
+                        };
+                    }
                 }
             }
         }
     }
 
-    /// Carries out every decision the core has, in order, feeding results back.
+    /// Carries out every decision the core has, then publishes the watermark and status.
     async fn perform(&mut self) -> Result<()> {
+        self.perform_outputs().await?;
+        self.sink.watermark(self.core.watermark());
+        self.publish_status();
+        Ok(())
+    }
+
+    /// Carries out every decision the core has, in order, feeding results back.
+    async fn perform_outputs(&mut self) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
             let now = self.clock.now();
             match output {
@@ -345,8 +353,6 @@ where
                 _ => {}
             }
         }
-        self.sink.watermark(self.core.watermark());
-        self.publish_status();
         Ok(())
     }
 
@@ -504,6 +510,41 @@ enum Event {
     Timeout,
     Wake(Result<Received>),
     Feed((Token, Option<Result<FeedItem>>)),
+}
+
+/// How many waiting feed items one turn of the task takes at most.
+const FEED_BATCH: usize = 256;
+
+fn feed_input(token: Token, item: Option<Result<FeedItem>>) -> Input {
+    match item {
+        Some(Ok(FeedItem::Entry(entry))) => Input::Entry { token, entry },
+        Some(Ok(FeedItem::Undecodable {
+            position,
+            seq,
+            reason,
+        })) => Input::Undecodable {
+            token,
+            position,
+            seq,
+            reason,
+        },
+        Some(Err(e)) => Input::FeedFailed {
+            token,
+            error: e.to_string(),
+        },
+        None => Input::FeedEnded { token },
+    }
+}
+
+/// Polls `fut` once: its output if it is ready now, else `None` (and it is dropped, which
+/// the cancel-safety of feed reads allows).
+fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
