@@ -8,6 +8,7 @@ use crate::backoff::Backoff;
 use crate::config::{FollowerConfig, Sync};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
+use crate::limits::KeyProblem;
 use crate::rng::Rng;
 use crate::time::Time;
 
@@ -982,27 +983,20 @@ impl<D: Decode> Follower<D> {
 
     fn invalid(&mut self, seq: u64, key: String, reason: InvalidReason) {
         self.counters.invalid += 1;
-        let mut key = key;
-        if key.len() > 128 {
-            let mut cut = 128;
-            while !key.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            key.truncate(cut);
-        }
+        let key = if key.len() > 128 {
+            crate::limits::shorten(&key, 128)
+        } else {
+            key
+        };
         self.diag(Diagnostic::InvalidEntry { seq, key, reason });
     }
 
     fn check_key(&self, key: &str) -> Result<(), InvalidReason> {
-        if key.is_empty() {
-            Err(InvalidReason::EmptyKey)
-        } else if key.len() > self.config.max_key_bytes {
-            Err(InvalidReason::KeyTooLong { len: key.len() })
-        } else if key.bytes().any(|b| b.is_ascii_control()) {
-            Err(InvalidReason::ControlCharacterInKey)
-        } else {
-            Ok(())
-        }
+        crate::limits::check_key(key, self.config.max_key_bytes).map_err(|p| match p {
+            KeyProblem::Empty => InvalidReason::EmptyKey,
+            KeyProblem::TooLong { len } => InvalidReason::KeyTooLong { len },
+            KeyProblem::ControlCharacter => InvalidReason::ControlCharacterInKey,
+        })
     }
 
     fn on_entry(&mut self, entry: Entry) {

@@ -62,6 +62,7 @@ mod event;
 mod follower;
 pub mod fuzzing;
 mod job;
+mod limits;
 mod restart;
 mod rng;
 mod schedule;
@@ -79,6 +80,7 @@ pub use follower::{
     Phase, Status, Token,
 };
 pub use job::{Job, JobId};
+pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use restart::RestartPolicy;
 pub use rng::Rng;
 pub use schedule::Schedule;

@@ -7,15 +7,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
+    check_key, check_value,
 };
 
 use crate::faults::{Faults, Port};
 use crate::signal::Signal;
 
-/// Keys longer than this are refused.
-pub const MAX_KEY_BYTES: usize = 1024;
-/// Values larger than this are refused.
-pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 /// How many log entries a feed copies per lock of the source.
 const READ_BATCH: usize = 1024;
 
@@ -52,37 +50,6 @@ impl Default for MemorySource {
     fn default() -> Self {
         MemorySource::new(Faults::new())
     }
-}
-
-fn check_key(key: &str) -> Result<()> {
-    let reason = if key.is_empty() {
-        "empty"
-    } else if key.len() > MAX_KEY_BYTES {
-        "longer than 1024 bytes"
-    } else if key.bytes().any(|b| b.is_ascii_control()) {
-        "contains a control character"
-    } else {
-        return Ok(());
-    };
-    let mut shown = key.to_owned();
-    if shown.len() > 64 {
-        let mut cut = 64;
-        while !shown.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        shown.truncate(cut);
-    }
-    Err(Error::InvalidKey { key: shown, reason })
-}
-
-fn check_value(value: &[u8]) -> Result<()> {
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(Error::ValueTooLarge {
-            len: value.len(),
-            max: MAX_VALUE_BYTES,
-        });
-    }
-    Ok(())
 }
 
 impl MemorySource {

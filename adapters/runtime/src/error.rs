@@ -90,5 +90,27 @@ impl Error {
     }
 }
 
+/// Refuses a key no tidemark source stores (empty, longer than
+/// [`MAX_KEY_BYTES`](tidemark_core::MAX_KEY_BYTES), control characters) with
+/// [`Error::InvalidKey`]: the one rule every adapter applies.
+pub fn check_key(key: &str) -> Result<()> {
+    tidemark_core::check_key(key, tidemark_core::MAX_KEY_BYTES).map_err(|p| Error::InvalidKey {
+        key: tidemark_core::shorten(key, 64),
+        reason: p.describe(),
+    })
+}
+
+/// Refuses a value larger than [`MAX_VALUE_BYTES`](tidemark_core::MAX_VALUE_BYTES) with
+/// [`Error::ValueTooLarge`].
+pub fn check_value(value: &[u8]) -> Result<()> {
+    if value.len() > tidemark_core::MAX_VALUE_BYTES {
+        return Err(Error::ValueTooLarge {
+            len: value.len(),
+            max: tidemark_core::MAX_VALUE_BYTES,
+        });
+    }
+    Ok(())
+}
+
 /// The runtime's result.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -52,7 +52,7 @@ mod worker;
 pub use announce::{AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
-pub use error::{Error, Result};
+pub use error::{Error, Result, check_key, check_value};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;

@@ -8,16 +8,14 @@ use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, 
 use tidemark::tidemark_core::{AnnouncePlan, Continuity, Entry, Event, FeedInfo, Legs};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
+    check_key, check_value,
 };
 use tokio::sync::watch;
 
 use crate::db::{SqliteDb, to_i64, to_u64};
 use crate::error::unavailable;
 
-/// Keys longer than this are refused.
-pub const MAX_KEY_BYTES: usize = 1024;
-/// Values larger than this are refused.
-pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 /// Change-log rows a feed reads per query.
 const READ_BATCH: i64 = 1024;
 
@@ -51,37 +49,6 @@ pub struct Compaction {
 pub struct SqliteSource {
     db: SqliteDb,
     announce: Option<Legs>,
-}
-
-fn check_key(key: &str) -> Result<()> {
-    let reason = if key.is_empty() {
-        "empty"
-    } else if key.len() > MAX_KEY_BYTES {
-        "longer than 1024 bytes"
-    } else if key.bytes().any(|b| b.is_ascii_control()) {
-        "contains a control character"
-    } else {
-        return Ok(());
-    };
-    let mut shown = key.to_owned();
-    if shown.len() > 64 {
-        let mut cut = 64;
-        while !shown.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        shown.truncate(cut);
-    }
-    Err(Error::InvalidKey { key: shown, reason })
-}
-
-fn check_value(value: &[u8]) -> Result<()> {
-    if value.len() > MAX_VALUE_BYTES {
-        return Err(Error::ValueTooLarge {
-            len: value.len(),
-            max: MAX_VALUE_BYTES,
-        });
-    }
-    Ok(())
 }
 
 fn check_write(w: &Write) -> Result<()> {

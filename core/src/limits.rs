@@ -1,0 +1,80 @@
+//! Limits on keys and values: one rule for the follower and every source.
+
+/// The longest key accepted by default, in bytes.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// The largest value accepted by default, in bytes (8 MiB).
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Why a key is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyProblem {
+    /// The key is empty.
+    Empty,
+    /// The key is longer than the limit.
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The key contains an ASCII control character.
+    ControlCharacter,
+}
+
+impl KeyProblem {
+    /// A short description for an error message.
+    #[must_use]
+    pub fn describe(self) -> &'static str {
+        match self {
+            KeyProblem::Empty => "empty",
+            KeyProblem::TooLong { .. } => "longer than the key limit",
+            KeyProblem::ControlCharacter => "contains a control character",
+        }
+    }
+}
+
+/// Checks `key` against the rules every tidemark source and follower applies: not empty,
+/// at most `max_bytes` long, no ASCII control characters.
+pub fn check_key(key: &str, max_bytes: usize) -> Result<(), KeyProblem> {
+    if key.is_empty() {
+        Err(KeyProblem::Empty)
+    } else if key.len() > max_bytes {
+        Err(KeyProblem::TooLong { len: key.len() })
+    } else if key.bytes().any(|b| b.is_ascii_control()) {
+        Err(KeyProblem::ControlCharacter)
+    } else {
+        Ok(())
+    }
+}
+
+/// `key` cut to at most `max` bytes on a character boundary, for logs and errors.
+#[must_use]
+pub fn shorten(key: &str, max: usize) -> String {
+    let mut cut = key.len().min(max);
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    key[..cut].to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_checked_by_one_rule() {
+        assert_eq!(check_key("pkg/a", 8), Ok(()));
+        assert_eq!(check_key("", 8), Err(KeyProblem::Empty));
+        assert_eq!(
+            check_key("123456789", 8),
+            Err(KeyProblem::TooLong { len: 9 })
+        );
+        assert_eq!(check_key("a\tb", 8), Err(KeyProblem::ControlCharacter));
+    }
+
+    #[test]
+    fn shortening_respects_character_boundaries() {
+        assert_eq!(shorten("ééé", 3), "é");
+        assert_eq!(shorten("abc", 64), "abc");
+    }
+}
