@@ -56,6 +56,12 @@ pub(crate) struct PushReader {
     connects: u64,
     idle_limit: Duration,
     since_traffic: Duration,
+    /// One timer for the whole subscription, checked every TICK: arming a fresh timeout
+    /// for every message cost a timer registration per entry on the initial sync's hot
+    /// path.
+    tick: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// Whether anything arrived since the tick last fired.
+    traffic: bool,
 }
 
 impl std::fmt::Debug for PushReader {
@@ -117,6 +123,8 @@ impl PushReader {
             connects,
             idle_limit: HEARTBEAT * 3,
             since_traffic: Duration::ZERO,
+            tick: Box::pin(tokio::time::sleep(TICK)),
+            traffic: false,
         })
     }
 
@@ -127,11 +135,21 @@ impl PushReader {
             if let Err(e) = self.check_connection(port) {
                 return Some(Err(e));
             }
-            let message = match tokio::time::timeout(TICK, self.subscriber.next()).await {
-                Ok(Some(message)) => message,
-                Ok(None) => return None,
-                Err(_) => {
-                    self.since_traffic += TICK;
+            let next = tokio::select! {
+                biased;
+                message = self.subscriber.next() => Some(message),
+                () = self.tick.as_mut() => None,
+            };
+            let message = match next {
+                Some(Some(message)) => message,
+                Some(None) => return None,
+                None => {
+                    self.tick.as_mut().reset(tokio::time::Instant::now() + TICK);
+                    if std::mem::take(&mut self.traffic) {
+                        self.since_traffic = Duration::ZERO;
+                    } else {
+                        self.since_traffic += TICK;
+                    }
                     if let Err(e) = self.check_connection(port) {
                         return Some(Err(e));
                     }
@@ -144,6 +162,7 @@ impl PushReader {
                     continue;
                 }
             };
+            self.traffic = true;
             self.since_traffic = Duration::ZERO;
             match message.status {
                 Some(StatusCode::IDLE_HEARTBEAT) => {
