@@ -493,3 +493,58 @@ async fn an_r3_bucket_keeps_the_follower_converging_when_a_node_dies() {
     record.assert_applied_once();
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A feed that keeps failing (the server is gone) is reopened on a growing backoff, not in
+/// a storm, and once the server is back the follower converges with one consumer on the
+/// stream: failed attempts leave none behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_that_keeps_failing_backs_off_and_leaves_no_consumers_behind() {
+    let mut server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "storm", 1, 1).await;
+    store.put("k0", Bytes::from_static(b"v")).await.unwrap();
+    let bucket = KvBucket::new(client.clone(), "storm").unwrap();
+    let (cache, handle) = spawn_cache(config("storm"), Utf8, bucket.clone(), bucket.clone());
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    let before = handle.status().counters.reopens;
+
+    server.kill9().unwrap();
+    // A reopen waits for async-nats' JetStream request timeout while the server is away,
+    // so attempts are few either way; what must not happen is a tight loop.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let attempts = handle.status().counters.reopens - before;
+    assert!(
+        (1..=20).contains(&attempts),
+        "6 s without a server must give a handful of reopen attempts (backoff 20 ms x2, \
+         capped at 500 ms), not a storm: {attempts}"
+    );
+
+    server.restart().await.unwrap();
+    let writer = client.clone();
+    retry(WAIT, || {
+        let js = async_nats::jetstream::new(writer.clone());
+        async move {
+            let store = js.get_key_value("storm").await?;
+            store
+                .put("k1", Bytes::from_static(b"w"))
+                .await
+                .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+        }
+    })
+    .await;
+    wait_until(WAIT, "the follower converges after the outage", || {
+        cache.get("k1").as_deref() == Some("w")
+    })
+    .await;
+    let js = async_nats::jetstream::new(client.clone());
+    let mut stream = js.get_stream("KV_storm").await.unwrap();
+    let consumers = stream.info().await.unwrap().state.consumer_count;
+    assert_eq!(
+        consumers, 1,
+        "only the live feed's consumer may exist; failed attempts must not pile up"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}

@@ -239,6 +239,9 @@ where
 
     /// Carries out every decision the core has, then publishes the watermark and status.
     async fn perform(&mut self) -> Result<()> {
+        // Published first too: an output can wait long (a reopen while the server is
+        // away), and an operator should see the attempt, not the state before it.
+        self.publish_status();
         self.perform_outputs().await?;
         self.sink.watermark(self.core.watermark());
         self.publish_status();
