@@ -16,3 +16,9 @@ pub use nats_server::{
     HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin, NatsServerOptions,
     NatsVersion, PROVISION_HINT, wait_jetstream_ready,
 };
+
+/// The README's Rust examples, compiled (and, where they need no server, run) as doc tests
+/// of this crate, which can reach every adapter, so the README stays true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -62,8 +62,3 @@ pub use sink::Sink;
 pub use supervisor::{Supervisor, WorkerInfo, WorkerPhase};
 pub use tidemark_core;
 pub use worker::{ValueOf, Worker, WorkerSink};
-
-/// The README's Rust examples, compiled and run as doc tests so the README stays true.
-#[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
-pub struct ReadmeDoctests;
