@@ -1,7 +1,6 @@
 //! The follower: decides how a cache stays converged with its source.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, DefaultHasher};
 use std::time::Duration;
 
 use crate::backoff::Backoff;
@@ -12,12 +11,14 @@ use crate::limits::KeyProblem;
 use crate::rng::Rng;
 use crate::time::Time;
 
-// `DefaultHasher::new()` has fixed keys: the same on every run, unlike `RandomState`, which
-// reads OS randomness. Nothing iterates this map into an output without sorting first.
 /// Entries buffered while a marker's fetch is outstanding, at most.
 const MAX_HELD: usize = 4096;
 
-type Index = HashMap<String, u64, BuildHasherDefault<DefaultHasher>>;
+// The key index is hashed with foldhash seeded from the follower's configured seed: the
+// same on every run (std's `RandomState` reads OS randomness), keyed per follower, and a
+// fraction of SipHash's cost on the sync hot path. Nothing iterates it into an output
+// without sorting first.
+type Index = HashMap<String, u64, foldhash::fast::FixedState>;
 
 /// Ties a result to the request that asked for it. Results carrying an old token (a feed
 /// that was since closed, a request that was since retried) are ignored and counted.
@@ -483,6 +484,8 @@ impl<D: Decode> Follower<D> {
         watermark: u64,
         keys: impl IntoIterator<Item = (String, u64)>,
     ) -> Self {
+        let mut index = Index::with_hasher(foldhash::fast::FixedState::with_seed(config.seed));
+        index.extend(keys);
         let mut f = Follower {
             rng: Rng::new(config.seed),
             lookup_backoff: Backoff::new(config.lookup_backoff),
@@ -491,7 +494,7 @@ impl<D: Decode> Follower<D> {
             config,
             decoder,
             watermark,
-            index: keys.into_iter().collect(),
+            index,
             tombstones: BTreeMap::new(),
             ready: false,
             found: false,
@@ -1090,20 +1093,27 @@ impl<D: Decode> Follower<D> {
                     self.invalid(seq, key, InvalidReason::ValueTooLarge { len: value.len() });
                     return (0, 0);
                 }
-                if self.newer_in_cache(&key, seq) {
+                if !self.tombstones.is_empty() && self.tombstones.get(key.as_str()) >= Some(&seq) {
+                    self.counters.stale += 1;
+                    return (0, 0);
+                }
+                // One hash lookup for a key the cache holds, one more to insert a new one:
+                // this is the hot path of every sync.
+                let held = self.index.get_mut(key.as_str());
+                if held.as_deref().is_some_and(|&have| have >= seq) {
                     self.counters.stale += 1;
                     return (0, 0);
                 }
                 match self.decoder.decode(&key, value) {
                     Ok(value) => {
-                        if !self.tombstones.is_empty() {
-                            self.tombstones.remove(key.as_str());
-                        }
-                        match self.index.get_mut(key.as_str()) {
+                        match held {
                             Some(have) => *have = seq,
                             None => {
                                 self.index.insert(key.clone(), seq);
                             }
+                        }
+                        if !self.tombstones.is_empty() {
+                            self.tombstones.remove(key.as_str());
                         }
                         self.counters.applied += 1;
                         self.out.push_back(Output::Put { key, seq, value });

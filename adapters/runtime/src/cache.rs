@@ -203,15 +203,15 @@ impl<V> CacheWriter<V> {
 
 impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
-        let subscribed = self.shared.changes.receiver_count() > 0;
-        let announced = subscribed.then(|| key.clone());
+        // receiver_count takes the channel's lock: ask once per put, not twice.
+        let announced = (self.shared.changes.receiver_count() > 0).then(|| key.clone());
         self.shared
             .map
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(key, (seq, value));
         if let Some(key) = announced {
-            self.announce(|| Change::Put { key, seq });
+            let _ = self.shared.changes.send(Change::Put { key, seq });
         }
         Ok(())
     }

@@ -251,7 +251,6 @@ where
     /// Carries out every decision the core has, in order, feeding results back.
     async fn perform_outputs(&mut self) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
-            let now = self.clock.now();
             match output {
                 Output::LookupSource { token } => {
                     let input = match self.source.watermark().await {
@@ -261,7 +260,7 @@ where
                             error: e.to_string(),
                         },
                     };
-                    self.core.handle_input(input, now);
+                    self.core.handle_input(input, self.clock.now());
                 }
                 Output::OpenFeed {
                     token,
