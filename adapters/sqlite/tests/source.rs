@@ -218,3 +218,55 @@ async fn data_survives_reopening_the_file() {
     assert_eq!(db.source().watermark().await.unwrap(), 1);
     assert_eq!(db.source().get("a").await.unwrap().unwrap().seq, 1);
 }
+
+/// A row whose key is not UTF-8 (written by a foreign process straight into the file) is
+/// a counted skip on the feed and a logged skip in changes and snapshots: it never wedges
+/// a follower, and the valid rows around it still arrive.
+#[tokio::test]
+async fn a_row_with_a_key_that_is_not_utf8_is_skipped_not_a_wedge() {
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             INSERT INTO registry (key, value, seq, deleted) VALUES (X'FFFE', X'00', 2, 0);
+             INSERT INTO changelog (seq, key, deleted, value) VALUES (2, X'FFFE', 0, X'00');
+             UPDATE tidemark_meta SET value = 2 WHERE name = 'watermark';
+             COMMIT;",
+        )
+        .unwrap();
+    }
+    src.put("b", b"3".to_vec()).await.unwrap();
+
+    let mut feed = Feed::open(&src, 1, None).await.unwrap().stream;
+    let mut items = Vec::new();
+    for _ in 0..3 {
+        let item = tokio::time::timeout(Duration::from_secs(5), feed.next())
+            .await
+            .expect("the feed must not stall on a bad row")
+            .unwrap()
+            .unwrap();
+        items.push(item);
+    }
+    assert!(matches!(&items[0], FeedItem::Entry(e) if e.key == "a"));
+    assert!(
+        matches!(&items[1], FeedItem::Undecodable { seq: Some(2), .. }),
+        "the bad row is delivered as undecodable, with its seq so a follower moves past it: {:?}",
+        items[1]
+    );
+    assert!(matches!(&items[2], FeedItem::Entry(e) if e.key == "b" && e.seq == 3));
+
+    let Changes::Since { entries, watermark } = src.changes_since(0).await.unwrap() else {
+        panic!("nothing was compacted");
+    };
+    let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+    assert_eq!(
+        (keys, watermark),
+        (vec!["a", "b"], 3),
+        "reconcile skips it and still reaches the watermark"
+    );
+    let snapshot = src.snapshot().await.unwrap();
+    assert_eq!(snapshot.entries.len(), 2);
+}
