@@ -879,11 +879,15 @@ impl<D: Decode> Follower<D> {
             .is_some_and(|f| f.token == token && (!opened || f.info.is_some()))
     }
 
+    /// Whether a jump past watermark+1 is a gap: on a gapless feed, and only where feed
+    /// entries move the watermark (announcements do not, so every jump would look like one).
     fn gapless(&self) -> bool {
-        self.feed
-            .as_ref()
-            .and_then(|f| f.info)
-            .is_some_and(|i| i.continuity == Continuity::Gapless)
+        self.config.sync == Sync::Feed
+            && self
+                .feed
+                .as_ref()
+                .and_then(|f| f.info)
+                .is_some_and(|i| i.continuity == Continuity::Gapless)
     }
 
     fn drop_feed(&mut self) {
@@ -1213,11 +1217,13 @@ impl<D: Decode> Follower<D> {
 
     fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
         let present: HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        // A key missing from the snapshot is gone, unless the cache holds it at a seq past
+        // the snapshot (applied from a fetch or an announcement after it was read).
         let mut gone: Vec<String> = self
             .index
-            .keys()
-            .filter(|k| !present.contains(k.as_str()))
-            .cloned()
+            .iter()
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
+            .map(|(k, _)| k.clone())
             .collect();
         drop(present);
         gone.sort_unstable();

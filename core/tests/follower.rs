@@ -919,3 +919,46 @@ fn a_late_put_never_resurrects_a_key_removed_after_it() {
         "at or below the watermark: stale"
     );
 }
+
+#[test]
+fn a_snapshot_older_than_a_cached_value_does_not_remove_it() {
+    let mut h = announcements_follower();
+    // Applied from an announcement after the snapshot below was read.
+    h.put(12, "k", "new");
+    h.input(Input::Wake);
+    let outs = h.input(Input::ChangesUnavailable {
+        token: h.request.unwrap(),
+        first_available: 9,
+    });
+    assert!(outs.iter().any(|o| matches!(o, Output::Snapshot { .. })));
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(4, "a", "a")],
+        source_watermark: 10,
+    });
+    assert!(
+        removes(&outs).is_empty(),
+        "k@12 is newer than a snapshot taken at 10: {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("k"), Some(12));
+}
+
+#[test]
+fn an_announcements_follower_on_a_gapless_feed_sees_no_gaps() {
+    let mut h = announcements_follower();
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h.reopen(gapless(0));
+    h.put(1, "a", "1");
+    let outs = h.put(2, "b", "2");
+    assert_eq!(
+        puts(&outs).len(),
+        1,
+        "announcements do not move the watermark, so 2 is no gap"
+    );
+    assert_eq!(h.f.counters().gaps, 0);
+}
