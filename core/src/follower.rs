@@ -517,7 +517,10 @@ impl<D: Decode> Follower<D> {
 
     // ---- getters ----
 
-    /// The applied watermark: the highest seq whose effect is in the cache.
+    /// The applied watermark: every change up to this seq is reflected in the cache. The
+    /// cache may hold some later values too (from a marker's fetch, or announcements,
+    /// which move the watermark only through a reconcile); per-key seqs keep those from
+    /// ever being replaced by older ones.
     #[must_use]
     pub fn watermark(&self) -> u64 {
         self.watermark
