@@ -137,6 +137,23 @@ pub enum Diagnostic {
         /// The first seq the feed can serve.
         first_available: u64,
     },
+    /// The feed's head is below the watermark: its newest entries were purged, or the
+    /// source is a new history. The follower resyncs from a snapshot.
+    HeadBehind {
+        /// The feed's head.
+        head: u64,
+        /// The follower's watermark.
+        watermark: u64,
+    },
+    /// The source is behind the follower's watermark (a bucket deleted and recreated, a
+    /// database restored from an old backup): a new history. The cache was replaced by the
+    /// source's snapshot and the watermark set to the source's, lower than before.
+    SourceReset {
+        /// The follower's watermark before.
+        watermark: u64,
+        /// The source's watermark, now the follower's.
+        source_watermark: u64,
+    },
     /// A resync finished.
     Resynced {
         /// Keys removed because the source no longer has them.
@@ -379,6 +396,8 @@ pub struct Counters {
     pub gaps: u64,
     /// Full resyncs from a snapshot.
     pub resyncs: u64,
+    /// Resyncs that found the source behind the watermark (a new history).
+    pub resets: u64,
     /// Reconciles completed.
     pub reconciles: u64,
     /// Feed reopenings after the first open.
@@ -933,6 +952,20 @@ impl<D: Decode> Follower<D> {
         // the latest entry of every key, so a compacted prefix hides nothing we hold.
         let empty_replay =
             info.continuity == Continuity::Sparse && self.watermark == 0 && self.index.is_empty();
+        // Only a replayed change feed reports the source's head; an announcements stream
+        // reports its own.
+        if self.config.sync == Sync::Feed && info.head < self.watermark {
+            // Behind us: either the newest entries were purged (a resync sorts that out) or
+            // this is a new history; the snapshot's watermark tells which.
+            let watermark = self.watermark;
+            self.diag(Diagnostic::HeadBehind {
+                head: info.head,
+                watermark,
+            });
+            self.drop_feed();
+            self.compacted(info.first_available);
+            return;
+        }
         if info.first_available > from && !empty_replay {
             self.diag(Diagnostic::Compacted {
                 wanted: from,
@@ -1191,6 +1224,11 @@ impl<D: Decode> Follower<D> {
 
     fn on_changes(&mut self, changes: Vec<Entry>, source_watermark: u64) {
         self.counters.reconciles += 1;
+        if source_watermark < self.watermark {
+            // The source is behind what we applied: only a snapshot can say what it holds.
+            self.compacted(source_watermark.saturating_add(1));
+            return;
+        }
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
@@ -1219,6 +1257,22 @@ impl<D: Decode> Follower<D> {
     }
 
     fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
+        let reset = source_watermark < self.watermark;
+        if reset {
+            // A new history: seqs held from the old one mean nothing against it. Forget
+            // them, so every snapshot entry is applied and every other key removed.
+            self.counters.resets += 1;
+            let watermark = self.watermark;
+            self.diag(Diagnostic::SourceReset {
+                watermark,
+                source_watermark,
+            });
+            self.watermark = 0;
+            self.tombstones.clear();
+            for seq in self.index.values_mut() {
+                *seq = 0;
+            }
+        }
         let present: HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
         // A key missing from the snapshot is gone, unless the cache holds it at a seq past
         // the snapshot (applied from a fetch or an announcement after it was read).

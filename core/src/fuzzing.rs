@@ -10,7 +10,7 @@ use crate::config::{FollowerConfig, Sync};
 use crate::decode::Utf8;
 use crate::entry::{Entry, Op};
 use crate::event::Event;
-use crate::follower::{Continuity, FeedInfo, Follower, Input, Output, Token};
+use crate::follower::{Continuity, Diagnostic, FeedInfo, Follower, Input, Output, Token};
 use crate::time::Time;
 
 /// Decodes arbitrary bytes as an event: never panics, and a valid event re-encodes to bytes
@@ -116,6 +116,13 @@ impl Observed {
                 | Output::Snapshot { token }
                 | Output::Fetch { token, .. } => self.request = Some(token),
                 Output::Stopped => self.stopped = true,
+                Output::Diagnostic(Diagnostic::SourceReset { .. }) => {
+                    // A new history: the old seqs and watermark are void.
+                    self.watermark = 0;
+                    for seq in self.cache.values_mut() {
+                        *seq = 0;
+                    }
+                }
                 Output::CloseFeed { .. } | Output::Diagnostic(_) => {}
             }
         }

@@ -962,3 +962,146 @@ fn an_announcements_follower_on_a_gapless_feed_sees_no_gaps() {
     );
     assert_eq!(h.f.counters().gaps, 0);
 }
+
+fn caught_up_to_10() -> H {
+    let mut h = H::new();
+    h.open(gapless(10));
+    for seq in 1..=10 {
+        h.put(seq, &format!("k{}", seq % 4), &seq.to_string());
+    }
+    assert_eq!(h.f.watermark(), 10);
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h
+}
+
+#[test]
+fn a_recreated_source_behind_the_watermark_replaces_the_cache() {
+    let mut h = caught_up_to_10();
+    // The bucket was deleted and recreated: a new history with 3 mutations.
+    let outs = h.reopen(gapless(3));
+    assert!(diagnostics(&outs).contains(&Diagnostic::HeadBehind {
+        head: 3,
+        watermark: 10
+    }));
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        "{outs:?}"
+    );
+    let entries = vec![Entry::put(2, "k1", "new-1"), Entry::put(3, "z", "z")];
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries,
+        source_watermark: 3,
+    });
+    assert!(diagnostics(&outs).contains(&Diagnostic::SourceReset {
+        watermark: 10,
+        source_watermark: 3
+    }));
+    assert_eq!(
+        puts(&outs),
+        [
+            ("k1".into(), 2, "new-1".into()),
+            ("z".into(), 3, "z".into())
+        ],
+        "every value of the new history is applied, though its seqs are lower"
+    );
+    assert_eq!(
+        removes(&outs).len(),
+        3,
+        "k0, k2 and k3 are not in the new history: {outs:?}"
+    );
+    assert_eq!(h.f.watermark(), 3);
+    assert_eq!(
+        opened_from(&outs),
+        Some(4),
+        "and it follows the new history from there"
+    );
+    assert_eq!(h.f.counters().resets, 1);
+}
+
+#[test]
+fn a_head_behind_from_purged_tail_entries_resyncs_without_a_reset() {
+    let mut h = caught_up_to_10();
+    // The newest entry (a delete marker at 10) was purged: head 9, but the source's
+    // watermark is still 10.
+    h.reopen(gapless(9));
+    let entries = vec![Entry::put(9, "k1", "9"), Entry::put(8, "k0", "8")];
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries,
+        source_watermark: 10,
+    });
+    assert!(
+        !diagnostics(&outs)
+            .iter()
+            .any(|d| matches!(d, Diagnostic::SourceReset { .. }))
+    );
+    assert_eq!(
+        h.f.watermark(),
+        10,
+        "the watermark never goes back within one history"
+    );
+    assert_eq!(h.f.counters().resets, 0);
+}
+
+#[test]
+fn a_wake_runner_whose_source_went_back_resyncs_from_a_snapshot() {
+    let config = config().sync(Sync::WakeOnly).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    h.found();
+    let changes = vec![Entry::put(5, "a", "old")];
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes,
+        source_watermark: 5,
+    });
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 2,
+    });
+    assert!(
+        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        "{outs:?}"
+    );
+    let entries = vec![Entry::put(2, "b", "new")];
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries,
+        source_watermark: 2,
+    });
+    assert_eq!(removes(&outs), [("a".into(), 2)]);
+    assert_eq!(puts(&outs), [("b".into(), 2, "new".into())]);
+    assert_eq!(h.f.watermark(), 2);
+}
+
+#[test]
+fn an_announcements_stream_behind_the_watermark_is_no_reason_to_resync() {
+    let config = config().sync(Sync::Announcements).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8));
+    h.found();
+    let changes = vec![Entry::put(5, "a", "5")];
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes,
+        source_watermark: 5,
+    });
+    // The stream's own head (the announcements still unread) says nothing of the source.
+    let info = FeedInfo {
+        first_available: 0,
+        head: 2,
+        continuity: Continuity::Sparse,
+        checkpoints: true,
+    };
+    let outs = h.reopen(info);
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        "a resync here would loop on every reopen: {outs:?}"
+    );
+}

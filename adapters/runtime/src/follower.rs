@@ -463,6 +463,24 @@ where
                     "backing off"
                 );
             }
+            Diagnostic::HeadBehind { head, watermark } => {
+                warn!(
+                    worker,
+                    source, head, watermark, "feed head below the watermark; resyncing"
+                );
+            }
+            Diagnostic::SourceReset {
+                watermark,
+                source_watermark,
+            } => {
+                warn!(
+                    worker,
+                    source,
+                    watermark,
+                    source_watermark,
+                    "the source is a new history (recreated or restored); cache replaced"
+                );
+            }
             other => debug!(worker, source, ?other, "diagnostic"),
         }
     }
