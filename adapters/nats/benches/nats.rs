@@ -78,57 +78,64 @@ async fn run() {
     let n = 100_000;
     let store = bucket(&js, "sync").await;
     let last = fill(&store, n, "v").await;
-    let t = Instant::now();
-    let mut watch = store.watch_with_history(">").await.expect("watch");
-    while let Some(e) = watch.next().await {
-        if e.expect("entry").revision >= last {
-            break;
-        }
-    }
-    let bare = t.elapsed();
-    drop(watch);
-    // The usual worker: the same loop keeping what it reads in a map, as a cache must.
-    let t = Instant::now();
-    let mut watch = store.watch_with_history(">").await.expect("watch");
-    let mut kept: std::collections::HashMap<String, Bytes> = std::collections::HashMap::new();
-    while let Some(e) = watch.next().await {
-        let e = e.expect("entry");
-        let done = e.revision >= last;
-        kept.insert(e.key, e.value);
-        if done {
-            break;
-        }
-    }
-    let bare_map = t.elapsed();
-    assert_eq!(kept.len(), n as usize);
-    drop((watch, kept));
     let b = KvBucket::new(client.clone(), "sync").unwrap();
-    // The adapter's feed alone, without the follower task and cache.
-    let t = Instant::now();
-    let mut feed = tidemark::Feed::open(&b, 1, None)
-        .await
-        .expect("open")
-        .stream;
-    let mut read = 0u32;
-    while read < n {
-        match tidemark::FeedStream::next(&mut feed).await {
-            Some(Ok(_)) => read += 1,
-            other => panic!("feed ended: {other:?}"),
+    // Each contender three times, interleaved, best of three: on a shared 2-core machine
+    // (nats-server on the same cores) a single run swings by 10-20 points, and whoever
+    // runs first meets a colder server.
+    let (mut bare, mut bare_map, mut feed_only, mut ours) =
+        (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut watch = store.watch_with_history(">").await.expect("watch");
+        while let Some(e) = watch.next().await {
+            if e.expect("entry").revision >= last {
+                break;
+            }
         }
+        bare = bare.min(t.elapsed());
+        drop(watch);
+        // The usual worker: the same loop keeping what it reads in a map, as a cache must.
+        let t = Instant::now();
+        let mut watch = store.watch_with_history(">").await.expect("watch");
+        let mut kept: std::collections::HashMap<String, Bytes> = std::collections::HashMap::new();
+        while let Some(e) = watch.next().await {
+            let e = e.expect("entry");
+            let done = e.revision >= last;
+            kept.insert(e.key, e.value);
+            if done {
+                break;
+            }
+        }
+        bare_map = bare_map.min(t.elapsed());
+        assert_eq!(kept.len(), n as usize);
+        drop((watch, kept));
+        // The adapter's feed alone, without the follower task and cache.
+        let t = Instant::now();
+        let mut feed = tidemark::Feed::open(&b, 1, None)
+            .await
+            .expect("open")
+            .stream;
+        let mut read = 0u32;
+        while read < n {
+            match tidemark::FeedStream::next(&mut feed).await {
+                Some(Ok(_)) => read += 1,
+                other => panic!("feed ended: {other:?}"),
+            }
+        }
+        feed_only = feed_only.min(t.elapsed());
+        drop(feed);
+        let t = Instant::now();
+        let (cache, h) = spawn_cache(config("sync"), RawBytes, b.clone(), b.clone());
+        cache.wait_ready().await.expect("ready");
+        ours = ours.min(t.elapsed());
+        assert_eq!(cache.len(), n as usize);
+        h.stop();
     }
-    let feed_only = t.elapsed();
-    drop(feed);
     println!(
         "  feed alone (no follower task, no cache): {:.0} keys/s ({feed_only:.2?}) -> {:.0}% of bare",
         f64::from(n) / feed_only.as_secs_f64(),
         100.0 * bare.as_secs_f64() / feed_only.as_secs_f64()
     );
-    let t = Instant::now();
-    let (cache, h) = spawn_cache(config("sync"), RawBytes, b.clone(), b);
-    cache.wait_ready().await.expect("ready");
-    let ours = t.elapsed();
-    assert_eq!(cache.len(), n as usize);
-    h.stop();
     let sample = 2_000u32;
     let t = Instant::now();
     for i in 0..sample {
