@@ -52,6 +52,44 @@ pub struct FeedInfo {
     pub checkpoints: bool,
 }
 
+impl FeedInfo {
+    /// A source's own change log: every seq in order (gapless), keyed by seq, no cursor.
+    #[must_use]
+    pub fn change_log(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            first_available,
+            head,
+            continuity: Continuity::Gapless,
+            checkpoints: false,
+        }
+    }
+
+    /// A KV bucket's history: the latest revision per key (sparse), keyed by revision, no
+    /// cursor.
+    #[must_use]
+    pub fn kv(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            first_available,
+            head,
+            continuity: Continuity::Sparse,
+            checkpoints: false,
+        }
+    }
+
+    /// A durable stream of announcements: its own positions, seqs that may skip, repeat or
+    /// reorder (sparse), a cursor checkpointed per entry, nothing compacted that a
+    /// reconcile cannot cover. `head` is the highest seq among the entries still unread.
+    #[must_use]
+    pub fn announcements(head: u64) -> Self {
+        FeedInfo {
+            first_available: 0,
+            head,
+            continuity: Continuity::Sparse,
+            checkpoints: true,
+        }
+    }
+}
+
 /// Why a feed entry (or feed payload) was skipped as invalid.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidemark::tidemark_core::{Continuity, Event, FeedInfo};
+use tidemark::tidemark_core::{Event, FeedInfo};
 use tidemark::{Cursors, Feed, FeedItem, FeedStream, Opened, Publish, Result};
 
 use crate::faults::{Faults, Mangle, Port};
@@ -197,12 +197,7 @@ impl Feed for MemoryEvents {
                 .unwrap_or(0)
         };
         Ok(Opened {
-            info: FeedInfo {
-                first_available: 0,
-                head,
-                continuity: Continuity::Sparse,
-                checkpoints: true,
-            },
+            info: FeedInfo::announcements(head),
             stream: EventStream {
                 inner: Arc::clone(&self.inner),
                 seen: self.inner.head.version(),

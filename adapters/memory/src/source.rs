@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tidemark::tidemark_core::{Entry, FeedInfo, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
     check_key, check_value,
@@ -283,12 +283,7 @@ impl Feed for MemorySource {
             (s.log_base, s.seq)
         };
         Ok(Opened {
-            info: FeedInfo {
-                first_available,
-                head,
-                continuity: Continuity::Gapless,
-                checkpoints: false,
-            },
+            info: FeedInfo::change_log(first_available, head),
             stream: LogStream {
                 inner: Arc::clone(&self.inner),
                 seen: self.inner.head.version(),

@@ -8,7 +8,7 @@ use async_nats::Client;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
 use async_nats::jetstream::stream::{self, Stream};
 use async_nats::jetstream::{self, context::ConsumerInfoErrorKind};
-use tidemark::tidemark_core::{Continuity, Event, FeedInfo};
+use tidemark::tidemark_core::{Event, FeedInfo};
 use tidemark::{Cursors, Feed, FeedItem, FeedStream, Opened, Publish, Result};
 use tokio::sync::Mutex;
 
@@ -191,12 +191,7 @@ impl Feed for NatsEvents {
         )
         .await?;
         Ok(Opened {
-            info: FeedInfo {
-                first_available: 0,
-                head,
-                continuity: Continuity::Sparse,
-                checkpoints: true,
-            },
+            info: FeedInfo::announcements(head),
             stream: EventStream { reader },
         })
     }

@@ -10,7 +10,7 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKin
 use async_nats::jetstream::stream::State;
 use async_nats::{Client, HeaderMap, jetstream};
 use bytes::Bytes;
-use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tidemark::tidemark_core::{Entry, FeedInfo, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
 };
@@ -518,12 +518,7 @@ impl Feed for KvBucket {
         )
         .await?;
         Ok(Opened {
-            info: FeedInfo {
-                first_available: first_available(&state),
-                head,
-                continuity: Continuity::Sparse,
-                checkpoints: false,
-            },
+            info: FeedInfo::kv(first_available(&state), head),
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use rusqlite::{OptionalExtension, params};
-use tidemark::tidemark_core::{Continuity, Event, FeedInfo};
+use tidemark::tidemark_core::{Event, FeedInfo};
 use tidemark::{Cursors, Error, Feed, FeedItem, FeedStream, Opened, Publish, Result};
 use tokio::sync::watch;
 
@@ -174,12 +174,7 @@ impl Feed for SqliteEvents {
             .await?
             .map_or(0, to_u64);
         Ok(Opened {
-            info: FeedInfo {
-                first_available: 0,
-                head,
-                continuity: Continuity::Sparse,
-                checkpoints: true,
-            },
+            info: FeedInfo::announcements(head),
             stream: EventStream {
                 commits: self.db.commits(),
                 db: self.db.clone(),

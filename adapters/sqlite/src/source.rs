@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
-use tidemark::tidemark_core::{AnnouncePlan, Continuity, Entry, Event, FeedInfo, Legs};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, Legs};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
     check_key, check_value,
@@ -487,12 +487,7 @@ impl Feed for SqliteSource {
             })
             .await?;
         Ok(Opened {
-            info: FeedInfo {
-                first_available,
-                head,
-                continuity: Continuity::Gapless,
-                checkpoints: false,
-            },
+            info: FeedInfo::change_log(first_available, head),
             stream: ChangeLogStream {
                 commits: self.db.commits(),
                 db: self.db.clone(),
