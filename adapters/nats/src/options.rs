@@ -254,10 +254,22 @@ impl NatsOptions {
                     servers,
                     reason: e.to_string(),
                 },
+                // async-nats reports a rejected server certificate (unknown issuer, wrong
+                // name, expired) as an I/O error from the handshake: it is still TLS, and
+                // the caller's fix is the CA or certificate, not the network.
+                _ if is_certificate_failure(&e.to_string()) => ConnectError::Tls {
+                    servers,
+                    reason: e.to_string(),
+                },
                 _ => ConnectError::Unreachable {
                     servers,
                     reason: e.to_string(),
                 },
             })
     }
+}
+
+fn is_certificate_failure(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    m.contains("certificate") || m.contains("tls handshake") || m.contains("unknownissuer")
 }
