@@ -82,6 +82,14 @@ impl FollowerConfig {
         self.sync
     }
 
+    /// The same configuration with another sync mode (a driver that only makes sense in one
+    /// mode, like a wake runner, sets it rather than trusting the caller's).
+    #[must_use]
+    pub fn with_sync(mut self, sync: Sync) -> Self {
+        self.sync = sync;
+        self
+    }
+
     /// Keys longer than this many bytes are counted and skipped.
     #[must_use]
     pub fn max_key_bytes(&self) -> usize {

@@ -710,9 +710,9 @@ where
 }
 
 /// Spawns a wake runner: a follower with no feed that catches up from `source` on every
-/// wake (and never otherwise: it does not poll), into a new [`Cache`]. `config` should use
-/// [`Sync::WakeOnly`](tidemark_core::Sync::WakeOnly). It ends cleanly when the wake source
-/// closes.
+/// wake (and never otherwise: it does not poll), into a new [`Cache`]. It runs in
+/// [`Sync::WakeOnly`](tidemark_core::Sync::WakeOnly) whatever `config` says. It ends
+/// cleanly when the wake source closes.
 pub fn spawn_wake_cache<S, W, D>(
     config: FollowerConfig,
     decoder: D,
@@ -726,6 +726,7 @@ where
     D::Value: Send + Sync + 'static,
 {
     let (writer, reader): (CacheWriter<D::Value>, _) = cache();
+    let config = config.with_sync(tidemark_core::Sync::WakeOnly);
     let handle = FollowerTask::new(config, decoder, source, NoFeed, writer)
         .with_wake(listener)
         .spawn();

@@ -374,3 +374,25 @@ async fn jobs_from_announcements_round_trip_through_the_queue() {
         "acked jobs are done"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_wake_runner_given_a_feed_config_still_runs_as_a_wake_runner() {
+    let m = Memory::new();
+    let r = registry(&m);
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    // The default config says Sync::Feed; a wake runner has no feed to replay.
+    let (cache, h) = spawn_wake_cache(
+        config("feedy"),
+        Utf8,
+        m.source.clone(),
+        m.wake.listen("changes").await.unwrap(),
+    );
+    tokio::time::timeout(Duration::from_secs(5), cache.wait_ready())
+        .await
+        .expect("ready from its first reconcile, not stuck opening a feed it lacks")
+        .unwrap();
+    assert_eq!(cache.get("a").as_deref(), Some("1"));
+    r.put("b", b"2".to_vec()).await.unwrap();
+    until("the wake triggers a catch-up", || cache.len() == 2).await;
+    h.stop();
+}
