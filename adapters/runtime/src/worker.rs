@@ -17,6 +17,52 @@ pub type ValueOf<W> = <<W as Worker>::Decoder as Decode>::Value;
 /// Handlers should be idempotent: a restarted worker replays from its source's head.
 /// A handler error ends the worker; its [`RestartPolicy`](tidemark_core::RestartPolicy)
 /// decides what next.
+///
+/// Wrong wiring does not compile: `on_put` receives exactly the decoder's value type, so a
+/// worker whose handler expects something else is refused by the compiler, not at run time.
+///
+/// ```compile_fail
+/// use tidemark::{ValueOf, Worker};
+/// use tidemark::tidemark_core::Utf8;
+///
+/// struct Counter;
+///
+/// impl Worker for Counter {
+///     type Decoder = Utf8; // decodes to String
+///     type Error = String;
+///     fn name(&self) -> &str { "counter" }
+///     fn source(&self) -> &str { "packages" }
+///     fn decoder(&self) -> Utf8 { Utf8 }
+///     // Expects a number where the decoder gives a String: a compile error.
+///     async fn on_put(&mut self, _key: &str, _seq: u64, value: u64) -> Result<(), String> {
+///         let _ = value;
+///         Ok(())
+///     }
+///     async fn on_delete(&mut self, _key: &str, _seq: u64) -> Result<(), String> { Ok(()) }
+/// }
+/// ```
+///
+/// The same worker wired to its decoder's type compiles:
+///
+/// ```
+/// use tidemark::{ValueOf, Worker};
+/// use tidemark::tidemark_core::Utf8;
+///
+/// struct Counter(usize);
+///
+/// impl Worker for Counter {
+///     type Decoder = Utf8;
+///     type Error = String;
+///     fn name(&self) -> &str { "counter" }
+///     fn source(&self) -> &str { "packages" }
+///     fn decoder(&self) -> Utf8 { Utf8 }
+///     async fn on_put(&mut self, _key: &str, _seq: u64, value: ValueOf<Self>) -> Result<(), String> {
+///         self.0 += value.len();
+///         Ok(())
+///     }
+///     async fn on_delete(&mut self, _key: &str, _seq: u64) -> Result<(), String> { Ok(()) }
+/// }
+/// ```
 pub trait Worker: Send + 'static {
     /// Decodes the source's bytes into the worker's value type; its error type is the
     /// user's. A decode failure is logged, counted and skipped: no handler runs.
