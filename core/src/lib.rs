@@ -27,7 +27,7 @@
 //! let Some(Output::LookupSource { token }) = f.poll_output() else { unreachable!() };
 //! f.handle_input(Input::SourceFound { token }, now);
 //! let Some(Output::OpenFeed { token, from: 1, .. }) = f.poll_output() else { unreachable!() };
-//! let info = FeedInfo { first_available: 1, head: 1, continuity: Continuity::Gapless, checkpoints: false };
+//! let info = FeedInfo::change_log(1, 1); // gapless, first available seq 1, head 1
 //! f.handle_input(Input::FeedOpened { token, info }, now);
 //! f.handle_input(Input::Entry { token, entry: Entry::put(1, "a", "hello") }, now);
 //! assert_eq!(f.poll_output(), Some(Output::Put { key: "a".into(), seq: 1, value: "hello".into() }));
