@@ -781,7 +781,12 @@ impl<D: Decode> Follower<D> {
                     .take_request(token, |r| matches!(r, Request::Reconcile))
                     .is_some()
                 {
-                    self.compacted(first_available);
+                    let wanted = self.watermark + 1;
+                    self.diag(Diagnostic::Compacted {
+                        wanted,
+                        first_available,
+                    });
+                    self.resync();
                 }
             }
             Input::Snapshot {
@@ -1001,7 +1006,7 @@ impl<D: Decode> Follower<D> {
                 watermark,
             });
             self.drop_feed();
-            self.compacted(info.first_available);
+            self.resync();
             return;
         }
         if info.first_available > from && !empty_replay {
@@ -1010,13 +1015,15 @@ impl<D: Decode> Follower<D> {
                 first_available: info.first_available,
             });
             self.drop_feed();
-            self.compacted(info.first_available);
+            self.resync();
             return;
         }
         self.check_ready(info.head);
     }
 
-    fn compacted(&mut self, _first_available: u64) {
+    /// The feed or the source cannot bring the cache up to date from its watermark: resync
+    /// from a snapshot.
+    fn resync(&mut self) {
         self.counters.resyncs += 1;
         if self.feed.is_some() {
             self.drop_feed();
@@ -1264,7 +1271,7 @@ impl<D: Decode> Follower<D> {
         self.counters.reconciles += 1;
         if source_watermark < self.watermark {
             // The source is behind what we applied: only a snapshot can say what it holds.
-            self.compacted(source_watermark.saturating_add(1));
+            self.resync();
             return;
         }
         let floor = self.watermark;

@@ -233,6 +233,13 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
         first_available: 4,
     });
     assert!(
+        diagnostics(&outs).contains(&Diagnostic::Compacted {
+            wanted: 2,
+            first_available: 4
+        }),
+        "an operator sees why the follower resyncs: {outs:?}"
+    );
+    assert!(
         outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
         "{outs:?}"
     );
