@@ -62,23 +62,30 @@ impl Worker for Mirror {
     }
 }
 
+/// A supervisor running one `Mirror` of `m`'s source under `policy`.
+fn supervise(
+    m: &Memory,
+    log: &Log,
+    fail_on: Option<&'static str>,
+    policy: RestartPolicy,
+) -> Supervisor {
+    let mut sup = Supervisor::new(1);
+    let mirror = Mirror {
+        log: log.clone(),
+        fail_on,
+    };
+    sup.spawn(mirror, m.source.clone(), m.source.clone(), policy)
+        .unwrap();
+    sup
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_worker_gets_puts_and_deletes_and_skips_undecodable_values() {
     let m = Memory::new();
     m.source.put("a", b"1".to_vec()).await.unwrap();
     m.source.put("bad", vec![0xff]).await.unwrap();
     let log = Log::default();
-    let mut sup = Supervisor::new(1);
-    sup.spawn(
-        Mirror {
-            log: log.clone(),
-            fail_on: None,
-        },
-        m.source.clone(),
-        m.source.clone(),
-        RestartPolicy::Never,
-    )
-    .unwrap();
+    let sup = supervise(&m, &log, None, RestartPolicy::Never);
     m.source.remove("a").await.unwrap();
     until("the removal is dispatched", || log.lines().len() == 2).await;
     assert_eq!(
@@ -105,17 +112,7 @@ async fn a_worker_gets_puts_and_deletes_and_skips_undecodable_values() {
 async fn by_default_a_worker_exit_is_terminal_and_reported() {
     let m = Memory::new();
     m.source.put("boom", b"x".to_vec()).await.unwrap();
-    let mut sup = Supervisor::new(1);
-    sup.spawn(
-        Mirror {
-            log: Log::default(),
-            fail_on: Some("boom"),
-        },
-        m.source.clone(),
-        m.source.clone(),
-        RestartPolicy::default(),
-    )
-    .unwrap();
+    let sup = supervise(&m, &Log::default(), Some("boom"), RestartPolicy::default());
     until("the worker fails", || {
         matches!(sup.get("mirror").unwrap().phase, WorkerPhase::Failed(_))
     })
@@ -132,21 +129,11 @@ async fn by_default_a_worker_exit_is_terminal_and_reported() {
 async fn an_opted_in_worker_is_restarted_with_backoff_up_to_its_limit() {
     let m = Memory::new();
     m.source.put("boom", b"x".to_vec()).await.unwrap();
-    let mut sup = Supervisor::new(1);
     let policy = RestartPolicy::OnExit {
         backoff: BackoffPolicy::default(),
         max_restarts: Some(3),
     };
-    sup.spawn(
-        Mirror {
-            log: Log::default(),
-            fail_on: Some("boom"),
-        },
-        m.source.clone(),
-        m.source.clone(),
-        policy,
-    )
-    .unwrap();
+    let sup = supervise(&m, &Log::default(), Some("boom"), policy);
     until("the restarts are used up", || {
         matches!(sup.get("mirror").unwrap().phase, WorkerPhase::Failed(_))
     })
@@ -162,17 +149,7 @@ async fn an_opted_in_worker_is_restarted_with_backoff_up_to_its_limit() {
 async fn shutdown_drains_every_worker_within_its_budget() {
     let m = Memory::new();
     let log = Log::default();
-    let mut sup = Supervisor::new(1);
-    sup.spawn(
-        Mirror {
-            log: log.clone(),
-            fail_on: None,
-        },
-        m.source.clone(),
-        m.source.clone(),
-        RestartPolicy::Never,
-    )
-    .unwrap();
+    let sup = supervise(&m, &log, None, RestartPolicy::Never);
     until("the worker is live", || {
         sup.get("mirror").unwrap().phase
             != WorkerPhase::Running(tidemark::tidemark_core::Phase::Starting)
@@ -237,17 +214,7 @@ async fn a_worker_slower_than_the_budget_is_aborted_and_named() {
 async fn the_listing_shows_a_live_workers_current_watermark_and_counters() {
     let m = Memory::new();
     let log = Log::default();
-    let mut sup = Supervisor::new(1);
-    sup.spawn(
-        Mirror {
-            log: log.clone(),
-            fail_on: None,
-        },
-        m.source.clone(),
-        m.source.clone(),
-        RestartPolicy::Never,
-    )
-    .unwrap();
+    let sup = supervise(&m, &log, None, RestartPolicy::Never);
     until("the worker is live", || {
         matches!(
             sup.get("mirror").unwrap().phase,
