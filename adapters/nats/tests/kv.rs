@@ -297,14 +297,7 @@ async fn warm_restart_reads_only_the_delta() {
         bucket.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
     }
     let record = Record::default();
-    let handle = FollowerTask::new(
-        config("warm"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        record.sink(),
-    )
-    .spawn();
+    let handle = record.follow("warm", &bucket);
     wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
     let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
     assert_eq!(status.watermark, 500);
@@ -340,14 +333,7 @@ async fn compaction_forces_a_resync_that_removes_vanished_keys() {
         bucket.put(k, b"1".to_vec()).await.unwrap();
     }
     let record = Record::default();
-    let handle = FollowerTask::new(
-        config("compact"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        record.sink(),
-    )
-    .spawn();
+    let handle = record.follow("compact", &bucket);
     wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
     let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
 
@@ -393,14 +379,7 @@ async fn a_missing_bucket_is_retried_with_backoff_until_it_appears() {
     let client = client(&server).await;
     let bucket = KvBucket::new(client.clone(), "later").unwrap();
     let record = Record::default();
-    let handle = FollowerTask::new(
-        config("later"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        record.sink(),
-    )
-    .spawn();
+    let handle = record.follow("later", &bucket);
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert!(record.ready().is_none(), "no bucket, no ready");
     assert!(
@@ -452,14 +431,7 @@ async fn an_r3_bucket_keeps_the_follower_converging_when_a_node_dies() {
         model.insert(format!("k{i}"), v);
     }
     let record = Record::default();
-    let handle = FollowerTask::new(
-        config("replicated"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        record.sink(),
-    )
-    .spawn();
+    let handle = record.follow("replicated", &bucket);
     wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
     // Kill the stream's leader: the worst node to lose.
     let mut stream = store.stream.clone();

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
-use tidemark::tidemark_core::{BackoffPolicy, FollowerConfig};
-use tidemark::{Result, Sink, Source};
+use tidemark::tidemark_core::{BackoffPolicy, FollowerConfig, RawBytes};
+use tidemark::{FollowerHandle, FollowerTask, Result, Sink, Source};
 use tidemark_nats::KvBucket;
 use tidemark_tests::{NatsServer, wait_jetstream_ready};
 
@@ -116,6 +116,17 @@ struct RecordInner {
 impl Record {
     pub fn sink(&self) -> Recorder {
         Recorder(self.clone())
+    }
+    /// Spawns a follower of `bucket` (config named `name`) recording into this record.
+    pub fn follow(&self, name: &str, bucket: &KvBucket) -> FollowerHandle {
+        FollowerTask::new(
+            config(name),
+            RawBytes,
+            bucket.clone(),
+            bucket.clone(),
+            self.sink(),
+        )
+        .spawn()
     }
     pub fn map(&self) -> BTreeMap<String, (u64, Vec<u8>)> {
         self.inner.lock().unwrap().map.clone()
