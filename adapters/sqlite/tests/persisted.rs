@@ -6,9 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use tidemark::tidemark_core::FollowerConfig;
 use tidemark::{Source, Wake};
-use tidemark_sqlite::{PersistentFollower, SqliteDb, Write};
+use tidemark_sqlite::{SqliteDb, Write};
 
 async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
     db.source()
@@ -32,13 +31,7 @@ async fn a_warm_restart_reads_only_the_delta() {
     )
     .await
     .unwrap();
-    let mut f = PersistentFollower::start(
-        FollowerConfig::builder("warm"),
-        db.source(),
-        db.follower_cache("warm"),
-    )
-    .await
-    .unwrap();
+    let mut f = common::persistent_follower(&db, "warm").await;
     let cold = f.catch_up().await.unwrap();
     assert_eq!(cold.read, 1000, "a cold start reads everything");
     assert!(f.is_ready());
@@ -58,13 +51,7 @@ async fn a_warm_restart_reads_only_the_delta() {
     for key in ["k0001", "k0002", "new"] {
         src.remove(key).await.unwrap();
     }
-    let mut f = PersistentFollower::start(
-        FollowerConfig::builder("warm"),
-        db.source(),
-        db.follower_cache("warm"),
-    )
-    .await
-    .unwrap();
+    let mut f = common::persistent_follower(&db, "warm").await;
     assert_eq!(f.watermark(), 1000, "resumes from the persisted watermark");
     let warm = f.catch_up().await.unwrap();
     assert_eq!(
@@ -90,13 +77,7 @@ async fn a_restart_below_the_compaction_horizon_resyncs_and_drops_removed_keys()
     for key in ["a", "b", "c"] {
         src.put(key, b"1".to_vec()).await.unwrap();
     }
-    let mut f = PersistentFollower::start(
-        FollowerConfig::builder("r"),
-        db.source(),
-        db.follower_cache("r"),
-    )
-    .await
-    .unwrap();
+    let mut f = common::persistent_follower(&db, "r").await;
     f.catch_up().await.unwrap();
     drop(f);
     src.remove("b").await.unwrap();
@@ -104,13 +85,7 @@ async fn a_restart_below_the_compaction_horizon_resyncs_and_drops_removed_keys()
     src.compact_below(src.watermark().await.unwrap() + 1)
         .await
         .unwrap();
-    let mut f = PersistentFollower::start(
-        FollowerConfig::builder("r"),
-        db.source(),
-        db.follower_cache("r"),
-    )
-    .await
-    .unwrap();
+    let mut f = common::persistent_follower(&db, "r").await;
     let r = f.catch_up().await.unwrap();
     assert!(
         r.resynced,
@@ -126,13 +101,7 @@ async fn a_restart_below_the_compaction_horizon_resyncs_and_drops_removed_keys()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_persistent_follower_catches_up_on_wakes() {
     let (_dir, _path, db) = common::fresh().await;
-    let mut f = PersistentFollower::start(
-        FollowerConfig::builder("w"),
-        db.source(),
-        db.follower_cache("w"),
-    )
-    .await
-    .unwrap();
+    let mut f = common::persistent_follower(&db, "w").await;
     let mut listener = db.wake().listen("any").await.unwrap();
     let cache = f.cache().clone();
     let task = tokio::spawn(async move { f.run(&mut listener).await });

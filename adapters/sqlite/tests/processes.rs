@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tidemark::tidemark_core::{FollowerConfig, Legs, RawBytes, Sync};
 use tidemark::{Cache, Source, Wake, spawn_cache, spawn_wake_cache};
-use tidemark_sqlite::{PersistentFollower, Relay, SqliteDb, Write};
+use tidemark_sqlite::{Relay, SqliteDb, Write};
 
 const CHILD_ENV: &str = "TIDEMARK_SQLITE_CHILD";
 
@@ -240,13 +240,7 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
         );
 
         // A persisted follower restarts warm each round and converges on the delta.
-        let mut f = PersistentFollower::start(
-            FollowerConfig::builder("survivor"),
-            db.source(),
-            db.follower_cache("survivor"),
-        )
-        .await
-        .unwrap();
+        let mut f = common::persistent_follower(&db, "survivor").await;
         let caught = f.catch_up().await.unwrap();
         assert_eq!(caught.watermark, watermark, "round {round}");
         let snap: Vec<(String, u64, Vec<u8>)> = db

@@ -11,3 +11,14 @@ pub async fn fresh() -> (tempfile::TempDir, PathBuf, SqliteDb) {
     let db = SqliteDb::open(&path).await.expect("open a fresh database");
     (dir, path, db)
 }
+
+/// The persisted follower called `name` of `db`'s registry, resumed from its cache.
+pub async fn persistent_follower(db: &SqliteDb, name: &str) -> tidemark_sqlite::PersistentFollower {
+    tidemark_sqlite::PersistentFollower::start(
+        tidemark::tidemark_core::FollowerConfig::builder(name),
+        db.source(),
+        db.follower_cache(name),
+    )
+    .await
+    .expect("a persisted follower starts")
+}
