@@ -57,27 +57,25 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
     /// Writes `value` under `key`, then announces it.
     pub async fn put(&self, key: &str, value: Vec<u8>) -> Result<Written> {
         let seq = self.source.put(key, value.clone()).await?;
-        let report = self
-            .announce(&Event::Put {
-                seq,
-                key: key.to_owned(),
-                value,
-            })
-            .await;
-        Ok(Written { seq, report })
+        Ok(self.announce_put(seq, key, value).await)
     }
 
     /// Compare-and-set write (see [`Source::update`]), then announces it.
     pub async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<Written> {
         let seq = self.source.update(key, value.clone(), expected).await?;
-        let report = self
-            .announce(&Event::Put {
-                seq,
-                key: key.to_owned(),
-                value,
-            })
-            .await;
-        Ok(Written { seq, report })
+        Ok(self.announce_put(seq, key, value).await)
+    }
+
+    async fn announce_put(&self, seq: u64, key: &str, value: Vec<u8>) -> Written {
+        let event = Event::Put {
+            seq,
+            key: key.to_owned(),
+            value,
+        };
+        Written {
+            seq,
+            report: self.announce(&event).await,
+        }
     }
 
     /// Removes `key`, then announces the removal; `None` if the key was absent.
