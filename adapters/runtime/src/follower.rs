@@ -239,9 +239,6 @@ where
 
     /// Carries out every decision the core has, then publishes the watermark and status.
     async fn perform(&mut self) -> Result<()> {
-        // Published first too: an output can wait long (a reopen while the server is
-        // away), and an operator should see the attempt, not the state before it.
-        self.publish_status();
         self.perform_outputs().await?;
         self.sink.watermark(self.core.watermark());
         self.publish_status();
@@ -251,6 +248,18 @@ where
     /// Carries out every decision the core has, in order, feeding results back.
     async fn perform_outputs(&mut self) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
+            if matches!(
+                output,
+                Output::LookupSource { .. }
+                    | Output::OpenFeed { .. }
+                    | Output::Reconcile { .. }
+                    | Output::Snapshot { .. }
+                    | Output::Fetch { .. }
+            ) {
+                // A request can wait long (a reopen while the server is away): show the
+                // attempt, not the state before it. Applies need no status of their own.
+                self.publish_status();
+            }
             match output {
                 Output::LookupSource { token } => {
                     let input = match self.source.watermark().await {
