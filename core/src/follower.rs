@@ -944,10 +944,18 @@ impl<D: Decode> Follower<D> {
             .is_some_and(|f| f.token == token && (!opened || f.info.is_some()))
     }
 
+    /// Whether the feed is the source's own history (a change log, a KV watch): its seqs
+    /// arrive in order, so an entry moves the watermark, a jump is a gap, and its head is
+    /// the source's. An announcements stream is none of these; only a reconcile speaks for
+    /// the source there.
+    fn feed_speaks_for_source(&self) -> bool {
+        self.config.sync == Sync::Feed
+    }
+
     /// Whether a jump past watermark+1 is a gap: on a gapless feed, and only where feed
     /// entries move the watermark (announcements do not, so every jump would look like one).
     fn gapless(&self) -> bool {
-        self.config.sync == Sync::Feed
+        self.feed_speaks_for_source()
             && self
                 .feed
                 .as_ref()
@@ -997,7 +1005,7 @@ impl<D: Decode> Follower<D> {
             info.continuity == Continuity::Sparse && self.watermark == 0 && self.index.is_empty();
         // Only a replayed change feed reports the source's head; an announcements stream
         // reports its own.
-        if self.config.sync == Sync::Feed && info.head < self.watermark {
+        if self.feed_speaks_for_source() && info.head < self.watermark {
             // Behind us: either the newest entries were purged (a resync sorts that out) or
             // this is a new history; the snapshot's watermark tells which.
             let watermark = self.watermark;
@@ -1034,7 +1042,7 @@ impl<D: Decode> Follower<D> {
     /// A replayed feed completes the initial sync once the watermark reaches its head;
     /// other modes become ready from a reconcile.
     fn check_ready(&mut self, head: u64) {
-        if !self.ready && self.config.sync == Sync::Feed && self.watermark >= head {
+        if !self.ready && self.feed_speaks_for_source() && self.watermark >= head {
             self.become_ready();
         }
     }
@@ -1160,7 +1168,7 @@ impl<D: Decode> Follower<D> {
     /// watermark; an announcements stream can reorder and lose entries, so there only a
     /// reconcile moves it, and per-key seqs (with tombstones) keep applies never-older.
     fn advance_on_feed(&mut self, seq: u64) {
-        if self.config.sync != Sync::Announcements {
+        if self.feed_speaks_for_source() {
             self.advance(seq);
         }
     }
