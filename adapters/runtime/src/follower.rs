@@ -237,27 +237,36 @@ where
         }
     }
 
-    /// Carries out every decision the core has, then publishes the watermark and status.
+    /// Carries out every decision the core has, then publishes the status and watermark.
+    ///
+    /// The status goes first, here and before a ready or a saved checkpoint: whoever sees a
+    /// watermark, readiness or a cursor sees a status at least as new (its counters
+    /// included).
     async fn perform(&mut self) -> Result<()> {
         self.perform_outputs().await?;
-        self.sink.watermark(self.core.watermark());
         self.publish_status();
+        self.sink.watermark(self.core.watermark());
         Ok(())
     }
 
     /// Carries out every decision the core has, in order, feeding results back.
     async fn perform_outputs(&mut self) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
-            if matches!(
-                output,
-                Output::LookupSource { .. }
-                    | Output::OpenFeed { .. }
-                    | Output::Reconcile { .. }
-                    | Output::Snapshot { .. }
-                    | Output::Fetch { .. }
-            ) {
+            let publish = match output {
                 // A request can wait long (a reopen while the server is away): show the
-                // attempt, not the state before it. Applies need no status of their own.
+                // attempt, not the state before it.
+                Output::LookupSource { .. }
+                | Output::OpenFeed { .. }
+                | Output::Reconcile { .. }
+                | Output::Snapshot { .. }
+                | Output::Fetch { .. }
+                | Output::Ready { .. } => true,
+                // A saved cursor is visible to others: the status covers it first.
+                Output::Checkpoint { .. } => self.cursor_name.is_some(),
+                // Applies need no status of their own: the turn ends with one.
+                _ => false,
+            };
+            if publish {
                 self.publish_status();
             }
             match output {
@@ -623,6 +632,12 @@ impl FollowerHandle {
     }
 
     /// Its status now (phase, watermark, counters).
+    ///
+    /// The status is published before the watermark, readiness or a saved cursor that
+    /// the same decisions produce: after `wait_ready`, after seeing a cache's watermark or
+    /// a durable cursor reach a position, the status read here covers at least that much.
+    /// Single applies between two such points may be visible in the cache a moment before
+    /// they are counted.
     #[must_use]
     pub fn status(&self) -> Status {
         self.status.borrow().clone()

@@ -3,10 +3,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{config, until};
-use tidemark::tidemark_core::{FollowerConfig, Job, Sync, Utf8};
+use tidemark::tidemark_core::{FollowerConfig, Job, Status, Sync, Utf8};
 use tidemark::{
     AnnouncingRegistry, Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake,
     WakeListener, cache, spawn_wake_cache,
@@ -233,6 +234,72 @@ async fn a_fresh_consumer_replays_the_stream_and_checkpoints_every_entry() {
         m.events.load("c1").await.unwrap(),
         Some(6),
         "every entry, poison included, is checkpointed"
+    );
+}
+
+/// Cursors that note the follower's published status at the moment of each save.
+struct Observing {
+    inner: MemoryEvents,
+    status: tokio::sync::watch::Receiver<Status>,
+    seen: Arc<Mutex<Vec<(u64, Status)>>>,
+}
+
+impl Cursors for Observing {
+    async fn load(&self, name: &str) -> tidemark::Result<Option<u64>> {
+        self.inner.load(name).await
+    }
+
+    async fn save(&self, name: &str, position: u64) -> tidemark::Result<u64> {
+        let status = self.status.borrow().clone();
+        self.seen.lock().unwrap().push((position, status));
+        self.inner.save(name, position).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_status_is_published_before_the_cursor_and_readiness_it_covers() {
+    let m = Memory::new();
+    let r = registry(&m);
+    r.put("a", b"1".to_vec()).await.unwrap();
+    r.put("b", b"2".to_vec()).await.unwrap();
+    m.events
+        .publish("junk", b"not json".to_vec())
+        .await
+        .unwrap();
+    let (writer, cache) = cache();
+    let task = FollowerTask::new(
+        config("observed"),
+        Utf8,
+        m.source.clone(),
+        m.events.clone(),
+        writer,
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observing = Observing {
+        inner: m.events.clone(),
+        status: task.status(),
+        seen: seen.clone(),
+    };
+    let h = task.with_cursor(observing, "observed").spawn();
+    cache.wait_ready().await.unwrap();
+    assert!(
+        h.status().ready,
+        "whoever saw readiness sees a ready status"
+    );
+    until("every entry is checkpointed", || {
+        seen.lock().unwrap().last().is_some_and(|(p, _)| *p == 3)
+    })
+    .await;
+    let seen = seen.lock().unwrap().clone();
+    let (_, at_junk) = seen.iter().find(|(p, _)| *p == 3).unwrap();
+    assert_eq!(
+        at_junk.counters.invalid, 1,
+        "a reader of the saved cursor sees the skip counted: {seen:?}"
+    );
+    assert!(
+        seen.windows(2)
+            .all(|w| w[0].1.counters.applied <= w[1].1.counters.applied),
+        "the status only moves forward: {seen:?}"
     );
 }
 
