@@ -175,7 +175,7 @@ where
     async fn run_loop(&mut self, mut stop: StopSignal) -> Result<()> {
         let mut commands_open = true;
         loop {
-            self.perform().await?;
+            self.perform(&mut stop).await?;
             if self.core.phase() == Phase::Stopped {
                 return Ok(());
             }
@@ -226,7 +226,7 @@ where
                             break;
                         }
                         // Carry out this item's decisions before reading the next one.
-                        self.perform_outputs().await?;
+                        self.perform_outputs(&mut stop).await?;
                         next = match &mut self.stream {
                             Some((t, s)) if *t == token => poll_now(s.next()),
                             _ => None,
@@ -242,15 +242,19 @@ where
     /// The status goes first, here and before a ready or a saved checkpoint: whoever sees a
     /// watermark, readiness or a cursor sees a status at least as new (its counters
     /// included).
-    async fn perform(&mut self) -> Result<()> {
-        self.perform_outputs().await?;
+    async fn perform(&mut self, stop: &mut StopSignal) -> Result<()> {
+        self.perform_outputs(stop).await?;
         self.publish_status();
         self.sink.watermark(self.core.watermark());
         Ok(())
     }
 
     /// Carries out every decision the core has, in order, feeding results back.
-    async fn perform_outputs(&mut self) -> Result<()> {
+    ///
+    /// A request to a port (a lookup, an open, a reconcile, a snapshot, a fetch) can wait
+    /// long while a server is away; a stop asked meanwhile abandons it, so `stop_within`
+    /// keeps its budget. Sink calls and cursor saves are never abandoned halfway.
+    async fn perform_outputs(&mut self, stop: &mut StopSignal) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
             let publish = match output {
                 // A request can wait long (a reopen while the server is away): show the
@@ -271,7 +275,11 @@ where
             }
             match output {
                 Output::LookupSource { token } => {
-                    let input = match self.source.watermark().await {
+                    let Some(found) = or_stop(stop, self.source.watermark()).await else {
+                        self.core.handle_input(Input::Stop, self.clock.now());
+                        continue;
+                    };
+                    let input = match found {
                         Ok(_) => Input::SourceFound { token },
                         Err(e) => Input::RequestFailed {
                             token,
@@ -285,7 +293,11 @@ where
                     from,
                     after_position,
                 } => {
-                    let input = match self.open(from, after_position).await {
+                    let Some(opened) = or_stop(stop, self.open(from, after_position)).await else {
+                        self.core.handle_input(Input::Stop, self.clock.now());
+                        continue;
+                    };
+                    let input = match opened {
                         Ok(opened) => {
                             debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
                             self.stream = Some((token, opened.stream));
@@ -307,7 +319,12 @@ where
                     self.stream = None;
                 }
                 Output::Reconcile { token, since } => {
-                    let input = match self.source.changes_since(since).await {
+                    let Some(changes) = or_stop(stop, self.source.changes_since(since)).await
+                    else {
+                        self.core.handle_input(Input::Stop, self.clock.now());
+                        continue;
+                    };
+                    let input = match changes {
                         Ok(Changes::Since { entries, watermark }) => Input::Changes {
                             token,
                             changes: entries,
@@ -325,7 +342,11 @@ where
                     self.core.handle_input(input, self.clock.now());
                 }
                 Output::Snapshot { token } => {
-                    let input = match self.source.snapshot().await {
+                    let Some(snapshot) = or_stop(stop, self.source.snapshot()).await else {
+                        self.core.handle_input(Input::Stop, self.clock.now());
+                        continue;
+                    };
+                    let input = match snapshot {
                         Ok(snap) => Input::Snapshot {
                             token,
                             entries: snap.entries,
@@ -339,7 +360,11 @@ where
                     self.core.handle_input(input, self.clock.now());
                 }
                 Output::Fetch { token, key, .. } => {
-                    let input = match self.source.get(&key).await {
+                    let Some(fetched) = or_stop(stop, self.source.get(&key)).await else {
+                        self.core.handle_input(Input::Stop, self.clock.now());
+                        continue;
+                    };
+                    let input = match fetched {
                         Ok(value) => Input::Fetched {
                             token,
                             value: value.map(|v| (v.seq, v.value)),
@@ -589,6 +614,15 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// `request`'s result, or `None` if a stop is asked first (the request is dropped).
+async fn or_stop<T>(stop: &mut StopSignal, request: impl Future<Output = T>) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = stop.stopped() => None,
+        result = request => Some(result),
     }
 }
 

@@ -174,3 +174,46 @@ async fn reconcile_through_a_live_follower_is_empty_once_converged() {
         "stop ends the task within its budget"
     );
 }
+
+/// A source that never answers: every read waits forever, as one behind a dead server.
+struct Unanswering;
+
+impl Source for Unanswering {
+    async fn put(&self, _: &str, _: Vec<u8>) -> tidemark::Result<u64> {
+        std::future::pending().await
+    }
+    async fn update(&self, _: &str, _: Vec<u8>, _: u64) -> tidemark::Result<u64> {
+        std::future::pending().await
+    }
+    async fn remove(&self, _: &str) -> tidemark::Result<Option<u64>> {
+        std::future::pending().await
+    }
+    async fn watermark(&self) -> tidemark::Result<u64> {
+        std::future::pending().await
+    }
+    async fn changes_since(&self, _: u64) -> tidemark::Result<tidemark::Changes> {
+        std::future::pending().await
+    }
+    async fn snapshot(&self) -> tidemark::Result<tidemark::Snapshot> {
+        std::future::pending().await
+    }
+    async fn get(&self, _: &str) -> tidemark::Result<Option<tidemark::Versioned>> {
+        std::future::pending().await
+    }
+    async fn first_available(&self) -> tidemark::Result<u64> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stop_abandons_a_request_the_source_never_answers() {
+    let m = Memory::new();
+    let (cache, h) = spawn_cache(config("hung"), Utf8, Unanswering, m.source.clone());
+    tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+    assert!(!cache.is_ready(), "nothing answered, nothing is ready");
+    let status = h
+        .stop_within(std::time::Duration::from_millis(100))
+        .await
+        .expect("a stop asked while a request waits must end the task within its budget");
+    assert_eq!(status.phase, Phase::Stopped);
+}
