@@ -171,7 +171,11 @@ impl PushReader {
                         .as_ref()
                         .and_then(|h| h.get("Nats-Consumer-Stalled"))
                     {
+                        // The server waits for a flow-control answer it missed: answer,
+                        // and read on. This heartbeat does not mean "nothing more to
+                        // send" (taken as idle, it would end a sync below its head).
                         self.reply(stalled.as_str().to_owned()).await;
+                        continue;
                     }
                     if let Some(reply) = message.reply {
                         // A flow-control request: answer it or delivery stops.
