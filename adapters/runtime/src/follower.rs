@@ -531,13 +531,15 @@ where
     fn publish_status(&self) {
         let core = &self.core;
         self.status.send_if_modified(|s| {
-            let notify = s.phase != core.phase() || s.ready != core.is_ready();
+            let before = (s.phase, s.ready, s.watermark, s.keys, s.counters);
             s.phase = core.phase();
             s.ready = core.is_ready();
             s.watermark = core.watermark();
             s.keys = core.len();
             s.counters = core.counters();
-            notify
+            // Watchers wake for any change, counters included: `wait_for(|s| s.counters
+            // .poison > 0)` must not hang on a counter-only change.
+            before != (s.phase, s.ready, s.watermark, s.keys, s.counters)
         });
     }
 
@@ -677,7 +679,9 @@ impl FollowerHandle {
         self.status.borrow().clone()
     }
 
-    /// A receiver of its status as it changes.
+    /// A receiver of its status as it changes: it is marked changed whenever the phase,
+    /// readiness, watermark, key count or any counter moved (once per turn at most, not
+    /// once per entry of a batch).
     #[must_use]
     pub fn watch_status(&self) -> watch::Receiver<Status> {
         self.status.clone()

@@ -217,3 +217,23 @@ async fn a_stop_abandons_a_request_the_source_never_answers() {
         .expect("a stop asked while a request waits must end the task within its budget");
     assert_eq!(status.phase, Phase::Stopped);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_status_watcher_wakes_for_a_counter_only_change() {
+    let m = Memory::new();
+    let (cache, h) = spawn_cache(config("watched"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    let mut status = h.watch_status();
+    status.borrow_and_update();
+    // A poison entry moves the counters and the watermark, not the phase.
+    m.source.put("bad", vec![0xff]).await.unwrap();
+    let seen = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        status.wait_for(|s| s.counters.poison == 1),
+    )
+    .await
+    .expect("a watcher waiting on a counter is woken when it moves")
+    .unwrap()
+    .clone();
+    assert_eq!(seen.phase, Phase::Live, "the phase did not change");
+}
