@@ -1,5 +1,7 @@
 //! The port conformance suite, instantiated with the memory adapter.
 
+use std::time::Duration;
+
 use tidemark::conformance as c;
 use tidemark_memory::{
     MemoryEvents, MemoryLock, MemoryQueue, MemorySchedules, MemorySource, MemoryWake,
@@ -28,9 +30,9 @@ conformance! {
     cursors_are_monotone => MemoryEvents::default();
     wake_reaches_listeners => MemoryWake::default();
     queue_round_trip => MemoryQueue::default();
-    queue_lease_expiry_redelivers => MemoryQueue::default();
+    queue_lease_expiry_redelivers => MemoryQueue::default(), Duration::from_millis(100);
     queue_dead_letters_after_max_attempts => MemoryQueue::default().with_max_attempts(3), 3;
-    lock_is_exclusive_and_expires => MemoryLock::default();
+    lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
 }

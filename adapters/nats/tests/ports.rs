@@ -36,7 +36,7 @@ async fn wake_and_queue_pass_the_conformance_suite() {
     let q = NatsQueue::open(client.clone(), "JOBS1", 3).await.unwrap();
     tidemark::conformance::queue_round_trip(&q).await;
     let q = NatsQueue::open(client.clone(), "JOBS2", 3).await.unwrap();
-    tidemark::conformance::queue_lease_expiry_redelivers(&q).await;
+    tidemark::conformance::queue_lease_expiry_redelivers(&q, Duration::from_secs(1)).await;
     let q = NatsQueue::open(client.clone(), "JOBS3", 3).await.unwrap();
     tidemark::conformance::queue_dead_letters_after_max_attempts(&q, 3).await;
 }

@@ -291,15 +291,24 @@ pub async fn queue_round_trip<Q: Queue>(q: &Q) {
 
 /// A job whose lease expires is delivered again, and the old lease can no longer ack:
 /// a crashed worker loses no job and cannot complete one it no longer holds.
-pub async fn queue_lease_expiry_redelivers<Q: Queue>(q: &Q) {
+///
+/// `visibility` is the lease length the test uses: short under paused time, long enough
+/// on a real clock that a loaded machine acks the second lease before it runs out.
+pub async fn queue_lease_expiry_redelivers<Q: Queue>(q: &Q, visibility: Duration) {
     let id = q.enqueue(Job::Sweep).await.unwrap();
-    let first = q.lease(Duration::from_millis(100)).await.unwrap().unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let second = q
-        .lease(Duration::from_secs(30))
-        .await
-        .unwrap()
-        .expect("redelivered");
+    let first = q.lease(visibility).await.unwrap().unwrap();
+    tokio::time::sleep(visibility * 3 / 2).await;
+    // Redelivery is due now; a busy server may take a moment to make it.
+    let deadline = tokio::time::Instant::now() + visibility * 50;
+    let second = loop {
+        if let Some(lease) = q.lease(visibility).await.unwrap() {
+            break lease;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an expired lease's job is redelivered"
+        );
+    };
     assert_eq!((second.id, second.attempt), (id, 2));
     assert!(
         q.ack(&first).await.is_err(),
@@ -343,8 +352,10 @@ pub async fn queue_dead_letters_after_max_attempts<Q: Queue>(q: &Q, max_attempts
 
 /// One holder at a time; an expired lease frees the lock with a higher fencing token, and
 /// the old holder can no longer renew.
-pub async fn lock_is_exclusive_and_expires<L: Lock>(l: &L) {
-    let ttl = Duration::from_millis(100);
+///
+/// `ttl` is the lease the test takes: short under paused time, long enough on a real clock
+/// that the checks made while a lease is held finish inside it on a loaded machine.
+pub async fn lock_is_exclusive_and_expires<L: Lock>(l: &L, ttl: Duration) {
     let a = l
         .try_lock("sweeper", "a", ttl)
         .await
@@ -355,7 +366,7 @@ pub async fn lock_is_exclusive_and_expires<L: Lock>(l: &L) {
         "exclusive while held"
     );
     l.renew(&a, ttl).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    tokio::time::sleep(ttl * 3 / 2).await;
     let b = l
         .try_lock("sweeper", "b", ttl)
         .await

@@ -10,6 +10,15 @@ use tidemark::tidemark_core::{Job, Schedule};
 use tidemark::{JobState, Lock, Queue, ScheduleStore};
 use tidemark_sqlite::SqliteDb;
 
+/// Sleeps until halfway through the schedule's next interval: a new tick is due and the
+/// one after it is half an interval away.
+async fn to_mid_tick(db: &SqliteDb, every: Duration) {
+    let since = db.schedules().schedules().await.unwrap()[0].since_anchor;
+    let ticks = since.as_nanos() / every.as_nanos();
+    let target = every * u32::try_from(ticks + 1).unwrap() + every / 2;
+    tokio::time::sleep(target - since).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
     let (_dir, path, db) = common::fresh().await;
@@ -20,14 +29,16 @@ async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
         }
         v
     };
-    let every = Duration::from_millis(150);
+    // Ticks come from the wall clock: every round starts halfway between two boundaries,
+    // so a loaded machine's slow commit cannot carry a runner into the next tick.
+    let every = Duration::from_millis(400);
     db.schedules()
         .put_schedule(Schedule::new("sweep", every, Job::Sweep).unwrap())
         .await
         .unwrap();
     let mut fired = 0;
     for round in 0..3 {
-        tokio::time::sleep(every + Duration::from_millis(5)).await;
+        to_mid_tick(&db, every).await;
         let mut tasks = Vec::new();
         for h in others.iter().chain(std::iter::once(&db)) {
             let s = h.schedules();
@@ -47,6 +58,7 @@ async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
     }
     // A long outage: many intervals missed, one job.
     tokio::time::sleep(every * 6).await;
+    to_mid_tick(&db, every).await;
     let late: usize = db.schedules().fire_due().await.unwrap().len()
         + others[0].schedules().fire_due().await.unwrap().len();
     assert_eq!(
@@ -60,6 +72,10 @@ async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
         "every fired tick's job is in the queue"
     );
 }
+
+/// A retry delay long enough that the "not yet" check right after the failure holds even
+/// when a commit stalls on a loaded machine.
+const RETRY: Duration = Duration::from_secs(2);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_job_waits_its_retry_delay_and_a_dead_letter_keeps_its_error() {
@@ -80,9 +96,10 @@ async fn a_failed_job_waits_its_retry_delay_and_a_dead_letter_keeps_its_error() 
             .is_none(),
         "a job leased by one process is hidden from another"
     );
+    let failed_at = std::time::Instant::now();
     let state = other
         .queue()
-        .fail(&lease, "disk full", Duration::from_millis(200))
+        .fail(&lease, "disk full", RETRY)
         .await
         .unwrap();
     assert_eq!(state, JobState::Ready);
@@ -94,13 +111,20 @@ async fn a_failed_job_waits_its_retry_delay_and_a_dead_letter_keeps_its_error() 
             .is_none(),
         "not before its retry delay"
     );
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let again = db
-        .queue()
-        .lease(Duration::from_secs(30))
-        .await
-        .unwrap()
-        .unwrap();
+    // Whenever it reappears, it is not before its delay (wall clock, so no upper bound
+    // is asserted: a loaded machine may be late).
+    let mut again = None;
+    while again.is_none() {
+        assert!(failed_at.elapsed() < RETRY * 15, "the job never came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        again = db.queue().lease(Duration::from_secs(30)).await.unwrap();
+    }
+    let again = again.unwrap();
+    assert!(
+        failed_at.elapsed() >= RETRY,
+        "redelivered after {:?}, before its retry delay",
+        failed_at.elapsed()
+    );
     assert_eq!((again.id, again.attempt), (id, 2));
     let rec = db.queue().get(id).await.unwrap().unwrap();
     assert_eq!(rec.last_error.as_deref(), Some("disk full"));
