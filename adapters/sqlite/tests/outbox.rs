@@ -158,15 +158,10 @@ async fn a_running_relay_drains_writes_made_by_another_handle() {
         .await
         .unwrap();
     let events = db.events();
-    let mut found = false;
-    for _ in 0..500 {
-        if !events.records(0, 10).await.unwrap().is_empty() {
-            found = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert!(found, "a commit by another connection must wake the relay");
+    common::eventually("a commit by another connection wakes the relay", || async {
+        !events.records(0, 10).await.unwrap().is_empty()
+    })
+    .await;
     assert_eq!(
         Event::decode(&events.records(0, 1).await.unwrap()[0].payload)
             .unwrap()

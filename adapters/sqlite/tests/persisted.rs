@@ -3,9 +3,6 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
-
-use std::time::Duration;
-
 use tidemark::{Source, Wake};
 use tidemark_sqlite::{SqliteDb, Write};
 
@@ -106,12 +103,10 @@ async fn a_persistent_follower_catches_up_on_wakes() {
     let cache = f.cache().clone();
     let task = tokio::spawn(async move { f.run(&mut listener).await });
     db.source().put("x", b"1".to_vec()).await.unwrap();
-    for _ in 0..500 {
-        if cache.watermark().await.unwrap() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    common::eventually("the wake brings the write in", || async {
+        cache.watermark().await.unwrap() == 1
+    })
+    .await;
     assert_eq!(cache.get("x").await.unwrap(), Some((1, b"1".to_vec())));
     task.abort();
 }

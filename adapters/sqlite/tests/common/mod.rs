@@ -22,3 +22,20 @@ pub async fn persistent_follower(db: &SqliteDb, name: &str) -> tidemark_sqlite::
     .await
     .expect("a persisted follower starts")
 }
+
+/// Waits until `cond` holds, polling every 5 ms; panics with `what` after 30 s (commits
+/// are synced: a loaded machine can take much longer than an idle one).
+pub async fn eventually<F, Fut>(what: &str, mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = std::time::Instant::now();
+    while !cond().await {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "timed out after 30 s waiting until {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+}
