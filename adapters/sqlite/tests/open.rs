@@ -8,6 +8,30 @@ use std::io::{Seek, SeekFrom, Write as _};
 use tidemark::Source;
 use tidemark_sqlite::{Error, SCHEMA_VERSION, SqliteDb};
 
+/// Moves the whole WAL into the main file and empties it, retrying while the dropped
+/// handle's watcher thread still has its connection open (it closes it on its next poll;
+/// a loaded machine may take a while).
+fn checkpoint_everything(path: &std::path::Path) {
+    let started = std::time::Instant::now();
+    loop {
+        let c = rusqlite::Connection::open(path).unwrap();
+        let busy: i64 = c
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |r| r.get(0))
+            .unwrap();
+        drop(c);
+        let wal = path.with_extension("db-wal");
+        let wal_empty = std::fs::metadata(&wal).map_or(true, |m| m.len() == 0);
+        if busy == 0 && wal_empty {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the WAL could not be checkpointed (busy {busy})"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 #[tokio::test]
 async fn opening_twice_is_idempotent() {
     let (_dir, path, db) = common::fresh().await;
@@ -35,12 +59,7 @@ async fn a_truncated_file_is_refused() {
         .collect();
     db.source().write_batch(writes).await.unwrap();
     drop(db);
-    // Let the watcher thread close its connection, which checkpoints the WAL into the file.
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    }
+    checkpoint_everything(&path);
     let len = std::fs::metadata(&path).unwrap().len();
     assert!(len > 8192, "the test needs a multi-page file, got {len}");
     std::fs::OpenOptions::new()
@@ -70,11 +89,7 @@ async fn a_corrupt_file_is_refused() {
     let (_dir, path, db) = common::fresh().await;
     db.source().put("a", b"1".to_vec()).await.unwrap();
     drop(db);
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    {
-        let c = rusqlite::Connection::open(&path).unwrap();
-        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").unwrap();
-    }
+    checkpoint_everything(&path);
     // Scribble over the schema table's page content (page 1 after the file header).
     let mut f = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     f.seek(SeekFrom::Start(100)).unwrap();
