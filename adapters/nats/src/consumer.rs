@@ -28,7 +28,7 @@ const TICK: Duration = Duration::from_millis(250);
 /// One stream message delivered to the consumer.
 #[derive(Debug)]
 pub(crate) struct Delivered {
-    pub subject: String,
+    pub subject: async_nats::Subject,
     pub seq: u64,
     pub pending: u64,
     pub headers: Option<HeaderMap>,
@@ -48,6 +48,9 @@ pub(crate) enum Seen {
 /// the background; the inactivity threshold is the backstop).
 pub(crate) struct PushReader {
     client: Client,
+    /// The client's counters, taken once: `Client::statistics` clones an `Arc` per call,
+    /// and the reconnect check runs per message.
+    statistics: std::sync::Arc<async_nats::Statistics>,
     context: jetstream::Context,
     subscriber: Subscriber,
     stream: String,
@@ -114,6 +117,7 @@ impl PushReader {
             .await
             .map_err(|e| unavailable(port, format!("creating a consumer: {e}")))?;
         Ok(PushReader {
+            statistics: client.statistics(),
             client: client.clone(),
             context: context.clone(),
             subscriber,
@@ -231,7 +235,7 @@ impl PushReader {
             }
             self.last_consumer_seq = consumer_seq;
             return Some(Ok(Seen::Message(Delivered {
-                subject: message.subject.to_string(),
+                subject: message.subject,
                 seq,
                 pending,
                 headers: message.headers,
@@ -242,8 +246,7 @@ impl PushReader {
 
     fn check_connection(&self, port: &'static str) -> Result<()> {
         let connects = self
-            .client
-            .statistics()
+            .statistics
             .connects
             .load(std::sync::atomic::Ordering::Relaxed);
         if connects != self.connects {
@@ -278,30 +281,25 @@ impl Drop for PushReader {
 /// Stream sequence, consumer sequence and pending count from a JetStream ack subject:
 /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1) or with a
 /// domain and account hash after `ACK` (v2, optionally with a trailing token).
+///
+/// Read once per delivered message, so it allocates nothing.
 pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
-    let tokens: Vec<&str> = reply.split('.').collect();
-    let at = match tokens.len() {
+    let mut tokens = [""; 12];
+    let mut count = 0;
+    for token in reply.split('.') {
+        *tokens.get_mut(count)? = token;
+        count += 1;
+    }
+    let at = match count {
         9 => 4,
         11 | 12 => 6,
         _ => return None,
     };
-    if tokens.first() != Some(&"$JS") || tokens.get(1) != Some(&"ACK") {
+    if tokens[0] != "$JS" || tokens[1] != "ACK" {
         return None;
     }
     let number = |i: usize| tokens.get(at + i).and_then(|t| t.parse::<u64>().ok());
     Some((number(1)?, number(2)?, number(4)?))
-}
-
-/// The delivered-count (attempt) from an ack subject.
-#[allow(dead_code)]
-pub(crate) fn parse_delivered(reply: &str) -> Option<u64> {
-    let tokens: Vec<&str> = reply.split('.').collect();
-    let at = match tokens.len() {
-        9 => 4,
-        11 | 12 => 6,
-        _ => return None,
-    };
-    tokens.get(at).and_then(|t| t.parse().ok())
 }
 
 #[cfg(test)]
@@ -318,7 +316,11 @@ mod tests {
             parse_ack_subject("$JS.ACK.dom.hash.KV_b.c1.2.42.7.1700000000.3.tok"),
             Some((42, 7, 3))
         );
-        assert_eq!(parse_delivered("$JS.ACK.S.c.4.1.1.1.0"), Some(4));
+        assert_eq!(
+            parse_ack_subject("$JS.ACK.a.b.c.d.e.f.g.h.i.j.k"),
+            None,
+            "too many tokens"
+        );
         assert_eq!(parse_ack_subject("_INBOX.x"), None, "not an ack subject");
         assert_eq!(parse_ack_subject("$JS.ACK.S.c.x.1.1.1.0"), Some((1, 1, 0)));
     }
