@@ -1,6 +1,6 @@
 //! The announce plan: after a write commits, which legs to run and how to report them.
 
-use crate::event::Event;
+use crate::event::{EncodeError, Event};
 use crate::job::{Job, JobId};
 
 /// Which announce legs a writer runs. All three by default.
@@ -41,16 +41,16 @@ pub struct AnnouncePlan {
 }
 
 impl AnnouncePlan {
-    /// Plans the announcement of `event` with `legs`. `None` when the event cannot be
-    /// serialised: the driver then runs nothing and reports [`AnnounceReport::default`].
-    #[must_use]
-    pub fn new(event: &Event, legs: Legs) -> Option<AnnouncePlan> {
-        let payload = event.encode().ok()?;
+    /// Plans the announcement of `event` with `legs`. An error when the event cannot be
+    /// serialised: the driver then runs no leg at all (not even the enqueue) and reports
+    /// [`AnnounceReport::default`], logging the reason.
+    pub fn new(event: &Event, legs: Legs) -> Result<AnnouncePlan, EncodeError> {
+        let payload = event.encode()?;
         let key = event.key().to_owned();
         let job = legs
             .enqueue
             .then(|| Job::PackHousekeeping { key: key.clone() });
-        Some(AnnouncePlan {
+        Ok(AnnouncePlan {
             key,
             payload,
             publish: legs.publish,
@@ -120,6 +120,27 @@ mod tests {
             enqueued: None,
         };
         assert!(report.is_complete(&plan));
+    }
+
+    #[test]
+    fn an_event_no_reader_could_decode_plans_nothing() {
+        for e in [
+            Event::Put {
+                seq: 0,
+                key: "k".into(),
+                value: b"v".to_vec(),
+            },
+            Event::Removed {
+                seq: 3,
+                key: String::new(),
+            },
+        ] {
+            let err = AnnouncePlan::new(&e, Legs::default()).unwrap_err();
+            assert!(
+                matches!(err, EncodeError::Invalid(_)),
+                "{e:?} must be refused as invalid, got {err}"
+            );
+        }
     }
 
     #[test]

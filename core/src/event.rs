@@ -58,8 +58,16 @@ pub enum NotAnEvent {
 
 /// Why an event could not be turned into bytes.
 #[derive(Debug, thiserror::Error)]
-#[error("event could not be serialised: {0}")]
-pub struct EncodeError(#[from] serde_json::Error);
+#[non_exhaustive]
+pub enum EncodeError {
+    /// The event breaks a rule every reader enforces (a zero seq, an empty key): its bytes
+    /// would be "not an event" to every consumer, so it is refused at the writer.
+    #[error("event could not be serialised: {0}")]
+    Invalid(NotAnEvent),
+    /// The JSON serialiser failed.
+    #[error("event could not be serialised: {0}")]
+    Json(#[from] serde_json::Error),
+}
 
 impl Event {
     /// The entity key this event is about.
@@ -96,8 +104,16 @@ impl Event {
         Ok(event)
     }
 
-    /// The JSON wire form.
+    /// The JSON wire form. An event that [`decode`](Self::decode) would refuse (a zero
+    /// seq, an empty key) is refused here too, with [`EncodeError::Invalid`]: what a
+    /// writer announces, every reader can read.
     pub fn encode(&self) -> Result<Vec<u8>, EncodeError> {
+        if self.seq() == 0 {
+            return Err(EncodeError::Invalid(NotAnEvent::ZeroSeq));
+        }
+        if self.key().is_empty() {
+            return Err(EncodeError::Invalid(NotAnEvent::EmptyKey));
+        }
         Ok(serde_json::to_vec(self)?)
     }
 

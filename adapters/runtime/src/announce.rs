@@ -95,13 +95,17 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
     /// Runs the announce legs for an already committed `event`. An event that cannot be
     /// serialised yields an empty report. Never fails: failures are logged and reported.
     pub async fn announce(&self, event: &Event) -> AnnounceReport {
-        let Some(plan) = AnnouncePlan::new(event, self.legs) else {
-            warn!(
-                key = event.key(),
-                seq = event.seq(),
-                "event could not be serialised; not announced"
-            );
-            return AnnounceReport::default();
+        let plan = match AnnouncePlan::new(event, self.legs) {
+            Ok(plan) => plan,
+            Err(e) => {
+                warn!(
+                    key = event.key(),
+                    seq = event.seq(),
+                    error = %e,
+                    "not announced"
+                );
+                return AnnounceReport::default();
+            }
         };
         let mut report = AnnounceReport::default();
         let seq = event.seq();

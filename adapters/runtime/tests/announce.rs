@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{config, until};
-use tidemark::tidemark_core::{FollowerConfig, Job, Status, Sync, Utf8};
+use tidemark::tidemark_core::{AnnounceReport, Event, FollowerConfig, Job, Status, Sync, Utf8};
 use tidemark::{
     AnnouncingRegistry, Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake,
     WakeListener, cache, spawn_wake_cache,
@@ -57,6 +57,40 @@ async fn an_announced_write_lands_all_three_legs() {
         "the events stream is keyed by entity key"
     );
     assert!(matches!(listener.recv().await.unwrap(), Received::Wake(p) if p == records[0].payload));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_that_cannot_be_serialised_yields_an_empty_report_and_runs_no_leg() {
+    let m = Memory::new();
+    let r = registry(&m);
+    let mut listener = m.wake.listen("changes").await.unwrap();
+    // No reader could decode these (seq 0, empty key): the writer refuses to send them.
+    for event in [
+        Event::Put {
+            seq: 0,
+            key: "k".into(),
+            value: b"v".to_vec(),
+        },
+        Event::Removed {
+            seq: 5,
+            key: String::new(),
+        },
+    ] {
+        let report = r.announce(&event).await;
+        assert_eq!(report, AnnounceReport::default(), "{event:?}");
+    }
+    assert!(m.events.records().is_empty(), "nothing published");
+    assert!(m.queue.jobs().is_empty(), "nothing enqueued");
+    assert!(
+        matches!(
+            listener
+                .recv_timeout(Duration::from_millis(100))
+                .await
+                .unwrap(),
+            Received::TimedOut
+        ),
+        "nobody notified"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -116,8 +116,9 @@ fn mutate(
                 key: key.to_owned(),
             },
         };
-        // An event that cannot be serialised yields an empty announcement: no row.
-        if let Some(plan) = AnnouncePlan::new(&event, legs) {
+        // An event that cannot be serialised yields an empty announcement: no row. (A
+        // committed write's event always can: its seq is positive and its key checked.)
+        if let Ok(plan) = AnnouncePlan::new(&event, legs) {
             let job = plan.job.as_ref().and_then(|j| j.encode().ok());
             tx.prepare_cached(
                 "INSERT INTO outbox (seq, key, payload, publish, notify, job)
