@@ -21,6 +21,18 @@ pub enum ConnectError {
         /// Why.
         source: std::io::Error,
     },
+    /// More than one way to authenticate was set; say which one to use.
+    #[error("more than one authentication method set ({methods}): choose one")]
+    ConflictingAuth {
+        /// The methods set, comma-separated.
+        methods: String,
+    },
+    /// The nkey seed is not a valid user seed (`SU…`); nothing was sent to a server.
+    #[error("the nkey seed is not a valid user seed: {reason}")]
+    InvalidNkey {
+        /// Why.
+        reason: String,
+    },
     /// The server refused the credentials (wrong user or password, token, nkey or JWT).
     #[error(
         "NATS server {servers} rejected the credentials (authorization violation): check the \
@@ -192,8 +204,11 @@ impl NatsOptions {
     /// The async-nats options these stand for, to add settings this type does not carry.
     ///
     /// # Errors
+    /// [`ConnectError::ConflictingAuth`] if more than one authentication method is set,
+    /// [`ConnectError::InvalidNkey`] for a seed that is not a user seed, and
     /// [`ConnectError::Credentials`] if the credentials file cannot be read.
     pub async fn to_connect_options(&self) -> Result<async_nats::ConnectOptions, ConnectError> {
+        self.check_auth()?;
         let mut o = match &self.credentials_file {
             Some(path) => async_nats::ConnectOptions::with_credentials_file(path.clone())
                 .await
@@ -231,6 +246,36 @@ impl NatsOptions {
             o = o.request_timeout(Some(t));
         }
         Ok(o)
+    }
+
+    /// At most one authentication method, and an nkey seed that is one: mistakes a
+    /// caller can fix are reported before any server is asked.
+    fn check_auth(&self) -> Result<(), ConnectError> {
+        let methods: Vec<&str> = [
+            (self.credentials_file.is_some(), "credentials file"),
+            (self.nkey.is_some(), "nkey"),
+            (self.user_password.is_some(), "user/password"),
+            (self.token.is_some(), "token"),
+        ]
+        .into_iter()
+        .filter_map(|(set, name)| set.then_some(name))
+        .collect();
+        if methods.len() > 1 {
+            return Err(ConnectError::ConflictingAuth {
+                methods: methods.join(", "),
+            });
+        }
+        if let Some(seed) = &self.nkey {
+            let pair = nkeys::KeyPair::from_seed(seed).map_err(|e| ConnectError::InvalidNkey {
+                reason: e.to_string(),
+            })?;
+            if pair.key_pair_type() != nkeys::KeyPairType::User {
+                return Err(ConnectError::InvalidNkey {
+                    reason: format!("a {:?} seed, not a user seed", pair.key_pair_type()),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Connects. Once connected, the client reconnects on its own after a server restart;
