@@ -25,7 +25,9 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// dead-lettered) in the KV bucket `<name>_state`.
 ///
 /// A lease is the consumer's ack wait (set to the requested visibility); an expired lease
-/// is redelivered by the server. `fail` naks with the retry delay, or terminates the
+/// is redelivered by the server. The ack wait belongs to the consumer, which every worker
+/// on the queue shares: use one visibility per queue, because a lease asked with another
+/// one changes the ack wait of every lease still outstanding. `fail` naks with the retry delay, or terminates the
 /// message and dead-letters the job once `max_attempts` are used up, keeping its last
 /// error. The job id is the stream sequence of its message. A lease can be acked or failed
 /// only by the process (the `NatsQueue` handle and its clones) that took it.
