@@ -273,130 +273,128 @@ where
             if publish {
                 self.publish_status();
             }
-            match output {
+            // A request's answer, fed back below; `None` when a stop abandoned it.
+            let answer = match output {
                 Output::LookupSource { token } => {
-                    let Some(found) = or_stop(stop, self.source.watermark()).await else {
-                        self.core.handle_input(Input::Stop, self.clock.now());
-                        continue;
-                    };
-                    let input = match found {
-                        Ok(_) => Input::SourceFound { token },
-                        Err(e) => Input::RequestFailed {
-                            token,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.core.handle_input(input, self.clock.now());
+                    or_stop(stop, self.source.watermark())
+                        .await
+                        .map(|found| match found {
+                            Ok(_) => Input::SourceFound { token },
+                            Err(e) => Input::RequestFailed {
+                                token,
+                                error: e.to_string(),
+                            },
+                        })
                 }
                 Output::OpenFeed {
                     token,
                     from,
                     after_position,
-                } => {
-                    let Some(opened) = or_stop(stop, self.open(from, after_position)).await else {
-                        self.core.handle_input(Input::Stop, self.clock.now());
-                        continue;
-                    };
-                    let input = match opened {
-                        Ok(opened) => {
-                            debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
-                            self.stream = Some((token, opened.stream));
-                            Input::FeedOpened {
-                                token,
-                                info: opened.info,
-                            }
-                        }
-                        Err(e) => Input::FeedFailed {
+                } => match or_stop(stop, self.open(from, after_position)).await {
+                    None => None,
+                    Some(Ok(opened)) => {
+                        debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                        self.stream = Some((token, opened.stream));
+                        Some(Input::FeedOpened {
                             token,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.core.handle_input(input, self.clock.now());
-                }
-                Output::CloseFeed { token }
-                    if self.stream.as_ref().is_some_and(|(t, _)| *t == token) =>
-                {
-                    self.stream = None;
-                }
+                            info: opened.info,
+                        })
+                    }
+                    Some(Err(e)) => Some(Input::FeedFailed {
+                        token,
+                        error: e.to_string(),
+                    }),
+                },
                 Output::Reconcile { token, since } => {
-                    let Some(changes) = or_stop(stop, self.source.changes_since(since)).await
-                    else {
-                        self.core.handle_input(Input::Stop, self.clock.now());
-                        continue;
-                    };
-                    let input = match changes {
-                        Ok(Changes::Since { entries, watermark }) => Input::Changes {
-                            token,
-                            changes: entries,
-                            source_watermark: watermark,
-                        },
-                        Ok(Changes::Compacted { first_available }) => Input::ChangesUnavailable {
-                            token,
-                            first_available,
-                        },
-                        Err(e) => Input::RequestFailed {
-                            token,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.core.handle_input(input, self.clock.now());
+                    or_stop(stop, self.source.changes_since(since))
+                        .await
+                        .map(|changes| match changes {
+                            Ok(Changes::Since { entries, watermark }) => Input::Changes {
+                                token,
+                                changes: entries,
+                                source_watermark: watermark,
+                            },
+                            Ok(Changes::Compacted { first_available }) => {
+                                Input::ChangesUnavailable {
+                                    token,
+                                    first_available,
+                                }
+                            }
+                            Err(e) => Input::RequestFailed {
+                                token,
+                                error: e.to_string(),
+                            },
+                        })
                 }
                 Output::Snapshot { token } => {
-                    let Some(snapshot) = or_stop(stop, self.source.snapshot()).await else {
-                        self.core.handle_input(Input::Stop, self.clock.now());
-                        continue;
-                    };
-                    let input = match snapshot {
-                        Ok(snap) => Input::Snapshot {
-                            token,
-                            entries: snap.entries,
-                            source_watermark: snap.watermark,
-                        },
-                        Err(e) => Input::RequestFailed {
-                            token,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.core.handle_input(input, self.clock.now());
+                    or_stop(stop, self.source.snapshot())
+                        .await
+                        .map(|snapshot| match snapshot {
+                            Ok(snap) => Input::Snapshot {
+                                token,
+                                entries: snap.entries,
+                                source_watermark: snap.watermark,
+                            },
+                            Err(e) => Input::RequestFailed {
+                                token,
+                                error: e.to_string(),
+                            },
+                        })
                 }
                 Output::Fetch { token, key, .. } => {
-                    let Some(fetched) = or_stop(stop, self.source.get(&key)).await else {
-                        self.core.handle_input(Input::Stop, self.clock.now());
-                        continue;
-                    };
-                    let input = match fetched {
-                        Ok(value) => Input::Fetched {
-                            token,
-                            value: value.map(|v| (v.seq, v.value)),
-                        },
-                        Err(e) => Input::RequestFailed {
-                            token,
-                            error: e.to_string(),
-                        },
-                    };
-                    self.core.handle_input(input, self.clock.now());
+                    or_stop(stop, self.source.get(&key))
+                        .await
+                        .map(|fetched| match fetched {
+                            Ok(value) => Input::Fetched {
+                                token,
+                                value: value.map(|v| (v.seq, v.value)),
+                            },
+                            Err(e) => Input::RequestFailed {
+                                token,
+                                error: e.to_string(),
+                            },
+                        })
                 }
-                Output::Put { key, seq, value } => self.sink.put(key, seq, value).await?,
-                Output::Remove { key, seq } => self.sink.remove(key, seq).await?,
-                Output::Checkpoint { position } => {
-                    if let Some(name) = &self.cursor_name
-                        && let Err(e) = self.cursors.save(name, position).await
-                    {
-                        // Fail-soft: the next checkpoint saves a higher position anyway.
-                        warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed");
-                    }
+                other => {
+                    self.carry_out(other).await?;
+                    continue;
                 }
-                Output::Ready { watermark } => {
-                    info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
-                    self.sink.ready(watermark);
-                    self.answer(Reconciled {
-                        watermark,
-                        ..Reconciled::default()
-                    });
-                }
-                Output::Diagnostic(d) => self.diagnose(d),
-                _ => {}
+            };
+            self.core
+                .handle_input(answer.unwrap_or(Input::Stop), self.clock.now());
+        }
+        Ok(())
+    }
+
+    /// Carries out an output that asks nothing back: an apply, a close, a checkpoint,
+    /// readiness, a diagnostic.
+    async fn carry_out(&mut self, output: Output<D::Value>) -> Result<()> {
+        match output {
+            Output::CloseFeed { token }
+                if self.stream.as_ref().is_some_and(|(t, _)| *t == token) =>
+            {
+                self.stream = None;
             }
+            Output::Put { key, seq, value } => self.sink.put(key, seq, value).await?,
+            Output::Remove { key, seq } => self.sink.remove(key, seq).await?,
+            Output::Checkpoint { position } => {
+                if let Some(name) = &self.cursor_name
+                    && let Err(e) = self.cursors.save(name, position).await
+                {
+                    // Fail-soft: the next checkpoint saves a higher position anyway.
+                    warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed");
+                }
+            }
+            Output::Ready { watermark } => {
+                info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
+                self.sink.ready(watermark);
+                self.answer(Reconciled {
+                    watermark,
+                    ..Reconciled::default()
+                });
+            }
+            Output::Diagnostic(d) => self.diagnose(d),
+            _ => {}
         }
         Ok(())
     }
