@@ -1065,6 +1065,17 @@ impl<D: Decode> Follower<D> {
         }
     }
 
+    /// Makes room in the key index for the `pending` entries the feed says are still to
+    /// come in an initial sync, rather than growing (and rehashing) it a dozen times on the
+    /// way. Bounded, so a wrong count cannot reserve without limit.
+    fn presize(&mut self, pending: u64) {
+        const LIMIT: u64 = 1 << 20;
+        let want = usize::try_from(pending.min(LIMIT)).unwrap_or(0) + 1;
+        if self.index.capacity() - self.index.len() < want {
+            self.index.reserve(want);
+        }
+    }
+
     fn checkpoint(&mut self, position: u64) {
         let wants = self
             .feed
@@ -1102,8 +1113,13 @@ impl<D: Decode> Follower<D> {
             key,
             op,
             value,
-            ..
+            pending,
         } = entry;
+        if let Some(pending) = pending
+            && !self.ready
+        {
+            self.presize(pending);
+        }
         if seq == 0 {
             self.invalid(0, key, InvalidReason::ZeroSeq);
             self.checkpoint(position);

@@ -77,6 +77,20 @@ fn a_sparse_replay_into_an_empty_cache_needs_no_resync() {
     assert_eq!(h.f.counters().gaps, 0);
 }
 
+#[test]
+fn a_pending_count_is_a_hint_that_cannot_reserve_without_limit() {
+    // A KV feed tells how many entries are still to come; the follower makes room for
+    // them. A wrong count (here the largest there is) must neither panic nor change what
+    // the follower decides.
+    let mut h = H::new();
+    h.open(sparse(1, 3));
+    h.entry(Entry::put(1, "a", "1").with_pending(u64::MAX));
+    h.entry(Entry::put(2, "b", "2").with_pending(u64::MAX - 1));
+    let outs = h.entry(Entry::put(3, "c", "3").with_pending(0));
+    assert!(is_ready(&outs), "{outs:?}");
+    assert_eq!((h.f.len(), h.f.watermark()), (3, 3));
+}
+
 // ---- §4 resume ----
 
 #[test]
