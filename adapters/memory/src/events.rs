@@ -40,7 +40,7 @@ struct Inner {
 /// An in-process events stream. Positions are the stream's own (they differ from the
 /// source's seqs); payloads are [`Event`] JSON, or anything else a foreign producer
 /// published (delivered as [`FeedItem::Undecodable`]). As a [`Feed`] it is
-/// [`Continuity::Sparse`] and wants a checkpoint per entry.
+/// [`Continuity::Sparse`](tidemark::tidemark_core::Continuity::Sparse) and wants a checkpoint per entry.
 #[derive(Clone, Debug)]
 pub struct MemoryEvents {
     inner: Arc<Inner>,

@@ -37,7 +37,7 @@ struct Inner {
 
 /// An in-process source: a key → value map in which every mutation gets the next seq, with
 /// a change log (puts and tombstones) that serves [`Source::changes_since`] and is itself
-/// a [`Continuity::Gapless`] [`Feed`].
+/// a [`Continuity::Gapless`](tidemark::tidemark_core::Continuity::Gapless) [`Feed`].
 ///
 /// A cheap handle: clones share the state, which can live outside a simulated host that
 /// crashes, like a disk.

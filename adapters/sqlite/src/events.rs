@@ -14,7 +14,7 @@ use crate::error::unavailable;
 const READ_BATCH: i64 = 1024;
 
 /// The events stream: payloads keyed by entity key at increasing positions, and named
-/// cursors with monotone saves. As a [`Feed`] it is [`Continuity::Sparse`] (positions are
+/// cursors with monotone saves. As a [`Feed`] it is [`Continuity::Sparse`](tidemark::tidemark_core::Continuity::Sparse) (positions are
 /// the stream's own, not seqs) and wants a checkpoint per entry; a payload that is not an
 /// [`Event`] arrives as [`FeedItem::Undecodable`].
 #[derive(Clone, Debug)]

@@ -39,7 +39,7 @@ pub struct Compaction {
     pub first_available: u64,
 }
 
-/// The registry: a [`Source`], and its change log as a [`Continuity::Gapless`] [`Feed`].
+/// The registry: a [`Source`], and its change log as a [`Continuity::Gapless`](tidemark::tidemark_core::Continuity::Gapless) [`Feed`].
 ///
 /// Each mutation, its seq, its change-log row and (for an announcing source) its outbox
 /// row commit in one transaction. Removals keep a tombstone row carrying their seq, so
