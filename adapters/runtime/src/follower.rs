@@ -422,7 +422,15 @@ where
         self.feed.open(from, after).await
     }
 
+    /// Answers the callers of `reconcile()`. Status and watermark go first: a caller who
+    /// got `r` sees a status and a cache watermark at least at `r.watermark` (the core
+    /// emits the answer after the applies it covers, so they are in the sink).
     fn answer(&mut self, r: Reconciled) {
+        if self.pending.is_empty() {
+            return;
+        }
+        self.publish_status();
+        self.sink.watermark(r.watermark);
         for reply in self.pending.drain(..) {
             let _ = reply.send(r);
         }
@@ -678,8 +686,9 @@ impl FollowerHandle {
     }
 
     /// A receiver of its status as it changes: it is marked changed whenever the phase,
-    /// readiness, watermark, key count or any counter moved (once per turn at most, not
-    /// once per entry of a batch).
+    /// readiness, watermark, key count or any counter moved. It is published at the end
+    /// of each turn (one per batch of feed entries, not one per entry), and before a
+    /// request, readiness, a reconcile's answer or a saved cursor.
     #[must_use]
     pub fn watch_status(&self) -> watch::Receiver<Status> {
         self.status.clone()

@@ -237,3 +237,49 @@ async fn a_status_watcher_wakes_for_a_counter_only_change() {
     .clone();
     assert_eq!(seen.phase, Phase::Live, "the phase did not change");
 }
+
+/// A sink that is slow to record its watermark (as one that persists it would be).
+struct SlowWatermark(std::sync::Arc<std::sync::atomic::AtomicU64>);
+
+impl tidemark::Sink<String> for SlowWatermark {
+    async fn put(&mut self, _: String, _: u64, _: String) -> tidemark::Result<()> {
+        Ok(())
+    }
+    async fn remove(&mut self, _: String, _: u64) -> tidemark::Result<()> {
+        Ok(())
+    }
+    fn watermark(&mut self, watermark: u64) {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        self.0.store(watermark, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconcile_answer_comes_after_the_status_and_watermark_it_reports() {
+    let m = Memory::new();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let h = tidemark::FollowerTask::new(
+        config("answer"),
+        Utf8,
+        m.source.clone(),
+        m.source.clone(),
+        SlowWatermark(seen.clone()),
+    )
+    .spawn();
+    for i in 0..5 {
+        m.source.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+        let r = h.reconcile().await.unwrap();
+        assert!(
+            h.status().watermark >= r.watermark,
+            "the status covers the answer: {:?} vs {r:?}",
+            h.status()
+        );
+        assert!(
+            seen.load(std::sync::atomic::Ordering::SeqCst) >= r.watermark,
+            "the sink's watermark covers the answer: {r:?}"
+        );
+    }
+    h.stop_within(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+}
