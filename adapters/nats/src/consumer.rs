@@ -24,6 +24,9 @@ pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
 const INACTIVE: Duration = Duration::from_secs(10);
 /// How often the reader looks at the connection while waiting.
 const TICK: Duration = Duration::from_millis(250);
+/// Stalled-consumer heartbeats in a row (no message between them) before the reader gives
+/// up on the consumer: one per heartbeat interval, so about this many seconds.
+const MAX_STALLS: u32 = 3;
 
 /// One stream message delivered to the consumer.
 #[derive(Debug)]
@@ -65,6 +68,8 @@ pub(crate) struct PushReader {
     tick: std::pin::Pin<Box<tokio::time::Sleep>>,
     /// Whether anything arrived since the tick last fired.
     traffic: bool,
+    /// Stalled-consumer heartbeats since the last message.
+    stalls: u32,
 }
 
 impl std::fmt::Debug for PushReader {
@@ -129,6 +134,7 @@ impl PushReader {
             since_traffic: Duration::ZERO,
             tick: Box::pin(tokio::time::sleep(TICK)),
             traffic: false,
+            stalls: 0,
         })
     }
 
@@ -170,22 +176,13 @@ impl PushReader {
             self.since_traffic = Duration::ZERO;
             match message.status {
                 Some(StatusCode::IDLE_HEARTBEAT) => {
-                    if let Some(stalled) = message
-                        .headers
-                        .as_ref()
-                        .and_then(|h| h.get("Nats-Consumer-Stalled"))
-                    {
-                        // The server waits for a flow-control answer it missed: answer,
-                        // and read on. This heartbeat does not mean "nothing more to
-                        // send" (taken as idle, it would end a sync below its head).
-                        self.reply(stalled.as_str().to_owned()).await;
-                        continue;
-                    }
                     if let Some(reply) = message.reply {
                         // A flow-control request: answer it or delivery stops.
                         self.reply(reply.to_string()).await;
                         continue;
                     }
+                    // Everything delivered before a heartbeat arrived before it: the last
+                    // consumer sequence it names must be the one we read.
                     let last = message
                         .headers
                         .as_ref()
@@ -201,6 +198,24 @@ impl PushReader {
                                 self.consumer, self.last_consumer_seq
                             ),
                         )));
+                    }
+                    if let Some(stalled) = message
+                        .headers
+                        .as_ref()
+                        .and_then(|h| h.get("Nats-Consumer-Stalled"))
+                    {
+                        // The server waits for a flow-control answer it missed: answer and
+                        // read on (this is not "nothing more to send"). If answers keep
+                        // getting lost, give up and let the follower reopen.
+                        self.stalls += 1;
+                        if self.stalls > MAX_STALLS {
+                            return Some(Err(unavailable(
+                                port,
+                                format!("consumer {} stays stalled", self.consumer),
+                            )));
+                        }
+                        self.reply(stalled.as_str().to_owned()).await;
+                        continue;
                     }
                     return Some(Ok(Seen::Idle));
                 }
@@ -234,6 +249,7 @@ impl PushReader {
                 )));
             }
             self.last_consumer_seq = consumer_seq;
+            self.stalls = 0;
             return Some(Ok(Seen::Message(Delivered {
                 subject: message.subject,
                 seq,
