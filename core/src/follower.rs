@@ -1065,11 +1065,14 @@ impl<D: Decode> Follower<D> {
         }
     }
 
-    /// Makes room in the key index for the `pending` entries the feed says are still to
-    /// come in an initial sync, rather than growing (and rehashing) it a dozen times on the
-    /// way. Bounded, so a wrong count cannot reserve without limit.
+    /// Makes room in an empty key index for the `pending` entries the feed says are still
+    /// to come in an initial sync, rather than growing (and rehashing) it a dozen times on
+    /// the way. For a KV bucket's first sync that count is the number of keys; for a stream
+    /// replayed from its start it counts every message, so it is only a hint: taken once,
+    /// and bounded (2^17 entries, at most about 8 MiB of index) so a long history of a few
+    /// keys cannot reserve much.
     fn presize(&mut self, pending: u64) {
-        const LIMIT: u64 = 1 << 20;
+        const LIMIT: u64 = 1 << 17;
         let want = usize::try_from(pending.min(LIMIT)).unwrap_or(0) + 1;
         if self.index.capacity() - self.index.len() < want {
             self.index.reserve(want);
@@ -1117,6 +1120,7 @@ impl<D: Decode> Follower<D> {
         } = entry;
         if let Some(pending) = pending
             && !self.ready
+            && self.index.is_empty()
         {
             self.presize(pending);
         }
