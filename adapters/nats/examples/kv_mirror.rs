@@ -33,13 +33,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (cache, follower) = spawn_cache(config, RawBytes, kv.clone(), kv);
     let mut changes = cache.subscribe();
 
-    println!("syncing bucket {bucket} from {url} ...");
+    // The URL may carry a user and password: print only where it points.
+    let server = url.rsplit('@').next().unwrap_or(&url);
+    println!("syncing bucket {bucket} from {server} ...");
     let mut progress = tokio::time::interval(Duration::from_secs(5));
     progress.tick().await;
+    // One Ctrl-C listener for the whole run, so a press between two turns is not missed.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     loop {
         tokio::select! {
             biased;
-            _ = tokio::signal::ctrl_c() => break,
+            _ = &mut ctrl_c => break,
             change = changes.recv() => match change {
                 Ok(Change::Ready { watermark }) => {
                     println!("ready: {} keys at revision {watermark}", cache.len());

@@ -118,20 +118,23 @@ fn mutate(
         };
         // An event that cannot be serialised yields an empty announcement: no row. (A
         // committed write's event always can: its seq is positive and its key checked.)
-        if let Ok(plan) = AnnouncePlan::new(&event, legs) {
-            let job = plan.job.as_ref().and_then(|j| j.encode().ok());
-            tx.prepare_cached(
-                "INSERT INTO outbox (seq, key, payload, publish, notify, job)
+        match AnnouncePlan::new(&event, legs) {
+            Err(e) => tracing::warn!(key, seq, error = %e, "not announced"),
+            Ok(plan) => {
+                let job = plan.job.as_ref().and_then(|j| j.encode().ok());
+                tx.prepare_cached(
+                    "INSERT INTO outbox (seq, key, payload, publish, notify, job)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?
-            .execute(params![
-                to_i64(seq),
-                key,
-                plan.payload,
-                plan.publish,
-                plan.notify,
-                job
-            ])?;
+                )?
+                .execute(params![
+                    to_i64(seq),
+                    key,
+                    plan.payload,
+                    plan.publish,
+                    plan.notify,
+                    job
+                ])?;
+            }
         }
     }
     Ok(seq)
