@@ -491,8 +491,9 @@ enum Request {
 ///
 /// **The driving contract:** after every input or timeout, drain `poll_output` until it
 /// returns `None`, carrying out each output in order; then sleep until
-/// [`poll_timeout`](Self::poll_timeout). Results of requests (open, reconcile, snapshot,
-/// fetch) are reported with the token the request carried.
+/// [`poll_timeout`](Self::poll_timeout) ([`timeout_cause`](Self::timeout_cause) says which
+/// backoff that deadline ends). Results of requests (open, reconcile, snapshot, fetch) are
+/// reported with the token the request carried.
 ///
 /// Methods come in four families: getters (`&self`), `handle_*` (a fact arrived),
 /// `poll_*` (the next decision), and constructors.
@@ -514,7 +515,8 @@ pub struct Follower<D: Decode> {
     next_token: u64,
     feed: Option<OpenFeed>,
     request: Option<(Token, Request)>,
-    reopen_at: Option<Time>,
+    /// When to reopen the feed, and which backoff (feed failed or ended) that ends.
+    reopen_at: Option<(Time, Cause)>,
     retry_at: Option<(Time, Request)>,
     held: VecDeque<Entry>,
     rewake: bool,
@@ -661,8 +663,27 @@ impl<D: Decode> Follower<D> {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        match (self.reopen_at, self.retry_at.as_ref().map(|(t, _)| *t)) {
-            (Some(a), Some(b)) => Some(a.min(b)),
+        self.next_timer().map(|(at, _)| at)
+    }
+
+    /// Why [`poll_timeout`](Self::poll_timeout) asks to be woken: the backoff its deadline
+    /// ends (a lookup, a feed that failed or ended, a request that failed). `None` when no
+    /// timeout is pending. For a driver's logs and an operator's status.
+    #[must_use]
+    pub fn timeout_cause(&self) -> Option<Cause> {
+        self.next_timer().map(|(_, cause)| cause)
+    }
+
+    fn next_timer(&self) -> Option<(Time, Cause)> {
+        let retry = self.retry_at.as_ref().map(|(at, request)| {
+            let cause = match request {
+                Request::Lookup => Cause::Lookup,
+                _ => Cause::RequestFailed,
+            };
+            (*at, cause)
+        });
+        match (self.reopen_at, retry) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
             (a, b) => a.or(b),
         }
     }
@@ -679,7 +700,7 @@ impl<D: Decode> Follower<D> {
         {
             self.send(request);
         }
-        if self.reopen_at.is_some_and(|t| t <= now) {
+        if self.reopen_at.is_some_and(|(t, _)| t <= now) {
             self.reopen_at = None;
             self.maybe_open_feed();
         }
@@ -977,7 +998,7 @@ impl<D: Decode> Follower<D> {
         };
         let delay = backoff.next_delay(now, &mut self.rng);
         let attempt = backoff.attempt();
-        self.reopen_at = Some(now.saturating_add(delay));
+        self.reopen_at = Some((now.saturating_add(delay), cause));
         self.diag(Diagnostic::BackingOff {
             cause,
             attempt,

@@ -680,6 +680,45 @@ fn reconcile_skips_changes_older_than_the_cache() {
 // ---- §10 failure handling ----
 
 #[test]
+fn the_next_timeout_says_which_backoff_it_ends() {
+    let mut h = H::new();
+    h.drain();
+    assert_eq!(h.f.timeout_cause(), None, "nothing waits yet");
+    h.input(Input::RequestFailed {
+        token: h.request.unwrap(),
+        error: "bucket not found".into(),
+    });
+    assert_eq!(h.f.timeout_cause(), Some(Cause::Lookup));
+    h.run_to_timeout();
+    h.found();
+    let token = h.feed.unwrap();
+    h.input(Input::FeedOpened {
+        token,
+        info: gapless(1),
+    });
+    h.put(1, "a", "1");
+    h.input(Input::FeedFailed {
+        token,
+        error: "reset".into(),
+    });
+    assert_eq!(h.f.timeout_cause(), Some(Cause::FeedFailed));
+    h.run_to_timeout();
+    let token = h.feed.unwrap();
+    h.input(Input::FeedOpened {
+        token,
+        info: gapless(1),
+    });
+    h.input(Input::FeedEnded { token });
+    assert_eq!(h.f.timeout_cause(), Some(Cause::FeedEnded));
+    h.run_to_timeout();
+    assert_eq!(
+        (h.f.timeout_cause(), h.f.poll_timeout()),
+        (None, None),
+        "the reopen is under way: nothing to wait for"
+    );
+}
+
+#[test]
 fn lookup_failure_retries_with_growing_backoff_and_keeps_trying() {
     let mut h = H::new();
     h.drain();
