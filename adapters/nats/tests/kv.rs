@@ -380,6 +380,44 @@ async fn compaction_forces_a_resync_that_removes_vanished_keys() {
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+/// A bucket deleted and made again is a new history: its revisions restart at 1, below
+/// the follower's watermark. The follower must notice, replace its cache with the new
+/// bucket's contents, take its watermark, and count a reset, not stay ready and stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recreated_bucket_replaces_the_cache_and_counts_a_reset() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "reborn", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "reborn").unwrap();
+    for key in ["a", "b", "c"] {
+        bucket.put(key, b"old".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = record.follow("reborn", &bucket);
+    wait_until(WAIT, "the initial sync", || record.ready() == Some(3)).await;
+
+    let js = async_nats::jetstream::new(client.clone());
+    js.delete_key_value("reborn").await.unwrap();
+    let store = create_bucket(&client, "reborn", 1, 1).await;
+    let x = store.put("x", Bytes::from_static(b"new")).await.unwrap();
+    assert_eq!(x, 1, "a new bucket starts its revisions again");
+    wait_until(WAIT, "the follower holds the new bucket only", || {
+        record.keys() == [("x".to_owned(), 1)] && record.watermark() == 1
+    })
+    .await;
+    assert_eq!(
+        handle.status().counters.resets,
+        1,
+        "the new history is reported as a reset"
+    );
+    let y = store.put("y", Bytes::from_static(b"live")).await.unwrap();
+    wait_until(WAIT, "it follows the new bucket live", || {
+        record.watermark() == y && record.value("y") == Some(b"live".to_vec())
+    })
+    .await;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_retried_with_backoff_until_it_appears() {
     let server = server().await;
