@@ -172,7 +172,10 @@ impl PersistedCache {
     }
 
     /// Applies `ops` and records `watermark`, in one transaction. With `keep_only`, every
-    /// cached key not in it is removed too (a resync from a snapshot).
+    /// cached key not in it is removed too (a resync from a snapshot), and the watermark
+    /// is set to `watermark` even if that is lower: a snapshot of a source whose history
+    /// restarted (restored from a backup, recreated) replaces the old one. Otherwise the
+    /// recorded watermark only grows.
     pub async fn apply(
         &self,
         ops: Vec<CacheOp>,
@@ -185,6 +188,7 @@ impl PersistedCache {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
+                let replaced = keep_only.is_some();
                 if let Some(keep) = keep_only {
                     let stale: Vec<String> = {
                         let mut stmt = tx
@@ -224,12 +228,15 @@ impl PersistedCache {
                         .map_err(sql)?;
                     }
                 }
-                tx.execute(
+                let record = if replaced {
                     "INSERT INTO follower_state (name, watermark) VALUES (?1, ?2)
-                     ON CONFLICT (name) DO UPDATE SET watermark = max(watermark, excluded.watermark)",
-                    params![name, to_i64(watermark)],
-                )
-                .map_err(sql)?;
+                     ON CONFLICT (name) DO UPDATE SET watermark = excluded.watermark"
+                } else {
+                    "INSERT INTO follower_state (name, watermark) VALUES (?1, ?2)
+                     ON CONFLICT (name) DO UPDATE SET watermark = max(watermark, excluded.watermark)"
+                };
+                tx.execute(record, params![name, to_i64(watermark)])
+                    .map_err(sql)?;
                 tx.commit().map_err(sql)
             })
             .await

@@ -110,3 +110,73 @@ async fn a_persistent_follower_catches_up_on_wakes() {
     assert_eq!(cache.get("x").await.unwrap(), Some((1, b"1".to_vec())));
     task.abort();
 }
+
+/// The registry restored from an older backup: its history is behind the watermark a
+/// follower persisted elsewhere. The follower must take the restored state (keys the
+/// backup lacks removed, keys it has put back) and its watermark, not keep the newer cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_restored_from_an_older_backup_replaces_the_persisted_cache() {
+    let (_dir, path, registry) = common::fresh().await;
+    let src = registry.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    src.put("b", b"2".to_vec()).await.unwrap();
+    let backup = path.with_file_name("backup.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    src.put("c", b"3".to_vec()).await.unwrap();
+    src.remove("a").await.unwrap();
+
+    // The follower keeps its cache in a file of its own.
+    let caches = SqliteDb::open(path.with_file_name("caches.db"))
+        .await
+        .unwrap();
+    let start = |source| {
+        tidemark_sqlite::PersistentFollower::start(
+            tidemark::tidemark_core::FollowerConfig::builder("r"),
+            source,
+            caches.follower_cache("r"),
+        )
+    };
+    let mut f = start(registry.source()).await.unwrap();
+    assert_eq!(f.catch_up().await.unwrap().watermark, 4);
+    drop(f);
+
+    let restored = SqliteDb::open(&backup).await.unwrap();
+    assert_eq!(restored.source().watermark().await.unwrap(), 2);
+    let mut f = start(restored.source()).await.unwrap();
+    let r = f.catch_up().await.unwrap();
+    assert!(r.resynced, "a source behind the watermark needs a snapshot");
+    assert_eq!(r.watermark, 2, "the restored history's watermark is taken");
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&restored).await,
+        "the persisted cache holds what the restored registry holds: a is back, c is gone"
+    );
+    assert_eq!(
+        f.cache().watermark().await.unwrap(),
+        2,
+        "the persisted watermark follows the restored history down"
+    );
+    let again = f.wake().await.unwrap();
+    assert_eq!(
+        (again.read, again.resynced),
+        (0, false),
+        "and it is settled"
+    );
+    drop(f);
+
+    // New writes on the restored registry reuse seqs 3 and 4: a restart must not skip
+    // them as already applied.
+    let rsrc = restored.source();
+    rsrc.put("d", b"4".to_vec()).await.unwrap();
+    rsrc.put("e", b"5".to_vec()).await.unwrap();
+    let mut f = start(restored.source()).await.unwrap();
+    f.catch_up().await.unwrap();
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&restored).await,
+        "writes after the restore reach the cache"
+    );
+}
