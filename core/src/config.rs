@@ -90,6 +90,12 @@ impl FollowerConfig {
         self
     }
 
+    /// The backoff after a failed feed or request (for drivers that retry on their own).
+    #[must_use]
+    pub fn failure_backoff(&self) -> &BackoffPolicy {
+        &self.failure_backoff
+    }
+
     /// Keys longer than this many bytes are counted and skipped.
     #[must_use]
     pub fn max_key_bytes(&self) -> usize {

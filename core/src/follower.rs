@@ -574,6 +574,18 @@ impl<D: Decode> Follower<D> {
         f
     }
 
+    /// Tells the follower the seqs at which its cache holds `keys`, for a driver that
+    /// resumed it with only some of its keys ([`resume`](Self::resume) with the keys a
+    /// delta touched) and now reads changes to others. It keeps the higher of what it
+    /// knew and what it is told; the watermark does not move. Without this, a removal of
+    /// a key the follower never heard of decides nothing, and the cache keeps the key.
+    pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
+        for (key, seq) in keys {
+            let known = self.index.entry(key).or_insert(0);
+            *known = (*known).max(seq);
+        }
+    }
+
     // ---- getters ----
 
     /// The applied watermark: every change up to this seq is reflected in the cache. The

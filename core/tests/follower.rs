@@ -174,6 +174,60 @@ fn a_warm_restart_resumes_from_the_persisted_watermark() {
     assert_eq!(h.f.len(), 2);
 }
 
+#[test]
+fn a_resumed_follower_removes_a_key_it_was_told_about_later() {
+    // A warm restart loaded only the keys its delta touched; a later change removes a
+    // key the cache has held all along. Told about it, the follower removes it.
+    let remove_b = |remember: bool| {
+        let f = Follower::resume(config().build().unwrap(), Utf8, 10, [("a".into(), 4)]);
+        let mut h = H::with(f);
+        h.open(gapless(10));
+        if remember {
+            h.f.remember([("b".to_owned(), 7)]);
+        }
+        let token = h.feed.unwrap();
+        h.input(Input::Entry {
+            token,
+            entry: Entry::new(11, 11, "b", Op::Delete, Vec::new()),
+        })
+    };
+    assert_eq!(
+        removes(&remove_b(false)),
+        [],
+        "without being told, the follower cannot know the cache holds b"
+    );
+    assert_eq!(removes(&remove_b(true)), [("b".to_owned(), 11)]);
+}
+
+#[test]
+fn remembering_never_lowers_what_the_follower_knows() {
+    // The follower knows a at 9; being told a at 3 must not make it re-apply a@9 from a
+    // snapshot as if the cache held something older.
+    let f = Follower::resume(config().build().unwrap(), Utf8, 10, [("a".into(), 9)]);
+    let mut h = H::with(f);
+    h.f.remember([("a".to_owned(), 3)]);
+    h.found();
+    let token = h.feed.unwrap();
+    // History below 20 is gone: only a snapshot can help.
+    h.input(Input::FeedOpened {
+        token,
+        info: FeedInfo {
+            first_available: 20,
+            head: 25,
+            continuity: Continuity::Gapless,
+            checkpoints: false,
+        },
+    });
+    let token = h.request.expect("a snapshot was asked for");
+    let outs = h.input(Input::Snapshot {
+        token,
+        entries: vec![Entry::put(9, "a", "same")],
+        source_watermark: 25,
+    });
+    assert_eq!(puts(&outs), [], "a@9 is already in the cache: {outs:?}");
+    assert_eq!(h.f.watermark(), 25);
+}
+
 // ---- §4 resync ----
 
 #[test]
