@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{
-    Follower, FollowerConfigBuilder, Input, Output, RawBytes, Sync, Time,
+    Backoff, Follower, FollowerConfig, FollowerConfigBuilder, Input, Output, RawBytes, Rng, Sync,
+    Time,
 };
 use tidemark::{Changes, Error, Received, Result, Source, WakeListener};
 
@@ -208,12 +209,18 @@ impl PersistedCache {
                     }
                 }
                 {
+                    // Never an older value over a newer one, except when a resync replaces
+                    // the cache with a new history.
                     let mut put = tx
-                        .prepare_cached(
+                        .prepare_cached(if replaced {
                             "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
                              ON CONFLICT (name, key) DO UPDATE SET seq = excluded.seq,
-                             value = excluded.value",
-                        )
+                             value = excluded.value"
+                        } else {
+                            "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (name, key) DO UPDATE SET seq = excluded.seq,
+                             value = excluded.value WHERE excluded.seq > follower_cache.seq"
+                        })
                         .map_err(sql)?;
                     let mut del = tx
                         .prepare_cached("DELETE FROM follower_cache WHERE name = ?1 AND key = ?2")
@@ -267,12 +274,21 @@ pub struct CatchUp {
 /// resumes the core from there ([`Follower::resume`]) — the cost is the delta, not the
 /// cache's size. If history was compacted past the watermark it loads every cached key and
 /// resyncs from a snapshot instead, removing cached keys the source no longer has.
+///
+/// A catch-up that fails (a source read, a busy database) leaves the persisted cache as it
+/// was; the next one starts again from it, so nothing the core decided in the failed
+/// attempt is lost. [`run`](Self::run) retries after the configured failure backoff.
+/// One name is one follower: do not run two `PersistentFollower`s of the same cache at
+/// once.
 #[derive(Debug)]
 pub struct PersistentFollower {
+    config: FollowerConfig,
     core: Follower<RawBytes>,
     source: SqliteSource,
     cache: PersistedCache,
     prefetched: Option<(u64, Changes)>,
+    /// A catch-up failed after the core had moved on: restart it from the persisted state.
+    stale: bool,
     epoch: Instant,
 }
 
@@ -285,6 +301,26 @@ impl PersistentFollower {
         cache: PersistedCache,
     ) -> Result<Self> {
         let config = config.sync(Sync::WakeOnly).build()?;
+        let (core, prefetched) = Self::resume(&config, &source, &cache).await?;
+        Ok(PersistentFollower {
+            config,
+            core,
+            source,
+            cache,
+            prefetched,
+            stale: false,
+            epoch: Instant::now(),
+        })
+    }
+
+    /// A core resumed from the persisted watermark, knowing the cached seqs of the keys
+    /// the delta since then touches (or of every key, when history was compacted past
+    /// it), and that delta, read once.
+    async fn resume(
+        config: &FollowerConfig,
+        source: &SqliteSource,
+        cache: &PersistedCache,
+    ) -> Result<(Follower<RawBytes>, Option<(u64, Changes)>)> {
         let watermark = cache.watermark().await?;
         let changes = source.changes_since(watermark).await?;
         let keys = match &changes {
@@ -295,14 +331,8 @@ impl PersistentFollower {
             }
             Changes::Compacted { .. } => cache.all_seqs().await?,
         };
-        let core = Follower::resume(config, RawBytes, watermark, keys);
-        Ok(PersistentFollower {
-            core,
-            source,
-            cache,
-            prefetched: Some((watermark, changes)),
-            epoch: Instant::now(),
-        })
+        let core = Follower::resume(config.clone(), RawBytes, watermark, keys);
+        Ok((core, Some((watermark, changes))))
     }
 
     /// The applied watermark.
@@ -328,8 +358,45 @@ impl PersistentFollower {
     }
 
     /// Carries out the core's decisions until it has none left, then persists what it
-    /// applied with the new watermark in one transaction.
+    /// applied with the new watermark in one transaction. On an error nothing of this
+    /// attempt is persisted, and the next call starts again from the persisted state.
     pub async fn catch_up(&mut self) -> Result<CatchUp> {
+        if self.stale {
+            let (core, prefetched) = Self::resume(&self.config, &self.source, &self.cache).await?;
+            self.core = core;
+            self.prefetched = prefetched;
+            self.stale = false;
+        }
+        let result = self.attempt().await;
+        self.stale = result.is_err();
+        result
+    }
+
+    /// The changes since `since`: the delta read at start if nothing was committed since
+    /// (a write between start and the first catch-up must not be missed), else a fresh
+    /// read, whose keys' cached seqs the core is told first (a removal of a key it never
+    /// heard of would decide nothing).
+    async fn changes_since(&mut self, since: u64) -> Result<Changes> {
+        match self.prefetched.take() {
+            Some((at, Changes::Since { entries, watermark }))
+                if at == since && self.source.watermark().await? == watermark =>
+            {
+                return Ok(Changes::Since { entries, watermark });
+            }
+            Some((at, compacted @ Changes::Compacted { .. })) if at == since => {
+                return Ok(compacted);
+            }
+            _ => {}
+        }
+        let changes = self.source.changes_since(since).await?;
+        if let Changes::Since { entries, .. } = &changes {
+            let keys = entries.iter().map(|e| e.key.clone()).collect();
+            self.core.remember(self.cache.seqs_of(keys).await?);
+        }
+        Ok(changes)
+    }
+
+    async fn attempt(&mut self) -> Result<CatchUp> {
         let mut report = CatchUp::default();
         let mut ops = Vec::new();
         let mut keep_only: Option<BTreeSet<String>> = None;
@@ -341,10 +408,7 @@ impl PersistentFollower {
                     self.core.handle_input(Input::SourceFound { token }, now);
                 }
                 Output::Reconcile { token, since } => {
-                    let changes = match self.prefetched.take() {
-                        Some((at, changes)) if at == since => changes,
-                        _ => self.source.changes_since(since).await?,
-                    };
+                    let changes = self.changes_since(since).await?;
                     let input = match changes {
                         Changes::Since { entries, watermark } => {
                             report.read += entries.len() as u64;
@@ -409,16 +473,41 @@ impl PersistentFollower {
         self.catch_up().await
     }
 
-    /// Catches up on every wake from `listener` until it closes.
+    /// Catches up on every wake from `listener` until it closes. A failed catch-up is
+    /// logged and retried after the configured failure backoff (sooner if a wake comes);
+    /// only the listener failing ends it with an error.
     pub async fn run<L: WakeListener>(&mut self, listener: &mut L) -> Result<()> {
-        self.catch_up().await?;
+        let mut backoff = Backoff::new(*self.config.failure_backoff());
+        let mut rng = Rng::new(self.config.seed());
+        let result = self.catch_up().await;
+        let mut failing = self.failed(result, &mut backoff);
         loop {
-            match listener.recv().await? {
-                Received::Wake(_) => {
-                    self.wake().await?;
-                }
-                Received::TimedOut => {}
+            let received = if failing {
+                let delay = backoff.next_delay(self.now(), &mut rng);
+                listener.recv_timeout(delay).await?
+            } else {
+                listener.recv().await?
+            };
+            let result = match received {
+                Received::Wake(_) => self.wake().await,
+                Received::TimedOut if failing => self.catch_up().await,
+                Received::TimedOut => continue,
                 Received::Closed => return Ok(()),
+            };
+            failing = self.failed(result, &mut backoff);
+        }
+    }
+
+    /// Whether a catch-up failed; logs the failure, and a success resets the backoff.
+    fn failed(&self, result: Result<CatchUp>, backoff: &mut Backoff) -> bool {
+        match result {
+            Ok(_) => {
+                backoff.reset();
+                false
+            }
+            Err(e) => {
+                tracing::warn!(follower = self.cache.name(), error = %e, "catch-up failed; retrying");
+                true
             }
         }
     }

@@ -180,3 +180,135 @@ async fn a_registry_restored_from_an_older_backup_replaces_the_persisted_cache()
         "writes after the restore reach the cache"
     );
 }
+
+/// A database whose write lock another connection can hold longer than the busy timeout.
+async fn impatient(path: &std::path::Path) -> SqliteDb {
+    let options = tidemark_sqlite::Options {
+        busy_timeout: std::time::Duration::from_millis(50),
+        ..tidemark_sqlite::Options::default()
+    };
+    SqliteDb::open_with(path, options).await.unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_after_a_warm_restart_leaves_the_cache() {
+    // The restart's delta is empty, so the follower resumes knowing no key; the removal
+    // comes later and must still reach the persisted cache.
+    let (_dir, _path, db) = common::fresh().await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    let mut f = common::persistent_follower(&db, "w").await;
+    f.catch_up().await.unwrap();
+    drop(f);
+    let mut f = common::persistent_follower(&db, "w").await;
+    f.catch_up().await.unwrap();
+    db.source().remove("a").await.unwrap();
+    let r = f.wake().await.unwrap();
+    assert_eq!(r.removed, 1, "{r:?}");
+    assert_eq!(f.cache().get("a").await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_between_start_and_the_first_catch_up_is_not_missed() {
+    let (_dir, _path, db) = common::fresh().await;
+    let mut f = common::persistent_follower(&db, "s").await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    f.catch_up().await.unwrap();
+    assert_eq!(
+        f.cache().get("a").await.unwrap(),
+        Some((1, b"1".to_vec())),
+        "the delta read at start is stale once something was committed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_that_could_not_be_persisted_is_applied_by_the_next_catch_up() {
+    let (_dir, path, _) = common::fresh().await;
+    let db = impatient(&path).await;
+    let mut f = common::persistent_follower(&db, "p").await;
+    f.catch_up().await.unwrap();
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    // Another process holds the write lock: reads work (WAL), the cache write cannot.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    assert!(f.wake().await.is_err(), "the cache write times out");
+    other.execute_batch("COMMIT").unwrap();
+    drop(other);
+    db.source().put("b", b"2".to_vec()).await.unwrap();
+    f.wake().await.unwrap();
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&db).await,
+        "the failed batch (a) is not covered by the next one's watermark"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_source_read_does_not_wedge_the_follower() {
+    let (_dir, path, _) = common::fresh().await;
+    let db = impatient(&path).await;
+    let mut f = common::persistent_follower(&db, "r").await;
+    f.catch_up().await.unwrap();
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute_batch("ALTER TABLE registry RENAME TO hidden")
+        .unwrap();
+    assert!(f.wake().await.is_err(), "the registry cannot be read");
+    other
+        .execute_batch("ALTER TABLE hidden RENAME TO registry")
+        .unwrap();
+    drop(other);
+    db.source().put("b", b"2".to_vec()).await.unwrap();
+    f.wake().await.unwrap();
+    assert_eq!(
+        f.cache().entries().await.unwrap(),
+        source_contents(&db).await,
+        "after the failure the follower catches up again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_persisted_cache_never_takes_an_older_value_over_a_newer_one() {
+    let (_dir, _path, db) = common::fresh().await;
+    let cache = db.follower_cache("f");
+    let put = |seq: u64, value: &str| tidemark_sqlite::CacheOp::Put {
+        key: "k".into(),
+        seq,
+        value: value.as_bytes().to_vec(),
+    };
+    cache.apply(vec![put(7, "new")], 7, None).await.unwrap();
+    // A second writer of the same name, a step behind (a rolling deploy).
+    cache.apply(vec![put(6, "old")], 6, None).await.unwrap();
+    assert_eq!(cache.get("k").await.unwrap(), Some((7, b"new".to_vec())));
+    assert_eq!(cache.watermark().await.unwrap(), 7);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_retries_a_failed_catch_up_without_waiting_for_a_wake() {
+    let (_dir, path, _) = common::fresh().await;
+    let db = impatient(&path).await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    let mut f = common::persistent_follower(&db, "run").await;
+    let cache = f.cache().clone();
+    // Another process holds the write lock, so run's first catch-up cannot persist; it
+    // then lets go without committing, so no commit wakes the listener: only a retry
+    // brings a in.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let mut listener = db.wake().listen("none").await.unwrap();
+    let task = tokio::spawn(async move { f.run(&mut listener).await });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(
+        cache.get("a").await.unwrap(),
+        None,
+        "the lock is still held"
+    );
+    other.execute_batch("ROLLBACK").unwrap();
+    drop(other);
+    common::eventually("a retry brings a in", || async {
+        cache.get("a").await.unwrap().is_some()
+    })
+    .await;
+    assert!(!task.is_finished(), "a failed catch-up does not end run");
+    task.abort();
+}
