@@ -33,31 +33,29 @@ impl SqliteSchedules {
     /// of processes enqueue each tick's job exactly once. Returns the jobs this call
     /// enqueued, by schedule name.
     pub async fn fire_due(&self) -> Result<Vec<(String, JobId)>> {
-        let mut fired = Vec::new();
-        for due in self.schedules().await? {
-            let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.since_anchor) else {
-                continue;
-            };
-            let name = due.schedule.name().to_owned();
-            let job = due.schedule.job().clone();
-            let expected = due.last_fired;
-            let id = self
-                .db
-                .write("schedule", move |conn| {
-                    let tx = conn
-                        .transaction_with_behavior(TransactionBehavior::Immediate)
-                        .map_err(sql)?;
-                    if !cas(&tx, &name, expected, tick)? {
-                        return Ok(None);
+        // Reading the schedules inside the write transaction matters: read before it, a
+        // schedule replaced meanwhile by another process (last fired reset) would still
+        // pass the compare-and-set and fire the old job with the old anchor's tick.
+        self.db
+            .write("schedule", |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let mut fired = Vec::new();
+                for due in read_due(&tx)? {
+                    let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.since_anchor)
+                    else {
+                        continue;
+                    };
+                    let name = due.schedule.name();
+                    if cas(&tx, name, due.last_fired, tick)? {
+                        fired.push((name.to_owned(), enqueue_on(&tx, due.schedule.job())?));
                     }
-                    let id = enqueue_on(&tx, &job)?;
-                    tx.commit().map_err(sql)?;
-                    Ok(Some((name, id)))
-                })
-                .await?;
-            fired.extend(id);
-        }
-        Ok(fired)
+                }
+                tx.commit().map_err(sql)?;
+                Ok(fired)
+            })
+            .await
     }
 }
 
@@ -109,53 +107,7 @@ impl ScheduleStore for SqliteSchedules {
     }
 
     async fn schedules(&self) -> Result<Vec<DueSchedule>> {
-        self.db
-            .call("schedule", |conn| {
-                let now = now_ms();
-                let mut stmt = conn
-                    .prepare_cached(
-                        "SELECT name, interval_ns, job, anchor, last_fired FROM schedules
-                         ORDER BY name",
-                    )
-                    .map_err(sql)?;
-                let rows = stmt
-                    .query_map([], |r| {
-                        Ok((
-                            r.get::<_, String>(0)?,
-                            r.get::<_, i64>(1)?,
-                            r.get::<_, Vec<u8>>(2)?,
-                            r.get::<_, i64>(3)?,
-                            r.get::<_, Option<i64>>(4)?,
-                        ))
-                    })
-                    .map_err(sql)?;
-                let mut out = Vec::new();
-                for row in rows {
-                    let (name, interval, job, anchor, last_fired) = row.map_err(sql)?;
-                    let parsed = Job::decode(&job)
-                        .map_err(|e| e.to_string())
-                        .and_then(|job| {
-                            let interval = Duration::from_nanos(to_u64(interval));
-                            Schedule::new(name.clone(), interval, job).map_err(|e| e.to_string())
-                        });
-                    match parsed {
-                        Ok(schedule) => out.push(DueSchedule {
-                            schedule,
-                            last_fired: last_fired.map(to_u64),
-                            since_anchor: Duration::from_millis(to_u64(now - anchor)),
-                        }),
-                        Err(reason) => {
-                            tracing::warn!(
-                                schedule = name,
-                                reason,
-                                "skipping an unreadable schedule"
-                            );
-                        }
-                    }
-                }
-                Ok(out)
-            })
-            .await
+        self.db.call("schedule", |conn| read_due(conn)).await
     }
 
     async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
@@ -164,4 +116,48 @@ impl ScheduleStore for SqliteSchedules {
             .write("schedule", move |conn| cas(conn, &name, expected, tick))
             .await
     }
+}
+
+/// Every schedule with its last fired tick and the time since its anchor, now. Schedules
+/// that cannot be read are logged and skipped.
+fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
+    let now = now_ms();
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT name, interval_ns, job, anchor, last_fired FROM schedules
+             ORDER BY name",
+        )
+        .map_err(sql)?;
+    let rows = stmt
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Vec<u8>>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, Option<i64>>(4)?,
+            ))
+        })
+        .map_err(sql)?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (name, interval, job, anchor, last_fired) = row.map_err(sql)?;
+        let parsed = Job::decode(&job)
+            .map_err(|e| e.to_string())
+            .and_then(|job| {
+                let interval = Duration::from_nanos(to_u64(interval));
+                Schedule::new(name.clone(), interval, job).map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok(schedule) => out.push(DueSchedule {
+                schedule,
+                last_fired: last_fired.map(to_u64),
+                since_anchor: Duration::from_millis(to_u64(now - anchor)),
+            }),
+            Err(reason) => {
+                tracing::warn!(schedule = name, reason, "skipping an unreadable schedule");
+            }
+        }
+    }
+    Ok(out)
 }
