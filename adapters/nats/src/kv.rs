@@ -176,18 +176,20 @@ impl KvBucket {
         }
     }
 
-    /// Replays the bucket with `deliver` until the message at `head` arrived.
+    /// Replays the bucket with `deliver` until the last message present arrived; returns
+    /// the entries and the stream's state read once the consumer existed (so everything
+    /// committed before that state is delivered, overwrites during the read included).
     async fn replay(
         &self,
         store: &kv::Store,
         deliver: DeliverPolicy,
-        head: u64,
         port: &'static str,
-    ) -> Result<Vec<Entry>> {
+    ) -> Result<(Vec<Entry>, State)> {
+        let from = match deliver {
+            DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
+            _ => 1,
+        };
         let mut out = Vec::new();
-        if head == 0 {
-            return Ok(out);
-        }
         let mut reader = PushReader::open(
             &self.inner.client,
             &self.inner.context,
@@ -197,6 +199,13 @@ impl KvBucket {
             port,
         )
         .await?;
+        let (store, state) = self.state(port).await?;
+        let head = self.head(&store, &state, port).await?;
+        if head < from.max(1) {
+            // Nothing this consumer could deliver (an empty bucket, or nothing left after
+            // the start).
+            return Ok((out, state));
+        }
         loop {
             match reader.next(port).await {
                 None => return Err(unavailable(port, "replay subscription closed")),
@@ -211,7 +220,7 @@ impl KvBucket {
                         out.push(e);
                     }
                     if seq >= head {
-                        return Ok(out);
+                        return Ok((out, state));
                     }
                 }
             }
@@ -387,13 +396,15 @@ impl Source for KvBucket {
                 first_available: first,
             });
         }
-        let head = self.head(&store, &state, "source").await?;
         let mut latest: HashMap<String, Entry> = HashMap::new();
-        if head > since {
+        let mut state = state;
+        if state.last_sequence > since && state.messages > 0 {
             let deliver = DeliverPolicy::ByStartSequence {
                 start_sequence: since + 1,
             };
-            for e in self.replay(&store, deliver, head, "source").await? {
+            let (entries, after) = self.replay(&store, deliver, "source").await?;
+            state = after;
+            for e in entries {
                 latest.insert(e.key.clone(), e);
             }
         }
@@ -416,14 +427,13 @@ impl Source for KvBucket {
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
-        let (store, state) = self.state("source").await?;
-        let head = self.head(&store, &state, "source").await?;
+        let store = self.store("source").await?;
+        let (entries, state) = self
+            .replay(&store, DeliverPolicy::LastPerSubject, "source")
+            .await?;
         let mut latest: HashMap<String, Entry> = HashMap::new();
         let mut top = state.last_sequence;
-        for e in self
-            .replay(&store, DeliverPolicy::LastPerSubject, head, "source")
-            .await?
-        {
+        for e in entries {
             top = top.max(e.seq);
             latest.insert(e.key.clone(), e);
         }
@@ -497,8 +507,7 @@ impl Feed for KvBucket {
     type Stream = KvStream;
 
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<KvStream>> {
-        let (store, state) = self.state("feed").await?;
-        let head = self.head(&store, &state, "feed").await?;
+        let store = self.store("feed").await?;
         // A first sync needs only the latest revision per key; a resume needs everything
         // after the watermark, in order.
         let deliver = if from <= 1 {
@@ -508,6 +517,8 @@ impl Feed for KvBucket {
                 start_sequence: from,
             }
         };
+        // The consumer first, the head after: a key overwritten while the head is read is
+        // then delivered at or below it, and a first sync waits for it.
         let reader = PushReader::open(
             &self.inner.client,
             &self.inner.context,
@@ -517,6 +528,8 @@ impl Feed for KvBucket {
             "feed",
         )
         .await?;
+        let (store, state) = self.state("feed").await?;
+        let head = feed_head(self.head(&store, &state, "feed").await?, &state, from);
         Ok(Opened {
             info: FeedInfo::kv(first_available(&state), head),
             stream: KvStream {
@@ -528,6 +541,15 @@ impl Feed for KvBucket {
             },
         })
     }
+}
+
+/// The head a feed opened `from` reports. The last message present can be below the
+/// stream's last sequence (the newest messages expired, a trailing delete marker purged):
+/// then the feed is caught up at `from - 1`, and reporting the lower seq would read as a
+/// source behind the follower's watermark and resync it on every open. Only a stream whose
+/// own sequence is behind `from - 1` (a bucket deleted and made again) reports less.
+fn feed_head(last_present: u64, state: &State, from: u64) -> u64 {
+    last_present.max(state.last_sequence.min(from.saturating_sub(1)))
 }
 
 #[cfg(test)]

@@ -380,6 +380,84 @@ async fn compaction_forces_a_resync_that_removes_vanished_keys() {
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+/// The newest message gone without a successor (a trailing delete marker purged, or the
+/// newest revisions expired): the stream's last sequence is above every message present.
+/// A follower resuming at that watermark is caught up, not ahead of a new history: it must
+/// not resync on every open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_trailing_marker_does_not_make_the_follower_resync_in_a_loop() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "tail", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "tail").unwrap();
+    bucket.put("a", b"1".to_vec()).await.unwrap();
+    bucket.put("b", b"1".to_vec()).await.unwrap();
+    let del = bucket.remove("b").await.unwrap().unwrap();
+    let record = Record::default();
+    let handle = record.follow("tail", &bucket);
+    wait_until(WAIT, "the initial sync", || record.ready().is_some()).await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(status.watermark, del);
+    // What purge-deletes does: the marker goes, nothing else changes.
+    store.stream.purge().filter("$KV.tail.b").await.unwrap();
+
+    let core = Follower::resume(config("tail"), RawBytes, status.watermark, record.keys());
+    let handle =
+        FollowerTask::from_core(core, bucket.clone(), bucket.clone(), record.sink()).spawn();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let counters = handle.status().counters;
+    assert!(
+        counters.resyncs <= 1 && counters.reopens <= 1,
+        "no write came, yet it resynced {} and reopened {} times in 2 s",
+        counters.resyncs,
+        counters.reopens
+    );
+    let last = bucket.put("c", b"1".to_vec()).await.unwrap();
+    wait_until(WAIT, "it follows live", || record.watermark() == last).await;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+/// Keys overwritten while a snapshot is read (history 1, so the revision a replay would
+/// deliver can be gone before it is): every key always exists, so every snapshot must
+/// hold all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_holds_every_key_while_keys_are_overwritten() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "snap", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "snap").unwrap();
+    const N: usize = 200;
+    for i in 0..N {
+        bucket.put(&format!("k{i}"), b"0".to_vec()).await.unwrap();
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (stop, store) = (stop.clone(), store.clone());
+        tokio::spawn(async move {
+            let mut i = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = store
+                    .put(format!("k{}", i % N), Bytes::from_static(b"1"))
+                    .await;
+                i += 7;
+            }
+        })
+    };
+    let mut short = Vec::new();
+    for _ in 0..30 {
+        let snap = bucket.snapshot().await.unwrap();
+        if snap.entries.len() != N {
+            short.push((snap.watermark, snap.entries.len()));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    assert!(
+        short.is_empty(),
+        "snapshots missing keys that always existed (watermark, keys): {short:?}"
+    );
+}
+
 /// A bucket deleted and made again is a new history: its revisions restart at 1, below
 /// the follower's watermark. The follower must notice, replace its cache with the new
 /// bucket's contents, take its watermark, and count a reset, not stay ready and stale.
