@@ -197,6 +197,10 @@ impl Feed for NatsEvents {
     }
 }
 
+/// A cursor is a durable pull consumer whose ack floor is the saved position. Saves are
+/// monotone per handle (it remembers the floor it set); a cursor name belongs to one
+/// consumer at a time, because two processes saving under one name could move the server's
+/// floor back (JetStream has no compare-and-set for it).
 impl Cursors for NatsEvents {
     async fn load(&self, name: &str) -> Result<Option<u64>> {
         check_name(name)?;
@@ -220,11 +224,17 @@ impl Cursors for NatsEvents {
             return Ok(floor);
         }
         // The ack floor becomes `position`: the next delivery would be position + 1.
-        self.stream("cursor")
+        let reset = self
+            .stream("cursor")
             .await?
             .reset_consumer(name, Some(position + 1))
-            .await
-            .map_err(|e| unavailable("cursor", e))?;
+            .await;
+        if let Err(e) = reset {
+            // The consumer may be gone (deleted by an operator, expired): forget what we
+            // knew, so the next save finds or makes it again instead of failing forever.
+            floors.remove(name);
+            return Err(unavailable("cursor", e));
+        }
         floors.insert(name.to_owned(), position);
         Ok(position)
     }

@@ -279,3 +279,42 @@ async fn a_user_worker_runs_under_the_supervisor_on_a_bucket() {
     supervisor.shutdown(Duration::from_secs(5)).await.unwrap();
     let _ = bucket.watermark().await;
 }
+
+/// A cursor's durable consumer deleted on the server (by an operator, or expired): the
+/// save that finds it gone fails, and the next one makes it again, instead of every save
+/// failing for the life of the handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_whose_consumer_was_deleted_is_made_again() {
+    let server = server().await;
+    // A short request timeout: the server does not answer a reset of a missing consumer.
+    let client = async_nats::ConnectOptions::new()
+        .request_timeout(Some(Duration::from_millis(500)))
+        .connect(server.url())
+        .await
+        .unwrap();
+    tidemark_tests::wait_jetstream_ready(&client).await.unwrap();
+    let events = NatsEvents::new(client.clone(), "EV", "ev").unwrap();
+    events.ensure(1).await.unwrap();
+    for i in 0..10 {
+        tidemark::Publish::publish(&events, &format!("k{i}"), b"x".to_vec())
+            .await
+            .unwrap();
+    }
+    assert_eq!(events.save("c1", 3).await.unwrap(), 3);
+    async_nats::jetstream::new(client.clone())
+        .delete_consumer_from_stream("c1", "EV")
+        .await
+        .unwrap();
+    let mut saved = None;
+    for position in 4..8 {
+        if let Ok(p) = events.save("c1", position).await {
+            saved = Some(p);
+            break;
+        }
+    }
+    assert!(
+        saved.is_some(),
+        "a save after the failure recreates the cursor"
+    );
+    assert_eq!(events.load("c1").await.unwrap(), saved);
+}
