@@ -248,15 +248,28 @@ impl KvBucket {
         }
     }
 
-    fn check_value(&self, value: &[u8]) -> Result<()> {
-        let max = self.inner.client.server_info().max_payload;
-        if max > 0 && value.len() > max {
-            return Err(Error::ValueTooLarge {
+    /// The largest value a write can carry: the bucket's own limit (`max_value_size`),
+    /// and the server's `max_payload` less room for the subject and the headers a KV write
+    /// adds (an update's expected revision, a message id). Checked before sending, so the
+    /// caller gets [`Error::ValueTooLarge`] rather than a server error it cannot act on.
+    fn check_value(&self, store: &kv::Store, value: &[u8]) -> Result<()> {
+        const HEADER_ROOM: usize = 1024;
+        let payload = self.inner.client.server_info().max_payload;
+        let bucket = usize::try_from(store.stream.cached_info().config.max_message_size)
+            .ok()
+            .filter(|&m| m > 0);
+        let server = (payload > 0).then(|| payload.saturating_sub(HEADER_ROOM));
+        let max = match (bucket, server) {
+            (Some(b), Some(s)) => Some(b.min(s)),
+            (b, s) => b.or(s),
+        };
+        match max {
+            Some(max) if value.len() > max => Err(Error::ValueTooLarge {
                 len: value.len(),
                 max,
-            });
+            }),
+            _ => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -313,8 +326,8 @@ fn to_item(prefix: &str, d: Delivered) -> FeedItem {
 impl Source for KvBucket {
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
         check_key(key)?;
-        self.check_value(&value)?;
         let store = self.store("source").await?;
+        self.check_value(&store, &value)?;
         store
             .put(key, Bytes::from(value))
             .await
@@ -323,8 +336,8 @@ impl Source for KvBucket {
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
         check_key(key)?;
-        self.check_value(&value)?;
         let store = self.store("source").await?;
+        self.check_value(&store, &value)?;
         if expected == 0 {
             return match store.create(key, Bytes::from(value)).await {
                 Ok(seq) => Ok(seq),

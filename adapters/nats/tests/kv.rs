@@ -651,3 +651,47 @@ async fn a_feed_that_keeps_failing_backs_off_and_leaves_no_consumers_behind() {
     );
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
+
+/// A value over the bucket's max_value_size, or over the server's max_payload once the
+/// headers of a write are added, is refused as ValueTooLarge before anything is sent: an
+/// error the caller can act on, not a server error a retrying caller would back off on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_value_is_a_typed_error() {
+    let server = server().await;
+    let client = client(&server).await;
+    let js = async_nats::jetstream::new(client.clone());
+    retry(WAIT, || {
+        js.create_key_value(async_nats::jetstream::kv::Config {
+            bucket: "small".into(),
+            max_value_size: 1024,
+            ..Default::default()
+        })
+    })
+    .await;
+    let bucket = KvBucket::new(client.clone(), "small").unwrap();
+    assert!(bucket.put("fits", vec![b'x'; 1024]).await.is_ok());
+    for result in [
+        bucket.put("big", vec![b'x'; 2048]).await,
+        bucket.update("big", vec![b'x'; 2048], 0).await,
+    ] {
+        assert!(
+            matches!(
+                result,
+                Err(tidemark::Error::ValueTooLarge {
+                    len: 2048,
+                    max: 1024
+                })
+            ),
+            "{result:?}"
+        );
+    }
+    let max_payload = client.server_info().max_payload;
+    let unlimited = KvBucket::new(client.clone(), "registry_unlimited").unwrap();
+    create_bucket(&client, "registry_unlimited", 1, 1).await;
+    let fits = unlimited.update("k", vec![b'x'; max_payload], 0).await;
+    assert!(
+        matches!(fits, Err(tidemark::Error::ValueTooLarge { .. })),
+        "a value of max_payload bytes leaves no room for the write's headers: {fits:?}"
+    );
+    assert!(unlimited.put("k", vec![b'x'; 1000]).await.is_ok());
+}
