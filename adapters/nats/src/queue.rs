@@ -201,7 +201,19 @@ impl Queue for NatsQueue {
             attempts: 0,
             last_error: None,
         };
-        self.store(ack.sequence, &stored).await?;
+        // Created, not put: a worker may already have leased the job and recorded that,
+        // and "ready" must not overwrite it.
+        let bytes = serde_json::to_vec(&stored).map_err(|e| unavailable("queue", e))?;
+        match self
+            .inner
+            .state
+            .create(ack.sequence.to_string(), bytes.into())
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+            Err(e) => return Err(unavailable("queue", e)),
+        }
         Ok(JobId(ack.sequence))
     }
 
