@@ -20,6 +20,7 @@ conformance! {
     source_seqs_increase => MemorySource::default();
     source_get_returns_value_and_seq => MemorySource::default();
     source_update_is_compare_and_set => MemorySource::default();
+    source_update_of_a_removed_key_expects_zero => MemorySource::default();
     source_remove_absent_is_none => MemorySource::default();
     source_changes_cover_removals => MemorySource::default();
     source_changes_since_watermark_is_empty => MemorySource::default();

@@ -347,6 +347,18 @@ impl Source for KvBucket {
                 Err(e) => Err(unavailable("source", e)),
             };
         }
+        // NATS accepts an update whose expected revision is a delete marker's; for us the
+        // key is absent then, and only 0 may be expected.
+        if let Some(entry) = self.entry(key).await?
+            && entry.revision == expected
+            && entry.operation != Operation::Put
+        {
+            return Err(Error::Conflict {
+                key: key.to_owned(),
+                expected,
+                current: None,
+            });
+        }
         match store.update(key, Bytes::from(value), expected).await {
             Ok(seq) => Ok(seq),
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {

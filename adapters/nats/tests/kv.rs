@@ -534,6 +534,7 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     c::source_changes_cover_removals(&fresh("c5").await).await;
     c::source_changes_since_watermark_is_empty(&fresh("c6").await).await;
     c::source_refuses_invalid_keys(&fresh("c7").await).await;
+    c::source_update_of_a_removed_key_expects_zero(&fresh("c8").await).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,6 +91,20 @@ pub async fn source_update_is_compare_and_set<S: Source>(s: &S) {
     assert_eq!(s.get("k").await.unwrap().unwrap().value, b"2".to_vec());
 }
 
+/// A removed key is absent: an update must expect 0 for it, not its removal's seq (a
+/// writer holding the seq `remove` returned must not write as if the key were there).
+pub async fn source_update_of_a_removed_key_expects_zero<S: Source>(s: &S) {
+    s.put("k", b"1".to_vec()).await.unwrap();
+    let removed = s.remove("k").await.unwrap().unwrap();
+    match s.update("k", b"2".to_vec(), removed).await {
+        Err(crate::Error::Conflict { current, .. }) => assert_eq!(current, None),
+        other => panic!("the removal's seq must be a conflict for an absent key, got {other:?}"),
+    }
+    let again = s.update("k", b"2".to_vec(), 0).await.unwrap();
+    assert!(again > removed);
+    assert_eq!(s.get("k").await.unwrap().unwrap().value, b"2".to_vec());
+}
+
 /// Removing an absent key changes nothing and uses no seq.
 pub async fn source_remove_absent_is_none<S: Source>(s: &S) {
     let w = s.put("k", b"v".to_vec()).await.unwrap();

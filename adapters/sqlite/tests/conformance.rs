@@ -27,6 +27,7 @@ conformance! {
     source_seqs_increase => |db| db.source();
     source_get_returns_value_and_seq => |db| db.source();
     source_update_is_compare_and_set => |db| db.source();
+    source_update_of_a_removed_key_expects_zero => |db| db.source();
     source_remove_absent_is_none => |db| db.source();
     source_changes_cover_removals => |db| db.source();
     source_changes_since_watermark_is_empty => |db| db.source();
