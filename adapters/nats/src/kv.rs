@@ -201,7 +201,7 @@ impl KvBucket {
         .await?;
         let (store, state) = self.state(port).await?;
         let head = self.head(&store, &state, port).await?;
-        if head < from.max(1) {
+        if head < from {
             // Nothing this consumer could deliver (an empty bucket, or nothing left after
             // the start).
             return Ok((out, state));

@@ -9,6 +9,7 @@ use async_nats::jetstream::consumer::{AckPolicy, Consumer, pull};
 use async_nats::jetstream::message::AckKind;
 use async_nats::jetstream::stream::{self, RetentionPolicy};
 use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::{Job, JobId};
@@ -27,9 +28,9 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// A lease is the consumer's ack wait (set to the requested visibility); an expired lease
 /// is redelivered by the server. The ack wait belongs to the consumer, which every worker
 /// on the queue shares: use one visibility per queue, because a lease asked with another
-/// one changes the ack wait of every lease still outstanding. `fail` naks with the retry delay, or terminates the
-/// message and dead-letters the job once `max_attempts` are used up, keeping its last
-/// error. The job id is the stream sequence of its message. A lease can be acked or failed
+/// one changes the ack wait of every lease still outstanding. `fail` naks with the retry
+/// delay, or terminates the message and dead-letters the job once `max_attempts` are used
+/// up, keeping its last error. The job id is the stream sequence of its message. A lease can be acked or failed
 /// only by the process (the `NatsQueue` handle and its clones) that took it.
 #[derive(Clone)]
 pub struct NatsQueue {
@@ -60,6 +61,15 @@ struct Stored {
     state: Stage,
     attempts: u32,
     last_error: Option<String>,
+}
+
+impl Stored {
+    /// The bytes kept in the state bucket.
+    fn encode(&self) -> Result<Bytes> {
+        serde_json::to_vec(self)
+            .map(Bytes::from)
+            .map_err(|e| unavailable("queue", e))
+    }
 }
 
 #[derive(Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -148,10 +158,9 @@ impl NatsQueue {
     }
 
     async fn store(&self, id: u64, stored: &Stored) -> Result<()> {
-        let bytes = serde_json::to_vec(stored).map_err(|e| unavailable("queue", e))?;
         self.inner
             .state
-            .put(id.to_string(), bytes.into())
+            .put(id.to_string(), stored.encode()?)
             .await
             .map_err(|e| unavailable("queue", e))?;
         Ok(())
@@ -203,11 +212,10 @@ impl Queue for NatsQueue {
         };
         // Created, not put: a worker may already have leased the job and recorded that,
         // and "ready" must not overwrite it.
-        let bytes = serde_json::to_vec(&stored).map_err(|e| unavailable("queue", e))?;
         match self
             .inner
             .state
-            .create(ack.sequence.to_string(), bytes.into())
+            .create(ack.sequence.to_string(), stored.encode()?)
             .await
         {
             Ok(_) => {}

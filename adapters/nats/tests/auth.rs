@@ -128,24 +128,17 @@ async fn two_authentication_methods_at_once_are_refused() {
 async fn an_unreadable_credentials_file_is_a_typed_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("absent.creds");
-    let err = NatsOptions::new(["nats://127.0.0.1:1"])
-        .credentials_file(&missing)
-        .connect()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, ConnectError::Credentials { path, .. } if *path == missing),
-        "{err:?}"
-    );
     let garbage = dir.path().join("garbage.creds");
     std::fs::write(&garbage, "this is not a creds file").unwrap();
-    let err = NatsOptions::new(["nats://127.0.0.1:1"])
-        .credentials_file(&garbage)
-        .connect()
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&err, ConnectError::Credentials { path, .. } if *path == garbage),
-        "{err:?}"
-    );
+    for file in [missing, garbage] {
+        let err = NatsOptions::new(["nats://127.0.0.1:1"])
+            .credentials_file(&file)
+            .connect()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ConnectError::Credentials { path, .. } if *path == file),
+            "{err:?}"
+        );
+    }
 }

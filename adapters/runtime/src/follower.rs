@@ -280,10 +280,7 @@ where
                         .await
                         .map(|found| match found {
                             Ok(_) => Input::SourceFound { token },
-                            Err(e) => Input::RequestFailed {
-                                token,
-                                error: e.to_string(),
-                            },
+                            Err(e) => failed(token, &e),
                         })
                 }
                 Output::OpenFeed {
@@ -320,10 +317,7 @@ where
                                     first_available,
                                 }
                             }
-                            Err(e) => Input::RequestFailed {
-                                token,
-                                error: e.to_string(),
-                            },
+                            Err(e) => failed(token, &e),
                         })
                 }
                 Output::Snapshot { token } => {
@@ -335,10 +329,7 @@ where
                                 entries: snap.entries,
                                 source_watermark: snap.watermark,
                             },
-                            Err(e) => Input::RequestFailed {
-                                token,
-                                error: e.to_string(),
-                            },
+                            Err(e) => failed(token, &e),
                         })
                 }
                 Output::Fetch { token, key, .. } => {
@@ -349,10 +340,7 @@ where
                                 token,
                                 value: value.map(|v| (v.seq, v.value)),
                             },
-                            Err(e) => Input::RequestFailed {
-                                token,
-                                error: e.to_string(),
-                            },
+                            Err(e) => failed(token, &e),
                         })
                 }
                 other => {
@@ -622,6 +610,14 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
+    }
+}
+
+/// The input that reports request `token` failed with `e`.
+fn failed(token: Token, e: &Error) -> Input {
+    Input::RequestFailed {
+        token,
+        error: e.to_string(),
     }
 }
 

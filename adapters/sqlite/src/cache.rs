@@ -210,17 +210,13 @@ impl PersistedCache {
                 }
                 {
                     // Never an older value over a newer one, except when a resync replaces
-                    // the cache with a new history.
+                    // the cache with a new history (?5).
                     let mut put = tx
-                        .prepare_cached(if replaced {
+                        .prepare_cached(
                             "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
                              ON CONFLICT (name, key) DO UPDATE SET seq = excluded.seq,
-                             value = excluded.value"
-                        } else {
-                            "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (name, key) DO UPDATE SET seq = excluded.seq,
-                             value = excluded.value WHERE excluded.seq > follower_cache.seq"
-                        })
+                             value = excluded.value WHERE ?5 OR excluded.seq > follower_cache.seq",
+                        )
                         .map_err(sql)?;
                     let mut del = tx
                         .prepare_cached("DELETE FROM follower_cache WHERE name = ?1 AND key = ?2")
@@ -228,22 +224,21 @@ impl PersistedCache {
                     for op in &ops {
                         match op {
                             CacheOp::Put { key, seq, value } => {
-                                put.execute(params![name, key, to_i64(*seq), value])
+                                put.execute(params![name, key, to_i64(*seq), value, replaced])
                             }
                             CacheOp::Remove { key } => del.execute(params![name, key]),
                         }
                         .map_err(sql)?;
                     }
                 }
-                let record = if replaced {
+                tx.execute(
                     "INSERT INTO follower_state (name, watermark) VALUES (?1, ?2)
-                     ON CONFLICT (name) DO UPDATE SET watermark = excluded.watermark"
-                } else {
-                    "INSERT INTO follower_state (name, watermark) VALUES (?1, ?2)
-                     ON CONFLICT (name) DO UPDATE SET watermark = max(watermark, excluded.watermark)"
-                };
-                tx.execute(record, params![name, to_i64(watermark)])
-                    .map_err(sql)?;
+                     ON CONFLICT (name) DO UPDATE SET watermark =
+                     CASE WHEN ?3 THEN excluded.watermark
+                          ELSE max(watermark, excluded.watermark) END",
+                    params![name, to_i64(watermark), replaced],
+                )
+                .map_err(sql)?;
                 tx.commit().map_err(sql)
             })
             .await
