@@ -9,7 +9,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use tidemark_core::{
-    Continuity, Entry, FeedInfo, Follower, FollowerConfig, Input, Output, RawBytes, Time,
+    Entry, FeedInfo, Follower, FollowerConfig, Input, Output, RawBytes, Request, Time,
 };
 
 const ENTRIES: u64 = 5_000_000;
@@ -45,19 +45,14 @@ fn follower(entries: Vec<Entry>) -> Duration {
         .expect("valid config");
     let mut f = Follower::new(config, RawBytes);
     let now = Time::ZERO;
-    let Some(Output::LookupSource { token }) = f.poll_output() else {
+    let Some(Output::Request(Request::LookupSource { token })) = f.poll_output() else {
         panic!("lookup first")
     };
     f.handle_input(Input::SourceFound { token }, now);
-    let Some(Output::OpenFeed { token, .. }) = f.poll_output() else {
+    let Some(Output::Request(Request::OpenFeed { token, .. })) = f.poll_output() else {
         panic!("then open")
     };
-    let info = FeedInfo {
-        first_available: 1,
-        head: ENTRIES,
-        continuity: Continuity::Gapless,
-        checkpoints: false,
-    };
+    let info = FeedInfo::change_log(1, ENTRIES);
     f.handle_input(Input::FeedOpened { token, info }, now);
     let start = Instant::now();
     for entry in entries {

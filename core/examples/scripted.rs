@@ -6,7 +6,8 @@
 use std::time::Duration;
 
 use tidemark_core::{
-    Continuity, Entry, FeedInfo, Follower, FollowerConfig, Input, Output, Time, Token, Utf8,
+    Continuity, Entry, FeedInfo, Follow, Follower, FollowerConfig, Input, Output, Request, Time,
+    Token, Utf8,
 };
 
 struct Script {
@@ -24,11 +25,11 @@ impl Script {
         }
         while let Some(o) = self.f.poll_output() {
             match &o {
-                Output::OpenFeed { token, .. } => self.feed = Some(*token),
-                Output::LookupSource { token }
-                | Output::Reconcile { token, .. }
-                | Output::Snapshot { token }
-                | Output::Fetch { token, .. } => self.request = Some(*token),
+                Output::Request(Request::OpenFeed { token, .. }) => self.feed = Some(*token),
+                Output::Request(Request::LookupSource { token })
+                | Output::Request(Request::Reconcile { token, .. })
+                | Output::Request(Request::Snapshot { token })
+                | Output::Request(Request::Fetch { token, .. }) => self.request = Some(*token),
                 _ => {}
             }
             println!("  {:>8}  {o:?}", self.now.to_string());
@@ -71,6 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         head,
         continuity: Continuity::Gapless,
         checkpoints: true,
+        follow: Follow::Replay,
     };
 
     s.say("a new follower starts", None);

@@ -3,42 +3,12 @@
 use crate::backoff::BackoffPolicy;
 use crate::error::ConfigError;
 
-/// How a follower learns about changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Sync {
-    /// Replay a change feed from watermark+1 and keep following it (a KV watch, a source's
-    /// change log, an events stream). Ready once the replay reaches the feed's head.
-    Feed,
-    /// No feed: read the source's changes since the watermark on start and on every wake
-    /// (the wake runner). Ready after the first reconcile. Never polls.
-    WakeOnly,
-    /// Follow a stream of announcements that may miss changes (a writer can crash between
-    /// commit and announce): reconcile from the source first — ready after that — then
-    /// apply announcements as they come, and reconcile again on every wake.
-    Announcements,
-}
-
-impl Sync {
-    /// Whether the follower keeps a feed open.
-    #[must_use]
-    pub fn uses_feed(self) -> bool {
-        matches!(self, Sync::Feed | Sync::Announcements)
-    }
-
-    /// Whether the initial sync reads the source rather than replaying the feed.
-    #[must_use]
-    pub fn syncs_by_reconcile(self) -> bool {
-        matches!(self, Sync::WakeOnly | Sync::Announcements)
-    }
-}
-
 /// What a follower is allowed to do and how it backs off. Build with
 /// [`FollowerConfig::builder`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct FollowerConfig {
     pub(crate) name: String,
-    pub(crate) seed: u64,
-    pub(crate) sync: Sync,
+    pub(crate) seed: Option<u64>,
     pub(crate) max_key_bytes: usize,
     pub(crate) max_value_bytes: usize,
     pub(crate) lookup_backoff: BackoffPolicy,
@@ -53,8 +23,7 @@ impl FollowerConfig {
         FollowerConfigBuilder {
             config: FollowerConfig {
                 name: name.into(),
-                seed: 0,
-                sync: Sync::Feed,
+                seed: None,
                 max_key_bytes: crate::limits::MAX_KEY_BYTES,
                 max_value_bytes: crate::limits::MAX_VALUE_BYTES,
                 lookup_backoff: BackoffPolicy::default(),
@@ -70,23 +39,31 @@ impl FollowerConfig {
         &self.name
     }
 
-    /// The seed of the follower's jitter generator.
+    /// The defaults for the follower called `name`: the same as
+    /// `FollowerConfig::builder(name).build()`.
+    pub fn new(name: impl Into<String>) -> Result<FollowerConfig, ConfigError> {
+        Self::builder(name).build()
+    }
+
+    /// The seed of the follower's jitter generator, if one was given. Drivers draw one
+    /// when none was (so that a fleet does not retry in lockstep) and show it in the
+    /// status; the core itself uses 0 then, to stay deterministic.
     #[must_use]
-    pub fn seed(&self) -> u64 {
+    pub fn seed(&self) -> Option<u64> {
         self.seed
     }
 
-    /// How the follower learns about changes.
+    /// The seed the core uses: the given one, or 0.
     #[must_use]
-    pub fn sync(&self) -> Sync {
-        self.sync
+    pub(crate) fn seed_or_zero(&self) -> u64 {
+        self.seed.unwrap_or(0)
     }
 
-    /// The same configuration with another sync mode (a driver that only makes sense in one
-    /// mode, like a wake runner, sets it rather than trusting the caller's).
+    /// The same configuration with `seed`, if it has none yet (a driver drawing one for a
+    /// follower the user gave no seed).
     #[must_use]
-    pub fn with_sync(mut self, sync: Sync) -> Self {
-        self.sync = sync;
+    pub fn with_seed_if_unset(mut self, seed: u64) -> Self {
+        self.seed.get_or_insert(seed);
         self
     }
 
@@ -116,18 +93,12 @@ pub struct FollowerConfigBuilder {
 }
 
 impl FollowerConfigBuilder {
-    /// Seeds the jitter generator (default 0). Give each follower its own seed so that
-    /// many of them do not retry in step; give a simulation the run's seed.
+    /// Seeds the jitter generator. Without one, the runtime draws a seed per follower (so
+    /// that many of them do not retry in step) and shows it in the status; give a
+    /// simulation or a replay the run's seed.
     #[must_use]
     pub fn seed(mut self, seed: u64) -> Self {
-        self.config.seed = seed;
-        self
-    }
-
-    /// How the follower learns about changes (default [`Sync::Feed`]).
-    #[must_use]
-    pub fn sync(mut self, sync: Sync) -> Self {
-        self.config.sync = sync;
+        self.config.seed = Some(seed);
         self
     }
 
@@ -206,11 +177,15 @@ mod tests {
             FollowerConfig::builder("f").max_key_bytes(0).build(),
             Err(ConfigError::ZeroLimit { .. })
         ));
-        let c = FollowerConfig::builder("f")
-            .seed(9)
-            .sync(Sync::WakeOnly)
-            .build()
-            .unwrap();
-        assert_eq!((c.name(), c.seed(), c.sync()), ("f", 9, Sync::WakeOnly));
+        let c = FollowerConfig::builder("f").seed(9).build().unwrap();
+        assert_eq!((c.name(), c.seed()), ("f", Some(9)));
+        let d = FollowerConfig::new("f").unwrap();
+        assert_eq!(d.seed(), None, "no seed given: the driver draws one");
+        assert_eq!(d.with_seed_if_unset(5).seed(), Some(5));
+        assert_eq!(
+            c.with_seed_if_unset(5).seed(),
+            Some(9),
+            "a given seed is kept"
+        );
     }
 }

@@ -89,6 +89,12 @@ impl Entry {
         Entry::new(seq, seq, key, Op::Delete, Vec::new())
     }
 
+    /// A mutation marker at `seq` (position = seq): "`key` changed; fetch it".
+    #[must_use]
+    pub fn mutation(seq: u64, key: impl Into<String>) -> Self {
+        Entry::new(seq, seq, key, Op::Mutation, Vec::new())
+    }
+
     /// Builds an entry from borrowed feed bytes. Only a put copies its bytes: a delete,
     /// purge or marker carries none, whatever payload the feed attached.
     #[must_use]

@@ -6,11 +6,14 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::{FollowerConfig, Sync};
+use crate::config::FollowerConfig;
 use crate::decode::Utf8;
 use crate::entry::{Entry, Op};
 use crate::event::Event;
-use crate::follower::{Continuity, Diagnostic, FeedInfo, Follower, Input, Output, Token};
+use crate::follower::{
+    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, Notice, Output, Request,
+    Token,
+};
 use crate::time::Time;
 
 /// Decodes arbitrary bytes as an event: never panics, and a valid event re-encodes to bytes
@@ -87,35 +90,35 @@ impl Observed {
         while let Some(output) = f.poll_output() {
             assert!(!self.stopped, "output after Stopped: {output:?}");
             match output {
-                Output::Put { key, seq, .. } => {
+                Output::Apply(Apply::Put { key, seq, .. }) => {
                     if let Some(&have) = self.cache.get(&key) {
                         assert!(seq > have, "{key}: put at {seq} over newer or equal {have}");
                     }
                     self.cache.insert(key, seq);
                 }
-                Output::Remove { key, .. } => {
+                Output::Apply(Apply::Remove { key, .. }) => {
                     assert!(
                         self.cache.remove(&key).is_some(),
                         "removed absent key {key}"
                     );
                 }
-                Output::Checkpoint { position } => {
+                Output::Request(Request::Checkpoint { position }) => {
                     assert!(
                         self.checkpoint.is_none_or(|c| position > c),
                         "checkpoint went back"
                     );
                     self.checkpoint = Some(position);
                 }
-                Output::Ready { .. } => self.ready += 1,
-                Output::OpenFeed { token, from, .. } => {
+                Output::Notice(Notice::Ready { .. }) => self.ready += 1,
+                Output::Request(Request::OpenFeed { token, from, .. }) => {
                     assert_eq!(from, f.watermark() + 1, "a feed must open at watermark+1");
                     self.feed = Some(token);
                 }
-                Output::LookupSource { token }
-                | Output::Reconcile { token, .. }
-                | Output::Snapshot { token }
-                | Output::Fetch { token, .. } => self.request = Some(token),
-                Output::Stopped => self.stopped = true,
+                Output::Request(Request::LookupSource { token })
+                | Output::Request(Request::Reconcile { token, .. })
+                | Output::Request(Request::Snapshot { token })
+                | Output::Request(Request::Fetch { token, .. }) => self.request = Some(token),
+                Output::Notice(Notice::Stopped) => self.stopped = true,
                 Output::Diagnostic(Diagnostic::SourceReset { .. }) => {
                     // A new history: the old seqs and watermark are void.
                     self.watermark = 0;
@@ -123,7 +126,9 @@ impl Observed {
                         *seq = 0;
                     }
                 }
-                Output::CloseFeed { .. } | Output::Diagnostic(_) => {}
+                Output::Request(Request::CloseFeed { .. })
+                | Output::Notice(Notice::CaughtUp(_))
+                | Output::Diagnostic(_) => {}
             }
         }
         assert!(f.watermark() >= self.watermark, "watermark went backwards");
@@ -154,20 +159,19 @@ impl Observed {
 /// at most once, checkpoints monotone, feeds open at watermark+1).
 pub fn follower_inputs(data: &[u8]) {
     let mut b = Bytes { data };
-    let sync = match b.small(6) {
-        0 => Sync::WakeOnly,
-        1 => Sync::Announcements,
-        _ => Sync::Feed,
+    let follow = match b.small(6) {
+        0 => Follow::WakeOnly,
+        1 => Follow::Announcements,
+        _ => Follow::Replay,
     };
     let Ok(config) = FollowerConfig::builder("fuzz")
         .seed(u64::from(b.small(255) as u8))
-        .sync(sync)
         .max_value_bytes(4)
         .build()
     else {
         return;
     };
-    let mut f = Follower::new(config, Utf8);
+    let mut f = Follower::new(config, Utf8).following(follow);
     let mut seen = Observed::default();
     let mut now = Time::ZERO;
     seen.check(&mut f);
@@ -197,6 +201,12 @@ pub fn follower_inputs(data: &[u8]) {
                     head: b.small(32),
                     continuity,
                     checkpoints: b.small(2) == 0,
+                    // Mostly the follower's own way; sometimes a feed that says otherwise.
+                    follow: if b.small(4) == 0 {
+                        Follow::Announcements
+                    } else {
+                        follow
+                    },
                 };
                 Input::FeedOpened { token: feed, info }
             }
@@ -251,6 +261,7 @@ pub fn follower_inputs(data: &[u8]) {
                 continue;
             }
             _ if b.small(4) == 0 => Input::Stop,
+            _ if b.small(2) == 0 => Input::Reconnected,
             _ => Input::Wake,
         };
         f.handle_input(input, now);

@@ -15,7 +15,9 @@
 //! 1. report a fact with [`Follower::handle_input`] (a feed entry, a feed failure, a
 //!    reconcile's rows…) or [`Follower::handle_timeout`];
 //! 2. drain [`Follower::poll_output`] until it returns `None`, carrying out each
-//!    [`Output`] in order (apply a put, open the feed from watermark+1, reconcile, …);
+//!    [`Output`] in order: a [`Request`] to a port (open the feed from watermark+1,
+//!    reconcile, …), an [`Apply`] to the cache, a [`Notice`] to whoever waits (ready, a
+//!    reconcile's result), a [`Diagnostic`] to the log;
 //! 3. sleep until [`Follower::poll_timeout`], then go to 1.
 //!
 //! ```
@@ -24,14 +26,19 @@
 //! let config = FollowerConfig::builder("mirror").seed(7).build()?;
 //! let mut f = Follower::new(config, Utf8);
 //! let now = Time::ZERO;
-//! let Some(Output::LookupSource { token }) = f.poll_output() else { unreachable!() };
+//! let Some(Output::Request(Request::LookupSource { token })) = f.poll_output() else {
+//!     unreachable!()
+//! };
 //! f.handle_input(Input::SourceFound { token }, now);
-//! let Some(Output::OpenFeed { token, from: 1, .. }) = f.poll_output() else { unreachable!() };
+//! let Some(Output::Request(Request::OpenFeed { token, from: 1, .. })) = f.poll_output() else {
+//!     unreachable!()
+//! };
 //! let info = FeedInfo::change_log(1, 1); // gapless, first available seq 1, head 1
 //! f.handle_input(Input::FeedOpened { token, info }, now);
 //! f.handle_input(Input::Entry { token, entry: Entry::put(1, "a", "hello") }, now);
-//! assert_eq!(f.poll_output(), Some(Output::Put { key: "a".into(), seq: 1, value: "hello".into() }));
-//! assert_eq!(f.poll_output(), Some(Output::Ready { watermark: 1 }));
+//! let put = Apply::Put { key: "a".into(), seq: 1, value: "hello".into() };
+//! assert_eq!(f.poll_output(), Some(Output::Apply(put)));
+//! assert_eq!(f.poll_output(), Some(Output::Notice(Notice::Ready { watermark: 1 })));
 //! assert_eq!(f.watermark(), 1);
 //! # Ok::<(), ConfigError>(())
 //! ```
@@ -43,6 +50,13 @@
 //! initial sync; bad entries and undecodable values are counted skips, never panics.
 //!
 //! # Also here
+//!
+//! How a follower follows is the feed's to say ([`Follow`], carried by [`FeedInfo`]): a
+//! source's own history is replayed, an announcements stream is reconciled first and then
+//! applied never-older, and with no feed the follower reconciles on wakes. A driver whose
+//! sink commits in batches (a persisted cache, a worker) marks each commit
+//! ([`Follower::commit`]); a failed batch ([`Input::SinkFailed`]) takes the follower back to
+//! the last mark, so nothing the sink lost is skipped.
 //!
 //! - [`Event`]: the announcement wire format; [`Entry`] and [`Op`]: what feeds deliver.
 //! - [`Decode`]: the user's value decoder, with an error type of their choosing.
@@ -70,14 +84,14 @@ mod time;
 
 pub use announce::{AnnouncePlan, AnnounceReport, Legs};
 pub use backoff::{Backoff, BackoffPolicy};
-pub use config::{FollowerConfig, FollowerConfigBuilder, Sync};
+pub use config::{FollowerConfig, FollowerConfigBuilder};
 pub use decode::{Decode, DecodeFn, Json, RawBytes, Utf8, decode_fn};
 pub use entry::{CacheChange, Entry, Op};
 pub use error::ConfigError;
 pub use event::{EncodeError, Event, NotAnEvent};
 pub use follower::{
-    Cause, Continuity, Counters, Diagnostic, FeedInfo, Follower, Input, InvalidReason, Output,
-    Phase, Status, Token,
+    Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower, Input,
+    InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{Job, JobId};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};

@@ -25,6 +25,7 @@ pub fn gapless(head: u64) -> FeedInfo {
         head,
         continuity: Continuity::Gapless,
         checkpoints: true,
+        follow: Follow::Replay,
     }
 }
 
@@ -34,6 +35,7 @@ pub fn sparse(first_available: u64, head: u64) -> FeedInfo {
         head,
         continuity: Continuity::Sparse,
         checkpoints: false,
+        follow: Follow::Replay,
     }
 }
 
@@ -60,11 +62,11 @@ impl H {
         let mut outs = Vec::new();
         while let Some(o) = self.f.poll_output() {
             match &o {
-                Output::OpenFeed { token, .. } => self.feed = Some(*token),
-                Output::LookupSource { token }
-                | Output::Reconcile { token, .. }
-                | Output::Snapshot { token }
-                | Output::Fetch { token, .. } => self.request = Some(*token),
+                Output::Request(Request::OpenFeed { token, .. }) => self.feed = Some(*token),
+                Output::Request(Request::LookupSource { token })
+                | Output::Request(Request::Reconcile { token, .. })
+                | Output::Request(Request::Snapshot { token })
+                | Output::Request(Request::Fetch { token, .. }) => self.request = Some(*token),
                 _ => {}
             }
             outs.push(o);
@@ -123,7 +125,9 @@ impl H {
 pub fn puts(outs: &[Output<String>]) -> Vec<(String, u64, String)> {
     outs.iter()
         .filter_map(|o| match o {
-            Output::Put { key, seq, value } => Some((key.clone(), *seq, value.clone())),
+            Output::Apply(Apply::Put { key, seq, value }) => {
+                Some((key.clone(), *seq, value.clone()))
+            }
             _ => None,
         })
         .collect()
@@ -132,7 +136,7 @@ pub fn puts(outs: &[Output<String>]) -> Vec<(String, u64, String)> {
 pub fn removes(outs: &[Output<String>]) -> Vec<(String, u64)> {
     outs.iter()
         .filter_map(|o| match o {
-            Output::Remove { key, seq } => Some((key.clone(), *seq)),
+            Output::Apply(Apply::Remove { key, seq }) => Some((key.clone(), *seq)),
             _ => None,
         })
         .collect()
@@ -149,11 +153,12 @@ pub fn diagnostics(outs: &[Output<String>]) -> Vec<Diagnostic> {
 
 pub fn opened_from(outs: &[Output<String>]) -> Option<u64> {
     outs.iter().find_map(|o| match o {
-        Output::OpenFeed { from, .. } => Some(*from),
+        Output::Request(Request::OpenFeed { from, .. }) => Some(*from),
         _ => None,
     })
 }
 
 pub fn is_ready(outs: &[Output<String>]) -> bool {
-    outs.iter().any(|o| matches!(o, Output::Ready { .. }))
+    outs.iter()
+        .any(|o| matches!(o, Output::Notice(Notice::Ready { .. })))
 }

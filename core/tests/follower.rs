@@ -23,7 +23,10 @@ fn ready_only_after_the_initial_sync_reaches_the_head() {
     assert_eq!(h.f.phase(), Phase::Syncing);
     let outs = h.put(3, "c", "3");
     assert!(is_ready(&outs), "ready once the watermark reaches the head");
-    assert_eq!(outs.last(), Some(&Output::Ready { watermark: 3 }));
+    assert_eq!(
+        outs.last(),
+        Some(&Output::Notice(Notice::Ready { watermark: 3 }))
+    );
     assert_eq!(h.f.phase(), Phase::Live);
 }
 
@@ -44,12 +47,12 @@ fn ready_is_reported_once() {
     let mut n = h
         .put(1, "a", "1")
         .iter()
-        .filter(|o| matches!(o, Output::Ready { .. }))
+        .filter(|o| matches!(o, Output::Notice(Notice::Ready { .. })))
         .count();
     n += h
         .put(2, "a", "2")
         .iter()
-        .filter(|o| matches!(o, Output::Ready { .. }))
+        .filter(|o| matches!(o, Output::Notice(Notice::Ready { .. })))
         .count();
     assert_eq!(n, 1);
 }
@@ -58,7 +61,10 @@ fn ready_is_reported_once() {
 fn the_first_output_is_a_lookup_and_the_feed_opens_from_one() {
     let mut h = H::new();
     let outs = h.drain();
-    assert!(matches!(outs[..], [Output::LookupSource { .. }]));
+    assert!(matches!(
+        outs[..],
+        [Output::Request(Request::LookupSource { .. })]
+    ));
     assert_eq!(opened_from(&h.found()), Some(1));
 }
 
@@ -104,7 +110,7 @@ fn after_a_feed_failure_it_reopens_from_watermark_plus_one() {
         token,
         error: "connection reset".into(),
     });
-    assert!(outs.contains(&Output::CloseFeed { token }));
+    assert!(outs.contains(&Output::Request(Request::CloseFeed { token })));
     assert_eq!(h.f.phase(), Phase::BackingOff);
     let outs = h.run_to_timeout();
     assert_eq!(
@@ -216,6 +222,7 @@ fn remembering_never_lowers_what_the_follower_knows() {
             head: 25,
             continuity: Continuity::Gapless,
             checkpoints: false,
+            follow: Follow::Replay,
         },
     });
     let token = h.request.expect("a snapshot was asked for");
@@ -253,7 +260,8 @@ fn compaction_past_the_watermark_resyncs_and_removes_vanished_keys() {
         first_available: 10
     }));
     assert!(
-        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
         "{outs:?}"
     );
     assert_eq!(h.f.phase(), Phase::Resyncing);
@@ -294,7 +302,7 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
     let outs = h.entry(Entry::put(5, "b", "x")); // a gap: reconcile since 1
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 1, .. }))
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 1, .. })))
     );
     let outs = h.input(Input::ChangesUnavailable {
         token: h.request.unwrap(),
@@ -308,7 +316,8 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
         "an operator sees why the follower resyncs: {outs:?}"
     );
     assert!(
-        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
         "{outs:?}"
     );
     let outs = h.input(Input::Snapshot {
@@ -364,7 +373,7 @@ fn an_entry_at_or_below_the_watermark_is_not_applied_again_but_is_checkpointed()
         "a replayed seq must not be applied twice"
     );
     assert!(
-        outs.contains(&Output::Checkpoint { position: 3 }),
+        outs.contains(&Output::Request(Request::Checkpoint { position: 3 })),
         "but its position is recorded"
     );
     assert!(diagnostics(&outs).contains(&Diagnostic::SeqRegressed {
@@ -381,11 +390,13 @@ fn checkpoints_are_monotone() {
     h.open(gapless(9));
     assert!(
         h.entry(Entry::new(5, 1, "a", Op::Put, b"1".to_vec()))
-            .contains(&Output::Checkpoint { position: 5 })
+            .contains(&Output::Request(Request::Checkpoint { position: 5 }))
     );
     let outs = h.entry(Entry::new(4, 2, "a", Op::Put, b"2".to_vec()));
     assert!(
-        !outs.iter().any(|o| matches!(o, Output::Checkpoint { .. })),
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Checkpoint { .. }))),
         "a lower position must not move the cursor back: {outs:?}"
     );
 }
@@ -424,7 +435,7 @@ fn a_gap_on_a_gapless_feed_reconciles_from_the_watermark() {
     }));
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 1, .. })),
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 1, .. }))),
         "{outs:?}"
     );
     let changes = vec![
@@ -442,11 +453,12 @@ fn a_gap_on_a_gapless_feed_reconciles_from_the_watermark() {
         [("b".into(), 2, "2".into()), ("d".into(), 4, "4".into())]
     );
     assert_eq!(removes(&outs), [("a".into(), 3)]);
-    assert!(diagnostics(&outs).contains(&Diagnostic::Reconciled {
+    assert!(outs.contains(&Output::Notice(Notice::CaughtUp(CaughtUp {
         applied: 2,
         removed: 1,
-        watermark: 4
-    }));
+        watermark: 4,
+        resynced: false,
+    }))));
     assert_eq!(
         opened_from(&outs),
         Some(5),
@@ -472,7 +484,7 @@ fn a_fetched_value_newer_than_its_marker_is_never_replaced_by_an_older_entry() {
     let outs = h.entry(Entry::new(5, 5, "a", Op::Mutation, vec![]));
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Fetch { seq: 5, .. })),
+            .any(|o| matches!(o, Output::Request(Request::Fetch { seq: 5, .. }))),
         "{outs:?}"
     );
     // The source already holds the value written at 9.
@@ -565,7 +577,7 @@ fn a_decode_failure_is_logged_counted_skipped_and_passed() {
         1,
         "a poison entry must not wedge the follower"
     );
-    assert!(outs.contains(&Output::Checkpoint { position: 1 }));
+    assert!(outs.contains(&Output::Request(Request::Checkpoint { position: 1 })));
     assert_eq!(puts(&h.put(2, "a", "ok")), [("a".into(), 2, "ok".into())]);
     assert_eq!(h.f.counters().poison, 1);
 }
@@ -632,7 +644,7 @@ fn undecodable_feed_payloads_are_counted_and_checkpointed_past() {
         reason: "not an event".into(),
     });
     assert!(
-        outs.contains(&Output::Checkpoint { position: 7 }),
+        outs.contains(&Output::Request(Request::Checkpoint { position: 7 })),
         "poison must not wedge the cursor"
     );
     assert_eq!(h.f.counters().invalid, 1);
@@ -647,12 +659,12 @@ fn undecodable_feed_payloads_are_counted_and_checkpointed_past() {
 
 #[test]
 fn a_wake_only_follower_reconciles_on_start_and_on_each_wake_and_never_polls() {
-    let config = config().sync(Sync::WakeOnly).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::WakeOnly));
     let outs = h.found();
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 0, .. }))
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 0, .. })))
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
@@ -672,24 +684,25 @@ fn a_wake_only_follower_reconciles_on_start_and_on_each_wake_and_never_polls() {
     let outs = h.input(Input::Wake);
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 1, .. }))
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 1, .. })))
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
         changes: vec![],
         source_watermark: 1,
     });
-    assert!(diagnostics(&outs).contains(&Diagnostic::Reconciled {
+    assert!(outs.contains(&Output::Notice(Notice::CaughtUp(CaughtUp {
         applied: 0,
         removed: 0,
-        watermark: 1
-    }));
+        watermark: 1,
+        resynced: false,
+    }))));
 }
 
 #[test]
 fn a_wake_during_a_reconcile_causes_one_more() {
-    let config = config().sync(Sync::WakeOnly).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::WakeOnly));
     h.found();
     let first = h.request.unwrap();
     assert!(
@@ -704,7 +717,7 @@ fn a_wake_during_a_reconcile_causes_one_more() {
     });
     let n = outs
         .iter()
-        .filter(|o| matches!(o, Output::Reconcile { .. }))
+        .filter(|o| matches!(o, Output::Request(Request::Reconcile { .. })))
         .count();
     assert_eq!(
         n, 1,
@@ -720,7 +733,7 @@ fn reconcile_skips_changes_older_than_the_cache() {
     let outs = h.input(Input::Wake);
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 10, .. }))
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 10, .. })))
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
@@ -797,7 +810,7 @@ fn lookup_failure_retries_with_growing_backoff_and_keeps_trying() {
         let outs = h.run_to_timeout();
         assert!(
             outs.iter()
-                .any(|o| matches!(o, Output::LookupSource { .. })),
+                .any(|o| matches!(o, Output::Request(Request::LookupSource { .. }))),
             "it never gives up"
         );
     }
@@ -857,7 +870,7 @@ fn failed_requests_are_retried_after_a_backoff() {
     let outs = h.run_to_timeout();
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 0, .. })),
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 0, .. }))),
         "{outs:?}"
     );
 }
@@ -902,7 +915,13 @@ fn stop_closes_the_feed_and_decides_nothing_more() {
     h.open(gapless(3));
     let token = h.feed.unwrap();
     let outs = h.input(Input::Stop);
-    assert_eq!(outs, [Output::CloseFeed { token }, Output::Stopped]);
+    assert_eq!(
+        outs,
+        [
+            Output::Request(Request::CloseFeed { token }),
+            Output::Notice(Notice::Stopped)
+        ]
+    );
     assert_eq!(h.f.phase(), Phase::Stopped);
     assert!(h.put(1, "a", "1").is_empty());
     assert_eq!(h.f.poll_timeout(), None);
@@ -923,12 +942,12 @@ fn status_lists_name_phase_watermark_and_counters() {
 
 #[test]
 fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
-    let config = config().sync(Sync::Announcements).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
     let outs = h.found();
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 0, .. })),
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 0, .. }))),
         "announcements may have been lost: the initial sync reads the source"
     );
     assert!(
@@ -948,6 +967,7 @@ fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
         head: 9,
         continuity: Continuity::Sparse,
         checkpoints: true,
+        follow: Follow::Announcements,
     };
     h.reopen(info);
     assert!(puts(&h.put(1, "a", "1")).is_empty());
@@ -956,7 +976,7 @@ fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
     let outs = h.input(Input::Wake);
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 2, .. })),
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 2, .. }))),
         "announcements do not move the watermark: only what a reconcile read does"
     );
     let outs = h.input(Input::Changes {
@@ -968,8 +988,8 @@ fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
 }
 
 fn announcements_follower() -> H {
-    let config = config().sync(Sync::Announcements).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
     h.found();
     h.input(Input::Changes {
         token: h.request.unwrap(),
@@ -981,6 +1001,7 @@ fn announcements_follower() -> H {
         head: 0,
         continuity: Continuity::Sparse,
         checkpoints: true,
+        follow: Follow::Announcements,
     };
     h.reopen(info);
     h
@@ -1019,7 +1040,7 @@ fn a_late_put_never_resurrects_a_key_removed_after_it() {
     let outs = h.input(Input::Wake);
     assert!(
         outs.iter()
-            .any(|o| matches!(o, Output::Reconcile { since: 0, .. }))
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 0, .. })))
     );
     let changes = vec![Entry::delete(5, "k")];
     h.input(Input::Changes {
@@ -1044,7 +1065,10 @@ fn a_snapshot_older_than_a_cached_value_does_not_remove_it() {
         token: h.request.unwrap(),
         first_available: 9,
     });
-    assert!(outs.iter().any(|o| matches!(o, Output::Snapshot { .. })));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
+    );
     let outs = h.input(Input::Snapshot {
         token: h.request.unwrap(),
         entries: vec![Entry::put(4, "a", "a")],
@@ -1103,7 +1127,8 @@ fn a_recreated_source_behind_the_watermark_replaces_the_cache() {
         watermark: 10
     }));
     assert!(
-        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
         "{outs:?}"
     );
     let entries = vec![Entry::put(2, "k1", "new-1"), Entry::put(3, "z", "z")];
@@ -1165,8 +1190,8 @@ fn a_head_behind_from_purged_tail_entries_resyncs_without_a_reset() {
 
 #[test]
 fn a_wake_runner_whose_source_went_back_resyncs_from_a_snapshot() {
-    let config = config().sync(Sync::WakeOnly).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::WakeOnly));
     h.found();
     let changes = vec![Entry::put(5, "a", "old")];
     h.input(Input::Changes {
@@ -1181,7 +1206,8 @@ fn a_wake_runner_whose_source_went_back_resyncs_from_a_snapshot() {
         source_watermark: 2,
     });
     assert!(
-        outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
         "{outs:?}"
     );
     let entries = vec![Entry::put(2, "b", "new")];
@@ -1197,8 +1223,8 @@ fn a_wake_runner_whose_source_went_back_resyncs_from_a_snapshot() {
 
 #[test]
 fn an_announcements_stream_behind_the_watermark_is_no_reason_to_resync() {
-    let config = config().sync(Sync::Announcements).build().unwrap();
-    let mut h = H::with(Follower::new(config, Utf8));
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
     h.found();
     let changes = vec![Entry::put(5, "a", "5")];
     h.input(Input::Changes {
@@ -1212,10 +1238,13 @@ fn an_announcements_stream_behind_the_watermark_is_no_reason_to_resync() {
         head: 2,
         continuity: Continuity::Sparse,
         checkpoints: true,
+        follow: Follow::Announcements,
     };
     let outs = h.reopen(info);
     assert!(
-        !outs.iter().any(|o| matches!(o, Output::Snapshot { .. })),
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
         "a resync here would loop on every reopen: {outs:?}"
     );
 }

@@ -147,11 +147,11 @@ impl World {
 
     fn perform(&mut self, out: Output<String>) {
         match out {
-            Output::LookupSource { token } => {
+            Output::Request(Request::LookupSource { token }) => {
                 let input = self.request_result(token, Input::SourceFound { token });
                 self.pending.push_back(input);
             }
-            Output::OpenFeed { token, from, .. } => {
+            Output::Request(Request::OpenFeed { token, from, .. }) => {
                 assert_eq!(from, self.f.watermark() + 1);
                 self.feed = Some((token, from));
                 let info = FeedInfo {
@@ -159,14 +159,17 @@ impl World {
                     head: self.src.seq,
                     continuity: Continuity::Gapless,
                     checkpoints: true,
+                    follow: Follow::Replay,
                 };
                 self.pending.push_back(Input::FeedOpened { token, info });
             }
-            Output::CloseFeed { token } if self.feed.is_some_and(|(t, _)| t == token) => {
+            Output::Request(Request::CloseFeed { token })
+                if self.feed.is_some_and(|(t, _)| t == token) =>
+            {
                 self.feed = None;
             }
-            Output::CloseFeed { .. } => {}
-            Output::Reconcile { token, since } => {
+            Output::Request(Request::CloseFeed { .. }) => {}
+            Output::Request(Request::Reconcile { token, since }) => {
                 let ok = match self.src.changes_since(since) {
                     Ok(changes) => Input::Changes {
                         token,
@@ -181,7 +184,7 @@ impl World {
                 let input = self.request_result(token, ok);
                 self.pending.push_back(input);
             }
-            Output::Snapshot { token } => {
+            Output::Request(Request::Snapshot { token }) => {
                 let entries = self
                     .src
                     .live
@@ -196,12 +199,12 @@ impl World {
                 let input = self.request_result(token, ok);
                 self.pending.push_back(input);
             }
-            Output::Fetch { token, key, .. } => {
+            Output::Request(Request::Fetch { token, key, .. }) => {
                 let value = self.src.live.get(&key).cloned();
                 let input = self.request_result(token, Input::Fetched { token, value });
                 self.pending.push_back(input);
             }
-            Output::Put { key, seq, value } => {
+            Output::Apply(Apply::Put { key, seq, value }) => {
                 if let Some((have, _)) = self.cache.get(&key) {
                     assert!(
                         seq > *have,
@@ -210,11 +213,13 @@ impl World {
                 }
                 self.cache.insert(key, (seq, value));
             }
-            Output::Remove { key, .. } => {
+            Output::Apply(Apply::Remove { key, .. }) => {
                 self.cache.remove(&key);
             }
-            Output::Checkpoint { .. } | Output::Ready { .. } | Output::Diagnostic(_) => {}
-            Output::Stopped => panic!("nobody asked it to stop"),
+            Output::Request(Request::Checkpoint { .. })
+            | Output::Notice(Notice::Ready { .. })
+            | Output::Diagnostic(_) => {}
+            Output::Notice(Notice::Stopped) => panic!("nobody asked it to stop"),
             _ => {}
         }
     }
@@ -415,7 +420,9 @@ fn same_seed_and_inputs_give_identical_outputs() {
         let drain = |f: &mut Follower<Utf8>, trace: &mut Vec<String>| {
             let mut tokens = Vec::new();
             while let Some(o) = f.poll_output() {
-                if let Output::LookupSource { token } | Output::OpenFeed { token, .. } = &o {
+                if let Output::Request(Request::LookupSource { token })
+                | Output::Request(Request::OpenFeed { token, .. }) = &o
+                {
                     tokens.push(*token);
                 }
                 trace.push(format!("{o:?}"));
@@ -444,6 +451,7 @@ fn same_seed_and_inputs_give_identical_outputs() {
             head: 3,
             continuity: Continuity::Gapless,
             checkpoints: true,
+            follow: Follow::Replay,
         };
         f.handle_input(Input::FeedOpened { token: feed, info }, now);
         for (i, k) in ["x", "y", "x"].iter().enumerate() {

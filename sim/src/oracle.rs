@@ -64,6 +64,65 @@ impl History {
     }
 }
 
+impl History {
+    /// How `cache` fails to be the source's state at `watermark`, described for a report
+    /// (empty when it is). A key may also hold a newer value than the watermark's, or be
+    /// absent through a newer removal, when the history has that change (announcements
+    /// and fetched markers run ahead of the watermark); a poison value may be skipped.
+    #[must_use]
+    pub fn inconsistencies(
+        &self,
+        cache: &BTreeMap<String, (u64, String)>,
+        watermark: u64,
+    ) -> Vec<String> {
+        let history = lock(&self.inner);
+        let mut state: BTreeMap<&str, (u64, Option<&Vec<u8>>)> = BTreeMap::new();
+        for (seq, (key, value)) in history.range(..=watermark) {
+            state.insert(key, (*seq, value.as_ref()));
+        }
+        let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
+            history
+                .range(watermark + 1..)
+                .any(|(_, (k, v))| k == key && pred(v))
+        };
+        let mut out = Vec::new();
+        for (key, (seq, value)) in cache {
+            if *seq > watermark {
+                let recorded = history.get(seq);
+                if recorded.is_none_or(|(k, v)| k != key || v.as_deref() != Some(value.as_bytes()))
+                {
+                    out.push(format!("{key}: holds seq {seq} above the watermark that the source never wrote for it"));
+                }
+                continue;
+            }
+            match state.get(key.as_str()) {
+                Some((want, Some(bytes)))
+                    if want == seq && bytes.as_slice() == value.as_bytes() => {}
+                Some((want, Some(bytes))) if std::str::from_utf8(bytes).is_err() && seq < want => {}
+                want => out.push(format!(
+                    "{key}: holds seq {seq}, the source at {watermark} has {:?}",
+                    want.map(|(s, v)| (s, v.is_some()))
+                )),
+            }
+        }
+        for (key, (seq, value)) in &state {
+            let Some(bytes) = value else { continue };
+            if cache.contains_key(*key) || std::str::from_utf8(bytes).is_err() {
+                continue;
+            }
+            // Absent: fine only if a newer removal (or a newer poison put) explains it.
+            if !newer(key, &|v| {
+                v.as_ref().is_none_or(|b| std::str::from_utf8(b).is_err())
+            }) {
+                out.push(format!(
+                    "{key}: missing; the source at {watermark} has seq {seq}"
+                ));
+            }
+        }
+        out
+    }
+}
+
 /// Differences between a cache and what it should hold, described for a report.
 #[must_use]
 pub fn differences(
@@ -197,7 +256,7 @@ impl Sink<String> for Probe {
 
     fn ready(&mut self, watermark: u64) {
         let mut s = lock(&self.state);
-        let diff = differences(&s.cache, &self.history.expected_at(watermark));
+        let diff = self.history.inconsistencies(&s.cache, watermark);
         if !diff.is_empty() {
             let what = format!(
                 "ready at {watermark} before the initial sync: {}",
@@ -210,12 +269,25 @@ impl Sink<String> for Probe {
             .line(format!("{} ready at {watermark}", self.name));
     }
 
-    fn watermark(&mut self, watermark: u64) {
+    async fn commit(&mut self, watermark: u64) -> Result<()> {
         let mut s = lock(&self.state);
         if watermark < s.watermark {
             let what = format!("watermark fell from {} to {watermark}", s.watermark);
             self.violation(&mut s, what);
         }
+        // The oracle at every step: once ready, every watermark the follower commits must
+        // describe its cache — the source's state at that seq.
+        if s.ready && watermark != s.watermark {
+            let diff = self.history.inconsistencies(&s.cache, watermark);
+            if !diff.is_empty() {
+                let what = format!(
+                    "cache is not the source's state at watermark {watermark}: {}",
+                    diff.join("; ")
+                );
+                self.violation(&mut s, what);
+            }
+        }
         s.watermark = watermark;
+        Ok(())
     }
 }

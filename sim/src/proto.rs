@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Op};
+use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Follow, Op};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turmoil::net::TcpStream;
 
@@ -108,6 +108,8 @@ pub struct WireFeedInfo {
     pub gapless: bool,
     /// Wants checkpoints.
     pub checkpoints: bool,
+    /// A stream of announcements (true) or the source's own history.
+    pub announcements: bool,
 }
 
 impl From<FeedInfo> for WireFeedInfo {
@@ -117,6 +119,7 @@ impl From<FeedInfo> for WireFeedInfo {
             head: i.head,
             gapless: i.continuity == Continuity::Gapless,
             checkpoints: i.checkpoints,
+            announcements: i.follow == Follow::Announcements,
         }
     }
 }
@@ -132,6 +135,11 @@ impl From<WireFeedInfo> for FeedInfo {
                 Continuity::Sparse
             },
             checkpoints: w.checkpoints,
+            follow: if w.announcements {
+                Follow::Announcements
+            } else {
+                Follow::Replay
+            },
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Entry, FeedInfo};
+use tidemark::tidemark_core::{Entry, FeedInfo, Follow};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Publish, Received, Result, Snapshot,
     Source, Versioned, Wake, WakeListener,
@@ -246,6 +246,7 @@ impl Remote {
 
 /// The source's change log (a gapless feed keyed by seq).
 impl Feed for Remote {
+    const FOLLOW: Follow = Follow::Replay;
     type Stream = RemoteStream;
 
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<RemoteStream>> {
@@ -258,6 +259,7 @@ impl Feed for Remote {
 pub struct RemoteEvents(pub Remote);
 
 impl Feed for RemoteEvents {
+    const FOLLOW: Follow = Follow::Announcements;
     type Stream = RemoteStream;
 
     async fn open(&self, _from: u64, after_position: Option<u64>) -> Result<Opened<RemoteStream>> {

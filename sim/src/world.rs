@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Event, Follower, FollowerConfig, Rng, Sync, Utf8};
+use tidemark::tidemark_core::{Event, Follower, FollowerConfig, Rng, Utf8};
 use tidemark::{AnnouncingRegistry, FollowerTask, NoFeed, Source, StopSignal};
 use tidemark_memory::{Mangle, Memory, MemoryQueue, Port};
 
 use crate::listener::ReconnectingListener;
-use crate::naive::NewOnlyFeed;
+use crate::naive::{EventsAsReplay, NewOnlyFeed};
 use crate::oracle::{History, Probe, differences};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
@@ -210,14 +210,8 @@ async fn writer(i: usize, seed: u64, control: Arc<WriterControl>, trace: Trace) 
 async fn follower(spec: FollowerSpec, seed: u64, probe: Probe) -> turmoil::Result {
     probe.restart(spec.persisted);
     let remote = Remote::new(SOURCE);
-    let sync = match spec.kind {
-        Kind::Log | Kind::NewOnly | Kind::EventsNoReconcile => Sync::Feed,
-        Kind::WakeOnly => Sync::WakeOnly,
-        Kind::Events => Sync::Announcements,
-    };
     let config = FollowerConfig::builder(spec.name.clone())
         .seed(seed)
-        .sync(sync)
         .build()?;
     let core = if spec.persisted {
         let s = probe.state();
@@ -236,29 +230,30 @@ async fn follower(spec: FollowerSpec, seed: u64, probe: Probe) -> turmoil::Resul
         Kind::Log => {
             FollowerTask::from_core(core, remote.clone(), remote.clone(), probe)
                 .with_wake(wake())
-                .run(stop)
+                .run(stop.clone())
                 .await
         }
         Kind::WakeOnly => {
             FollowerTask::from_core(core, remote.clone(), NoFeed, probe)
                 .with_wake(wake())
-                .run(stop)
+                .run(stop.clone())
                 .await
         }
         Kind::Events => {
             FollowerTask::from_core(core, remote.clone(), RemoteEvents(remote.clone()), probe)
                 .with_wake(wake())
-                .run(stop)
+                .run(stop.clone())
                 .await
         }
         Kind::NewOnly => {
             FollowerTask::from_core(core, remote.clone(), NewOnlyFeed(remote.clone()), probe)
-                .run(stop)
+                .run(stop.clone())
                 .await
         }
         Kind::EventsNoReconcile => {
-            FollowerTask::from_core(core, remote.clone(), RemoteEvents(remote.clone()), probe)
-                .run(stop)
+            let events = EventsAsReplay(RemoteEvents(remote.clone()));
+            FollowerTask::from_core(core, remote.clone(), events, probe)
+                .run(stop.clone())
                 .await
         }
     };

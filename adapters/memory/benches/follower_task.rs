@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use tidemark::tidemark_core::{
-    Continuity, Entry, FeedInfo, Follower, FollowerConfig, Input, Output, RawBytes, Time,
+    Apply, Entry, FeedInfo, Follower, FollowerConfig, Input, Output, RawBytes, Request, Time,
 };
 use tidemark::{Source, spawn_cache};
 use tidemark_memory::MemorySource;
@@ -20,25 +20,20 @@ fn core_alone(entries: Vec<Entry>) -> f64 {
     let mut core = Follower::new(FollowerConfig::builder("bench").build().unwrap(), RawBytes);
     let mut token = None;
     while let Some(out) = core.poll_output() {
-        if let Output::LookupSource { token } = out {
+        if let Output::Request(Request::LookupSource { token }) = out {
             core.handle_input(Input::SourceFound { token }, Time::ZERO);
-        } else if let Output::OpenFeed { token: t, .. } = out {
+        } else if let Output::Request(Request::OpenFeed { token: t, .. }) = out {
             token = Some(t);
         }
     }
     let token = token.unwrap();
-    let info = FeedInfo {
-        first_available: 1,
-        head: N,
-        continuity: Continuity::Gapless,
-        checkpoints: false,
-    };
+    let info = FeedInfo::change_log(1, N);
     core.handle_input(Input::FeedOpened { token, info }, Time::ZERO);
     let mut applied = 0u64;
     for e in entries {
         core.handle_input(Input::Entry { token, entry: e }, Time::ZERO);
         while let Some(out) = core.poll_output() {
-            if matches!(out, Output::Put { .. }) {
+            if matches!(out, Output::Apply(Apply::Put { .. })) {
                 applied += 1;
             }
         }

@@ -177,6 +177,7 @@ impl FeedStream for EventStream {
 }
 
 impl Feed for MemoryEvents {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Announcements;
     type Stream = EventStream;
 
     /// Starts after `after_position` when given, else at the stream's beginning; `from`

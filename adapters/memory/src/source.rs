@@ -274,6 +274,7 @@ impl FeedStream for LogStream {
 }
 
 impl Feed for MemorySource {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
     type Stream = LogStream;
 
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<LogStream>> {

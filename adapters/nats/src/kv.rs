@@ -529,6 +529,7 @@ impl FeedStream for KvStream {
 }
 
 impl Feed for KvBucket {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
     type Stream = KvStream;
 
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<KvStream>> {

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use tidemark::tidemark_core::{FollowerConfig, Job, RawBytes, RestartPolicy, Sync, Utf8};
+use tidemark::tidemark_core::{FollowerConfig, Job, RawBytes, RestartPolicy, Utf8};
 use tidemark::{
     AnnouncingRegistry, Cursors, FollowerTask, Queue, Source, Supervisor, Worker, WorkerPhase,
 };
@@ -79,10 +79,7 @@ async fn announcing_writer_and_durable_stream_consumer_round_trip() {
         .await
         .unwrap();
 
-    let config = FollowerConfig::builder("stream-mirror")
-        .sync(Sync::Feed)
-        .build()
-        .unwrap();
+    let config = FollowerConfig::new("stream-mirror").unwrap();
     let record = Record::default();
     let handle = FollowerTask::new(
         config.clone(),
@@ -244,7 +241,7 @@ async fn a_user_worker_runs_under_the_supervisor_on_a_bucket() {
         deletes: Default::default(),
     };
     let (puts, deletes) = (worker.puts.clone(), worker.deletes.clone());
-    let mut supervisor = Supervisor::new(7);
+    let supervisor = Supervisor::new(7);
     supervisor
         .spawn(worker, bucket.clone(), bucket.clone(), RestartPolicy::Never)
         .unwrap();

@@ -202,6 +202,8 @@ impl<V> CacheWriter<V> {
 }
 
 impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
+    const FALLIBLE: bool = false;
+
     async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
         // receiver_count takes the channel's lock: ask once per put, not twice.
         let announced = (self.shared.changes.receiver_count() > 0).then(|| key.clone());
@@ -232,7 +234,8 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         self.announce(|| Change::Ready { watermark });
     }
 
-    fn watermark(&mut self, watermark: u64) {
+    async fn commit(&mut self, watermark: u64) -> Result<()> {
         self.shared.watermark.store(watermark, Ordering::Release);
+        Ok(())
     }
 }

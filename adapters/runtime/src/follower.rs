@@ -1,12 +1,18 @@
 //! The follower task: owns one core [`Follower`], carries out its decisions against the
-//! ports, feeds the results back, and sleeps until its next timeout.
+//! ports, commits each batch to its sink, feeds the results back, and sleeps until its
+//! next timeout. Every follower runs on it: caches, persisted caches, wake runners,
+//! durable consumers and supervised workers.
+
+use std::hash::{BuildHasher, Hasher};
 
 use tidemark_core::{
-    Decode, Diagnostic, Follower, FollowerConfig, Input, Output, Phase, Status, Token,
+    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follower, FollowerConfig, Input,
+    Notice, Output, Phase, Request, Rng, Status, Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{debug, info, warn};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, info, warn};
 
 use crate::cache::{Cache, CacheWriter, cache};
 use crate::clock::Clock;
@@ -27,17 +33,48 @@ pub struct Reconciled {
     pub watermark: u64,
 }
 
+impl From<CaughtUp> for Reconciled {
+    fn from(c: CaughtUp) -> Self {
+        Reconciled {
+            applied: c.applied,
+            removed: c.removed,
+            watermark: c.watermark,
+        }
+    }
+}
+
 enum Command {
     Reconcile(oneshot::Sender<Reconciled>),
 }
 
+/// What a batch decided that waits for the sink's commit: nobody may see a readiness, a
+/// reconcile's answer or a saved cursor that the sink does not yet hold.
+#[derive(Debug, Default)]
+struct Batch {
+    /// Something was applied since the last commit.
+    dirty: bool,
+    ready: bool,
+    checkpoint: Option<u64>,
+    caught_up: Option<CaughtUp>,
+}
+
+/// A seed for a follower the user gave none: drawn from the OS (outside the core, which
+/// stays deterministic), so that a fleet does not retry in lockstep. The status shows it.
+fn draw_seed() -> u64 {
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x7469_6465_6d61_726b);
+    h.finish()
+}
+
 /// A follower task, configured but not yet running. Build it with
 /// [`FollowerTask::new`], add a durable cursor or a wake listener, then
-/// [`spawn`](Self::spawn) it (or [`run`](Self::run) it in place).
+/// [`spawn`](Self::spawn) it (or [`run`](Self::run) it in place, as often as a supervisor
+/// restarts it: the core's applied state is kept across runs).
 ///
-/// `S` answers lookups, reconciles, snapshots and marker fetches; `F` is the feed
-/// (use [`NoFeed`] for a wake-only follower); `C` stores the feed's durable cursor;
-/// `W` delivers wakes; `K` receives the changes (a cache or a worker).
+/// `S` answers lookups, reconciles, snapshots and marker fetches; `F` is the feed, which
+/// says how it must be followed ([`Feed::FOLLOW`]; [`NoFeed`] for a wake-only follower);
+/// `C` stores the feed's durable cursor; `W` delivers wakes; `K` receives the changes and
+/// owns their durability (a cache, a persisted cache, a worker).
 pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     core: Follower<D>,
     source: S,
@@ -47,6 +84,10 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     cursor_name: Option<String>,
     cursor_loaded: Option<Option<u64>>,
     wake: Option<W>,
+    /// Paces a wake listener that failed (a transient error): wakes resume after this.
+    wake_paused_until: Option<Instant>,
+    wake_backoff: Backoff,
+    rng: Rng,
     sink: K,
     clock: Clock,
     stream: Option<(Token, F::Stream)>,
@@ -54,6 +95,10 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     pending: Vec<oneshot::Sender<Reconciled>>,
     commands: mpsc::Receiver<Command>,
     commands_tx: mpsc::Sender<Command>,
+    batch: Batch,
+    /// The watermark the sink last committed.
+    committed: u64,
+    runs: u32,
 }
 
 impl<S, F, D, K> FollowerTask<S, F, NoCursors, NoWake, D, K>
@@ -63,18 +108,28 @@ where
     D: Decode + Send,
     K: Sink<D::Value>,
 {
-    /// A follower of `source` through `feed`, applying into `sink`.
+    /// A follower of `source` through `feed`, applying into `sink`. It follows the feed
+    /// the way the feed says ([`Feed::FOLLOW`]). If the sink already holds a cache (a
+    /// persisted one), the follower resumes from it when it first runs. Without a seed in
+    /// `config`, one is drawn here and shown in the status.
     pub fn new(config: FollowerConfig, decoder: D, source: S, feed: F, sink: K) -> Self {
+        let config = config.with_seed_if_unset(draw_seed());
         Self::from_core(Follower::new(config, decoder), source, feed, sink)
     }
 
-    /// A task around an existing core (for a warm restart made with
-    /// [`Follower::resume`]).
+    /// A task around an existing core (one made with [`Follower::resume`], say). The core
+    /// is set to follow the feed the way the feed says.
     pub fn from_core(core: Follower<D>, source: S, feed: F, sink: K) -> Self {
+        let mut core = core.following(F::FOLLOW);
+        if K::FALLIBLE {
+            core.track_commits(true);
+        }
         let (commands_tx, commands) = mpsc::channel(16);
         let status = watch::channel(core.status()).0;
+        let seed = core.status().seed;
         FollowerTask {
             source_name: core.config().name().to_owned(),
+            committed: core.watermark(),
             core,
             source,
             feed,
@@ -82,6 +137,9 @@ where
             cursor_name: None,
             cursor_loaded: None,
             wake: None,
+            wake_paused_until: None,
+            wake_backoff: Backoff::new(BackoffPolicy::default()),
+            rng: Rng::new(seed ^ 0x5741_4b45),
             sink,
             clock: Clock::new(),
             stream: None,
@@ -89,6 +147,8 @@ where
             pending: Vec::new(),
             commands,
             commands_tx,
+            batch: Batch::default(),
+            runs: 0,
         }
     }
 }
@@ -109,22 +169,24 @@ where
         self
     }
 
-    /// Checkpoints the feed's position under `name` in `cursors`, and resumes after the
-    /// saved position when (re)started: a durable consumer.
-    pub fn with_cursor<C2: Cursors>(
+    /// The same task with other cursors, cursor name or wake listener.
+    fn rebuild<C2, W2>(
         self,
-        cursors: C2,
-        name: impl Into<String>,
-    ) -> FollowerTask<S, F, C2, W, D, K> {
+        parts: impl FnOnce(C, Option<String>, Option<W>) -> (C2, Option<String>, Option<W2>),
+    ) -> FollowerTask<S, F, C2, W2, D, K> {
+        let (cursors, cursor_name, wake) = parts(self.cursors, self.cursor_name, self.wake);
         FollowerTask {
             core: self.core,
             source: self.source,
             source_name: self.source_name,
             feed: self.feed,
             cursors,
-            cursor_name: Some(name.into()),
+            cursor_name,
             cursor_loaded: None,
-            wake: self.wake,
+            wake,
+            wake_paused_until: None,
+            wake_backoff: self.wake_backoff,
+            rng: self.rng,
             sink: self.sink,
             clock: self.clock,
             stream: self.stream,
@@ -132,29 +194,35 @@ where
             pending: self.pending,
             commands: self.commands,
             commands_tx: self.commands_tx,
+            batch: self.batch,
+            committed: self.committed,
+            runs: self.runs,
         }
     }
 
+    /// Checkpoints the feed's position under `name` in `cursors`, and resumes after the
+    /// saved position when (re)started: a durable consumer. A position is saved only after
+    /// the sink committed the entries before it.
+    pub fn with_cursor<C2: Cursors>(
+        self,
+        cursors: C2,
+        name: impl Into<String>,
+    ) -> FollowerTask<S, F, C2, W, D, K> {
+        let name = name.into();
+        self.rebuild(|_, _, wake| (cursors, Some(name), wake))
+    }
+
     /// Catches up from the source on every wake from `listener`; the task ends cleanly
-    /// when the wake source closes.
+    /// when the wake source closes. A listener that fails with a retryable error is
+    /// paced by a backoff and kept; the follower catches up meanwhile.
     pub fn with_wake<W2: WakeListener>(self, listener: W2) -> FollowerTask<S, F, C, W2, D, K> {
-        FollowerTask {
-            core: self.core,
-            source: self.source,
-            source_name: self.source_name,
-            feed: self.feed,
-            cursors: self.cursors,
-            cursor_name: self.cursor_name,
-            cursor_loaded: self.cursor_loaded,
-            wake: Some(listener),
-            sink: self.sink,
-            clock: self.clock,
-            stream: self.stream,
-            status: self.status,
-            pending: self.pending,
-            commands: self.commands,
-            commands_tx: self.commands_tx,
-        }
+        self.rebuild(|cursors, name, _| (cursors, name, Some(listener)))
+    }
+
+    /// The sink the changes go to.
+    #[must_use]
+    pub fn sink(&self) -> &K {
+        &self.sink
     }
 
     /// The follower's status, updated as it runs.
@@ -164,31 +232,49 @@ where
     }
 
     /// Runs until `stop` fires (or the wake source closes); returns the final status.
-    /// Fails only if the sink fails (a worker's handler error).
-    pub async fn run(mut self, stop: StopSignal) -> Result<Status> {
+    /// Fails if the sink fails with an error that is not retryable (a worker's handler
+    /// error) or cannot say what it holds. The task can be run again after a failure (a
+    /// supervisor's restart): it keeps what it applied and tries again at once.
+    pub async fn run(&mut self, stop: StopSignal) -> Result<Status> {
         let result = self.run_loop(stop).await;
+        self.stream = None;
         self.sink.drain().await;
         self.publish_status();
         result.map(|()| self.core.status())
     }
 
     async fn run_loop(&mut self, mut stop: StopSignal) -> Result<()> {
+        if self.runs == 0 {
+            if let Some(held) = self.sink.resume().await? {
+                info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, "resuming from the sink");
+                self.core.start_from(held.watermark, held.keys);
+                self.committed = self.core.watermark();
+            }
+        } else {
+            // A restart: whatever waits out a backoff is tried now.
+            self.core.handle_input(Input::Reconnected, self.clock.now());
+        }
+        self.runs += 1;
         let mut commands_open = true;
         loop {
             self.perform(&mut stop).await?;
             if self.core.phase() == Phase::Stopped {
                 return Ok(());
             }
-            let deadline = self.core.poll_timeout().map(|t| self.clock.instant(t));
+            let mut deadline = self.core.poll_timeout().map(|t| self.clock.instant(t));
+            if let Some(resume) = self.wake_paused_until {
+                deadline = Some(deadline.map_or(resume, |d| d.min(resume)));
+            }
             let stream = &mut self.stream;
             let wake = &mut self.wake;
+            let listening = wake.is_some() && self.wake_paused_until.is_none();
             let commands = &mut self.commands;
             let event = tokio::select! {
                 biased;
                 () = stop.stopped() => Event::Stop,
                 cmd = commands.recv(), if commands_open => Event::Command(cmd),
                 () = sleep_until(deadline), if deadline.is_some() => Event::Timeout,
-                received = recv_wake(wake), if wake.is_some() => Event::Wake(received),
+                received = recv_wake(wake), if listening => Event::Wake(received),
                 item = next_item(stream), if stream.is_some() => Event::Feed(item),
             };
             let now = self.clock.now();
@@ -199,91 +285,211 @@ where
                     self.pending.push(reply);
                     self.core.handle_input(Input::Wake, now);
                 }
-                Event::Timeout => self.core.handle_timeout(now),
+                Event::Timeout => {
+                    if self
+                        .wake_paused_until
+                        .is_some_and(|at| at <= Instant::now())
+                    {
+                        self.wake_paused_until = None;
+                    }
+                    self.core.handle_timeout(now);
+                }
                 Event::Wake(Ok(Received::Wake(_) | Received::TimedOut)) => {
+                    self.wake_backoff.reset();
                     self.core.handle_input(Input::Wake, now);
                 }
                 Event::Wake(Ok(Received::Closed)) => {
                     info!(worker = %self.core.config().name(), "wake source closed; stopping");
                     self.core.handle_input(Input::Stop, now);
                 }
+                Event::Wake(Err(e)) if e.is_retryable() => {
+                    // A listener that failed once (a busy database, a dropped connection)
+                    // is kept: catch up now, and listen again after a backoff, so a
+                    // listener that keeps failing cannot spin.
+                    let delay = self.wake_backoff.next_delay(now, &mut self.rng);
+                    warn!(worker = %self.core.config().name(), error = %e, ?delay, "wake listener failed; catching up and listening again after a pause");
+                    self.wake_paused_until = Some(Instant::now() + delay);
+                    self.core.handle_input(Input::Wake, now);
+                }
                 Event::Wake(Err(e)) => {
                     warn!(worker = %self.core.config().name(), error = %e, "wake listener failed; stopping");
                     self.core.handle_input(Input::Stop, now);
+                    self.perform(&mut stop).await?;
                     return Err(e);
                 }
-                Event::Feed((token, item)) => {
-                    // Items already waiting are taken in a batch: one turn of the select
-                    // and one status update for up to FEED_BATCH items, not one each.
-                    let mut next = Some(item);
-                    let mut taken = 0;
-                    while let Some(item) = next.take() {
-                        let more = matches!(item, Some(Ok(_)));
-                        self.core
-                            .handle_input(feed_input(token, item), self.clock.now());
-                        taken += 1;
-                        if !more || taken == FEED_BATCH {
-                            break;
-                        }
-                        // Carry out this item's decisions before reading the next one.
-                        self.perform_outputs(&mut stop).await?;
-                        next = match &mut self.stream {
-                            Some((t, s)) if *t == token => poll_now(s.next()),
-                            _ => None,
-                        };
-                    }
-                }
+                Event::Feed((token, item)) => self.on_feed(token, item).await?,
             }
         }
     }
 
-    /// Carries out every decision the core has, then publishes the status and watermark.
-    ///
-    /// The status goes first, here and before a ready or a saved checkpoint: whoever sees a
-    /// watermark, readiness or a cursor sees a status at least as new (its counters
-    /// included).
+    /// Takes the items the feed has ready (up to a batch), tells a lazily resumed core
+    /// what the sink holds for their keys, and hands them to the core.
+    async fn on_feed(&mut self, token: Token, first: Option<Result<FeedItem>>) -> Result<()> {
+        let mut items = vec![first];
+        while items.len() < FEED_BATCH && matches!(items.last(), Some(Some(Ok(_)))) {
+            match &mut self.stream {
+                Some((t, s)) if *t == token => match poll_now(s.next()) {
+                    Some(item) => items.push(item),
+                    None => break,
+                },
+                _ => break,
+            }
+        }
+        if self.core.needs_keys() {
+            let keys: Vec<String> = items
+                .iter()
+                .filter_map(|i| match i {
+                    Some(Ok(FeedItem::Entry(e))) => Some(e.key.clone()),
+                    _ => None,
+                })
+                .collect();
+            if let Err(e) = self.learn(keys).await {
+                // The items are dropped with the feed; it redelivers them after the rewind.
+                return self.sink_failed(e).await;
+            }
+        }
+        let now = self.clock.now();
+        for item in items {
+            self.core.handle_input(feed_input(token, item), now);
+        }
+        Ok(())
+    }
+
+    /// Tells a lazily resumed core the seqs the sink holds for `keys` it does not know.
+    async fn learn(&mut self, mut keys: Vec<String>) -> Result<()> {
+        keys.retain(|k| !self.core.knows(k));
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let seqs = self.sink.seqs_of(keys).await?;
+        self.core.remember(seqs);
+        Ok(())
+    }
+
+    /// The sink failed: discard what it had not committed, and take the core back to the
+    /// last commit. A retryable failure is retried after the core's backoff; any other
+    /// ends the run with it.
+    async fn sink_failed(&mut self, e: Error) -> Result<()> {
+        self.sink.rollback().await;
+        self.batch = Batch::default();
+        self.stream = None;
+        warn!(worker = %self.core.config().name(), source = %self.source_name, error = %e, watermark = self.committed, "sink failed; going back to its last commit");
+        self.core.handle_input(
+            Input::SinkFailed {
+                error: e.to_string(),
+            },
+            self.clock.now(),
+        );
+        if e.is_retryable() { Ok(()) } else { Err(e) }
+    }
+
+    /// Carries out every decision the core has, then commits the batch.
     async fn perform(&mut self, stop: &mut StopSignal) -> Result<()> {
-        self.perform_outputs(stop).await?;
+        loop {
+            self.perform_outputs(stop).await?;
+            match self.end_batch().await {
+                Ok(()) => return Ok(()),
+                // The rewind's own decisions (close the feed, back off) come next.
+                Err(e) => self.sink_failed(e).await?,
+            }
+        }
+    }
+
+    /// Commits what was applied with the watermark, then lets the world see it: the
+    /// status, readiness, a reconcile's answer, the durable cursor, in that order.
+    async fn end_batch(&mut self) -> Result<()> {
+        let watermark = self.core.watermark();
+        if self.batch.dirty || watermark != self.committed {
+            self.sink.commit(watermark).await?;
+            self.committed = watermark;
+            self.core.commit();
+            self.batch.dirty = false;
+        }
         self.publish_status();
-        self.sink.watermark(self.core.watermark());
+        if std::mem::take(&mut self.batch.ready) {
+            info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
+            self.sink.ready(watermark);
+            // A caller who asked for a reconcile during the initial sync is answered by it.
+            self.answer(Reconciled {
+                watermark,
+                ..Reconciled::default()
+            });
+        }
+        if let Some(caught_up) = self.batch.caught_up.take() {
+            self.answer(caught_up.into());
+        }
+        if let Some(position) = self.batch.checkpoint.take()
+            && let Some(name) = &self.cursor_name
+            && let Err(e) = self.cursors.save(name, position).await
+        {
+            // Fail-soft: the next checkpoint saves a higher position anyway.
+            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed");
+        }
         Ok(())
     }
 
     /// Carries out every decision the core has, in order, feeding results back.
     ///
-    /// A request to a port (a lookup, an open, a reconcile, a snapshot, a fetch) can wait
-    /// long while a server is away; a stop asked meanwhile abandons it, so `stop_within`
-    /// keeps its budget. Sink calls and cursor saves are never abandoned halfway.
+    /// Before a request to a port (a lookup, an open, a reconcile, a snapshot, a fetch),
+    /// which can wait long while a server is away, the batch so far is committed; a stop
+    /// asked meanwhile abandons the request, so `stop_within` keeps its budget. Sink
+    /// calls and cursor saves are never abandoned halfway.
     async fn perform_outputs(&mut self, stop: &mut StopSignal) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
-            let publish = match output {
-                // A request can wait long (a reopen while the server is away): show the
-                // attempt, not the state before it.
-                Output::LookupSource { .. }
-                | Output::OpenFeed { .. }
-                | Output::Reconcile { .. }
-                | Output::Snapshot { .. }
-                | Output::Fetch { .. }
-                | Output::Ready { .. } => true,
-                // A saved cursor is visible to others: the status covers it first.
-                Output::Checkpoint { .. } => self.cursor_name.is_some(),
-                // Applies need no status of their own: the turn ends with one.
-                _ => false,
+            let request = match output {
+                Output::Request(r) if r.token().is_some() => r,
+                Output::Request(Request::CloseFeed { token }) => {
+                    if self.stream.as_ref().is_some_and(|(t, _)| *t == token) {
+                        self.stream = None;
+                    }
+                    continue;
+                }
+                Output::Request(Request::Checkpoint { position }) => {
+                    self.batch.checkpoint = Some(position);
+                    continue;
+                }
+                Output::Apply(apply) => {
+                    self.batch.dirty = true;
+                    let applied = match apply {
+                        Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
+                        Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
+                    };
+                    if let Err(e) = applied {
+                        self.sink_failed(e).await?;
+                    }
+                    continue;
+                }
+                Output::Notice(Notice::Ready { .. }) => {
+                    self.batch.ready = true;
+                    continue;
+                }
+                Output::Notice(Notice::CaughtUp(c)) => {
+                    debug!(worker = %self.core.config().name(), source = %self.source_name, applied = c.applied, removed = c.removed, watermark = c.watermark, resynced = c.resynced, "caught up");
+                    self.batch.caught_up = Some(c);
+                    continue;
+                }
+                Output::Diagnostic(d) => {
+                    self.diagnose(d);
+                    continue;
+                }
+                _ => continue,
             };
-            if publish {
-                self.publish_status();
+            if let Err(e) = self.end_batch().await {
+                // The request is dropped with the rest of the batch.
+                self.sink_failed(e).await?;
+                continue;
             }
             // A request's answer, fed back below; `None` when a stop abandoned it.
-            let answer = match output {
-                Output::LookupSource { token } => {
-                    or_stop(stop, self.source.watermark())
-                        .await
-                        .map(|found| match found {
-                            Ok(_) => Input::SourceFound { token },
-                            Err(e) => failed(token, &e),
-                        })
-                }
-                Output::OpenFeed {
+            let answer = match request {
+                Request::LookupSource { token } => or_stop(stop, self.source.watermark())
+                    .await
+                    .map(|found| match found {
+                        Ok(_) => Input::SourceFound { token },
+                        Err(e) => failed(token, &e),
+                    }),
+                Request::OpenFeed {
                     token,
                     from,
                     after_position,
@@ -302,87 +508,73 @@ where
                         error: e.to_string(),
                     }),
                 },
-                Output::Reconcile { token, since } => {
-                    or_stop(stop, self.source.changes_since(since))
-                        .await
-                        .map(|changes| match changes {
-                            Ok(Changes::Since { entries, watermark }) => Input::Changes {
+                Request::Reconcile { token, since } => {
+                    match or_stop(stop, self.source.changes_since(since)).await {
+                        None => None,
+                        Some(Ok(Changes::Since { entries, watermark })) => {
+                            let keys = entries.iter().map(|e| e.key.clone()).collect();
+                            if let Err(e) = self.learn(keys).await {
+                                self.sink_failed(e).await?;
+                                continue;
+                            }
+                            Some(Input::Changes {
                                 token,
                                 changes: entries,
                                 source_watermark: watermark,
-                            },
-                            Ok(Changes::Compacted { first_available }) => {
-                                Input::ChangesUnavailable {
-                                    token,
-                                    first_available,
+                            })
+                        }
+                        Some(Ok(Changes::Compacted { first_available })) => {
+                            Some(Input::ChangesUnavailable {
+                                token,
+                                first_available,
+                            })
+                        }
+                        Some(Err(e)) => Some(failed(token, &e)),
+                    }
+                }
+                Request::Snapshot { token } => match or_stop(stop, self.source.snapshot()).await {
+                    None => None,
+                    Some(Ok(snap)) => {
+                        if self.core.needs_keys() {
+                            match self.sink.all_seqs().await {
+                                Ok(seqs) => {
+                                    self.core.remember(seqs);
+                                    self.core.index_complete();
+                                }
+                                Err(e) => {
+                                    self.sink_failed(e).await?;
+                                    continue;
                                 }
                             }
-                            Err(e) => failed(token, &e),
+                        }
+                        Some(Input::Snapshot {
+                            token,
+                            entries: snap.entries,
+                            source_watermark: snap.watermark,
                         })
-                }
-                Output::Snapshot { token } => {
-                    or_stop(stop, self.source.snapshot())
-                        .await
-                        .map(|snapshot| match snapshot {
-                            Ok(snap) => Input::Snapshot {
-                                token,
-                                entries: snap.entries,
-                                source_watermark: snap.watermark,
-                            },
-                            Err(e) => failed(token, &e),
-                        })
-                }
-                Output::Fetch { token, key, .. } => {
-                    or_stop(stop, self.source.get(&key))
-                        .await
-                        .map(|fetched| match fetched {
-                            Ok(value) => Input::Fetched {
+                    }
+                    Some(Err(e)) => Some(failed(token, &e)),
+                },
+                Request::Fetch { token, key, .. } => {
+                    match or_stop(stop, self.source.get(&key)).await {
+                        None => None,
+                        Some(Ok(value)) => {
+                            if let Err(e) = self.learn(vec![key]).await {
+                                self.sink_failed(e).await?;
+                                continue;
+                            }
+                            Some(Input::Fetched {
                                 token,
                                 value: value.map(|v| (v.seq, v.value)),
-                            },
-                            Err(e) => failed(token, &e),
-                        })
+                            })
+                        }
+                        Some(Err(e)) => Some(failed(token, &e)),
+                    }
                 }
-                other => {
-                    self.carry_out(other).await?;
-                    continue;
-                }
+                _ => continue,
             };
             self.core
                 .handle_input(answer.unwrap_or(Input::Stop), self.clock.now());
-        }
-        Ok(())
-    }
-
-    /// Carries out an output that asks nothing back: an apply, a close, a checkpoint,
-    /// readiness, a diagnostic.
-    async fn carry_out(&mut self, output: Output<D::Value>) -> Result<()> {
-        match output {
-            Output::CloseFeed { token }
-                if self.stream.as_ref().is_some_and(|(t, _)| *t == token) =>
-            {
-                self.stream = None;
-            }
-            Output::Put { key, seq, value } => self.sink.put(key, seq, value).await?,
-            Output::Remove { key, seq } => self.sink.remove(key, seq).await?,
-            Output::Checkpoint { position } => {
-                if let Some(name) = &self.cursor_name
-                    && let Err(e) = self.cursors.save(name, position).await
-                {
-                    // Fail-soft: the next checkpoint saves a higher position anyway.
-                    warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed");
-                }
-            }
-            Output::Ready { watermark } => {
-                info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
-                self.sink.ready(watermark);
-                self.answer(Reconciled {
-                    watermark,
-                    ..Reconciled::default()
-                });
-            }
-            Output::Diagnostic(d) => self.diagnose(d),
-            _ => {}
         }
         Ok(())
     }
@@ -410,15 +602,9 @@ where
         self.feed.open(from, after).await
     }
 
-    /// Answers the callers of `reconcile()`. Status and watermark go first: a caller who
-    /// got `r` sees a status and a cache watermark at least at `r.watermark` (the core
-    /// emits the answer after the applies it covers, so they are in the sink).
+    /// Answers the callers of `reconcile()`, after the batch it covers was committed and
+    /// the status published.
     fn answer(&mut self, r: Reconciled) {
-        if self.pending.is_empty() {
-            return;
-        }
-        self.publish_status();
-        self.sink.watermark(r.watermark);
         for reply in self.pending.drain(..) {
             let _ = reply.send(r);
         }
@@ -464,26 +650,6 @@ where
                     source, wanted, first_available, "history compacted; resyncing"
                 );
             }
-            Diagnostic::Resynced { removed, watermark } => {
-                info!(worker, source, removed, watermark, "resynced");
-                self.answer(Reconciled {
-                    applied: 0,
-                    removed,
-                    watermark,
-                });
-            }
-            Diagnostic::Reconciled {
-                applied,
-                removed,
-                watermark,
-            } => {
-                debug!(worker, source, applied, removed, watermark, "reconciled");
-                self.answer(Reconciled {
-                    applied,
-                    removed,
-                    watermark,
-                });
-            }
             Diagnostic::BackingOff {
                 cause,
                 attempt,
@@ -516,6 +682,21 @@ where
                     watermark,
                     source_watermark,
                     "the source is a new history (recreated or restored); cache replaced"
+                );
+            }
+            Diagnostic::FollowChanged { from, to } => {
+                warn!(
+                    worker,
+                    source,
+                    ?from,
+                    ?to,
+                    "the feed says how it must be followed; following it"
+                );
+            }
+            Diagnostic::Rewound { watermark, error } => {
+                warn!(
+                    worker,
+                    source, watermark, error, "went back to the sink's last commit"
                 );
             }
             other => debug!(worker, source, ?other, "diagnostic"),
@@ -552,7 +733,10 @@ where
         let status = self.status.subscribe();
         let commands = self.commands_tx.clone();
         let name = self.core.config().name().to_owned();
-        let task = tokio::spawn(self.run(shutdown.signal()));
+        let span = tracing::info_span!("follower", name = %name);
+        let signal = shutdown.signal();
+        let mut task = self;
+        let task = tokio::spawn(async move { task.run(signal).await }.instrument(span));
         FollowerHandle {
             name,
             status,
@@ -775,8 +959,8 @@ where
 }
 
 /// Spawns a wake runner: a follower with no feed that catches up from `source` on every
-/// wake (and never otherwise: it does not poll), into a new [`Cache`]. It runs in
-/// [`Sync::WakeOnly`](tidemark_core::Sync::WakeOnly) whatever `config` says. It ends
+/// wake (and never otherwise: it does not poll), into a new [`Cache`]
+/// ([`Follow::WakeOnly`](tidemark_core::Follow::WakeOnly): it has no feed). It ends
 /// cleanly when the wake source closes.
 pub fn spawn_wake_cache<S, W, D>(
     config: FollowerConfig,
@@ -791,7 +975,6 @@ where
     D::Value: Send + Sync + 'static,
 {
     let (writer, reader): (CacheWriter<D::Value>, _) = cache();
-    let config = config.with_sync(tidemark_core::Sync::WakeOnly);
     let handle = FollowerTask::new(config, decoder, source, NoFeed, writer)
         .with_wake(listener)
         .spawn();

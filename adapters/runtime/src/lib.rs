@@ -14,15 +14,14 @@
 //! `select!`, and iterate no `HashMap` into outputs.
 //!
 //! ```
-//! use tidemark::tidemark_core::{FollowerConfig, Utf8};
-//! use tidemark::{Source, spawn_cache};
+//! use tidemark::{FollowerConfig, Source, Utf8, spawn_cache};
 //! use tidemark_memory::Memory;
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let m = Memory::new();
 //! m.source.put("pkg/a", b"1.0.0".to_vec()).await?;
-//! let config = FollowerConfig::builder("mirror").build()?;
+//! let config = FollowerConfig::new("mirror")?;
 //! let (cache, follower) = spawn_cache(config, Utf8, m.source.clone(), m.source.clone());
 //! let watermark = cache.wait_ready().await?;
 //! assert_eq!(cache.get("pkg/a").as_deref(), Some("1.0.0"));
@@ -58,7 +57,13 @@ pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
-pub use sink::Sink;
-pub use supervisor::{Supervisor, WorkerInfo, WorkerPhase};
+pub use sink::{Held, Sink};
+pub use supervisor::{Supervisor, WorkerFailure, WorkerInfo, WorkerPhase};
 pub use tidemark_core;
+// The core types every user needs, so one `use tidemark::…` is enough.
+pub use tidemark_core::{
+    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, Decode, DecodeFn, Entry,
+    Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Op,
+    Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
+};
 pub use worker::{ValueOf, Worker, WorkerSink};

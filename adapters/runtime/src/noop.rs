@@ -20,6 +20,7 @@ impl FeedStream for NoStream {
 }
 
 impl Feed for NoFeed {
+    const FOLLOW: tidemark_core::Follow = tidemark_core::Follow::WakeOnly;
     type Stream = NoStream;
 
     async fn open(&self, _from: u64, _after: Option<u64>) -> Result<Opened<NoStream>> {

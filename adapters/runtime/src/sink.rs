@@ -1,25 +1,84 @@
-//! Where a follower's decisions land: a cache, or a user's worker.
+//! Where a follower's decisions land: a cache, a persisted cache, or a user's worker.
+//! A sink owns its durability: it applies a batch, commits it with its watermark, and on
+//! start says what it already holds.
 
 use std::future::Future;
 
 use crate::error::Result;
 
-/// Receives the changes a follower decided, in order. A failure ends the follower task
-/// (its supervisor's restart policy decides what next).
+/// What a durable sink already holds when a follower starts: its watermark and how many
+/// keys. The follower resumes from `watermark`+1 and asks the sink for the seqs of keys
+/// only when the delta names them ([`Sink::seqs_of`]), so a warm start costs the delta,
+/// not the cache's size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Held {
+    /// The watermark committed with the sink's last batch.
+    pub watermark: u64,
+    /// How many keys it holds.
+    pub keys: usize,
+}
+
+/// Receives the changes a follower decided, in order, in batches.
+///
+/// The driver applies a batch with [`put`](Self::put) and [`remove`](Self::remove), then
+/// calls [`commit`](Self::commit) with the watermark the batch reaches, before it reports
+/// readiness, answers a reconcile, saves a durable cursor or sends a request that may
+/// wait. If a call fails, the driver calls [`rollback`](Self::rollback) and goes back to
+/// the last commit: everything since is decided again, so a durable sink never holds a
+/// watermark its rows do not cover. A retryable failure ([`Error::is_retryable`]) is
+/// retried after the follower's failure backoff; any other (a worker's handler error) ends
+/// the follower task with it, and its supervisor's restart policy decides what next.
+///
+/// [`Error::is_retryable`]: crate::Error::is_retryable
 pub trait Sink<V>: Send {
+    /// Whether a call can fail. A sink that never fails (the in-memory cache) spares the
+    /// follower the bookkeeping that a rewind needs.
+    const FALLIBLE: bool = true;
+
     /// Upsert `key` to `value` as of `seq`.
     fn put(&mut self, key: String, seq: u64, value: V) -> impl Future<Output = Result<()>> + Send;
 
     /// Remove `key` as of `seq`.
     fn remove(&mut self, key: String, seq: u64) -> impl Future<Output = Result<()>> + Send;
 
-    /// The initial sync completed at `watermark`.
-    fn ready(&mut self, watermark: u64) {
+    /// Makes everything applied since the last commit durable together with `watermark`
+    /// (one transaction for a persisted cache). Called at every batch boundary, also
+    /// when nothing was applied but the watermark moved.
+    fn commit(&mut self, watermark: u64) -> impl Future<Output = Result<()>> + Send {
         let _ = watermark;
+        async { Ok(()) }
     }
 
-    /// The applied watermark moved to `watermark` (called after each batch of decisions).
-    fn watermark(&mut self, watermark: u64) {
+    /// Discards everything applied since the last commit (after a failed call).
+    fn rollback(&mut self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// What the sink already holds, read once when the follower first runs: `None` for a
+    /// sink that starts empty.
+    fn resume(&mut self) -> impl Future<Output = Result<Option<Held>>> + Send {
+        async { Ok(None) }
+    }
+
+    /// The seqs at which the sink holds those of `keys` it holds (asked only after a warm
+    /// start, for keys a batch names that the follower does not know yet).
+    fn seqs_of(
+        &mut self,
+        keys: Vec<String>,
+    ) -> impl Future<Output = Result<Vec<(String, u64)>>> + Send {
+        let _ = keys;
+        async { Ok(Vec::new()) }
+    }
+
+    /// The seq of every key the sink holds (asked only after a warm start, before a
+    /// resync decides which keys the source no longer has).
+    fn all_seqs(&mut self) -> impl Future<Output = Result<Vec<(String, u64)>>> + Send {
+        async { Ok(Vec::new()) }
+    }
+
+    /// The initial sync completed at `watermark` (after the batch that reached it was
+    /// committed).
+    fn ready(&mut self, watermark: u64) {
         let _ = watermark;
     }
 

@@ -1,18 +1,20 @@
-//! The supervisor: runs workers with restart policies and drains them on shutdown.
+//! The supervisor: runs workers with restart policies, lists them, reports a terminal
+//! failure, and drains them on shutdown.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidemark_core::{Backoff, Counters, Follower, Phase, RestartPolicy, Rng, Status};
+use tidemark_core::{Backoff, Counters, Decode, Phase, RestartPolicy, Rng, Status};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::follower::FollowerTask;
-use crate::ports::{Feed, Source};
+use crate::noop::NoFeed;
+use crate::ports::{Cursors, Feed, Source, WakeListener};
 use crate::shutdown::Shutdown;
 use crate::worker::{Worker, WorkerSink};
 
@@ -41,12 +43,22 @@ pub struct WorkerInfo {
     pub source: String,
     /// Where it is.
     pub phase: WorkerPhase,
-    /// Its applied watermark.
+    /// Its applied watermark (kept across restarts).
     pub watermark: u64,
-    /// What its follower has done (in its current run).
+    /// What its follower has done (across restarts).
     pub counters: Counters,
-    /// How many times it was restarted.
+    /// How many times it was restarted in all.
     pub restarts: u32,
+}
+
+/// A worker that exited for good: its name and why. The usual answer is to let the
+/// process exit and the orchestrator restart it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerFailure {
+    /// The worker's name.
+    pub worker: String,
+    /// Why its last run ended.
+    pub reason: String,
 }
 
 #[derive(Debug)]
@@ -54,31 +66,42 @@ struct Entry {
     info: Arc<Mutex<WorkerInfo>>,
     /// The running follower's status, read when the worker is listed: it changes with
     /// every batch, far too often to copy on each change.
-    live: Arc<Mutex<Option<watch::Receiver<Status>>>>,
+    live: watch::Receiver<Status>,
     task: JoinHandle<()>,
 }
 
 impl Entry {
     fn info(&self) -> WorkerInfo {
         let mut info = lock(&self.info).clone();
-        if let WorkerPhase::Running(_) = info.phase
-            && let Some(status) = lock(&self.live).as_ref()
-        {
-            let s = status.borrow();
+        let s = self.live.borrow();
+        if let WorkerPhase::Running(_) = info.phase {
             info.phase = WorkerPhase::Running(s.phase);
-            info.watermark = s.watermark;
-            info.counters = s.counters;
         }
+        info.watermark = s.watermark;
+        info.counters = s.counters;
         info
     }
 }
 
-/// Runs a set of workers; lists them; shuts them down within a drain budget.
-#[derive(Debug, Default)]
+/// Runs a set of workers; lists them; reports a terminal failure; shuts them down within
+/// a drain budget. Every method takes `&self`, so one supervisor can be shared (in an
+/// `Arc`) between the code that spawns workers, a health endpoint and a signal handler.
+///
+/// A restart keeps what the worker applied (its follower's keys and watermark): a key
+/// deleted while it was down reaches `on_delete`, even if the source compacted meanwhile.
+/// Changes of the batch that failed are delivered again.
+#[derive(Debug)]
 pub struct Supervisor {
-    workers: BTreeMap<String, Entry>,
+    workers: Mutex<BTreeMap<String, Entry>>,
     shutdown: Shutdown,
+    failures: watch::Sender<Option<WorkerFailure>>,
     seed: u64,
+}
+
+impl Default for Supervisor {
+    fn default() -> Self {
+        Supervisor::new(0)
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -91,33 +114,75 @@ impl Supervisor {
     #[must_use]
     pub fn new(seed: u64) -> Self {
         Supervisor {
+            workers: Mutex::new(BTreeMap::new()),
+            shutdown: Shutdown::new(),
+            failures: watch::channel(None).0,
             seed,
-            ..Supervisor::default()
         }
     }
 
-    /// Starts `worker` following `source` through `feed`, restarted per `policy`.
-    /// A duplicate name, or an invalid configuration, is refused.
-    pub fn spawn<W, S, F>(
-        &mut self,
+    /// Starts `worker` following `source` through `feed` (the feed says how it is
+    /// followed), restarted per `policy`. A duplicate name, or an invalid configuration,
+    /// is refused.
+    pub fn spawn<W, S, F>(&self, worker: W, source: S, feed: F, policy: RestartPolicy) -> Result<()>
+    where
+        W: Worker,
+        S: Source + 'static,
+        F: Feed + 'static,
+        <W::Decoder as Decode>::Value: Send,
+    {
+        let config = worker.config()?;
+        let decoder = worker.decoder();
+        let task = FollowerTask::new(config, decoder, source, feed, WorkerSink(worker));
+        self.supervise(task, policy)
+    }
+
+    /// Starts a wake-only `worker`: it catches up from `source` on start and on every wake
+    /// from `listener`, restarted per `policy`.
+    pub fn spawn_wake<W, S, L>(
+        &self,
         worker: W,
         source: S,
-        feed: F,
+        listener: L,
         policy: RestartPolicy,
     ) -> Result<()>
     where
         W: Worker,
-        S: Source + Clone + 'static,
-        F: Feed + Clone + 'static,
+        S: Source + 'static,
+        L: WakeListener + 'static,
+        <W::Decoder as Decode>::Value: Send,
     {
+        let config = worker.config()?;
+        let decoder = worker.decoder();
+        let task = FollowerTask::new(config, decoder, source, NoFeed, WorkerSink(worker))
+            .with_wake(listener);
+        self.supervise(task, policy)
+    }
+
+    /// Supervises a follower task built by hand around a worker (a durable consumer with
+    /// [`FollowerTask::with_cursor`], a feed follower that also listens for wakes, …).
+    pub fn supervise<W, S, F, C, L>(
+        &self,
+        task: FollowerTask<S, F, C, L, W::Decoder, WorkerSink<W>>,
+        policy: RestartPolicy,
+    ) -> Result<()>
+    where
+        W: Worker,
+        S: Source + 'static,
+        F: Feed + 'static,
+        C: Cursors + 'static,
+        L: WakeListener + 'static,
+        <W::Decoder as Decode>::Value: Send,
+    {
+        let worker = &task.sink().0;
         let name = worker.name().to_owned();
-        if self.workers.contains_key(&name) {
+        let mut workers = lock(&self.workers);
+        if workers.contains_key(&name) {
             return Err(Error::Worker {
                 worker: name,
                 reason: "a worker of this name is already running".into(),
             });
         }
-        let config = worker.config()?;
         let info = Arc::new(Mutex::new(WorkerInfo {
             name: name.clone(),
             description: worker.description().to_owned(),
@@ -127,103 +192,64 @@ impl Supervisor {
             counters: Counters::default(),
             restarts: 0,
         }));
-        let shutdown = self.shutdown.clone();
-        let seed = self.seed ^ (self.workers.len() as u64).wrapping_mul(0x9E37_79B9);
-        let task_info = Arc::clone(&info);
-        let live: Arc<Mutex<Option<watch::Receiver<Status>>>> = Arc::default();
-        let task_live = Arc::clone(&live);
-        let worker_name = name.clone();
-        let task = tokio::spawn(async move {
-            let name = worker_name;
-            let clock = Clock::new();
-            let mut rng = Rng::new(seed);
-            let mut backoff = match &policy {
-                RestartPolicy::OnExit { backoff, .. } => Some(Backoff::new(*backoff)),
-                RestartPolicy::Never => None,
-            };
-            let mut sink = WorkerSink(worker);
-            let mut restarts = 0u32;
-            loop {
-                let source_name = sink.0.source().to_owned();
-                let core = Follower::new(config.clone(), sink.0.decoder());
-                let task = FollowerTask::from_core(
-                    core,
-                    source.clone(),
-                    feed.clone(),
-                    Borrowed(&mut sink),
-                )
-                .source_name(source_name);
-                let status = task.status();
-                *lock(&task_live) = Some(status.clone());
-                let mirror = mirror_status(status, Arc::clone(&task_info));
-                let result = task.run(shutdown.signal()).await;
-                mirror.abort();
-                if let Some(status) = lock(&task_live).take() {
-                    // Keep the last figures of the run that ended.
-                    let s = status.borrow();
-                    let mut i = lock(&task_info);
-                    i.watermark = s.watermark;
-                    i.counters = s.counters;
-                }
-                if shutdown.is_triggered() {
-                    let mut i = lock(&task_info);
-                    i.phase = WorkerPhase::Stopped;
-                    return;
-                }
-                let reason = match &result {
-                    Ok(_) => "exited".to_owned(),
-                    Err(e) => e.to_string(),
-                };
-                if !policy.allows_restart(restarts) {
-                    error!(worker = %name, reason, "worker exited; not restarting");
-                    lock(&task_info).phase = WorkerPhase::Failed(reason);
-                    return;
-                }
-                let delay = backoff
-                    .as_mut()
-                    .map_or(Duration::ZERO, |b| b.next_delay(clock.now(), &mut rng));
-                warn!(worker = %name, reason, ?delay, "worker exited; restarting");
-                restarts += 1;
-                {
-                    let mut i = lock(&task_info);
-                    i.phase = WorkerPhase::Restarting;
-                    i.restarts = restarts;
-                }
-                let mut stop = shutdown.signal();
-                tokio::select! {
-                    biased;
-                    () = stop.stopped() => {
-                        lock(&task_info).phase = WorkerPhase::Stopped;
-                        return;
-                    }
-                    () = tokio::time::sleep(delay) => {}
-                }
-            }
-        });
-        self.workers.insert(name, Entry { info, live, task });
+        let source = worker.source().to_owned();
+        let task = task.source_name(source);
+        let live = task.status();
+        let seed = self.seed ^ (workers.len() as u64).wrapping_mul(0x9E37_79B9);
+        let run = run_supervised(
+            task,
+            policy,
+            seed,
+            Arc::clone(&info),
+            self.shutdown.clone(),
+            self.failures.clone(),
+        );
+        let span = tracing::info_span!("worker", name = %name);
+        let handle = tokio::spawn(run.instrument(span));
+        workers.insert(
+            name,
+            Entry {
+                info,
+                live,
+                task: handle,
+            },
+        );
         Ok(())
     }
 
     /// Every worker, in name order.
     #[must_use]
     pub fn list(&self) -> Vec<WorkerInfo> {
-        self.workers.values().map(Entry::info).collect()
+        lock(&self.workers).values().map(Entry::info).collect()
     }
 
     /// One worker.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<WorkerInfo> {
-        self.workers.get(name).map(Entry::info)
+        lock(&self.workers).get(name).map(Entry::info)
+    }
+
+    /// Waits until a worker exits for good (its restart policy allowed no other start)
+    /// and says which and why. A process usually exits then, and its orchestrator
+    /// restarts it. Resolves at once if one already has.
+    pub async fn terminal_failure(&self) -> WorkerFailure {
+        let mut rx = self.failures.subscribe();
+        match rx.wait_for(Option::is_some).await {
+            Ok(failure) => failure.clone().unwrap_or_else(unreachable_failure),
+            // The sender lives in `self`: it cannot close while we borrow it.
+            Err(_) => std::future::pending().await,
+        }
     }
 
     /// Stops every worker, letting each drain within `budget`; workers still running
     /// after it are aborted and named in the error.
-    pub async fn shutdown(self, budget: Duration) -> Result<Vec<WorkerInfo>> {
+    pub async fn shutdown(&self, budget: Duration) -> Result<Vec<WorkerInfo>> {
         self.shutdown.trigger();
         let deadline = tokio::time::Instant::now() + budget;
+        let workers = std::mem::take(&mut *lock(&self.workers));
         let mut late = Vec::new();
         let mut infos = Vec::new();
-        for (name, mut entry) in self.workers {
+        for (name, mut entry) in workers {
             if tokio::time::timeout_at(deadline, &mut entry.task)
                 .await
                 .is_err()
@@ -245,43 +271,82 @@ impl Supervisor {
     }
 }
 
-fn mirror_status(
-    mut status: watch::Receiver<Status>,
-    info: Arc<Mutex<WorkerInfo>>,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            {
-                let s = status.borrow_and_update();
-                let mut i = lock(&info);
-                i.phase = WorkerPhase::Running(s.phase);
-                i.watermark = s.watermark;
-                i.counters = s.counters;
-            }
-            if status.changed().await.is_err() {
-                return;
-            }
-        }
-    })
+fn unreachable_failure() -> WorkerFailure {
+    WorkerFailure {
+        worker: String::new(),
+        reason: String::new(),
+    }
 }
 
-/// Lends a sink to one run of a follower, so a restart keeps the same worker.
-struct Borrowed<'a, K>(&'a mut K);
-
-impl<V: Send, K: crate::sink::Sink<V>> crate::sink::Sink<V> for Borrowed<'_, K> {
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
-        self.0.put(key, seq, value).await
-    }
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
-        self.0.remove(key, seq).await
-    }
-    fn ready(&mut self, watermark: u64) {
-        self.0.ready(watermark);
-    }
-    fn watermark(&mut self, watermark: u64) {
-        self.0.watermark(watermark);
-    }
-    async fn drain(&mut self) {
-        self.0.drain().await;
+/// Runs one worker's task until shutdown or a terminal exit, restarting it per `policy`.
+/// The same task (and so the same core) runs each time.
+async fn run_supervised<S, F, C, L, W>(
+    mut task: FollowerTask<S, F, C, L, W::Decoder, WorkerSink<W>>,
+    policy: RestartPolicy,
+    seed: u64,
+    info: Arc<Mutex<WorkerInfo>>,
+    shutdown: Shutdown,
+    failures: watch::Sender<Option<WorkerFailure>>,
+) where
+    W: Worker,
+    S: Source,
+    F: Feed,
+    C: Cursors,
+    L: WakeListener,
+    <W::Decoder as Decode>::Value: Send,
+{
+    let name = lock(&info).name.clone();
+    let clock = Clock::new();
+    let mut rng = Rng::new(seed);
+    let mut backoff = match &policy {
+        RestartPolicy::OnExit { backoff, .. } => Some(Backoff::new(*backoff)),
+        RestartPolicy::Never => None,
+    };
+    loop {
+        lock(&info).phase = WorkerPhase::Running(Phase::Starting);
+        if let Some(b) = &mut backoff {
+            // Restarts count "in a row" until a run stays up for the reset period.
+            b.healthy(clock.now());
+        }
+        let result = task.run(shutdown.signal()).await;
+        if shutdown.is_triggered() {
+            lock(&info).phase = WorkerPhase::Stopped;
+            return;
+        }
+        let reason = match &result {
+            Ok(_) => "exited".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        let (delay, in_a_row) = match &mut backoff {
+            Some(b) => {
+                let delay = b.next_delay(clock.now(), &mut rng);
+                (delay, b.attempt().saturating_sub(1))
+            }
+            None => (Duration::ZERO, 0),
+        };
+        if !policy.allows_restart(in_a_row) {
+            error!(worker = %name, reason, "worker exited; not restarting");
+            lock(&info).phase = WorkerPhase::Failed(reason.clone());
+            failures.send_replace(Some(WorkerFailure {
+                worker: name,
+                reason,
+            }));
+            return;
+        }
+        warn!(worker = %name, reason, ?delay, "worker exited; restarting");
+        {
+            let mut i = lock(&info);
+            i.phase = WorkerPhase::Restarting;
+            i.restarts += 1;
+        }
+        let mut stop = shutdown.signal();
+        tokio::select! {
+            biased;
+            () = stop.stopped() => {
+                lock(&info).phase = WorkerPhase::Stopped;
+                return;
+            }
+            () = tokio::time::sleep(delay) => {}
+        }
     }
 }

@@ -238,7 +238,7 @@ async fn a_status_watcher_wakes_for_a_counter_only_change() {
     assert_eq!(seen.phase, Phase::Live, "the phase did not change");
 }
 
-/// A sink that is slow to record its watermark (as one that persists it would be).
+/// A sink that is slow to commit its watermark (as one that persists it is).
 struct SlowWatermark(std::sync::Arc<std::sync::atomic::AtomicU64>);
 
 impl tidemark::Sink<String> for SlowWatermark {
@@ -248,9 +248,10 @@ impl tidemark::Sink<String> for SlowWatermark {
     async fn remove(&mut self, _: String, _: u64) -> tidemark::Result<()> {
         Ok(())
     }
-    fn watermark(&mut self, watermark: u64) {
-        std::thread::sleep(std::time::Duration::from_millis(20));
+    async fn commit(&mut self, watermark: u64) -> tidemark::Result<()> {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         self.0.store(watermark, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 }
 

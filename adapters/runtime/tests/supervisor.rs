@@ -69,7 +69,7 @@ fn supervise(
     fail_on: Option<&'static str>,
     policy: RestartPolicy,
 ) -> Supervisor {
-    let mut sup = Supervisor::new(1);
+    let sup = Supervisor::new(1);
     let mirror = Mirror {
         log: log.clone(),
         fail_on,
@@ -193,7 +193,7 @@ async fn a_worker_slower_than_the_budget_is_aborted_and_named() {
         }
     }
     let m = Memory::new();
-    let mut sup = Supervisor::new(1);
+    let sup = Supervisor::new(1);
     sup.spawn(
         Slow,
         m.source.clone(),

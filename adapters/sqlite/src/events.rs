@@ -157,6 +157,7 @@ impl FeedStream for EventStream {
 }
 
 impl Feed for SqliteEvents {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Announcements;
     type Stream = EventStream;
 
     /// Starts after `after_position` when given, else at the stream's beginning; `from`

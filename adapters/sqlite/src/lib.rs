@@ -19,9 +19,10 @@
 //! - [`SqliteQueue`], [`SqliteLock`], [`SqliteSchedules`]: jobs with leases, retries and a
 //!   dead letter; named locks with owner, TTL and fencing; durable schedules whose ticks
 //!   enqueue exactly one job across processes.
-//! - [`PersistedCache`] and [`PersistentFollower`]: a follower's cache and watermark kept
-//!   in the file, written in the same transaction as each applied batch, for a warm
-//!   restart that catches up only the delta.
+//! - [`PersistedCache`]: a follower's cache and watermark kept in the file, a sink that
+//!   writes each applied batch and its watermark in one transaction, for a warm restart
+//!   that catches up only the delta — under any follower, over any source (a NATS bucket
+//!   included).
 //!
 //! The schema is versioned (`PRAGMA user_version`, `PRAGMA application_id`); a file that is
 //! not a database, is truncated or corrupt, belongs to another application or has a newer
@@ -41,7 +42,7 @@ mod schema;
 mod source;
 mod wake;
 
-pub use cache::{CacheOp, CatchUp, PersistedCache, PersistentFollower};
+pub use cache::{CacheOp, PersistedCache};
 pub use db::{Options, SqliteDb, Synchronous};
 pub use error::{Error, Result};
 pub use events::{EventStream, Record, SqliteEvents};

@@ -471,6 +471,7 @@ impl FeedStream for ChangeLogStream {
 }
 
 impl Feed for SqliteSource {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
     type Stream = ChangeLogStream;
 
     async fn open(

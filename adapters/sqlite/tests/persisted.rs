@@ -1,10 +1,15 @@
-//! A follower that keeps its cache and watermark in the file restarts warm and reads only
-//! the delta.
+//! A follower that keeps its cache and watermark in the file (the `PersistedCache` sink,
+//! under the runtime's one follower task) restarts warm and reads only the delta; a batch
+//! the file could not take is decided again.
 #![allow(clippy::unwrap_used)]
 
 mod common;
-use tidemark::{Source, Wake};
-use tidemark_sqlite::{SqliteDb, Write};
+use std::time::Duration;
+
+use tidemark::{
+    FollowerConfig, FollowerHandle, FollowerTask, NoFeed, RawBytes, Sink, Source, Status, Wake,
+};
+use tidemark_sqlite::{PersistedCache, SqliteDb, SqliteSource, Write};
 
 async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
     db.source()
@@ -17,9 +22,38 @@ async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
         .collect()
 }
 
+fn config(name: &str) -> FollowerConfig {
+    FollowerConfig::builder(name).seed(1).build().unwrap()
+}
+
+/// Follows `source`'s change log into `cache`.
+fn mirror(name: &str, source: SqliteSource, cache: PersistedCache) -> FollowerHandle {
+    FollowerTask::new(config(name), RawBytes, source.clone(), source, cache).spawn()
+}
+
+/// Waits until the follower's status satisfies `cond`.
+async fn until(h: &FollowerHandle, what: &str, cond: impl Fn(&Status) -> bool) -> Status {
+    let mut rx = h.watch_status();
+    let waited = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| cond(s))).await;
+    let status = h.status();
+    assert!(waited.is_ok(), "timed out waiting until {what}: {status:?}");
+    status
+}
+
+/// Waits until the persisted cache equals the source.
+async fn converged(cache: &PersistedCache, db: &SqliteDb, what: &str) {
+    let want = source_contents(db).await;
+    common::eventually(what, || async { cache.entries().await.unwrap() == want }).await;
+    assert_eq!(
+        cache.watermark().await.unwrap(),
+        db.source().watermark().await.unwrap(),
+        "{what}: the persisted watermark is the source's"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_warm_restart_reads_only_the_delta() {
-    let (_dir, path, db) = common::fresh().await;
+    let (_dir, _path, db) = common::fresh().await;
     let src = db.source();
     src.write_batch(
         (0..1000)
@@ -28,16 +62,12 @@ async fn a_warm_restart_reads_only_the_delta() {
     )
     .await
     .unwrap();
-    let mut f = common::persistent_follower(&db, "warm").await;
-    let cold = f.catch_up().await.unwrap();
-    assert_eq!(cold.read, 1000, "a cold start reads everything");
-    assert!(f.is_ready());
-    drop(f);
-    drop(db);
+    let h = mirror("warm", src.clone(), db.follower_cache("warm"));
+    let cold = until(&h, "the cold start is ready", |s| s.ready).await;
+    assert_eq!(cold.counters.applied, 1000, "a cold start reads everything");
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
 
-    // While the follower is down: 7 puts (one overwrite of a new key) and 3 removals.
-    let db = SqliteDb::open(&path).await.unwrap();
-    let src = db.source();
+    // While the follower is down: 8 puts (one key new, written twice) and 3 removals.
     for i in 0..6 {
         src.put(&format!("k{:04}", i * 100), b"changed".to_vec())
             .await
@@ -48,23 +78,31 @@ async fn a_warm_restart_reads_only_the_delta() {
     for key in ["k0001", "k0002", "new"] {
         src.remove(key).await.unwrap();
     }
-    let mut f = common::persistent_follower(&db, "warm").await;
-    assert_eq!(f.watermark(), 1000, "resumes from the persisted watermark");
-    let warm = f.catch_up().await.unwrap();
+    let head = src.watermark().await.unwrap();
+    let cache = db.follower_cache("warm");
+    let h = mirror("warm", src.clone(), cache.clone());
+    let warm = until(&h, "the warm start caught up", |s| {
+        s.ready && s.watermark == head
+    })
+    .await;
     assert_eq!(
-        warm.read, 9,
-        "a warm restart must read only the delta (latest change per key), not the 1000 rows"
+        (
+            warm.counters.applied,
+            warm.counters.removed,
+            warm.counters.stale
+        ),
+        (8, 3, 0),
+        "a warm restart applies only the delta, not the 1000 rows: {warm:?}"
     );
-    assert!(!warm.resynced);
-    assert_eq!(warm.watermark, src.watermark().await.unwrap());
-    assert_eq!(
-        f.cache().entries().await.unwrap(),
-        source_contents(&db).await,
-        "the persisted cache equals the source after the delta"
-    );
-    assert_eq!(f.cache().watermark().await.unwrap(), warm.watermark);
-    let again = f.wake().await.unwrap();
-    assert_eq!(again.read, 0, "a second catch-up finds nothing");
+    assert_eq!(warm.counters.resyncs, 0);
+    assert_eq!(warm.keys, 1000 - 2, "the status counts every persisted key");
+    converged(
+        &cache,
+        &db,
+        "the persisted cache equals the source after the delta",
+    )
+    .await;
+    h.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -74,41 +112,43 @@ async fn a_restart_below_the_compaction_horizon_resyncs_and_drops_removed_keys()
     for key in ["a", "b", "c"] {
         src.put(key, b"1".to_vec()).await.unwrap();
     }
-    let mut f = common::persistent_follower(&db, "r").await;
-    f.catch_up().await.unwrap();
-    drop(f);
+    let h = mirror("r", src.clone(), db.follower_cache("r"));
+    until(&h, "ready", |s| s.ready).await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
     src.remove("b").await.unwrap();
     src.put("d", b"4".to_vec()).await.unwrap();
     src.compact_below(src.watermark().await.unwrap() + 1)
         .await
         .unwrap();
-    let mut f = common::persistent_follower(&db, "r").await;
-    let r = f.catch_up().await.unwrap();
-    assert!(
-        r.resynced,
-        "history past the watermark is gone: only a snapshot helps"
-    );
-    assert_eq!(
-        f.cache().entries().await.unwrap(),
-        source_contents(&db).await,
-        "the removed key must leave the persisted cache"
-    );
+    let cache = db.follower_cache("r");
+    let h = mirror("r", src.clone(), cache.clone());
+    let s = until(&h, "resynced", |s| s.counters.resyncs > 0 && s.ready).await;
+    assert_eq!(s.counters.resyncs, 1, "history past the watermark is gone");
+    converged(
+        &cache,
+        &db,
+        "the removed key must leave the persisted cache",
+    )
+    .await;
+    h.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_persistent_follower_catches_up_on_wakes() {
+async fn a_wake_only_persisted_follower_catches_up_on_wakes() {
     let (_dir, _path, db) = common::fresh().await;
-    let mut f = common::persistent_follower(&db, "w").await;
-    let mut listener = db.wake().listen("any").await.unwrap();
-    let cache = f.cache().clone();
-    let task = tokio::spawn(async move { f.run(&mut listener).await });
+    let cache = db.follower_cache("w");
+    let listener = db.wake().listen("any").await.unwrap();
+    let h = FollowerTask::new(config("w"), RawBytes, db.source(), NoFeed, cache.clone())
+        .with_wake(listener)
+        .spawn();
+    until(&h, "ready", |s| s.ready).await;
     db.source().put("x", b"1".to_vec()).await.unwrap();
     common::eventually("the wake brings the write in", || async {
         cache.watermark().await.unwrap() == 1
     })
     .await;
     assert_eq!(cache.get("x").await.unwrap(), Some((1, b"1".to_vec())));
-    task.abort();
+    h.stop();
 }
 
 /// The registry restored from an older backup: its history is behind the watermark a
@@ -132,62 +172,38 @@ async fn a_registry_restored_from_an_older_backup_replaces_the_persisted_cache()
     let caches = SqliteDb::open(path.with_file_name("caches.db"))
         .await
         .unwrap();
-    let start = |source| {
-        tidemark_sqlite::PersistentFollower::start(
-            tidemark::tidemark_core::FollowerConfig::builder("r"),
-            source,
-            caches.follower_cache("r"),
-        )
-    };
-    let mut f = start(registry.source()).await.unwrap();
-    assert_eq!(f.catch_up().await.unwrap().watermark, 4);
-    drop(f);
+    let cache = caches.follower_cache("r");
+    let h = mirror("r", registry.source(), cache.clone());
+    until(&h, "ready at 4", |s| s.ready && s.watermark == 4).await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
 
     let restored = SqliteDb::open(&backup).await.unwrap();
     assert_eq!(restored.source().watermark().await.unwrap(), 2);
-    let mut f = start(restored.source()).await.unwrap();
-    let r = f.catch_up().await.unwrap();
-    assert!(r.resynced, "a source behind the watermark needs a snapshot");
-    assert_eq!(r.watermark, 2, "the restored history's watermark is taken");
-    assert_eq!(
-        f.cache().entries().await.unwrap(),
-        source_contents(&restored).await,
-        "the persisted cache holds what the restored registry holds: a is back, c is gone"
-    );
-    assert_eq!(
-        f.cache().watermark().await.unwrap(),
-        2,
-        "the persisted watermark follows the restored history down"
-    );
-    let again = f.wake().await.unwrap();
-    assert_eq!(
-        (again.read, again.resynced),
-        (0, false),
-        "and it is settled"
-    );
-    drop(f);
+    let h = mirror("r", restored.source(), cache.clone());
+    let s = until(&h, "reset", |s| s.counters.resets > 0 && s.ready).await;
+    assert_eq!(s.watermark, 2, "the restored history's watermark is taken");
+    converged(
+        &cache,
+        &restored,
+        "the persisted cache holds what the restored registry holds: a is back, c is gone",
+    )
+    .await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
 
     // New writes on the restored registry reuse seqs 3 and 4: a restart must not skip
     // them as already applied.
     let rsrc = restored.source();
     rsrc.put("d", b"4".to_vec()).await.unwrap();
     rsrc.put("e", b"5".to_vec()).await.unwrap();
-    let mut f = start(restored.source()).await.unwrap();
-    f.catch_up().await.unwrap();
-    assert_eq!(
-        f.cache().entries().await.unwrap(),
-        source_contents(&restored).await,
-        "writes after the restore reach the cache"
-    );
-}
-
-/// A database whose write lock another connection can hold longer than the busy timeout.
-async fn impatient(path: &std::path::Path) -> SqliteDb {
-    let options = tidemark_sqlite::Options {
-        busy_timeout: std::time::Duration::from_millis(50),
-        ..tidemark_sqlite::Options::default()
-    };
-    SqliteDb::open_with(path, options).await.unwrap()
+    let h = mirror("r", restored.source(), cache.clone());
+    until(&h, "ready", |s| s.ready).await;
+    converged(
+        &cache,
+        &restored,
+        "writes after the restore reach the cache",
+    )
+    .await;
+    h.stop();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -196,118 +212,126 @@ async fn a_key_removed_after_a_warm_restart_leaves_the_cache() {
     // comes later and must still reach the persisted cache.
     let (_dir, _path, db) = common::fresh().await;
     db.source().put("a", b"1".to_vec()).await.unwrap();
-    let mut f = common::persistent_follower(&db, "w").await;
-    f.catch_up().await.unwrap();
-    drop(f);
-    let mut f = common::persistent_follower(&db, "w").await;
-    f.catch_up().await.unwrap();
+    let cache = db.follower_cache("w");
+    let h = mirror("w", db.source(), cache.clone());
+    until(&h, "ready", |s| s.ready).await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
+    let h = mirror("w", db.source(), cache.clone());
+    until(&h, "ready", |s| s.ready).await;
     db.source().remove("a").await.unwrap();
-    let r = f.wake().await.unwrap();
-    assert_eq!(r.removed, 1, "{r:?}");
-    assert_eq!(f.cache().get("a").await.unwrap(), None);
+    let s = until(&h, "the removal applied", |s| s.counters.removed == 1).await;
+    assert_eq!(s.keys, 0);
+    converged(&cache, &db, "the removed key left the persisted cache").await;
+    h.stop();
 }
 
+/// A database whose write lock another connection can hold longer than the busy timeout.
+async fn impatient(path: &std::path::Path) -> SqliteDb {
+    let options = tidemark_sqlite::Options {
+        busy_timeout: Duration::from_millis(50),
+        ..tidemark_sqlite::Options::default()
+    };
+    SqliteDb::open_with(path, options).await.unwrap()
+}
+
+/// The cache's file is locked by another process while writes arrive: its commits fail,
+/// the follower goes back to its last commit, retries after its backoff (no wake needed),
+/// and once the lock is gone the cache holds everything, nothing skipped as "already
+/// applied".
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_between_start_and_the_first_catch_up_is_not_missed() {
-    let (_dir, _path, db) = common::fresh().await;
-    let mut f = common::persistent_follower(&db, "s").await;
-    db.source().put("a", b"1".to_vec()).await.unwrap();
-    f.catch_up().await.unwrap();
-    assert_eq!(
-        f.cache().get("a").await.unwrap(),
-        Some((1, b"1".to_vec())),
-        "the delta read at start is stale once something was committed"
-    );
-}
-
-/// A persisted follower caught up, then `a` written; another connection runs `fault`, the
-/// catch-up fails (`failing` says why), the connection runs `heal`; after `b` is written
-/// one catch-up must leave the cache equal to the source, `a` included.
-async fn a_failed_catch_up_is_made_good(name: &str, fault: &str, failing: &str, heal: &str) {
-    let (_dir, path, _) = common::fresh().await;
-    let db = impatient(&path).await;
-    let mut f = common::persistent_follower(&db, name).await;
-    f.catch_up().await.unwrap();
-    db.source().put("a", b"1".to_vec()).await.unwrap();
-    let other = rusqlite::Connection::open(&path).unwrap();
-    other.execute_batch(fault).unwrap();
-    assert!(f.wake().await.is_err(), "{failing}");
-    other.execute_batch(heal).unwrap();
-    drop(other);
-    db.source().put("b", b"2".to_vec()).await.unwrap();
-    f.wake().await.unwrap();
-    assert_eq!(
-        f.cache().entries().await.unwrap(),
-        source_contents(&db).await,
-        "the failed attempt's change (a) is not lost"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_that_could_not_be_persisted_is_applied_by_the_next_catch_up() {
-    // Another process holds the write lock: reads work (WAL), the cache write cannot.
-    a_failed_catch_up_is_made_good(
-        "p",
-        "BEGIN IMMEDIATE",
-        "the cache write times out",
-        "COMMIT",
-    )
-    .await;
+async fn a_batch_the_cache_file_could_not_take_is_decided_again() {
+    for wake_only in [false, true] {
+        let (_dir, path, db) = common::fresh().await;
+        let cache_path = path.with_file_name("cache.db");
+        let caches = impatient(&cache_path).await;
+        let cache = caches.follower_cache("p");
+        let h = if wake_only {
+            // No wake ever comes: only the follower's own retry can bring the writes in.
+            let quiet = db.wake().listen("nobody").await.unwrap();
+            FollowerTask::new(config("p"), RawBytes, db.source(), NoFeed, cache.clone())
+                .with_wake(quiet)
+                .spawn()
+        } else {
+            mirror("p", db.source(), cache.clone())
+        };
+        until(&h, "ready", |s| s.ready).await;
+        let other = rusqlite::Connection::open(&cache_path).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        db.source().put("a", b"1".to_vec()).await.unwrap();
+        if wake_only {
+            h.reconcile().await.ok();
+        }
+        let s = until(&h, "a commit failed", |s| s.counters.rewinds > 0).await;
+        assert!(s.counters.rewinds >= 1);
+        other.execute_batch("ROLLBACK").unwrap();
+        drop(other);
+        db.source().put("b", b"2".to_vec()).await.unwrap();
+        converged(
+            &cache,
+            &db,
+            "the failed batch's change (a) is not lost, wake-only or not",
+        )
+        .await;
+        h.stop();
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_source_read_does_not_wedge_the_follower() {
-    a_failed_catch_up_is_made_good(
-        "r",
-        "ALTER TABLE registry RENAME TO hidden",
-        "the registry cannot be read",
-        "ALTER TABLE hidden RENAME TO registry",
+    let (_dir, path, db) = common::fresh().await;
+    let cache = db.follower_cache("r");
+    let h = mirror("r", db.source(), cache.clone());
+    until(&h, "ready", |s| s.ready).await;
+    db.source().put("a", b"1".to_vec()).await.unwrap();
+    let other = rusqlite::Connection::open(&path).unwrap();
+    other
+        .execute_batch("ALTER TABLE registry RENAME TO hidden")
+        .unwrap();
+    h.reconcile().await.ok();
+    other
+        .execute_batch("ALTER TABLE hidden RENAME TO registry")
+        .unwrap();
+    drop(other);
+    db.source().put("b", b"2".to_vec()).await.unwrap();
+    converged(
+        &cache,
+        &db,
+        "the follower recovers once the registry reads again",
     )
     .await;
+    h.stop();
 }
 
+/// The sink itself: a batch lands with its watermark in one transaction, and a batch
+/// rolled back leaves nothing behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_persisted_cache_never_takes_an_older_value_over_a_newer_one() {
+async fn a_batch_and_its_watermark_commit_together_or_not_at_all() {
     let (_dir, _path, db) = common::fresh().await;
-    let cache = db.follower_cache("f");
-    let put = |seq: u64, value: &str| tidemark_sqlite::CacheOp::Put {
-        key: "k".into(),
-        seq,
-        value: value.as_bytes().to_vec(),
-    };
-    cache.apply(vec![put(7, "new")], 7, None).await.unwrap();
-    // A second writer of the same name, a step behind (a rolling deploy).
-    cache.apply(vec![put(6, "old")], 6, None).await.unwrap();
-    assert_eq!(cache.get("k").await.unwrap(), Some((7, b"new".to_vec())));
-    assert_eq!(cache.watermark().await.unwrap(), 7);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn run_retries_a_failed_catch_up_without_waiting_for_a_wake() {
-    let (_dir, path, _) = common::fresh().await;
-    let db = impatient(&path).await;
-    db.source().put("a", b"1".to_vec()).await.unwrap();
-    let mut f = common::persistent_follower(&db, "run").await;
-    let cache = f.cache().clone();
-    // Another process holds the write lock, so run's first catch-up cannot persist; it
-    // then lets go without committing, so no commit wakes the listener: only a retry
-    // brings a in.
-    let other = rusqlite::Connection::open(&path).unwrap();
-    other.execute_batch("BEGIN IMMEDIATE").unwrap();
-    let mut listener = db.wake().listen("none").await.unwrap();
-    let task = tokio::spawn(async move { f.run(&mut listener).await });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let mut cache = db.follower_cache("f");
+    assert_eq!(Sink::<Vec<u8>>::resume(&mut cache).await.unwrap(), None);
+    Sink::<Vec<u8>>::put(&mut cache, "k".into(), 5, b"five".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::put(&mut cache, "j".into(), 6, b"six".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(cache.get("k").await.unwrap(), None, "not before the commit");
+    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
+    assert_eq!(cache.get("k").await.unwrap(), Some((5, b"five".to_vec())));
+    Sink::<Vec<u8>>::remove(&mut cache, "k".into(), 7)
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::rollback(&mut cache).await;
+    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
     assert_eq!(
-        cache.get("a").await.unwrap(),
-        None,
-        "the lock is still held"
+        cache.get("k").await.unwrap(),
+        Some((5, b"five".to_vec())),
+        "a rolled-back removal never lands"
     );
-    other.execute_batch("ROLLBACK").unwrap();
-    drop(other);
-    common::eventually("a retry brings a in", || async {
-        cache.get("a").await.unwrap().is_some()
-    })
-    .await;
-    assert!(!task.is_finished(), "a failed catch-up does not end run");
-    task.abort();
+    let held = Sink::<Vec<u8>>::resume(&mut cache).await.unwrap().unwrap();
+    assert_eq!((held.watermark, held.keys), (6, 2));
+    let seqs = Sink::<Vec<u8>>::seqs_of(&mut cache, vec!["j".into(), "absent".into()])
+        .await
+        .unwrap();
+    assert_eq!(seqs, [("j".to_owned(), 6)]);
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tidemark::tidemark_core::{FollowerConfig, Legs, RawBytes, Sync};
+use tidemark::tidemark_core::{FollowerConfig, Legs, RawBytes};
 use tidemark::{Cache, Source, Wake, spawn_cache, spawn_wake_cache};
 use tidemark_sqlite::{Relay, SqliteDb, Write};
 
@@ -118,10 +118,7 @@ async fn converge(cache: &Cache<Vec<u8>>, db: &SqliteDb, why: &str) {
 async fn an_unannounced_write_in_another_process_wakes_this_one() {
     let (_dir, path, db) = common::fresh().await;
     db.source().put("seed", b"0".to_vec()).await.unwrap();
-    let config = FollowerConfig::builder("wake-only")
-        .sync(Sync::WakeOnly)
-        .build()
-        .unwrap();
+    let config = FollowerConfig::new("wake-only").unwrap();
     let listener = db.wake().listen("registry").await.unwrap();
     let (cache, handle) = spawn_wake_cache(config, RawBytes, db.source(), listener);
     cache.wait_ready().await.unwrap();
@@ -240,9 +237,25 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
         );
 
         // A persisted follower restarts warm each round and converges on the delta.
-        let mut f = common::persistent_follower(&db, "survivor").await;
-        let caught = f.catch_up().await.unwrap();
-        assert_eq!(caught.watermark, watermark, "round {round}");
+        let survivor = db.follower_cache("survivor");
+        let source = db.source();
+        let f = tidemark::FollowerTask::new(
+            FollowerConfig::builder("survivor").seed(1).build().unwrap(),
+            RawBytes,
+            source.clone(),
+            source,
+            survivor.clone(),
+        )
+        .spawn();
+        let mut status = f.watch_status();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            status.wait_for(|s| s.ready && s.watermark == watermark),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("round {round}: the survivor catches up"))
+        .unwrap();
+        f.stop_within(Duration::from_secs(10)).await.unwrap();
         let snap: Vec<(String, u64, Vec<u8>)> = db
             .source()
             .snapshot()
@@ -253,7 +266,7 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
             .map(|e| (e.key, e.seq, e.value))
             .collect();
         assert_eq!(
-            f.cache().entries().await.unwrap(),
+            survivor.entries().await.unwrap(),
             snap,
             "round {round}: the persisted follower lost nothing"
         );

@@ -180,6 +180,8 @@ impl Record {
 pub struct Recorder(Record);
 
 impl Sink<Vec<u8>> for Recorder {
+    const FALLIBLE: bool = false;
+
     async fn put(&mut self, key: String, seq: u64, value: Vec<u8>) -> Result<()> {
         let mut inner = self.0.inner.lock().unwrap();
         inner.applied.push((key.clone(), seq));
@@ -195,8 +197,9 @@ impl Sink<Vec<u8>> for Recorder {
     fn ready(&mut self, watermark: u64) {
         self.0.inner.lock().unwrap().ready = Some(watermark);
     }
-    fn watermark(&mut self, watermark: u64) {
+    async fn commit(&mut self, watermark: u64) -> Result<()> {
         self.0.inner.lock().unwrap().watermark = watermark;
+        Ok(())
     }
 }
 

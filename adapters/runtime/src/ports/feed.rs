@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use tidemark_core::{Entry, FeedInfo};
+use tidemark_core::{Entry, FeedInfo, Follow};
 
 use crate::error::Result;
 
@@ -47,6 +47,13 @@ pub trait FeedStream: Send {
 /// A feed of entries: a source's change log (gapless), a KV watch (sparse), or an events
 /// stream whose positions differ from seqs.
 pub trait Feed: Send + Sync {
+    /// How this feed must be followed: [`Follow::Replay`] for a source's own history (a
+    /// change log, a KV bucket), [`Follow::Announcements`] for a stream of announcements
+    /// that may miss, repeat or reorder changes. The follower task takes it from here, so
+    /// a follower cannot be wired to a feed it cannot follow. The [`FeedInfo`] an open
+    /// feed reports says the same.
+    const FOLLOW: Follow;
+
     /// The stream an open feed yields.
     type Stream: FeedStream + 'static;
 

@@ -13,16 +13,6 @@ pub async fn fresh() -> (tempfile::TempDir, PathBuf, SqliteDb) {
 }
 
 /// The persisted follower called `name` of `db`'s registry, resumed from its cache.
-pub async fn persistent_follower(db: &SqliteDb, name: &str) -> tidemark_sqlite::PersistentFollower {
-    tidemark_sqlite::PersistentFollower::start(
-        tidemark::tidemark_core::FollowerConfig::builder(name),
-        db.source(),
-        db.follower_cache(name),
-    )
-    .await
-    .expect("a persisted follower starts")
-}
-
 /// Waits until `cond` holds, polling every 5 ms; panics with `what` after 30 s (commits
 /// are synced: a loaded machine can take much longer than an idle one).
 pub async fn eventually<F, Fut>(what: &str, mut cond: F)

@@ -1,0 +1,377 @@
+//! How feed entries, reconciles, snapshots and fetches change the cache: the per-seq and
+//! per-key rules, gaps, and the watermark.
+
+use std::collections::HashSet;
+
+use super::{Follower, Held, Pending};
+use crate::decode::Decode;
+use crate::entry::{CacheChange, Entry, Op};
+use crate::follower::io::{Apply, CaughtUp, Follow, Notice, Output};
+use crate::follower::status::{Diagnostic, InvalidReason};
+use crate::limits::KeyProblem;
+
+impl<D: Decode> Follower<D> {
+    pub(super) fn on_item(&mut self, item: Held) {
+        match item {
+            Held::Entry(entry) => self.on_entry(entry),
+            Held::Undecodable {
+                position,
+                seq,
+                reason,
+            } => self.on_undecodable(position, seq, reason),
+        }
+    }
+
+    /// Something that is not an entry: counted and checkpointed past; where its seq is
+    /// known it is skipped over like a poison entry (a gap first, on a gapless feed).
+    pub(super) fn on_undecodable(&mut self, position: u64, seq: Option<u64>, reason: String) {
+        if let Some(seq) = seq
+            && self.gapless()
+            && seq > self.watermark + 1
+        {
+            self.gap(seq);
+            return;
+        }
+        self.invalid(
+            seq.unwrap_or(0),
+            String::new(),
+            InvalidReason::Undecodable(reason),
+        );
+        if let Some(seq) = seq
+            && seq > self.watermark
+        {
+            self.advance_on_feed(seq);
+        }
+        self.checkpoint(position);
+        if let Some(head) = self.feed_head() {
+            self.check_ready(head);
+        }
+    }
+
+    pub(super) fn gap(&mut self, seq: u64) {
+        self.counters.gaps += 1;
+        self.diag(Diagnostic::Gap {
+            expected: self.watermark + 1,
+            got: seq,
+        });
+        self.drop_feed();
+        if self.busy() {
+            self.rewake = true;
+        } else {
+            self.send(Pending::Reconcile);
+        }
+    }
+
+    pub(super) fn on_entry(&mut self, entry: Entry) {
+        let Entry {
+            position,
+            seq,
+            key,
+            op,
+            value,
+            pending,
+        } = entry;
+        if let Some(pending) = pending
+            && !self.is_ready()
+            && self.index.len() == 0
+        {
+            self.presize(pending);
+        }
+        if seq == 0 {
+            self.invalid(0, key, InvalidReason::ZeroSeq);
+            self.checkpoint(position);
+            return;
+        }
+        let (last_seq, head) = match self.feed.as_mut() {
+            Some(f) => {
+                let last = f.last_seq;
+                f.last_seq = f.last_seq.max(seq);
+                (last, f.info.map_or(0, |i| i.head))
+            }
+            None => (0, 0),
+        };
+        if seq <= self.watermark {
+            if seq < last_seq {
+                self.diag(Diagnostic::SeqRegressed {
+                    previous: last_seq,
+                    got: seq,
+                });
+            }
+            self.counters.stale += 1;
+            self.checkpoint(position);
+            return;
+        }
+        if seq > self.watermark + 1 && self.gapless() {
+            self.gap(seq);
+            return;
+        }
+        if op == Op::Mutation && self.check_key(&key).is_ok() && !self.newer_in_cache(&key, seq) {
+            self.send(Pending::Fetch { key, seq, position });
+            return;
+        }
+        self.apply(seq, key, op, value);
+        self.advance_on_feed(seq);
+        self.checkpoint(position);
+        self.check_ready(head);
+    }
+
+    pub(super) fn advance(&mut self, seq: u64) {
+        if seq > self.watermark {
+            self.watermark = seq;
+            self.index.prune_tombstones(seq);
+        }
+    }
+
+    /// A feed entry at `seq` was handled. Feeds that deliver in seq order move the
+    /// watermark; an announcements stream can reorder and lose entries, so there only a
+    /// reconcile moves it, and per-key seqs (with tombstones) keep applies never-older.
+    pub(super) fn advance_on_feed(&mut self, seq: u64) {
+        if self.feed_speaks_for_source() {
+            self.advance(seq);
+        }
+    }
+
+    /// Makes room in an empty key index for the `pending` entries the feed says are still
+    /// to come in an initial sync, rather than growing (and rehashing) it a dozen times on
+    /// the way. For a KV bucket's first sync that count is the number of keys; for a stream
+    /// replayed from its start it counts every message, so it is only a hint: taken once,
+    /// and bounded (2^17 entries, at most about 8 MiB of index) so a long history of a few
+    /// keys cannot reserve much.
+    pub(super) fn presize(&mut self, pending: u64) {
+        const LIMIT: u64 = 1 << 17;
+        let want = usize::try_from(pending.min(LIMIT)).unwrap_or(0) + 1;
+        let seqs = &mut self.index.seqs;
+        if seqs.capacity() - seqs.len() < want {
+            seqs.reserve(want);
+        }
+    }
+
+    pub(super) fn invalid(&mut self, seq: u64, key: String, reason: InvalidReason) {
+        self.counters.invalid += 1;
+        let key = if key.len() > 128 {
+            crate::limits::shorten(&key, 128)
+        } else {
+            key
+        };
+        self.diag(Diagnostic::InvalidEntry { seq, key, reason });
+    }
+
+    pub(super) fn check_key(&self, key: &str) -> Result<(), InvalidReason> {
+        crate::limits::check_key(key, self.config.max_key_bytes).map_err(|p| match p {
+            KeyProblem::Empty => InvalidReason::EmptyKey,
+            KeyProblem::TooLong { len } => InvalidReason::KeyTooLong { len },
+            KeyProblem::ControlCharacter => InvalidReason::ControlCharacterInKey,
+        })
+    }
+
+    pub(super) fn newer_in_cache(&self, key: &str, seq: u64) -> bool {
+        self.index.newest(key).is_some_and(|s| s >= seq)
+    }
+
+    /// Applies one change above the watermark, with the per-key never-older rule.
+    /// Returns (puts applied, removals applied).
+    pub(super) fn apply(
+        &mut self,
+        seq: u64,
+        key: String,
+        op: Op,
+        value: Vec<u8>,
+    ) -> (usize, usize) {
+        if let Err(reason) = self.check_key(&key) {
+            self.invalid(seq, key, reason);
+            return (0, 0);
+        }
+        match op.cache_change() {
+            CacheChange::Upsert => self.apply_put(seq, key, value),
+            CacheChange::Remove => {
+                if self.newer_in_cache(&key, seq) {
+                    self.counters.stale += 1;
+                    return (0, 0);
+                }
+                if self.follow == Follow::Announcements && seq > self.watermark {
+                    self.index.tomb(&key, seq);
+                }
+                if self.index.remove(&key).is_none() {
+                    return (0, 0);
+                }
+                self.counters.removed += 1;
+                self.out
+                    .push_back(Output::Apply(Apply::Remove { key, seq }));
+                (0, 1)
+            }
+            CacheChange::Fetch => {
+                self.invalid(seq, key, InvalidReason::UnexpectedInRows);
+                (0, 0)
+            }
+            CacheChange::Skip => {
+                let Op::Unknown(name) = op else { return (0, 0) };
+                self.invalid(seq, key, InvalidReason::UnknownOperation(name));
+                (0, 0)
+            }
+        }
+    }
+
+    pub(super) fn apply_put(&mut self, seq: u64, key: String, value: Vec<u8>) -> (usize, usize) {
+        if value.len() > self.config.max_value_bytes {
+            self.invalid(seq, key, InvalidReason::ValueTooLarge { len: value.len() });
+            return (0, 0);
+        }
+        if !self.index.tombstones.is_empty()
+            && self.index.tombstones.get(key.as_str()) >= Some(&seq)
+        {
+            self.counters.stale += 1;
+            return (0, 0);
+        }
+        // One hash lookup for a key the cache holds, one more to insert a new one: this is
+        // the hot path of every sync.
+        let held = self.index.seqs.get_mut(key.as_str());
+        if held.as_deref().is_some_and(|&have| have >= seq) {
+            self.counters.stale += 1;
+            return (0, 0);
+        }
+        match self.decoder.decode(&key, value) {
+            Ok(value) => {
+                let before = match held {
+                    Some(have) => Some(std::mem::replace(have, seq)),
+                    None => {
+                        self.index.seqs.insert(key.clone(), seq);
+                        None
+                    }
+                };
+                if self.index.tracking() {
+                    self.index.record(&key, before);
+                }
+                if !self.index.tombstones.is_empty() {
+                    self.index.untomb(&key);
+                }
+                self.counters.applied += 1;
+                self.out
+                    .push_back(Output::Apply(Apply::Put { key, seq, value }));
+                (1, 0)
+            }
+            Err(e) => {
+                self.counters.poison += 1;
+                let error = e.to_string();
+                self.diag(Diagnostic::DecodeFailed { key, seq, error });
+                (0, 0)
+            }
+        }
+    }
+
+    pub(super) fn on_fetched(
+        &mut self,
+        key: String,
+        seq: u64,
+        position: u64,
+        value: Option<(u64, Vec<u8>)>,
+    ) {
+        self.counters.fetches += 1;
+        match value {
+            // The value may be newer than the marker; the index keeps its own seq so an
+            // older entry for the key arriving later is skipped.
+            Some((value_seq, bytes)) => {
+                self.apply(value_seq.max(seq), key, Op::Put, bytes);
+            }
+            None => {
+                self.apply(seq, key, Op::Delete, Vec::new());
+            }
+        }
+        self.advance_on_feed(seq);
+        self.checkpoint(position);
+        let head = self.feed_head().unwrap_or(u64::MAX);
+        self.check_ready(head);
+        self.settle();
+    }
+
+    pub(super) fn on_changes(&mut self, changes: Vec<Entry>, source_watermark: u64) {
+        self.counters.reconciles += 1;
+        if source_watermark < self.watermark {
+            // The source is behind what we applied: only a snapshot can say what it holds.
+            self.resync();
+            return;
+        }
+        let floor = self.watermark;
+        let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
+        for change in changes {
+            top = top.max(change.seq);
+            if change.seq == 0 {
+                self.invalid(0, change.key, InvalidReason::ZeroSeq);
+            } else if change.seq <= floor {
+                self.counters.stale += 1;
+            } else {
+                let (a, r) = self.apply(change.seq, change.key, change.op, change.value);
+                applied += a;
+                removed += r;
+            }
+        }
+        self.advance(top);
+        // A reconcile reads the source up to its watermark: whatever the cache held before,
+        // it now holds every current entry.
+        self.become_ready();
+        let watermark = self.watermark;
+        self.notice(Notice::CaughtUp(CaughtUp {
+            applied,
+            removed,
+            watermark,
+            resynced: false,
+        }));
+        self.settle();
+    }
+
+    pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
+        if source_watermark < self.watermark {
+            // A new history: seqs held from the old one mean nothing against it. Forget
+            // them, so every snapshot entry is applied and every other key removed.
+            self.counters.resets += 1;
+            let watermark = self.watermark;
+            self.diag(Diagnostic::SourceReset {
+                watermark,
+                source_watermark,
+            });
+            self.watermark = 0;
+            self.index.forget_seqs();
+        }
+        let present: HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        // A key missing from the snapshot is gone, unless the cache holds it at a seq past
+        // the snapshot (applied from a fetch or an announcement after it was read).
+        let mut gone: Vec<String> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
+            .map(|(k, _)| k.clone())
+            .collect();
+        drop(present);
+        gone.sort_unstable();
+        let removal_seq = source_watermark.max(self.watermark);
+        for key in &gone {
+            self.index.remove(key);
+            self.counters.removed += 1;
+            self.out.push_back(Output::Apply(Apply::Remove {
+                key: key.clone(),
+                seq: removal_seq,
+            }));
+        }
+        let (mut applied, mut top) = (0, source_watermark);
+        for entry in entries {
+            top = top.max(entry.seq);
+            if entry.seq == 0 {
+                self.invalid(0, entry.key, InvalidReason::ZeroSeq);
+            } else if entry.op != Op::Put {
+                self.invalid(entry.seq, entry.key, InvalidReason::UnexpectedInRows);
+            } else if self.index.get(&entry.key) != Some(entry.seq) {
+                applied += self.apply(entry.seq, entry.key, Op::Put, entry.value).0;
+            }
+        }
+        self.advance(top);
+        self.become_ready();
+        let watermark = self.watermark;
+        self.notice(Notice::CaughtUp(CaughtUp {
+            applied,
+            removed: gone.len(),
+            watermark,
+            resynced: true,
+        }));
+        self.settle();
+    }
+}

@@ -1,0 +1,177 @@
+//! The key index: the seq of every key the cache holds, the removals applied above the
+//! watermark, and — when the driver commits batches — how to undo what the last batch did.
+
+use std::collections::{BTreeMap, HashMap};
+
+// Hashed with foldhash seeded from the follower's configured seed: the same on every run
+// (std's `RandomState` reads OS randomness), keyed per follower, and a fraction of
+// SipHash's cost on the sync hot path. Nothing iterates it into an output without sorting
+// first.
+pub(super) type Map = HashMap<String, u64, foldhash::fast::FixedState>;
+
+/// One change to the index, recorded so that it can be undone.
+#[derive(Debug)]
+pub(super) enum Step {
+    /// `key` held `seq` (`None`: it was absent).
+    Seq(String, Option<u64>),
+    /// `key`'s tombstone was `seq` (`None`: it had none).
+    Tomb(String, Option<u64>),
+}
+
+#[derive(Debug)]
+pub(super) struct KeyIndex {
+    /// Key → seq of its value in the cache.
+    pub(super) seqs: Map,
+    /// Removals applied above the watermark (announcements): a late, older put for such a
+    /// key must not bring it back. Pruned as the watermark passes them.
+    pub(super) tombstones: BTreeMap<String, u64>,
+    /// Keys the sink holds that this index was not told about: a warm start that loads
+    /// seqs lazily ([`Follower::resume_lazily`](super::Follower::resume_lazily)).
+    pub(super) unknown: usize,
+    /// Steps since the last commit, when the driver commits batches.
+    pub(super) undo: Option<Vec<Step>>,
+}
+
+impl KeyIndex {
+    pub(super) fn new(seed: u64) -> Self {
+        KeyIndex {
+            seqs: Map::with_hasher(foldhash::fast::FixedState::with_seed(seed)),
+            tombstones: BTreeMap::new(),
+            unknown: 0,
+            undo: None,
+        }
+    }
+
+    /// Keys the cache holds, known or not.
+    pub(super) fn len(&self) -> usize {
+        self.seqs.len() + self.unknown
+    }
+
+    pub(super) fn get(&self, key: &str) -> Option<u64> {
+        self.seqs.get(key).copied()
+    }
+
+    /// The seq of the newest change the cache reflects for `key`: its value, or a removal
+    /// applied above the watermark.
+    pub(super) fn newest(&self, key: &str) -> Option<u64> {
+        let held = self.get(key);
+        if self.tombstones.is_empty() {
+            return held;
+        }
+        held.max(self.tombstones.get(key).copied())
+    }
+
+    /// Learns what the sink holds: not a change, so nothing to undo.
+    pub(super) fn learn(&mut self, key: String, seq: u64) {
+        match self.seqs.get_mut(key.as_str()) {
+            Some(known) => *known = (*known).max(seq),
+            None => {
+                self.seqs.insert(key, seq);
+                self.unknown = self.unknown.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Whether steps are recorded for undo.
+    pub(super) fn tracking(&self) -> bool {
+        self.undo.is_some()
+    }
+
+    /// Records that `key` held `before` (for undo), when the driver commits batches.
+    pub(super) fn record(&mut self, key: &str, before: Option<u64>) {
+        if let Some(undo) = &mut self.undo {
+            undo.push(Step::Seq(key.to_owned(), before));
+        }
+    }
+
+    pub(super) fn remove(&mut self, key: &str) -> Option<u64> {
+        let before = self.seqs.remove(key);
+        if before.is_some() {
+            self.record(key, before);
+        }
+        before
+    }
+
+    pub(super) fn tomb(&mut self, key: &str, seq: u64) {
+        let before = self.tombstones.insert(key.to_owned(), seq);
+        if let Some(undo) = &mut self.undo {
+            undo.push(Step::Tomb(key.to_owned(), before));
+        }
+    }
+
+    pub(super) fn untomb(&mut self, key: &str) {
+        if let Some(before) = self.tombstones.remove(key)
+            && let Some(undo) = &mut self.undo
+        {
+            undo.push(Step::Tomb(key.to_owned(), Some(before)));
+        }
+    }
+
+    /// Drops tombstones the watermark has passed.
+    pub(super) fn prune_tombstones(&mut self, watermark: u64) {
+        if self.tombstones.is_empty() {
+            return;
+        }
+        match &mut self.undo {
+            None => self.tombstones.retain(|_, s| *s > watermark),
+            Some(undo) => self.tombstones.retain(|k, s| {
+                let keep = *s > watermark;
+                if !keep {
+                    undo.push(Step::Tomb(k.clone(), Some(*s)));
+                }
+                keep
+            }),
+        }
+    }
+
+    /// Forgets the seq of every key (a new history): each stays held at seq 0, so a
+    /// snapshot replaces or removes it.
+    pub(super) fn forget_seqs(&mut self) {
+        for (key, seq) in &mut self.seqs {
+            if let Some(undo) = &mut self.undo {
+                undo.push(Step::Seq(key.clone(), Some(*seq)));
+            }
+            *seq = 0;
+        }
+        let tombs = std::mem::take(&mut self.tombstones);
+        if let Some(undo) = &mut self.undo {
+            undo.extend(tombs.into_iter().map(|(k, s)| Step::Tomb(k, Some(s))));
+        }
+    }
+
+    /// Starts or stops recording steps for [`rewind`](Self::rewind).
+    pub(super) fn track(&mut self, on: bool) {
+        self.undo = on.then(Vec::new);
+    }
+
+    /// The batch was committed: its steps need no undo.
+    pub(super) fn commit(&mut self) {
+        if let Some(undo) = &mut self.undo {
+            undo.clear();
+        }
+    }
+
+    /// Undoes every step since the last commit. `false` when steps were not recorded.
+    pub(super) fn rewind(&mut self) -> bool {
+        let Some(undo) = &mut self.undo else {
+            return false;
+        };
+        for step in std::mem::take(undo).into_iter().rev() {
+            match step {
+                Step::Seq(key, Some(seq)) => {
+                    self.seqs.insert(key, seq);
+                }
+                Step::Seq(key, None) => {
+                    self.seqs.remove(key.as_str());
+                }
+                Step::Tomb(key, Some(seq)) => {
+                    self.tombstones.insert(key, seq);
+                }
+                Step::Tomb(key, None) => {
+                    self.tombstones.remove(key.as_str());
+                }
+            }
+        }
+        true
+    }
+}

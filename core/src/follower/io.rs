@@ -1,0 +1,372 @@
+//! What goes in and out of a follower: the facts a driver reports ([`Input`]) and the
+//! decisions it carries out ([`Output`]), grouped by who acts on them.
+
+use crate::entry::Entry;
+use crate::follower::status::Diagnostic;
+
+/// Ties a result to the request that asked for it. Results carrying an old token (a feed
+/// that was since closed, a request that was since retried) are ignored and counted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token(pub u64);
+
+/// How a follower must follow its feed. It is a property of the feed, not a setting: a
+/// driver takes it from the feed it is given ([`FeedInfo::follow`] once open), so a
+/// follower cannot be wired to a feed it cannot follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Follow {
+    /// The feed is the source's own history (a change log, a KV watch): replay it from
+    /// watermark+1 and keep following it. Entries move the watermark; ready once the
+    /// replay reaches the feed's head.
+    Replay,
+    /// No feed: read the source's changes since the watermark on start and on every wake
+    /// (the wake runner). Ready after the first reconcile. Never polls.
+    WakeOnly,
+    /// The feed is a stream of announcements that may miss, repeat or reorder changes (a
+    /// writer can crash between commit and announce): reconcile from the source first —
+    /// ready after that — then apply announcements as they come (per-key seqs keep them
+    /// never-older), and reconcile again on every wake. Only a reconcile moves the
+    /// watermark.
+    Announcements,
+}
+
+impl Follow {
+    /// Whether the follower keeps a feed open.
+    #[must_use]
+    pub fn uses_feed(self) -> bool {
+        matches!(self, Follow::Replay | Follow::Announcements)
+    }
+
+    /// Whether the initial sync reads the source rather than replaying the feed.
+    #[must_use]
+    pub fn syncs_by_reconcile(self) -> bool {
+        matches!(self, Follow::WakeOnly | Follow::Announcements)
+    }
+}
+
+/// What a feed promises about the seqs it delivers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Continuity {
+    /// Every seq appears, in order (a SQLite or memory change stream): a jump past
+    /// watermark+1 is a gap, and the follower reconciles from its watermark.
+    Gapless,
+    /// Seqs may be skipped (a KV bucket keeping only the latest revision per key): the
+    /// server's ordered delivery and head make it complete.
+    Sparse,
+}
+
+/// What a feed reported when it opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FeedInfo {
+    /// The first seq the feed can still serve; 0 or 1 when nothing was ever compacted.
+    /// Above the requested start it means history was compacted away.
+    pub first_available: u64,
+    /// The feed's last seq when it opened (0 for an empty source). For a replayed feed it
+    /// is the source's: the initial sync is complete once the watermark reaches it. Take
+    /// it from the stream's state (its last sequence), not from a consumer's pending count
+    /// alone.
+    pub head: u64,
+    /// What the feed promises about seqs.
+    pub continuity: Continuity,
+    /// Whether the feed keeps a durable cursor that wants a checkpoint per entry.
+    pub checkpoints: bool,
+    /// How the feed must be followed. A follower that was told otherwise follows the feed.
+    pub follow: Follow,
+}
+
+impl FeedInfo {
+    /// A source's own change log: every seq in order (gapless), keyed by seq, no cursor.
+    #[must_use]
+    pub fn change_log(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            first_available,
+            head,
+            continuity: Continuity::Gapless,
+            checkpoints: false,
+            follow: Follow::Replay,
+        }
+    }
+
+    /// A KV bucket's history: the latest revision per key (sparse), keyed by revision, no
+    /// cursor.
+    #[must_use]
+    pub fn kv(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            first_available,
+            head,
+            continuity: Continuity::Sparse,
+            checkpoints: false,
+            follow: Follow::Replay,
+        }
+    }
+
+    /// A durable stream of announcements: its own positions, seqs that may skip, repeat or
+    /// reorder (sparse), a cursor checkpointed per entry, nothing compacted that a
+    /// reconcile cannot cover. `head` is the highest seq among the entries still unread.
+    #[must_use]
+    pub fn announcements(head: u64) -> Self {
+        FeedInfo {
+            first_available: 0,
+            head,
+            continuity: Continuity::Sparse,
+            checkpoints: true,
+            follow: Follow::Announcements,
+        }
+    }
+
+    /// The same feed with a durable cursor that wants a checkpoint per entry.
+    #[must_use]
+    pub fn with_checkpoints(mut self) -> Self {
+        self.checkpoints = true;
+        self
+    }
+}
+
+/// A decision for the driver to carry out, in order. Grouped by who acts on it: a port
+/// ([`Request`]), the cache or worker ([`Apply`]), whoever awaits the follower
+/// ([`Notice`]), and the log ([`Diagnostic`], for logs only: nothing else may act on one).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Output<V> {
+    /// Ask a port something.
+    Request(Request),
+    /// Change the cache (or call the worker).
+    Apply(Apply<V>),
+    /// Tell whoever waits on the follower.
+    Notice(Notice),
+    /// Something to log.
+    Diagnostic(Diagnostic),
+}
+
+/// A call to a port. Those that ask something back are answered with the input named,
+/// carrying the request's token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// Look the source up (a bucket by name); answer [`Input::SourceFound`] or
+    /// [`Input::RequestFailed`].
+    LookupSource {
+        /// The request's token.
+        token: Token,
+    },
+    /// Open the feed at seq `from` (watermark+1); answer [`Input::FeedOpened`] then
+    /// entries, or [`Input::FeedFailed`]. A feed with a durable cursor may resume after
+    /// `after_position` instead, the last position checkpointed.
+    OpenFeed {
+        /// The feed's token; every input about this feed carries it.
+        token: Token,
+        /// The first seq wanted.
+        from: u64,
+        /// The last position checkpointed, if any.
+        after_position: Option<u64>,
+    },
+    /// Close the feed opened under `token`; the follower ignores anything more from it.
+    CloseFeed {
+        /// The feed's token.
+        token: Token,
+    },
+    /// Read the source's changes (puts and removals with their seqs) since `since`;
+    /// answer [`Input::Changes`], [`Input::ChangesUnavailable`] or [`Input::RequestFailed`].
+    Reconcile {
+        /// The request's token.
+        token: Token,
+        /// The watermark to read after.
+        since: u64,
+    },
+    /// Read a full snapshot of the source; answer [`Input::Snapshot`] or
+    /// [`Input::RequestFailed`].
+    Snapshot {
+        /// The request's token.
+        token: Token,
+    },
+    /// Read `key`'s current value (a mutation marker at `seq` named it); answer
+    /// [`Input::Fetched`] or [`Input::RequestFailed`].
+    Fetch {
+        /// The request's token.
+        token: Token,
+        /// The key to read.
+        key: String,
+        /// The marker's seq.
+        seq: u64,
+    },
+    /// Save the feed's durable cursor at `position` (monotone: never lower than before).
+    /// A driver with a durable sink saves it only after the sink committed the entries
+    /// before it.
+    Checkpoint {
+        /// The position observed.
+        position: u64,
+    },
+}
+
+impl Request {
+    /// The token an answer to this request must carry (none for a close or a
+    /// checkpoint, which ask nothing back).
+    #[must_use]
+    pub fn token(&self) -> Option<Token> {
+        match self {
+            Request::LookupSource { token }
+            | Request::OpenFeed { token, .. }
+            | Request::Reconcile { token, .. }
+            | Request::Snapshot { token }
+            | Request::Fetch { token, .. } => Some(*token),
+            Request::CloseFeed { .. } | Request::Checkpoint { .. } => None,
+        }
+    }
+}
+
+/// A change to the cache.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Apply<V> {
+    /// Upsert `key`.
+    Put {
+        /// The key.
+        key: String,
+        /// The seq of this value.
+        seq: u64,
+        /// The decoded value.
+        value: V,
+    },
+    /// Remove `key`.
+    Remove {
+        /// The key.
+        key: String,
+        /// The seq of the removal.
+        seq: u64,
+    },
+}
+
+/// What the follower tells whoever waits on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Notice {
+    /// The initial sync is complete: the cache holds every current entry of the source.
+    /// Emitted once (again only after a [`Input::SinkFailed`] took readiness back).
+    Ready {
+        /// The watermark at that moment.
+        watermark: u64,
+    },
+    /// A read of the source (a reconcile, or a resync from a snapshot) was applied: what
+    /// it caught up. This answers a caller who asked for a reconcile.
+    CaughtUp(CaughtUp),
+    /// The follower stopped; it will decide nothing more.
+    Stopped,
+}
+
+/// What one reconcile or resync caught up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CaughtUp {
+    /// Puts applied.
+    pub applied: usize,
+    /// Keys removed.
+    pub removed: usize,
+    /// The applied watermark afterwards.
+    pub watermark: u64,
+    /// Whether it was a full resync from a snapshot.
+    pub resynced: bool,
+}
+
+/// A fact the driver reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Input {
+    /// The source was found.
+    SourceFound {
+        /// The lookup's token.
+        token: Token,
+    },
+    /// The feed opened.
+    FeedOpened {
+        /// The feed's token.
+        token: Token,
+        /// What it reported.
+        info: FeedInfo,
+    },
+    /// The feed delivered an entry.
+    Entry {
+        /// The feed's token.
+        token: Token,
+        /// The entry.
+        entry: Entry,
+    },
+    /// The feed delivered something that is not an entry (a payload that is not an event,
+    /// a key that is not UTF-8). It is counted, checkpointed past and, where its seq is
+    /// known, skipped over like a poison entry.
+    Undecodable {
+        /// The feed's token.
+        token: Token,
+        /// Its position on the feed.
+        position: u64,
+        /// Its seq, if the feed knows it.
+        seq: Option<u64>,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The feed failed to open or failed mid-stream.
+    FeedFailed {
+        /// The feed's token.
+        token: Token,
+        /// The failure, for the log.
+        error: String,
+    },
+    /// The feed ended cleanly (a server restart, a consumer deleted).
+    FeedEnded {
+        /// The feed's token.
+        token: Token,
+    },
+    /// A reconcile's result: every change after the requested seq, in seq order, and the
+    /// source's watermark when it was read.
+    Changes {
+        /// The request's token.
+        token: Token,
+        /// Puts and removals.
+        changes: Vec<Entry>,
+        /// The source's watermark.
+        source_watermark: u64,
+    },
+    /// The source can no longer serve changes since the requested seq (tombstones were
+    /// compacted): the follower resyncs.
+    ChangesUnavailable {
+        /// The request's token.
+        token: Token,
+        /// The first seq the source can serve.
+        first_available: u64,
+    },
+    /// A snapshot: every current entry of the source, and its watermark.
+    Snapshot {
+        /// The request's token.
+        token: Token,
+        /// The current entries (puts).
+        entries: Vec<Entry>,
+        /// The source's watermark.
+        source_watermark: u64,
+    },
+    /// A fetch's result: the key's current value and its seq, or `None` if absent.
+    Fetched {
+        /// The request's token.
+        token: Token,
+        /// The value and the seq it was written at.
+        value: Option<(u64, Vec<u8>)>,
+    },
+    /// A lookup, reconcile, snapshot or fetch failed.
+    RequestFailed {
+        /// The request's token.
+        token: Token,
+        /// The failure, for the log.
+        error: String,
+    },
+    /// A wake arrived: catch up from the source.
+    Wake,
+    /// The path to the source is back (the client reconnected, a supervisor restarts the
+    /// follower): whatever waits out a backoff is tried now. The backoffs keep their
+    /// attempt counts, so a source that is still away is not hammered.
+    Reconnected,
+    /// The sink could not take or commit what was applied since the last
+    /// [`Follower::commit`](crate::Follower::commit): the follower goes back to that point (watermark, keys,
+    /// readiness), closes its feed and reopens it after the failure backoff, so every
+    /// change since is decided again.
+    SinkFailed {
+        /// The failure, for the log.
+        error: String,
+    },
+    /// Stop: close the feed and decide nothing more.
+    Stop,
+}

@@ -1,0 +1,601 @@
+//! The follower: decides how a cache stays converged with its source.
+//!
+//! One idea a file: [`io`] what goes in and out, [`status`] what an operator sees,
+//! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
+//! [`apply`] how entries, reconciles and snapshots change the cache. This file holds the
+//! machine itself: its stage, its feed and requests, and the dispatch of inputs.
+
+mod apply;
+mod feed;
+mod index;
+mod io;
+mod status;
+mod timers;
+
+use std::collections::VecDeque;
+
+use crate::backoff::Backoff;
+use crate::config::FollowerConfig;
+use crate::decode::Decode;
+use crate::entry::Entry;
+use crate::rng::Rng;
+use crate::time::Time;
+
+pub use io::{
+    Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,
+};
+pub use status::{Cause, Counters, Diagnostic, InvalidReason, Phase, Status};
+
+use index::KeyIndex;
+use timers::{Pending, Timers};
+
+/// Feed items buffered while a request is outstanding, at most.
+const MAX_HELD: usize = 4096;
+
+/// Where the follower is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Looking the source up.
+    Starting,
+    /// The source was found; the initial sync is underway.
+    Syncing,
+    /// Ready: the cache held every current entry of the source at some point.
+    Live,
+    /// Stopped; `ready` says whether it had become ready.
+    Stopped { ready: bool },
+}
+
+/// The feed, once asked for.
+#[derive(Clone, Debug)]
+struct FeedState {
+    token: Token,
+    from: u64,
+    /// What it reported when it opened; `None` while it opens.
+    info: Option<FeedInfo>,
+    /// The highest seq it delivered.
+    last_seq: u64,
+}
+
+/// A feed item that arrived while a request was outstanding.
+#[derive(Clone, Debug)]
+enum Held {
+    Entry(Entry),
+    Undecodable {
+        position: u64,
+        seq: Option<u64>,
+        reason: String,
+    },
+}
+
+/// The state the sink last committed: where a [`Input::SinkFailed`] goes back to.
+#[derive(Clone, Copy, Debug, Default)]
+struct Mark {
+    watermark: u64,
+    ready: bool,
+    checkpoint: Option<u64>,
+}
+
+#[derive(Debug)]
+struct Backoffs {
+    lookup: Backoff,
+    failure: Backoff,
+    end: Backoff,
+}
+
+/// The sans-IO follower state machine.
+///
+/// It decides; it never does. The driver reports facts with
+/// [`handle_input`](Self::handle_input) and [`handle_timeout`](Self::handle_timeout), and
+/// carries out decisions taken from [`poll_output`](Self::poll_output).
+///
+/// **The driving contract:** after every input or timeout, drain `poll_output` until it
+/// returns `None`, carrying out each output in order; then sleep until
+/// [`poll_timeout`](Self::poll_timeout) ([`timeout_cause`](Self::timeout_cause) says which
+/// backoff that deadline ends). Results of requests (open, reconcile, snapshot, fetch) are
+/// reported with the token the request carried.
+///
+/// **Durable sinks:** a driver whose sink can fail or commits in batches calls
+/// [`track_commits`](Self::track_commits) once, [`commit`](Self::commit) after each batch
+/// the sink committed, and reports [`Input::SinkFailed`] when a batch could not be applied
+/// or committed: the follower then goes back to the last commit and decides everything
+/// since again. A sink that already holds a cache (a warm start) is resumed with
+/// [`resume`](Self::resume) or [`resume_lazily`](Self::resume_lazily).
+///
+/// Methods come in four families: getters (`&self`), `handle_*` (a fact arrived),
+/// mutators (`commit`, `remember`, …) and `poll_*` (the next decision).
+#[derive(Debug)]
+pub struct Follower<D: Decode> {
+    config: FollowerConfig,
+    decoder: D,
+    follow: Follow,
+    rng: Rng,
+    stage: Stage,
+    watermark: u64,
+    index: KeyIndex,
+    mark: Mark,
+    out: VecDeque<Output<D::Value>>,
+    counters: Counters,
+    next_token: u64,
+    feed: Option<FeedState>,
+    request: Option<(Token, Pending)>,
+    timers: Timers,
+    held: VecDeque<Held>,
+    /// A wake came while a read of the source was underway: read again after it.
+    rewake: bool,
+    last_checkpoint: Option<u64>,
+    opened_once: bool,
+    backoffs: Backoffs,
+}
+
+impl<D: Decode> Follower<D> {
+    /// A follower with an empty cache that replays its feed ([`Follow::Replay`]; see
+    /// [`following`](Self::following)). Its first output asks the driver to look the
+    /// source up.
+    pub fn new(config: FollowerConfig, decoder: D) -> Self {
+        Self::resume(config, decoder, 0, std::iter::empty())
+    }
+
+    /// A follower restarting warm from a persisted cache: its watermark and the key and
+    /// seq of every entry it holds. It resumes from `watermark`+1 and catches up only the
+    /// delta.
+    pub fn resume(
+        config: FollowerConfig,
+        decoder: D,
+        watermark: u64,
+        keys: impl IntoIterator<Item = (String, u64)>,
+    ) -> Self {
+        let seed = config.seed_or_zero();
+        let mut index = KeyIndex::new(seed);
+        index.seqs.extend(keys);
+        let mut f = Follower {
+            rng: Rng::new(seed),
+            backoffs: Backoffs {
+                lookup: Backoff::new(config.lookup_backoff),
+                failure: Backoff::new(config.failure_backoff),
+                end: Backoff::new(config.end_backoff),
+            },
+            config,
+            decoder,
+            follow: Follow::Replay,
+            stage: Stage::Starting,
+            watermark,
+            index,
+            mark: Mark {
+                watermark,
+                ready: false,
+                checkpoint: None,
+            },
+            out: VecDeque::new(),
+            counters: Counters::default(),
+            next_token: 0,
+            feed: None,
+            request: None,
+            timers: Timers::default(),
+            held: VecDeque::new(),
+            rewake: false,
+            last_checkpoint: None,
+            opened_once: false,
+        };
+        f.send(Pending::Lookup);
+        f
+    }
+
+    /// A follower restarting warm from a cache of `held` keys at `watermark` whose seqs
+    /// it is not told up front (loading a million of them would cost more than the
+    /// delta). The driver must [`remember`](Self::remember) the cached seqs of the keys
+    /// of every entry or change before reporting it, and every cached key (then
+    /// [`index_complete`](Self::index_complete)) before reporting a snapshot;
+    /// [`needs_keys`](Self::needs_keys) says whether it still must.
+    pub fn resume_lazily(config: FollowerConfig, decoder: D, watermark: u64, held: usize) -> Self {
+        let mut f = Self::new(config, decoder);
+        f.start_from(watermark, held);
+        f
+    }
+
+    /// Makes a follower that has not yet been told anything a lazy warm start (see
+    /// [`resume_lazily`](Self::resume_lazily)): a driver that learns what its sink holds
+    /// only once it runs. Ignored once the follower has left [`Phase::Starting`] or knows
+    /// keys.
+    pub fn start_from(&mut self, watermark: u64, held: usize) {
+        if self.stage != Stage::Starting || self.watermark != 0 || self.index.len() != 0 {
+            return;
+        }
+        self.watermark = watermark;
+        self.mark.watermark = watermark;
+        self.index.unknown = held;
+    }
+
+    /// Sets how the follower follows its feed (default [`Follow::Replay`]). A driver
+    /// takes it from its feed; once a feed opens, the follower follows what the feed
+    /// declares ([`FeedInfo::follow`]) whatever it was told.
+    #[must_use]
+    pub fn following(mut self, follow: Follow) -> Self {
+        self.follow = follow;
+        self
+    }
+
+    // ---- getters ----
+
+    /// The applied watermark: every change up to this seq is reflected in the cache. The
+    /// cache may hold some later values too (from a marker's fetch, or announcements,
+    /// which move the watermark only through a reconcile); per-key seqs keep those from
+    /// ever being replaced by older ones.
+    #[must_use]
+    pub fn watermark(&self) -> u64 {
+        self.watermark
+    }
+
+    /// Whether the initial sync completed.
+    #[must_use]
+    pub fn is_ready(&self) -> bool {
+        matches!(self.stage, Stage::Live | Stage::Stopped { ready: true })
+    }
+
+    /// How the follower follows its feed.
+    #[must_use]
+    pub fn follow(&self) -> Follow {
+        self.follow
+    }
+
+    /// Where the follower is.
+    #[must_use]
+    pub fn phase(&self) -> Phase {
+        match self.stage {
+            Stage::Stopped { .. } => Phase::Stopped,
+            _ if self.timers.any() => Phase::BackingOff,
+            _ if matches!(self.request, Some((_, Pending::Snapshot))) => Phase::Resyncing,
+            Stage::Starting => Phase::Starting,
+            Stage::Syncing => Phase::Syncing,
+            Stage::Live => Phase::Live,
+        }
+    }
+
+    /// What it has done so far.
+    #[must_use]
+    pub fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// The seq of `key`'s value in the cache, if the follower knows the cache holds it.
+    #[must_use]
+    pub fn seq_of(&self, key: &str) -> Option<u64> {
+        self.index.get(key)
+    }
+
+    /// Whether the follower knows `key`'s state in the cache (always, unless it was
+    /// resumed lazily and not told yet).
+    #[must_use]
+    pub fn knows(&self, key: &str) -> bool {
+        self.index.unknown == 0 || self.index.seqs.contains_key(key)
+    }
+
+    /// Whether cached keys remain that the follower was not told about
+    /// ([`resume_lazily`](Self::resume_lazily)).
+    #[must_use]
+    pub fn needs_keys(&self) -> bool {
+        self.index.unknown > 0
+    }
+
+    /// How many keys the cache holds.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// Whether the cache is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.index.len() == 0
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn config(&self) -> &FollowerConfig {
+        &self.config
+    }
+
+    /// A snapshot for an operator.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        Status {
+            name: self.config.name.clone(),
+            phase: self.phase(),
+            watermark: self.watermark,
+            ready: self.is_ready(),
+            keys: self.index.len(),
+            counters: self.counters,
+            seed: self.config.seed_or_zero(),
+        }
+    }
+
+    // ---- mutators ----
+
+    /// Tells the follower the seqs at which its cache holds `keys` (a driver of a lazily
+    /// resumed follower, before it reports entries or changes for them). It keeps the
+    /// higher of what it knew and what it is told; the watermark does not move.
+    pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
+        for (key, seq) in keys {
+            self.index.learn(key, seq);
+        }
+    }
+
+    /// The driver told it every cached key: nothing is left unknown.
+    pub fn index_complete(&mut self) {
+        self.index.unknown = 0;
+    }
+
+    /// Records, from now on, what each batch changes, so that a failed batch can be
+    /// undone ([`Input::SinkFailed`]). A driver whose sink cannot fail need not.
+    pub fn track_commits(&mut self, on: bool) {
+        self.index.track(on);
+    }
+
+    /// The sink committed everything applied so far: a later [`Input::SinkFailed`] goes
+    /// back to this point, not before it.
+    pub fn commit(&mut self) {
+        self.index.commit();
+        self.mark = Mark {
+            watermark: self.watermark,
+            ready: self.is_ready(),
+            checkpoint: self.last_checkpoint,
+        };
+    }
+
+    // ---- poll_* ----
+
+    /// The next decision, if any.
+    #[must_use]
+    pub fn poll_output(&mut self) -> Option<Output<D::Value>> {
+        self.out.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) should next be called.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Time> {
+        self.timers.next().map(|(at, _)| at)
+    }
+
+    /// Why [`poll_timeout`](Self::poll_timeout) asks to be woken: the backoff its deadline
+    /// ends. `None` when no timeout is pending. For a driver's logs and an operator's
+    /// status.
+    #[must_use]
+    pub fn timeout_cause(&self) -> Option<Cause> {
+        self.timers.next().map(|(_, cause)| cause)
+    }
+
+    // ---- handle_* ----
+
+    /// Time passed: retries whose backoff is over happen now.
+    pub fn handle_timeout(&mut self, now: Time) {
+        if self.stopped() {
+            return;
+        }
+        // One request at a time: a retry waits for an answer still outstanding.
+        if self.request.is_none()
+            && let Some(request) = self.timers.take_due_retry(now)
+        {
+            self.send(request);
+        }
+        if self.timers.take_due_reopen(now) {
+            self.settle();
+        }
+    }
+
+    /// A fact happened at `now`.
+    pub fn handle_input(&mut self, input: Input, now: Time) {
+        if self.stopped() {
+            return;
+        }
+        match input {
+            Input::SourceFound { token } => {
+                if self.take_request(token, |r| matches!(r, Pending::Lookup)) {
+                    self.stage = Stage::Syncing;
+                    self.backoffs.lookup.reset();
+                    if self.follow.syncs_by_reconcile() {
+                        self.send(Pending::Reconcile);
+                    } else {
+                        self.maybe_open_feed();
+                    }
+                }
+            }
+            Input::FeedOpened { token, info } => self.on_feed_opened(token, info, now),
+            Input::Entry { token, entry } => self.on_feed_item(token, Held::Entry(entry)),
+            Input::Undecodable {
+                token,
+                position,
+                seq,
+                reason,
+            } => self.on_feed_item(
+                token,
+                Held::Undecodable {
+                    position,
+                    seq,
+                    reason,
+                },
+            ),
+            Input::FeedFailed { token, error } => {
+                if self.feed_is(token, false) {
+                    self.drop_feed();
+                    self.schedule_reopen(Cause::FeedFailed, error, now);
+                } else {
+                    self.counters.ignored += 1;
+                }
+            }
+            Input::FeedEnded { token } => {
+                if self.feed_is(token, false) {
+                    self.drop_feed();
+                    self.schedule_reopen(Cause::FeedEnded, "feed ended".into(), now);
+                } else {
+                    self.counters.ignored += 1;
+                }
+            }
+            Input::Changes {
+                token,
+                changes,
+                source_watermark,
+            } => {
+                if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
+                    self.backoffs.failure.healthy(now);
+                    self.on_changes(changes, source_watermark);
+                }
+            }
+            Input::ChangesUnavailable {
+                token,
+                first_available,
+            } => {
+                if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
+                    let wanted = self.watermark + 1;
+                    self.diag(Diagnostic::Compacted {
+                        wanted,
+                        first_available,
+                    });
+                    self.resync();
+                }
+            }
+            Input::Snapshot {
+                token,
+                entries,
+                source_watermark,
+            } => {
+                if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
+                    self.backoffs.failure.healthy(now);
+                    self.on_snapshot(entries, source_watermark);
+                }
+            }
+            Input::Fetched { token, value } => {
+                if let Some((_, Pending::Fetch { key, seq, position })) = self
+                    .request
+                    .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
+                {
+                    self.backoffs.failure.healthy(now);
+                    self.on_fetched(key, seq, position, value);
+                } else {
+                    self.counters.ignored += 1;
+                }
+            }
+            Input::RequestFailed { token, error } => {
+                if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
+                    let cause = match request {
+                        Pending::Lookup => Cause::Lookup,
+                        _ => Cause::RequestFailed,
+                    };
+                    self.schedule_retry(request, cause, error, now);
+                } else {
+                    self.counters.ignored += 1;
+                }
+            }
+            Input::Wake => {
+                if self.stage == Stage::Starting
+                    || matches!(self.request, Some((_, Pending::Snapshot | Pending::Lookup)))
+                {
+                    // The coming sync or resync reads the source anyway.
+                } else if self.busy() {
+                    // A wake during a catch-up must cause another, or a commit that landed
+                    // after the source was read would wait for the next wake.
+                    self.rewake = true;
+                } else {
+                    self.send(Pending::Reconcile);
+                }
+            }
+            Input::Reconnected => {
+                self.timers.expedite(now);
+                self.handle_timeout(now);
+            }
+            Input::SinkFailed { error } => self.rewind(error, now),
+            Input::Stop => {
+                if let Some(feed) = self.feed.take() {
+                    self.request_out(Request::CloseFeed { token: feed.token });
+                }
+                self.request = None;
+                self.timers.clear();
+                self.held.clear();
+                self.stage = Stage::Stopped {
+                    ready: self.is_ready(),
+                };
+                self.out.push_back(Output::Notice(Notice::Stopped));
+            }
+        }
+    }
+
+    // ---- internals: requests, the feed, timers ----
+
+    fn stopped(&self) -> bool {
+        matches!(self.stage, Stage::Stopped { .. })
+    }
+
+    /// A request is outstanding or waits to be retried: feed items are held, and no
+    /// other request is sent.
+    fn busy(&self) -> bool {
+        self.request.is_some() || self.timers.retry_pending()
+    }
+
+    fn token(&mut self) -> Token {
+        self.next_token += 1;
+        Token(self.next_token)
+    }
+
+    fn diag(&mut self, d: Diagnostic) {
+        self.out.push_back(Output::Diagnostic(d));
+    }
+
+    fn request_out(&mut self, r: Request) {
+        self.out.push_back(Output::Request(r));
+    }
+
+    fn notice(&mut self, n: Notice) {
+        self.out.push_back(Output::Notice(n));
+    }
+
+    fn send(&mut self, request: Pending) {
+        let token = self.token();
+        let output = match &request {
+            Pending::Lookup => Request::LookupSource { token },
+            Pending::Reconcile => Request::Reconcile {
+                token,
+                since: self.watermark,
+            },
+            Pending::Snapshot => Request::Snapshot { token },
+            Pending::Fetch { key, seq, .. } => Request::Fetch {
+                token,
+                key: key.clone(),
+                seq: *seq,
+            },
+        };
+        self.request = Some((token, request));
+        self.request_out(output);
+    }
+
+    /// Takes the outstanding request if `token` and `kind` match it; counts it ignored
+    /// otherwise.
+    fn take_request(&mut self, token: Token, kind: impl Fn(&Pending) -> bool) -> bool {
+        if self
+            .request
+            .take_if(|(t, r)| *t == token && kind(r))
+            .is_some()
+        {
+            true
+        } else {
+            self.counters.ignored += 1;
+            false
+        }
+    }
+
+    /// What follows a finished request: held feed items, a pending wake, then the feed.
+    fn settle(&mut self) {
+        while !self.busy()
+            && !self.stopped()
+            && let Some(item) = self.held.pop_front()
+        {
+            self.on_item(item);
+        }
+        if self.stopped() || self.busy() {
+            return;
+        }
+        if self.rewake {
+            self.rewake = false;
+            self.send(Pending::Reconcile);
+            return;
+        }
+        self.maybe_open_feed();
+    }
+}

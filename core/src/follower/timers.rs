@@ -1,0 +1,174 @@
+//! The follower's timers, keyed by what they end: a reopen of the feed, or the retry of a
+//! request that failed (at most one of each is pending), how they are scheduled from the
+//! backoffs, and the rewind after a failed sink that schedules the next attempt.
+
+use super::{Follower, Stage};
+use crate::decode::Decode;
+use crate::follower::io::Request;
+use crate::follower::status::{Cause, Diagnostic};
+use crate::time::Time;
+
+/// A request the follower has in flight or will retry.
+#[derive(Clone, Debug)]
+pub(super) enum Pending {
+    Lookup,
+    Reconcile,
+    Snapshot,
+    Fetch {
+        key: String,
+        seq: u64,
+        position: u64,
+    },
+}
+
+#[derive(Debug, Default)]
+pub(super) struct Timers {
+    /// When to reopen the feed, and which backoff that ends.
+    reopen: Option<(Time, Cause)>,
+    /// When to send a request again, and which backoff that ends.
+    retry: Option<(Time, Pending, Cause)>,
+}
+
+impl Timers {
+    pub(super) fn reopen_at(&mut self, at: Time, cause: Cause) {
+        self.reopen = Some((at, cause));
+    }
+
+    pub(super) fn retry_at(&mut self, at: Time, request: Pending, cause: Cause) {
+        self.retry = Some((at, request, cause));
+    }
+
+    /// The earliest deadline and the backoff it ends.
+    pub(super) fn next(&self) -> Option<(Time, Cause)> {
+        let retry = self.retry.as_ref().map(|(at, _, cause)| (*at, *cause));
+        match (self.reopen, retry) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(super) fn any(&self) -> bool {
+        self.reopen.is_some() || self.retry.is_some()
+    }
+
+    pub(super) fn retry_pending(&self) -> bool {
+        self.retry.is_some()
+    }
+
+    pub(super) fn reopen_pending(&self) -> bool {
+        self.reopen.is_some()
+    }
+
+    /// The request whose retry is due at `now`.
+    pub(super) fn take_due_retry(&mut self, now: Time) -> Option<Pending> {
+        if self.retry.as_ref().is_some_and(|(at, _, _)| *at <= now) {
+            self.retry.take().map(|(_, request, _)| request)
+        } else {
+            None
+        }
+    }
+
+    /// Whether the reopen is due at `now` (and clears it).
+    pub(super) fn take_due_reopen(&mut self, now: Time) -> bool {
+        if self.reopen.is_some_and(|(at, _)| at <= now) {
+            self.reopen = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Brings every deadline forward to `now`: the path to the source is back.
+    pub(super) fn expedite(&mut self, now: Time) {
+        if let Some((at, _)) = &mut self.reopen {
+            *at = (*at).min(now);
+        }
+        if let Some((at, _, _)) = &mut self.retry {
+            *at = (*at).min(now);
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        *self = Timers::default();
+    }
+}
+
+impl<D: Decode> Follower<D> {
+    pub(super) fn schedule_retry(
+        &mut self,
+        request: Pending,
+        cause: Cause,
+        error: String,
+        now: Time,
+    ) {
+        let backoff = match cause {
+            Cause::Lookup => &mut self.backoffs.lookup,
+            _ => &mut self.backoffs.failure,
+        };
+        let delay = backoff.next_delay(now, &mut self.rng);
+        let attempt = backoff.attempt();
+        self.timers
+            .retry_at(now.saturating_add(delay), request, cause);
+        self.diag(Diagnostic::BackingOff {
+            cause,
+            attempt,
+            delay,
+            error,
+        });
+    }
+
+    pub(super) fn schedule_reopen(&mut self, cause: Cause, error: String, now: Time) {
+        let backoff = match cause {
+            Cause::FeedEnded => &mut self.backoffs.end,
+            _ => &mut self.backoffs.failure,
+        };
+        let delay = backoff.next_delay(now, &mut self.rng);
+        let attempt = backoff.attempt();
+        self.timers.reopen_at(now.saturating_add(delay), cause);
+        self.diag(Diagnostic::BackingOff {
+            cause,
+            attempt,
+            delay,
+            error,
+        });
+    }
+
+    /// The sink failed: go back to what it last committed and decide everything since
+    /// again, after the failure backoff.
+    pub(super) fn rewind(&mut self, error: String, now: Time) {
+        self.counters.rewinds += 1;
+        // Whatever was still to be carried out belongs to the batch that failed.
+        self.out.clear();
+        if let Some(feed) = self.feed.take() {
+            self.request_out(Request::CloseFeed { token: feed.token });
+        }
+        self.request = None;
+        self.timers.clear();
+        self.held.clear();
+        self.rewake = false;
+        let exact = self.index.rewind();
+        self.watermark = self.mark.watermark;
+        self.last_checkpoint = self.mark.checkpoint;
+        if self.stage == Stage::Live && !self.mark.ready {
+            self.stage = Stage::Syncing;
+        }
+        let watermark = self.watermark;
+        self.diag(Diagnostic::Rewound {
+            watermark,
+            error: error.clone(),
+        });
+        if self.stage == Stage::Starting {
+            self.schedule_retry(Pending::Lookup, Cause::SinkFailed, error, now);
+        } else if !exact {
+            // What the failed batch changed was not recorded: forget every seq and let a
+            // snapshot replace the cache.
+            self.index.forget_seqs();
+            self.counters.resyncs += 1;
+            self.schedule_retry(Pending::Snapshot, Cause::SinkFailed, error, now);
+        } else if self.follow.syncs_by_reconcile() {
+            self.schedule_retry(Pending::Reconcile, Cause::SinkFailed, error, now);
+        } else {
+            self.schedule_reopen(Cause::SinkFailed, error, now);
+        }
+    }
+}

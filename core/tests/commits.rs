@@ -1,0 +1,165 @@
+//! Durable sinks: a failed batch takes the follower back to the last commit; a lazily
+//! resumed follower learns its cached keys as it needs them.
+
+mod common;
+
+use common::*;
+use tidemark_core::*;
+
+fn committing() -> H {
+    let mut h = H::new();
+    h.f.track_commits(true);
+    h
+}
+
+/// SPEC §13: what a sink lost is decided again, not skipped as "at or below the
+/// watermark".
+#[test]
+fn a_failed_batch_is_decided_again_from_the_last_commit() {
+    let mut h = committing();
+    h.open(FeedInfo::change_log(1, 2));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    h.f.commit();
+    // The next batch: a put, an overwrite and a removal, then the sink fails.
+    h.put(3, "c", "3");
+    h.put(4, "a", "4");
+    h.entry(Entry::delete(5, "b"));
+    assert_eq!(h.f.watermark(), 5);
+    let outs = h.input(Input::SinkFailed {
+        error: "disk full".into(),
+    });
+    assert!(diagnostics(&outs).contains(&Diagnostic::Rewound {
+        watermark: 2,
+        error: "disk full".into()
+    }));
+    assert_eq!(h.f.watermark(), 2, "back to the last commit");
+    assert_eq!(h.f.seq_of("a"), Some(1));
+    assert_eq!(h.f.seq_of("b"), Some(2), "the removal is undone");
+    assert_eq!(h.f.seq_of("c"), None);
+    assert_eq!(h.f.counters().rewinds, 1);
+    assert!(h.f.is_ready(), "readiness reached before the commit stays");
+    let outs = h.run_to_timeout();
+    assert_eq!(
+        opened_from(&outs),
+        Some(3),
+        "the feed reopens after the commit"
+    );
+    h.reopen(FeedInfo::change_log(1, 5));
+    let mut outs = h.put(3, "c", "3");
+    outs.extend(h.put(4, "a", "4"));
+    outs.extend(h.entry(Entry::delete(5, "b")));
+    assert_eq!(
+        puts(&outs),
+        [("c".into(), 3, "3".into()), ("a".into(), 4, "4".into())],
+        "nothing is skipped as stale"
+    );
+    assert_eq!(removes(&outs), [("b".into(), 5)]);
+}
+
+#[test]
+fn readiness_that_was_not_committed_is_taken_back_and_given_again() {
+    let mut h = committing();
+    h.open(FeedInfo::change_log(1, 1));
+    let outs = h.put(1, "a", "1");
+    assert!(is_ready(&outs));
+    h.input(Input::SinkFailed {
+        error: "busy".into(),
+    });
+    assert!(!h.f.is_ready());
+    h.run_to_timeout();
+    h.reopen(FeedInfo::change_log(1, 1));
+    let outs = h.put(1, "a", "1");
+    assert!(
+        is_ready(&outs),
+        "ready again once the sink holds it: {outs:?}"
+    );
+}
+
+#[test]
+fn a_rewind_reopens_a_durable_cursor_after_its_last_committed_checkpoint() {
+    let mut h = committing();
+    h.open(FeedInfo::change_log(1, 0).with_checkpoints());
+    h.put(1, "a", "1");
+    h.f.commit();
+    h.put(2, "b", "2");
+    h.input(Input::SinkFailed { error: "x".into() });
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter().any(|o| matches!(
+            o,
+            Output::Request(Request::OpenFeed {
+                from: 2,
+                after_position: Some(1),
+                ..
+            })
+        )),
+        "the cursor saved after the commit is where the feed resumes: {outs:?}"
+    );
+}
+
+#[test]
+fn a_wake_only_follower_reconciles_again_after_a_failed_batch() {
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::WakeOnly));
+    h.f.track_commits(true);
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(1, "a", "1")],
+        source_watermark: 1,
+    });
+    h.input(Input::SinkFailed { error: "x".into() });
+    assert_eq!(h.f.watermark(), 0);
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { since: 0, .. }))),
+        "{outs:?}"
+    );
+}
+
+/// Without recorded steps the follower cannot know what the sink lost: it forgets every
+/// seq and lets a snapshot replace the cache.
+#[test]
+fn a_failed_batch_without_tracking_resyncs_from_a_snapshot() {
+    let mut h = H::new();
+    h.open(FeedInfo::change_log(1, 2));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    h.input(Input::SinkFailed { error: "x".into() });
+    let outs = h.run_to_timeout();
+    let token = h.request.unwrap();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
+    );
+    let outs = h.input(Input::Snapshot {
+        token,
+        entries: vec![Entry::put(2, "b", "2")],
+        source_watermark: 2,
+    });
+    assert_eq!(puts(&outs), [("b".into(), 2, "2".into())], "re-applied");
+    assert_eq!(removes(&outs), [("a".into(), 2)], "gone from the source");
+}
+
+/// A warm start over a large persisted cache: the follower knows how many keys the sink
+/// holds, learns their seqs only as entries name them, and counts them all.
+#[test]
+fn a_lazily_resumed_follower_counts_what_it_was_not_told_and_learns_as_it_goes() {
+    let f = Follower::resume_lazily(config().build().unwrap(), Utf8, 10, 1000);
+    let mut h = H::with(f);
+    assert_eq!(h.f.len(), 1000);
+    assert!(h.f.needs_keys());
+    assert!(!h.f.knows("k1"));
+    h.f.remember([("k1".to_owned(), 7)]);
+    assert_eq!(h.f.len(), 1000, "a learnt key was already counted");
+    assert!(h.f.knows("k1"));
+    let outs = h.open(FeedInfo::kv(1, 11));
+    assert_eq!(opened_from(&outs), Some(11));
+    let outs = h.entry(Entry::delete(11, "k1"));
+    assert_eq!(removes(&outs), [("k1".into(), 11)]);
+    assert_eq!(h.f.len(), 999);
+    h.f.index_complete();
+    assert!(!h.f.needs_keys());
+}

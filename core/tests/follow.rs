@@ -1,0 +1,255 @@
+//! How a follower follows is the feed's to say; holding items while a request is out;
+//! a reconnect ends the backoff; a poison entry at the head of a change log.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tidemark_core::*;
+
+// ---- SPEC §13: the mode follows the feed ----
+
+/// The reproduction of the review: a follower left in the default (replay) mode over an
+/// announcements stream took the stream's head for the source's, resynced on every
+/// reopen, and dropped announcements that came out of order.
+#[test]
+fn a_replay_follower_given_an_announcements_feed_follows_it_as_announcements() {
+    let mut h = H::new();
+    let outs = h.open(FeedInfo::announcements(5));
+    assert!(
+        diagnostics(&outs).contains(&Diagnostic::FollowChanged {
+            from: Follow::Replay,
+            to: Follow::Announcements
+        }),
+        "the feed's way of following wins: {outs:?}"
+    );
+    assert_eq!(h.f.follow(), Follow::Announcements);
+    // It reads the source before it calls itself ready, as an announcements follower does.
+    let token = h.request.expect("a reconcile was asked for");
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { .. })))
+    );
+    let outs = h.input(Input::Changes {
+        token,
+        changes: vec![Entry::put(5, "a", "5")],
+        source_watermark: 5,
+    });
+    assert!(is_ready(&outs));
+    h.put(7, "b", "7");
+    let outs = h.put(6, "c", "6");
+    assert_eq!(
+        puts(&outs),
+        [("c".into(), 6, "6".into())],
+        "an announcement that came out of order is still applied"
+    );
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "gone".into(),
+    });
+    let outs = h.run_to_timeout();
+    assert_eq!(opened_from(&outs), Some(6), "reopens from watermark+1");
+    let outs = h.reopen(FeedInfo::announcements(0));
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "a stream's own head below the watermark is no reason to resync: {outs:?}"
+    );
+    assert_eq!(h.f.counters().resyncs, 0);
+}
+
+#[test]
+fn a_feed_that_says_replay_is_replayed_even_by_a_follower_told_otherwise() {
+    let config = config().build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 0,
+    });
+    let outs = h.reopen(FeedInfo::change_log(1, 2));
+    assert!(diagnostics(&outs).contains(&Diagnostic::FollowChanged {
+        from: Follow::Announcements,
+        to: Follow::Replay
+    }));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    assert_eq!(
+        h.f.watermark(),
+        2,
+        "a change log's entries move the watermark"
+    );
+}
+
+// ---- Issue: a poison entry at the head of a gapless feed ----
+
+#[test]
+fn an_undecodable_entry_at_the_head_of_a_change_log_still_makes_the_follower_ready() {
+    let mut h = H::new();
+    h.open(FeedInfo::change_log(1, 2));
+    h.put(1, "a", "1");
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::Undecodable {
+        token,
+        position: 2,
+        seq: Some(2),
+        reason: "key is not UTF-8".into(),
+    });
+    assert!(
+        is_ready(&outs),
+        "the skipped head completes the sync: {outs:?}"
+    );
+    assert_eq!(h.f.watermark(), 2);
+    assert_eq!(h.f.counters().invalid, 1);
+}
+
+#[test]
+fn an_undecodable_entry_past_a_gap_on_a_change_log_reconciles_first() {
+    let mut h = H::new();
+    h.open(FeedInfo::change_log(1, 5));
+    h.put(1, "a", "1");
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::Undecodable {
+        token,
+        position: 4,
+        seq: Some(4),
+        reason: "junk".into(),
+    });
+    assert!(diagnostics(&outs).contains(&Diagnostic::Gap {
+        expected: 2,
+        got: 4
+    }));
+    assert_eq!(h.f.watermark(), 1, "nothing is skipped over a gap");
+}
+
+// ---- Issue: one request at a time ----
+
+/// A marker's fetch failed and waits for its retry; a second marker arrives meanwhile.
+/// Before, the second fetch went out at once and the retry then replaced it in flight:
+/// the second marker's answer was ignored and the marker lost.
+#[test]
+fn a_marker_that_arrives_while_a_fetch_waits_for_its_retry_is_not_lost() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, 0));
+    let feed = h.feed.unwrap();
+    h.input(Input::Entry {
+        token: feed,
+        entry: Entry::mutation(1, "a"),
+    });
+    let first = h.request.unwrap();
+    h.input(Input::RequestFailed {
+        token: first,
+        error: "timeout".into(),
+    });
+    let outs = h.input(Input::Entry {
+        token: feed,
+        entry: Entry::mutation(2, "b"),
+    });
+    assert!(
+        !outs.iter().any(|o| matches!(o, Output::Request(_))),
+        "nothing is sent while a retry is pending: {outs:?}"
+    );
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Fetch { key, .. }) if key == "a"))
+    );
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((1, b"A".to_vec())),
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Fetch { key, .. }) if key == "b")),
+        "the held marker is fetched next: {outs:?}"
+    );
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((2, b"B".to_vec())),
+    });
+    assert_eq!(puts(&outs), [("b".into(), 2, "B".into())]);
+    assert_eq!(h.f.watermark(), 2);
+}
+
+#[test]
+fn feed_items_wait_behind_a_reconcile_and_are_applied_after_it() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, 0));
+    h.input(Input::Wake);
+    let reconcile = h.request.unwrap();
+    let outs = h.put(3, "a", "3");
+    assert!(puts(&outs).is_empty(), "held while the reconcile is out");
+    let outs = h.input(Input::Changes {
+        token: reconcile,
+        changes: vec![Entry::put(1, "x", "1")],
+        source_watermark: 1,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("x".into(), 1, "1".into()), ("a".into(), 3, "3".into())],
+        "the reconcile's answer is not replaced, and the held entry follows it"
+    );
+}
+
+// ---- SPEC §15: a reconnect ends the backoff ----
+
+#[test]
+fn a_reconnect_ends_the_backoff_at_once_and_keeps_its_attempt_count() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, 0));
+    for _ in 0..6 {
+        let token = h.feed.unwrap();
+        h.input(Input::FeedFailed {
+            token,
+            error: "down".into(),
+        });
+        h.run_to_timeout();
+    }
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::FeedFailed {
+        token,
+        error: "down".into(),
+    });
+    let Some(Diagnostic::BackingOff { delay, attempt, .. }) = diagnostics(&outs).pop() else {
+        panic!("backs off: {outs:?}");
+    };
+    assert!(
+        delay >= Duration::from_secs(10),
+        "the backoff grew: {delay:?}"
+    );
+    let outs = h.input(Input::Reconnected);
+    assert_eq!(
+        opened_from(&outs),
+        Some(1),
+        "the feed reopens now, not in {delay:?}"
+    );
+    assert_eq!(h.f.poll_timeout(), None);
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::FeedFailed {
+        token,
+        error: "still down".into(),
+    });
+    let Some(Diagnostic::BackingOff { attempt: next, .. }) = diagnostics(&outs).pop() else {
+        panic!("backs off again: {outs:?}");
+    };
+    assert_eq!(next, attempt + 1, "a source still away is not hammered");
+}
+
+#[test]
+fn a_reconnect_with_nothing_waiting_decides_nothing() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, 0));
+    assert!(h.input(Input::Reconnected).is_empty());
+}
+
+// ---- SPEC §15: the seed is visible ----
+
+#[test]
+fn the_status_shows_the_seed_that_drives_the_jitter() {
+    let f = Follower::new(config().seed(42).build().unwrap(), Utf8);
+    assert_eq!(f.status().seed, 42);
+}
