@@ -49,7 +49,7 @@ mod sink;
 mod supervisor;
 mod worker;
 
-pub use announce::{AnnouncingRegistry, Written};
+pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
 pub use error::{Error, Result, check_key, check_value};
