@@ -112,13 +112,7 @@ impl MemoryOutbox {
 impl Outbox for MemoryOutbox {
     type Watch = MemoryOutboxWatch;
 
-    async fn claim(
-        &self,
-        owner: &str,
-        after: u64,
-        max: usize,
-        lease: Duration,
-    ) -> Result<Claimed> {
+    async fn claim(&self, owner: &str, after: u64, max: usize, lease: Duration) -> Result<Claimed> {
         self.inner.faults.check(Port::Outbox)?;
         let now = Instant::now();
         let until = now + lease;
@@ -151,7 +145,11 @@ impl Outbox for MemoryOutbox {
                 let Some(slot) = s.pending.get_mut(&update.id) else {
                     continue;
                 };
-                if slot.claim.as_ref().is_none_or(|(holder, _)| holder != owner) {
+                if slot
+                    .claim
+                    .as_ref()
+                    .is_none_or(|(holder, _)| holder != owner)
+                {
                     continue;
                 }
                 let landed = &mut slot.row.landed;

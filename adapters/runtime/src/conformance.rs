@@ -21,9 +21,8 @@ use std::time::Duration;
 use tidemark_core::{AnnounceReport, Entry, Event, Job, JobId, Op, Schedule};
 
 use crate::ports::{
-    Changes, Cursors, Feed, FeedItem, FeedStream, JobState, Lock, Outbox, OutboxRow,
-    OutboxUpdate, OutboxWatch, Publish, Queue, Received, ScheduleStore, Source, Wake,
-    WakeListener,
+    Changes, Cursors, Feed, FeedItem, FeedStream, JobState, Lock, Outbox, OutboxRow, OutboxUpdate,
+    OutboxWatch, Publish, Queue, Received, ScheduleStore, Source, Wake, WakeListener,
 };
 
 async fn next_item<S: FeedStream>(stream: &mut S) -> FeedItem {
@@ -479,14 +478,14 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
             .is_ok(),
         "an announced write must wake a waiting relay"
     );
-    assert_eq!(
-        o.pending().await.unwrap(),
-        3,
-        "one row per announced write"
-    );
+    assert_eq!(o.pending().await.unwrap(), 3, "one row per announced write");
 
     let a = o.claim("a", 0, 2, HOUR).await.unwrap().rows;
-    assert_eq!(seqs(&a), vec![s1, s2], "claims go in outbox order, at most max");
+    assert_eq!(
+        seqs(&a),
+        vec![s1, s2],
+        "claims go in outbox order, at most max"
+    );
     assert!(a[0].id < a[1].id);
     assert_eq!(a[0].plan.key, "k1");
     assert_eq!(Event::decode(&a[0].plan.payload).unwrap().seq(), s1);
@@ -498,7 +497,9 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         vec![s3],
         "rows another owner holds are not handed out: each row has one relay"
     );
-    let held = b.held_by_others.expect("a's rows are held by another owner");
+    let held = b
+        .held_by_others
+        .expect("a's rows are held by another owner");
     assert!(
         held > Duration::ZERO && held <= HOUR,
         "held_by_others is the time left on a's lease: {held:?}"
@@ -524,7 +525,9 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         done,
     };
     assert_eq!(
-        o.complete("b", vec![update(&a[0], all, true)]).await.unwrap(),
+        o.complete("b", vec![update(&a[0], all, true)])
+            .await
+            .unwrap(),
         0,
         "a relay cannot complete a row it does not hold"
     );
@@ -532,13 +535,20 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     assert_eq!(
         o.complete(
             "a",
-            vec![update(&a[0], all, true), update(&a[1], only_published, false)]
+            vec![
+                update(&a[0], all, true),
+                update(&a[1], only_published, false)
+            ]
         )
         .await
         .unwrap(),
         2
     );
-    assert_eq!(o.pending().await.unwrap(), 2, "a done row is no longer pending");
+    assert_eq!(
+        o.pending().await.unwrap(),
+        2,
+        "a done row is no longer pending"
+    );
 
     let b = o.claim("b", 0, 10, HOUR).await.unwrap().rows;
     assert_eq!(
@@ -557,7 +567,10 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     );
 
     // b renews its claim with the short lease, then "crashes".
-    assert_eq!(seqs(&o.claim("b", 0, 10, lease).await.unwrap().rows), vec![s2, s3]);
+    assert_eq!(
+        seqs(&o.claim("b", 0, 10, lease).await.unwrap().rows),
+        vec![s2, s3]
+    );
     let c = o.claim("c", 0, 10, HOUR).await.unwrap();
     assert!(c.rows.is_empty(), "b's live lease keeps its rows from c");
     assert!(
@@ -573,14 +586,19 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         "an expired claim is taken over: a crashed relay's rows still go out"
     );
     assert_eq!(
-        o.complete("b", vec![update(&c[1], all, true)]).await.unwrap(),
+        o.complete("b", vec![update(&c[1], all, true)])
+            .await
+            .unwrap(),
         0,
         "a relay whose claim was taken over changes nothing"
     );
     assert_eq!(
-        o.complete("c", vec![update(&c[0], all, true), update(&c[1], all, true)])
-            .await
-            .unwrap(),
+        o.complete(
+            "c",
+            vec![update(&c[0], all, true), update(&c[1], all, true)]
+        )
+        .await
+        .unwrap(),
         2
     );
     assert_eq!(o.pending().await.unwrap(), 0);

@@ -184,7 +184,8 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
                 let landed = self.announcer.run_legs(row.seq, &row.plan, before).await;
                 report.published += u64::from(landed.published && !before.published);
                 report.notified += u64::from(landed.notified && !before.notified);
-                report.enqueued += u64::from(landed.enqueued.is_some() && before.enqueued.is_none());
+                report.enqueued +=
+                    u64::from(landed.enqueued.is_some() && before.enqueued.is_none());
                 let missing = landed.missing(&row.plan);
                 report.failures += u64::from(missing);
                 report.done += u64::from(missing == 0);
