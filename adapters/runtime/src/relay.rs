@@ -42,7 +42,8 @@ pub struct RelayReport {
 /// Relays an [`Outbox`] into the announce legs, at least once per leg.
 ///
 /// Each pass claims rows in id order (a batch at a time, under a lease, so relays in
-/// several processes on one store never hold one row at once), runs each row's legs that
+/// several processes on one store never hold one row at once; rows a batch has not
+/// reached by half the lease are released and claimed afresh), runs each row's legs that
 /// have not landed yet through the [`Announcer`] — the same function, with the same
 /// fail-soft rule, as the [`AnnouncingRegistry`](crate::AnnouncingRegistry): a failing leg
 /// affects no other leg of the row and no other row — then records what landed. A row is
@@ -165,22 +166,34 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
         let failures = report.failures;
         let mut after = 0;
         loop {
+            let claimed_at = tokio::time::Instant::now();
             let claimed = self
                 .outbox
                 .claim(&self.owner, after, self.batch, self.lease)
                 .await?;
-            let Some(last) = claimed.rows.last() else {
+            if claimed.rows.is_empty() {
                 return Ok(Pass {
                     failed: report.failures > failures,
                     held_by_others: claimed.held_by_others,
                 });
-            };
-            after = last.id;
-            let full = claimed.rows.len() >= self.batch;
+            }
+            let mut full = claimed.rows.len() >= self.batch;
             let held_by_others = claimed.held_by_others;
             let mut updates = Vec::with_capacity(claimed.rows.len());
-            for row in claimed.rows {
+            for (i, row) in claimed.rows.into_iter().enumerate() {
                 let before = row.landed;
+                // Legs that would run into the lease's second half are left for a fresh
+                // claim: past the lease another relay may take the rows and run them too.
+                if i > 0 && claimed_at.elapsed() >= self.lease / 2 {
+                    updates.push(OutboxUpdate {
+                        id: row.id,
+                        landed: before,
+                        done: false,
+                    });
+                    full = true;
+                    continue;
+                }
+                after = row.id;
                 let landed = self.announcer.run_legs(row.seq, &row.plan, before).await;
                 report.published += u64::from(landed.published && !before.published);
                 report.notified += u64::from(landed.notified && !before.notified);

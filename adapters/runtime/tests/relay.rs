@@ -193,3 +193,57 @@ async fn a_spawned_relay_relays_every_write_until_stopped() {
     assert_eq!((report.failures, report.lost), (0, 0));
     assert_eq!(m.outbox.pending().await.unwrap(), 0);
 }
+
+/// The events stream, where each publish takes a second.
+#[derive(Clone, Debug)]
+struct Slow(MemoryEvents);
+
+impl Publish for Slow {
+    async fn publish(&self, key: &str, payload: Vec<u8>) -> tidemark::Result<u64> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.publish(key, payload).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_slower_than_the_lease_is_not_taken_over_midway() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..6 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    // Six one-second publishes under a three-second lease: one relay alone would still be
+    // publishing when its first claim ran out, and the other would take the rest over.
+    let lease = Duration::from_secs(3);
+    let a = relay_with(&m, Slow(m.events.clone()), "a")
+        .with_lease(lease)
+        .spawn();
+    let b = relay_with(&m, Slow(m.events.clone()), "b")
+        .with_lease(lease)
+        .spawn();
+    until("every row is done", || {
+        m.outbox.rows().iter().all(|(_, done)| *done)
+    })
+    .await;
+    let ra = a.stop_within(Duration::from_secs(5)).await.unwrap();
+    let rb = b.stop_within(Duration::from_secs(5)).await.unwrap();
+    let mut seqs: Vec<u64> = m
+        .events
+        .records()
+        .iter()
+        .map(|r| {
+            tidemark::tidemark_core::Event::decode(&r.payload)
+                .unwrap()
+                .seq()
+        })
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        vec![1, 2, 3, 4, 5, 6],
+        "a relay releases the rows it cannot reach within its lease instead of letting \
+         another relay take them while it is still working: each row is published once"
+    );
+    assert_eq!((ra.lost, rb.lost), (0, 0), "no claim was taken over");
+    assert_eq!(ra.published + rb.published, 6);
+}
