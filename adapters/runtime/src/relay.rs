@@ -294,10 +294,12 @@ where
         let shutdown = Shutdown::new();
         let stop = shutdown.signal();
         let owner = self.owner.clone();
+        let seed = self.seed;
         let span = tracing::info_span!("relay", owner = %owner);
         let task = tokio::spawn(async move { self.run(stop).await }.instrument(span));
         RelayHandle {
             owner,
+            seed,
             shutdown,
             task,
         }
@@ -308,6 +310,7 @@ where
 #[derive(Debug)]
 pub struct RelayHandle {
     owner: String,
+    seed: u64,
     shutdown: Shutdown,
     task: JoinHandle<Result<RelayReport>>,
 }
@@ -317,6 +320,12 @@ impl RelayHandle {
     #[must_use]
     pub fn owner(&self) -> &str {
         &self.owner
+    }
+
+    /// The seed of its backoff jitter, so a run can be replayed.
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
     }
 
     /// Asks it to stop (after the batch in hand).

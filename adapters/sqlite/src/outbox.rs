@@ -113,14 +113,18 @@ impl Outbox for SqliteOutbox {
                     rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)?
                 };
                 rows.sort_by_key(|row| row.id);
-                let held_until: Option<i64> = tx
-                    .prepare_cached(
+                // Only the claim that ends a pass needs it: a full batch skips the scan.
+                let held_until: Option<i64> = if (rows.len() as u64) < to_u64(max) {
+                    tx.prepare_cached(
                         "SELECT min(claim_until) FROM outbox
                          WHERE done = 0 AND claimed_by IS NOT NULL AND claimed_by <> ?1
                            AND claim_until > ?2",
                     )
                     .and_then(|mut s| s.query_row(params![owner, now], |r| r.get(0)))
-                    .map_err(sql)?;
+                    .map_err(sql)?
+                } else {
+                    None
+                };
                 tx.commit().map_err(sql)?;
                 Ok(Claimed {
                     rows,

@@ -38,8 +38,10 @@ pub struct Claimed {
     /// The rows now claimed for the caller, in id order.
     pub rows: Vec<OutboxRow>,
     /// How long until the first pending row held by another owner's lease becomes
-    /// claimable (`None`: no other owner holds one). A relay whose peer crashed after a
-    /// claim wakes then to take the rows over: nothing commits when a lease runs out.
+    /// claimable (`None`: no other owner holds one; a claim that got `max` rows may also
+    /// leave it `None`, as the relay claims again anyway). A relay whose peer crashed
+    /// after a claim wakes then to take the rows over: nothing commits when a lease runs
+    /// out.
     pub held_by_others: Option<Duration>,
 }
 
