@@ -79,6 +79,15 @@ impl AnnounceReport {
             && (!plan.notify || self.notified)
             && (plan.job.is_none() || self.enqueued.is_some())
     }
+
+    /// How many legs of `plan` have not landed: a driver's failure count for a run, and
+    /// what a retry still has to do.
+    #[must_use]
+    pub fn missing(&self, plan: &AnnouncePlan) -> u32 {
+        u32::from(plan.publish && !self.published)
+            + u32::from(plan.notify && !self.notified)
+            + u32::from(plan.job.is_some() && self.enqueued.is_none())
+    }
 }
 
 #[cfg(test)]
@@ -157,5 +166,7 @@ mod tests {
         };
         assert!(!partial.is_complete(&plan));
         assert!(!AnnounceReport::default().is_complete(&plan));
+        assert_eq!(partial.missing(&plan), 1, "only the wake leg is missing");
+        assert_eq!(AnnounceReport::default().missing(&plan), 3);
     }
 }

@@ -30,6 +30,8 @@ pub enum Port {
     Lock,
     /// Every schedule store call.
     Schedule,
+    /// Every outbox call (claim, complete, pending); not the rows a source appends.
+    Outbox,
 }
 
 impl Port {
@@ -45,6 +47,7 @@ impl Port {
             Port::Queue => "queue",
             Port::Lock => "lock",
             Port::Schedule => "schedule",
+            Port::Outbox => "outbox",
         }
     }
 }

@@ -1,7 +1,8 @@
 //! tidemark-memory: the in-process reference implementation of every tidemark port.
 //!
 //! [`Memory`] bundles a source (whose change log is a gapless feed), an events stream with
-//! durable cursors, wake channels, a job queue, locks and schedules, all sharing one set of
+//! durable cursors, wake channels, a job queue, locks, schedules and an outbox (written by
+//! an announced source, drained by relays), all sharing one set of
 //! [`Faults`]: fail an announce leg, fail the next N calls of a port, drop, duplicate or
 //! reorder announcements, compact the source's history. Every handle is a cheap clone of
 //! an `Arc`, so a simulator can keep the state outside a host that crashes.
@@ -14,6 +15,7 @@
 mod events;
 mod faults;
 mod lock;
+mod outbox;
 mod queue;
 mod schedule;
 mod signal;
@@ -23,6 +25,7 @@ mod wake;
 pub use events::{EventStream, MemoryEvents, Record};
 pub use faults::{Faults, Mangle, Port};
 pub use lock::MemoryLock;
+pub use outbox::{MemoryOutbox, MemoryOutboxWatch};
 pub use queue::{DEFAULT_MAX_ATTEMPTS, MemoryQueue};
 pub use schedule::MemorySchedules;
 pub use source::{LogStream, MAX_KEY_BYTES, MAX_VALUE_BYTES, MemorySource};
@@ -43,6 +46,8 @@ pub struct Memory {
     pub lock: MemoryLock,
     /// Durable schedules.
     pub schedules: MemorySchedules,
+    /// The outbox an [`announced_source`](Self::announced_source) writes and relays drain.
+    pub outbox: MemoryOutbox,
     /// The fault switches every port above consults.
     pub faults: Faults,
 }
@@ -59,8 +64,17 @@ impl Memory {
             queue: MemoryQueue::new(faults.clone()),
             lock: MemoryLock::new(faults.clone()),
             schedules: MemorySchedules::new(faults.clone()),
+            outbox: MemoryOutbox::new(faults.clone()),
             faults,
         }
+    }
+
+    /// The source as a handle whose every write also appends an outbox row to
+    /// [`outbox`](Self::outbox), announcing it on `legs` (SQLite's
+    /// `announced_source`, in memory).
+    #[must_use]
+    pub fn announced_source(&self, legs: tidemark::tidemark_core::Legs) -> MemorySource {
+        self.source.announced(legs, self.outbox.clone())
     }
 }
 

@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidemark::tidemark_core::{Entry, FeedInfo, Op};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, Legs, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
     check_key, check_value,
 };
 
 use crate::faults::{Faults, Port};
+use crate::outbox::MemoryOutbox;
 use crate::signal::Signal;
 
 pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
@@ -40,15 +41,43 @@ struct Inner {
 /// a [`Continuity::Gapless`](tidemark::tidemark_core::Continuity::Gapless) [`Feed`].
 ///
 /// A cheap handle: clones share the state, which can live outside a simulated host that
-/// crashes, like a disk.
+/// crashes, like a disk. An [`announced`](Self::announced) handle also appends an outbox
+/// row for each of its writes, in the same step as the write.
 #[derive(Clone, Debug)]
 pub struct MemorySource {
     inner: Arc<Inner>,
+    announce: Option<(Legs, MemoryOutbox)>,
 }
 
 impl Default for MemorySource {
     fn default() -> Self {
         MemorySource::new(Faults::new())
+    }
+}
+
+/// The announcement of the write at `seq` (`value` `None` for a removal) as `outbox`'s
+/// next row; an event that cannot be serialised appends none (a committed write's always
+/// can: its seq is positive and its key checked).
+fn append_announcement(
+    (legs, outbox): &(Legs, MemoryOutbox),
+    seq: u64,
+    key: &str,
+    value: Option<&[u8]>,
+) {
+    let event = match value {
+        Some(v) => Event::Put {
+            seq,
+            key: key.to_owned(),
+            value: v.to_vec(),
+        },
+        None => Event::Removed {
+            seq,
+            key: key.to_owned(),
+        },
+    };
+    match AnnouncePlan::new(&event, *legs) {
+        Ok(plan) => outbox.append(seq, plan),
+        Err(e) => tracing::warn!(key, seq, error = %e, "not announced"),
     }
 }
 
@@ -66,6 +95,19 @@ impl MemorySource {
                 generation: AtomicU64::new(0),
                 faults,
             }),
+            announce: None,
+        }
+    }
+
+    /// A handle on the same source whose every write also appends a row to `outbox`,
+    /// announcing it on `legs`, in the same step as the write (the memory counterpart of
+    /// an outbox row in the write's own transaction). A [`Relay`](tidemark::Relay) over
+    /// `outbox` drains it.
+    #[must_use]
+    pub fn announced(&self, legs: Legs, outbox: MemoryOutbox) -> MemorySource {
+        MemorySource {
+            inner: Arc::clone(&self.inner),
+            announce: Some((legs, outbox)),
         }
     }
 
@@ -88,6 +130,10 @@ impl MemorySource {
                 );
             } else {
                 s.entries.remove(key);
+            }
+            if let Some(announce) = &self.announce {
+                let value = (op == Op::Put).then_some(value.as_slice());
+                append_announcement(announce, seq, key, value);
             }
             s.log.push_back(Entry::new(seq, seq, key, op, value));
             seq
@@ -163,6 +209,9 @@ impl Source for MemorySource {
                     value: value.clone(),
                 },
             );
+            if let Some(announce) = &self.announce {
+                append_announcement(announce, seq, key, Some(&value));
+            }
             s.log.push_back(Entry::put(seq, key, value));
             seq
         };

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use tidemark::conformance as c;
+use tidemark::tidemark_core::Legs;
 use tidemark_memory::{
-    MemoryEvents, MemoryLock, MemoryQueue, MemorySchedules, MemorySource, MemoryWake,
+    Memory, MemoryEvents, MemoryLock, MemoryQueue, MemorySchedules, MemorySource, MemoryWake,
 };
 
 macro_rules! conformance {
@@ -36,4 +37,12 @@ conformance! {
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
+}
+
+#[tokio::test(start_paused = true)]
+async fn outbox_claims_are_exclusive_and_expire() {
+    let m = Memory::new();
+    let announced = m.announced_source(Legs::default());
+    c::outbox_claims_are_exclusive_and_expire(&m.outbox, &announced, Duration::from_millis(100))
+        .await;
 }

@@ -1,10 +1,75 @@
-//! The announcing registry: durable write first, then three independent, fail-soft legs.
+//! Announcing: the three independent, fail-soft legs run for a plan ([`Announcer`]), once
+//! for every caller (the registry below and the outbox [`Relay`](crate::Relay)), and the
+//! registry that writes durably first and announces after.
 
 use tidemark_core::{AnnouncePlan, AnnounceReport, Event, Legs};
 use tracing::warn;
 
 use crate::error::Result;
 use crate::ports::{Publish, Queue, Source, Wake};
+
+/// Runs the announce legs of an [`AnnouncePlan`]: publish to the events stream keyed by
+/// key, notify the wake channel, enqueue the plan's job. The one place these legs run, so
+/// the [`AnnouncingRegistry`] and the outbox [`Relay`](crate::Relay) follow one rule: every
+/// planned leg runs whatever the others did, a failing leg affects no other leg, and
+/// failures are logged and reported, never returned.
+#[derive(Clone, Debug)]
+pub struct Announcer<P, W, Q> {
+    events: P,
+    wake: W,
+    queue: Q,
+    channel: String,
+}
+
+impl<P: Publish, W: Wake, Q: Queue> Announcer<P, W, Q> {
+    /// Publishes on `events`, notifies `channel` on `wake`, enqueues on `queue`.
+    pub fn new(events: P, wake: W, queue: Q, channel: impl Into<String>) -> Self {
+        Announcer {
+            events,
+            wake,
+            queue,
+            channel: channel.into(),
+        }
+    }
+
+    /// The wake channel it notifies.
+    #[must_use]
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// Runs every leg of `plan` (the announcement of the write at `seq`) that `already`
+    /// does not record as landed; returns `already` plus the legs that landed now. A retry
+    /// passes the previous report, so it redoes only the legs that failed.
+    pub async fn run_legs(
+        &self,
+        seq: u64,
+        plan: &AnnouncePlan,
+        already: AnnounceReport,
+    ) -> AnnounceReport {
+        let mut report = already;
+        let key = plan.key.as_str();
+        if plan.publish && !report.published {
+            match self.events.publish(key, plan.payload.clone()).await {
+                Ok(_) => report.published = true,
+                Err(e) => warn!(key, seq, error = %e, "announce: publish failed"),
+            }
+        }
+        if plan.notify && !report.notified {
+            match self.wake.notify(&self.channel, plan.payload.clone()).await {
+                Ok(()) => report.notified = true,
+                Err(e) => warn!(key, seq, error = %e, "announce: notify failed"),
+            }
+        }
+        if let (Some(job), None) = (&plan.job, report.enqueued) {
+            match self.queue.enqueue(job.clone()).await {
+                Ok(id) => report.enqueued = Some(id),
+                Err(e) => warn!(key, seq, error = %e, "announce: enqueue failed"),
+            }
+        }
+        report
+    }
+}
 
 /// A committed write: its durable seq, and what its announcement achieved.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,10 +87,7 @@ pub struct Written {
 #[derive(Clone, Debug)]
 pub struct AnnouncingRegistry<S, P, W, Q> {
     source: S,
-    events: P,
-    wake: W,
-    queue: Q,
-    channel: String,
+    announcer: Announcer<P, W, Q>,
     legs: Legs,
 }
 
@@ -34,10 +96,7 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
     pub fn new(source: S, events: P, wake: W, queue: Q, channel: impl Into<String>) -> Self {
         AnnouncingRegistry {
             source,
-            events,
-            wake,
-            queue,
-            channel: channel.into(),
+            announcer: Announcer::new(events, wake, queue, channel),
             legs: Legs::default(),
         }
     }
@@ -52,6 +111,11 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
     /// The wrapped source, for reads.
     pub fn source(&self) -> &S {
         &self.source
+    }
+
+    /// The legs it runs after each write (shared with the outbox relay's rules).
+    pub fn announcer(&self) -> &Announcer<P, W, Q> {
+        &self.announcer
     }
 
     /// Writes `value` under `key`, then announces it.
@@ -107,26 +171,8 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
                 return AnnounceReport::default();
             }
         };
-        let mut report = AnnounceReport::default();
-        let seq = event.seq();
-        if plan.publish {
-            match self.events.publish(&plan.key, plan.payload.clone()).await {
-                Ok(_) => report.published = true,
-                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: publish failed"),
-            }
-        }
-        if plan.notify {
-            match self.wake.notify(&self.channel, plan.payload.clone()).await {
-                Ok(()) => report.notified = true,
-                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: notify failed"),
-            }
-        }
-        if let Some(job) = plan.job {
-            match self.queue.enqueue(job).await {
-                Ok(id) => report.enqueued = Some(id),
-                Err(e) => warn!(key = %plan.key, seq, error = %e, "announce: enqueue failed"),
-            }
-        }
-        report
+        self.announcer
+            .run_legs(event.seq(), &plan, AnnounceReport::default())
+            .await
     }
 }

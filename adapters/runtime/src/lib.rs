@@ -1,14 +1,16 @@
 //! tidemark: the async ports and the tokio drivers that run [`tidemark_core`] against them.
 //!
 //! - **Ports** ([`ports`]): small async traits an adapter implements: [`Source`], [`Feed`],
-//!   [`Cursors`], [`Publish`], [`Wake`], [`Queue`], [`Lock`], [`ScheduleStore`]. The
+//!   [`Cursors`], [`Publish`], [`Wake`], [`Queue`], [`Lock`], [`ScheduleStore`],
+//!   [`Outbox`]. The
 //!   `conformance` feature exposes generic test bodies every adapter runs.
 //! - **Drivers**, written once for every adapter and the simulator: the [`FollowerTask`]
 //!   (one core follower against a source and a feed, into a [`Cache`] or a [`Worker`]),
 //!   the wake runner ([`spawn_wake_cache`]: no feed, catches up on each wake, never
 //!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
-//!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`], the [`Supervisor`], and
-//!   the schedule runner ([`run_scheduler`]).
+//!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`] and the outbox [`Relay`]
+//!   (both run the announce legs through one [`Announcer`]), the [`Supervisor`], and the
+//!   schedule runner ([`run_scheduler`]).
 //!
 //! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
 //! `select!`, and iterate no `HashMap` into outputs.
@@ -42,19 +44,21 @@ mod error;
 mod follower;
 mod noop;
 pub mod ports;
+mod relay;
 mod scheduler;
 mod shutdown;
 mod sink;
 mod supervisor;
 mod worker;
 
-pub use announce::{AnnouncingRegistry, Written};
+pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
 pub use error::{Error, Result, check_key, check_value};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
+pub use relay::{DEFAULT_BATCH, DEFAULT_LEASE, Relay, RelayHandle, RelayReport};
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
 pub use sink::{Held, Sink};

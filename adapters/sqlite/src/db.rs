@@ -65,7 +65,7 @@ pub(crate) struct Shared {
 /// One tidemark database file. Cheap to clone; every port is a view of it:
 /// [`source`](Self::source), [`events`](Self::events), [`wake`](Self::wake),
 /// [`queue`](Self::queue), [`lock`](Self::lock), [`schedules`](Self::schedules),
-/// [`follower_cache`](Self::follower_cache).
+/// [`outbox`](Self::outbox), [`follower_cache`](Self::follower_cache).
 ///
 /// Several handles, in one process or many, may open the same file: WAL mode lets readers
 /// run beside one writer, writes take the lock up front (`BEGIN IMMEDIATE`) and wait up to

@@ -7,8 +7,12 @@
 //! - [`SqliteSource`]: the registry ([`Source`](tidemark::Source)) with tombstones that
 //!   carry their seq, a watermark, compaction with a recorded horizon, and its change log
 //!   as a gapless [`Feed`](tidemark::Feed). An *announcing* source also writes an outbox
-//!   row in each mutation's own transaction, which a [`Relay`] drains into the events
-//!   stream, the wake channel and the queue, at least once.
+//!   row in each mutation's own transaction.
+//! - [`SqliteOutbox`]: those rows as the runtime's [`Outbox`](tidemark::Outbox) port,
+//!   claimed under wall-clock leases, so the runtime's [`Relay`](tidemark::Relay)
+//!   ([`SqliteDb::relay`]) drains them into the events stream, the wake channel and the
+//!   queue, at least once, and relays in several processes on one file publish each row
+//!   once.
 //! - [`SqliteEvents`]: the durable events stream ([`Publish`](tidemark::Publish), a sparse
 //!   [`Feed`](tidemark::Feed)) and named [`Cursors`](tidemark::Cursors).
 //! - [`SqliteWake`]: wake channels across processes. Every commit to the file by any
@@ -47,7 +51,7 @@ pub use db::{Options, SqliteDb, Synchronous};
 pub use error::{Error, Result};
 pub use events::{EventStream, Record, SqliteEvents};
 pub use lock::SqliteLock;
-pub use outbox::{Relay, RelayReport};
+pub use outbox::{SqliteOutbox, SqliteOutboxWatch};
 pub use queue::SqliteQueue;
 pub use schedule::SqliteSchedules;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
@@ -64,7 +68,8 @@ impl SqliteDb {
     }
 
     /// The registry as a source whose every mutation also writes an outbox row, in the
-    /// same transaction, announcing it on the given legs. A [`Relay`] drains the outbox.
+    /// same transaction, announcing it on the given legs. A [`relay`](Self::relay) drains
+    /// the outbox.
     #[must_use]
     pub fn announced_source(&self, legs: tidemark::tidemark_core::Legs) -> SqliteSource {
         SqliteSource::new(self.clone(), Some(legs))

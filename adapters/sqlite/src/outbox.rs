@@ -1,86 +1,183 @@
-//! The outbox relay: announcements written in each mutation's own transaction (by an
-//! announcing [`SqliteSource`](crate::SqliteSource)) are drained into the events stream,
-//! the wake channel and the job queue, at least once, and marked done. A crash between a
-//! commit and its announcement loses nothing: the row waits for the next relay.
+//! The outbox on SQLite: announcements written in each mutation's own transaction (by an
+//! announcing [`SqliteSource`](crate::SqliteSource)), handed to relays as the runtime's
+//! [`Outbox`] port. Rows are claimed in one `IMMEDIATE` transaction under a wall-clock
+//! lease shared by every process on the file, so relays in several processes publish
+//! each row once. The relay itself is the runtime's [`Relay`](tidemark::Relay).
 
-use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rusqlite::params;
-use tidemark::tidemark_core::Job;
-use tidemark::{Error, Publish, Queue, Result, Wake};
+use rusqlite::{TransactionBehavior, params};
+use tidemark::tidemark_core::{AnnouncePlan, AnnounceReport, Job, JobId};
+use tidemark::{
+    Announcer, Claimed, Error, Outbox, OutboxRow, OutboxUpdate, OutboxWatch, Publish, Queue, Relay,
+    Result, Wake,
+};
+use tokio::sync::watch;
 
-use crate::db::{SqliteDb, to_i64, to_u64};
+use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 
-const BATCH: i64 = 256;
-const RETRY_MIN: Duration = Duration::from_millis(50);
-const RETRY_MAX: Duration = Duration::from_secs(5);
+const PORT: &str = "outbox";
 
 fn sql(e: rusqlite::Error) -> Error {
-    unavailable("outbox", &e)
+    unavailable(PORT, &e)
 }
 
-/// What one [`Relay::drain`] did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct RelayReport {
-    /// Outbox rows completed (every planned leg done) and marked done.
-    pub done: u64,
-    /// Events published to the stream.
-    pub published: u64,
-    /// Wakes notified.
-    pub notified: u64,
-    /// Jobs enqueued.
-    pub enqueued: u64,
-    /// Leg failures; their rows stay pending and are retried.
-    pub failures: u64,
-}
-
-struct Row {
-    id: i64,
-    key: String,
-    payload: Vec<u8>,
-    publish: bool,
-    notify: bool,
-    job: Option<Vec<u8>>,
-    published: bool,
-    notified: bool,
-    job_id: Option<i64>,
-}
-
-/// Drains the outbox of one database file into the three announcement legs.
-///
-/// Each leg of a row is done at most once per success: a row records which legs
-/// succeeded, so a retry redoes only the failed ones. A crash after a leg succeeded but
-/// before its row was marked repeats that leg: delivery is at least once, and readers are
-/// idempotent per seq. A failing publish stops the pass, so the stream keeps seq order;
-/// the other legs fail soft, row by row.
-#[derive(Debug)]
-pub struct Relay<P, W, Q> {
+/// The outbox of one database file, as the runtime's [`Outbox`] port. Claims are leases in
+/// wall-clock unix milliseconds (like the file's locks and job leases), so they hold
+/// across processes.
+#[derive(Clone, Debug)]
+pub struct SqliteOutbox {
     db: SqliteDb,
-    events: P,
-    wake: W,
-    queue: Q,
-    channel: String,
 }
 
-impl<P: Publish, W: Wake, Q: Queue> Relay<P, W, Q> {
-    /// A relay of `db`'s outbox publishing to `events`, notifying `channel` on `wake` and
-    /// enqueueing on `queue`.
-    pub fn new(db: SqliteDb, events: P, wake: W, queue: Q, channel: impl Into<String>) -> Self {
-        Relay {
-            db,
-            events,
-            wake,
-            queue,
-            channel: channel.into(),
+/// Reads one outbox row. A job this version cannot read can never be enqueued: its leg is
+/// dropped from the plan (logged), so the row can still finish.
+fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
+    let id = to_u64(r.get(0)?);
+    let seq = to_u64(r.get(1)?);
+    let key = match r.get_ref(2)? {
+        rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+            String::from_utf8_lossy(b).into_owned()
         }
+        _ => String::new(),
+    };
+    let job = r.get::<_, Option<Vec<u8>>>(6)?.and_then(|bytes| {
+        Job::decode(&bytes)
+            .inspect_err(|e| {
+                tracing::warn!(key, seq, error = %e, "outbox job unreadable; its leg is skipped");
+            })
+            .ok()
+    });
+    Ok(OutboxRow {
+        id,
+        seq,
+        plan: AnnouncePlan {
+            key,
+            payload: r.get(3)?,
+            publish: r.get(4)?,
+            notify: r.get(5)?,
+            job,
+        },
+        landed: AnnounceReport {
+            published: r.get(7)?,
+            notified: r.get(8)?,
+            enqueued: r.get::<_, Option<i64>>(9)?.map(|id| JobId(to_u64(id))),
+        },
+    })
+}
+
+impl SqliteOutbox {
+    pub(crate) fn new(db: SqliteDb) -> Self {
+        SqliteOutbox { db }
     }
 
-    /// Outbox rows not yet done.
-    pub async fn pending(&self) -> Result<u64> {
+    /// The database this outbox lives in.
+    #[must_use]
+    pub fn db(&self) -> &SqliteDb {
+        &self.db
+    }
+}
+
+impl Outbox for SqliteOutbox {
+    type Watch = SqliteOutboxWatch;
+
+    async fn claim(&self, owner: &str, after: u64, max: usize, lease: Duration) -> Result<Claimed> {
+        let owner = owner.to_owned();
+        let max = i64::try_from(max).unwrap_or(i64::MAX);
+        // Not a `write`: an empty claim changes nothing, and a claim wakes no one here.
         self.db
-            .call("outbox", |conn| {
+            .call(PORT, move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let now = now_ms();
+                let until = now.saturating_add(ms(lease));
+                let mut rows = {
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "UPDATE outbox SET claimed_by = ?1, claim_until = ?2
+                             WHERE id IN (
+                                SELECT id FROM outbox
+                                WHERE done = 0 AND id > ?3
+                                  AND (claimed_by IS NULL OR claimed_by = ?1 OR claim_until <= ?4)
+                                ORDER BY id LIMIT ?5)
+                             RETURNING id, seq, key, payload, publish, notify, job, published,
+                                       notified, job_id",
+                        )
+                        .map_err(sql)?;
+                    let rows = stmt
+                        .query_map(params![owner, until, to_i64(after), now, max], read_row)
+                        .map_err(sql)?;
+                    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)?
+                };
+                rows.sort_by_key(|row| row.id);
+                // Only the claim that ends a pass needs it: a full batch skips the scan.
+                let held_until: Option<i64> = if (rows.len() as u64) < to_u64(max) {
+                    tx.prepare_cached(
+                        "SELECT min(claim_until) FROM outbox
+                         WHERE done = 0 AND claimed_by IS NOT NULL AND claimed_by <> ?1
+                           AND claim_until > ?2",
+                    )
+                    .and_then(|mut s| s.query_row(params![owner, now], |r| r.get(0)))
+                    .map_err(sql)?
+                } else {
+                    None
+                };
+                tx.commit().map_err(sql)?;
+                Ok(Claimed {
+                    rows,
+                    held_by_others: held_until
+                        .map(|until| Duration::from_millis(to_u64(until.saturating_sub(now)))),
+                })
+            })
+            .await
+    }
+
+    async fn complete(&self, owner: &str, updates: Vec<OutboxUpdate>) -> Result<u64> {
+        if updates.is_empty() {
+            return Ok(0);
+        }
+        let owner = owner.to_owned();
+        self.db
+            .write(PORT, move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let mut recorded = 0;
+                {
+                    // Legs only ever land: a stale report cannot unset one.
+                    let mut stmt = tx
+                        .prepare_cached(
+                            "UPDATE outbox SET published = published OR ?2,
+                             notified = notified OR ?3, job_id = COALESCE(job_id, ?4),
+                             done = done OR ?5, claimed_by = NULL, claim_until = NULL
+                             WHERE id = ?1 AND claimed_by = ?6",
+                        )
+                        .map_err(sql)?;
+                    for u in &updates {
+                        recorded += stmt
+                            .execute(params![
+                                to_i64(u.id),
+                                u.landed.published,
+                                u.landed.notified,
+                                u.landed.enqueued.map(|id| to_i64(id.0)),
+                                u.done,
+                                owner
+                            ])
+                            .map_err(sql)? as u64;
+                    }
+                }
+                tx.commit().map_err(sql)?;
+                Ok(recorded)
+            })
+            .await
+    }
+
+    async fn pending(&self) -> Result<u64> {
+        self.db
+            .call(PORT, |conn| {
                 conn.query_row("SELECT count(*) FROM outbox WHERE done = 0", [], |r| {
                     r.get::<_, i64>(0)
                 })
@@ -90,169 +187,62 @@ impl<P: Publish, W: Wake, Q: Queue> Relay<P, W, Q> {
             .await
     }
 
-    /// Relays every pending row once, in outbox order; rows whose legs fail stay pending.
-    pub async fn drain(&self) -> Result<RelayReport> {
-        let mut report = RelayReport::default();
-        let mut after = 0i64;
-        loop {
-            let rows = self
-                .db
-                .call("outbox", move |conn| {
-                    let mut stmt = conn
-                        .prepare_cached(
-                            "SELECT id, key, payload, publish, notify, job, published, notified,
-                             job_id FROM outbox WHERE done = 0 AND id > ?1 ORDER BY id LIMIT ?2",
-                        )
-                        .map_err(sql)?;
-                    let rows = stmt
-                        .query_map(params![after, BATCH], |r| {
-                            Ok(Row {
-                                id: r.get(0)?,
-                                key: r.get(1)?,
-                                payload: r.get(2)?,
-                                publish: r.get(3)?,
-                                notify: r.get(4)?,
-                                job: r.get(5)?,
-                                published: r.get(6)?,
-                                notified: r.get(7)?,
-                                job_id: r.get(8)?,
-                            })
-                        })
-                        .map_err(sql)?;
-                    rows.collect::<rusqlite::Result<Vec<_>>>().map_err(sql)
-                })
-                .await?;
-            let Some(last) = rows.last() else { break };
-            after = last.id;
-            let full = rows.len() as i64 == BATCH;
-            let (updates, stop) = self.relay_rows(rows, &mut report).await;
-            self.db
-                .write("outbox", move |conn| {
-                    let tx = conn.transaction().map_err(sql)?;
-                    for u in &updates {
-                        tx.prepare_cached(
-                            "UPDATE outbox SET published = ?2, notified = ?3, job_id = ?4,
-                             done = ?5 WHERE id = ?1",
-                        )
-                        .and_then(|mut s| {
-                            s.execute(params![u.id, u.published, u.notified, u.job_id, u.done])
-                        })
-                        .map_err(sql)?;
-                    }
-                    tx.commit().map_err(sql)
-                })
-                .await?;
-            if stop || !full {
-                break;
-            }
-        }
-        Ok(report)
-    }
-
-    async fn relay_rows(&self, rows: Vec<Row>, report: &mut RelayReport) -> (Vec<Update>, bool) {
-        let mut updates = Vec::with_capacity(rows.len());
-        for mut row in rows {
-            if row.publish && !row.published {
-                match self.events.publish(&row.key, row.payload.clone()).await {
-                    Ok(_) => {
-                        row.published = true;
-                        report.published += 1;
-                    }
-                    Err(e) => {
-                        report.failures += 1;
-                        tracing::warn!(key = row.key, error = %e, "outbox publish failed; will retry");
-                        return (updates, true);
-                    }
-                }
-            }
-            if row.notify && !row.notified {
-                match self.wake.notify(&self.channel, row.payload.clone()).await {
-                    Ok(()) => {
-                        row.notified = true;
-                        report.notified += 1;
-                    }
-                    Err(e) => {
-                        report.failures += 1;
-                        tracing::warn!(key = row.key, error = %e, "outbox notify failed; will retry");
-                    }
-                }
-            }
-            if let (Some(bytes), None) = (&row.job, row.job_id) {
-                match Job::decode(bytes) {
-                    Ok(job) => match self.queue.enqueue(job).await {
-                        Ok(id) => {
-                            row.job_id = Some(to_i64(id.0));
-                            report.enqueued += 1;
-                        }
-                        Err(e) => {
-                            report.failures += 1;
-                            tracing::warn!(key = row.key, error = %e, "outbox enqueue failed; will retry");
-                        }
-                    },
-                    Err(e) => {
-                        // A job this version cannot read can never be enqueued: drop the leg.
-                        tracing::warn!(key = row.key, error = %e, "outbox job unreadable; skipped");
-                        row.job_id = Some(0);
-                    }
-                }
-            }
-            let done = (!row.publish || row.published)
-                && (!row.notify || row.notified)
-                && (row.job.is_none() || row.job_id.is_some());
-            if done {
-                report.done += 1;
-            }
-            updates.push(Update {
-                id: row.id,
-                published: row.published,
-                notified: row.notified,
-                job_id: row.job_id,
-                done,
-            });
-        }
-        (updates, false)
-    }
-
-    /// Drains on every commit to the file (by any process) until `stop` resolves; after a
-    /// failed leg it retries with a capped exponential delay.
-    pub async fn run(&self, stop: impl Future<Output = ()>) -> Result<()> {
-        let mut commits = self.db.commits();
-        let mut delay = RETRY_MIN;
-        tokio::pin!(stop);
-        loop {
-            commits.borrow_and_update();
-            let report = match self.drain().await {
-                Ok(r) => r,
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(error = %e, "outbox relay failed; will retry");
-                    RelayReport {
-                        failures: 1,
-                        ..RelayReport::default()
-                    }
-                }
-                Err(e) => return Err(e),
-            };
-            if report.failures == 0 {
-                delay = RETRY_MIN;
-                tokio::select! {
-                    () = &mut stop => return Ok(()),
-                    changed = commits.changed() => if changed.is_err() { return Ok(()) },
-                }
-            } else {
-                tokio::select! {
-                    () = &mut stop => return Ok(()),
-                    () = tokio::time::sleep(delay) => {}
-                }
-                delay = (delay * 2).min(RETRY_MAX);
-            }
+    fn watch(&self) -> SqliteOutboxWatch {
+        SqliteOutboxWatch {
+            commits: self.db.commits(),
         }
     }
 }
 
-struct Update {
-    id: i64,
-    published: bool,
-    notified: bool,
-    job_id: Option<i64>,
-    done: bool,
+/// Resolves after a commit to the file by any process (the commit watcher's signal).
+#[derive(Debug)]
+pub struct SqliteOutboxWatch {
+    commits: watch::Receiver<u64>,
+}
+
+impl OutboxWatch for SqliteOutboxWatch {
+    async fn changed(&mut self) {
+        if self.commits.changed().await.is_err() {
+            // The database is gone: nothing will change again.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// An owner name no other relay on this machine uses: process id, start time and a
+/// counter, so relays in several processes on one file never share claims.
+fn fresh_owner() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "relay-{}-{}-{}",
+        std::process::id(),
+        now_ms(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl SqliteDb {
+    /// This file's outbox, as the runtime's [`Outbox`] port.
+    #[must_use]
+    pub fn outbox(&self) -> SqliteOutbox {
+        SqliteOutbox::new(self.clone())
+    }
+
+    /// A [`Relay`] of this file's outbox into `events`, `channel` on `wake` and `queue`,
+    /// under an owner name of its own (so relays in several processes share the outbox,
+    /// each row published once). [`drain`](Relay::drain) it once, or
+    /// [`spawn`](Relay::spawn) it to relay every commit until stopped.
+    pub fn relay<P: Publish, W: Wake, Q: Queue>(
+        &self,
+        events: P,
+        wake: W,
+        queue: Q,
+        channel: impl Into<String>,
+    ) -> Relay<SqliteOutbox, P, W, Q> {
+        Relay::new(
+            self.outbox(),
+            Announcer::new(events, wake, queue, channel),
+            fresh_owner(),
+        )
+    }
 }

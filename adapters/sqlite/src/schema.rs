@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -111,7 +111,17 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (name, key)
     ) WITHOUT ROWID;
     ",
+    // 1 → 2: outbox rows are claimed by one relay at a time (owner and lease end, wall-clock
+    // unix ms shared by every process on the file), so relays in several processes publish
+    // each row once.
+    "
+    ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
+    ALTER TABLE outbox ADD COLUMN claim_until INTEGER;
+    ",
 ];
+
+// One migration per version step, or a file would be stamped with a version it lacks.
+const _: () = assert!(MIGRATIONS.len() as i64 == SCHEMA_VERSION);
 
 const MAGIC: &[u8; 16] = b"SQLite format 3\0";
 

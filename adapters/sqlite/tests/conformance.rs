@@ -8,6 +8,7 @@ mod common;
 use std::time::Duration;
 
 use tidemark::conformance as c;
+use tidemark::tidemark_core::Legs;
 
 /// Leases on the wall clock: every call is a synced commit, and a loaded machine must
 /// finish the checks made under a lease inside it.
@@ -42,6 +43,8 @@ conformance! {
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
+    outbox_claims_are_exclusive_and_expire =>
+        |db| db.outbox(), &db.announced_source(Legs::default()), REAL_LEASE;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

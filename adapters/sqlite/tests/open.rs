@@ -5,7 +5,8 @@ mod common;
 
 use std::io::{Seek, SeekFrom, Write as _};
 
-use tidemark::Source;
+use tidemark::tidemark_core::Legs;
+use tidemark::{Outbox, Source};
 use tidemark_sqlite::{Error, SCHEMA_VERSION, SqliteDb};
 
 /// Moves the whole WAL into the main file and empties it, retrying while the dropped
@@ -145,5 +146,56 @@ async fn a_newer_schema_is_refused() {
     assert!(
         matches!(err, Error::NewerSchema { found, supported, .. } if found == SCHEMA_VERSION + 1 && supported == SCHEMA_VERSION),
         "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
+    let (_dir, path, db) = common::fresh().await;
+    db.announced_source(Legs::default())
+        .put("a", b"1".to_vec())
+        .await
+        .unwrap();
+    drop(db);
+    // Back to the version 1 shape: an outbox with no claim columns, one row pending.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "ALTER TABLE outbox DROP COLUMN claimed_by;
+             ALTER TABLE outbox DROP COLUMN claim_until;
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let db = SqliteDb::open(&path).await.unwrap();
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = c
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION, "an older file is migrated on open");
+    let claim_columns: i64 = c
+        .query_row(
+            "SELECT count(*) FROM pragma_table_info('outbox')
+             WHERE name IN ('claimed_by', 'claim_until')",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(claim_columns, 2, "the migration adds the claim columns");
+    assert_eq!(db.outbox().pending().await.unwrap(), 1);
+    let report = db
+        .relay(db.events(), db.wake(), db.queue(), "reg")
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(
+        (report.published, report.done),
+        (1, 1),
+        "a row written before the migration is still relayed"
+    );
+    assert_eq!(
+        db.source().watermark().await.unwrap(),
+        1,
+        "the data survived"
     );
 }

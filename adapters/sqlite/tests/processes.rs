@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use tidemark::tidemark_core::{FollowerConfig, Legs, RawBytes};
 use tidemark::{Cache, Source, Wake, spawn_cache, spawn_wake_cache};
-use tidemark_sqlite::{Relay, SqliteDb, Write};
+use tidemark_sqlite::{SqliteDb, Write};
 
 const CHILD_ENV: &str = "TIDEMARK_SQLITE_CHILD";
 
@@ -223,7 +223,7 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
             "seqs across restarts must strictly increase"
         );
 
-        let relay = Relay::new(db.clone(), db.events(), db.wake(), db.queue(), "registry");
+        let relay = db.relay(db.events(), db.wake(), db.queue(), "registry");
         relay.drain().await.unwrap();
         assert_eq!(
             relay.pending().await.unwrap(),

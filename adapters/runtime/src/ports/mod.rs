@@ -8,6 +8,7 @@
 mod cursor;
 mod feed;
 mod lock;
+mod outbox;
 mod publish;
 mod queue;
 mod schedule;
@@ -17,6 +18,7 @@ mod wake;
 pub use cursor::Cursors;
 pub use feed::{Feed, FeedItem, FeedStream, Opened};
 pub use lock::{Lock, LockLease};
+pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
 pub use queue::{JobRecord, JobState, Leased, Queue};
 pub use schedule::{DueSchedule, ScheduleStore};

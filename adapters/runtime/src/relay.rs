@@ -1,0 +1,378 @@
+//! The outbox relay: claims pending announcements from an [`Outbox`], runs their legs with
+//! the shared [`Announcer`], records what landed, and waits for more — backing off with
+//! the core's [`Backoff`] after failures.
+
+use std::time::Duration;
+
+use tidemark_core::{Backoff, BackoffPolicy, Rng};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, debug, warn};
+
+use crate::announce::Announcer;
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::ports::{Outbox, OutboxUpdate, OutboxWatch, Publish, Queue, Wake};
+use crate::shutdown::{Shutdown, StopSignal};
+
+/// Rows a relay claims at a time, by default.
+pub const DEFAULT_BATCH: usize = 256;
+/// How long a relay's claim on its rows lasts, by default: its legs for a batch must run
+/// within it, or another relay takes the rows over and runs them again.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
+
+/// What a relay did: one [`Relay::drain`], or a whole [`Relay::run`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RelayReport {
+    /// Rows finished (every planned leg landed) and marked done.
+    pub done: u64,
+    /// Events published to the stream.
+    pub published: u64,
+    /// Wakes notified.
+    pub notified: u64,
+    /// Jobs enqueued.
+    pub enqueued: u64,
+    /// Failures: legs that failed (their rows stay pending and only those legs are retried)
+    /// and outbox calls that failed.
+    pub failures: u64,
+    /// Rows whose claim was taken over by another relay before this one completed them:
+    /// their legs may have run twice. A lease shorter than a batch's legs shows here.
+    pub lost: u64,
+}
+
+/// Relays an [`Outbox`] into the announce legs, at least once per leg.
+///
+/// Each pass claims rows in id order (a batch at a time, under a lease, so relays in
+/// several processes on one store never hold one row at once; rows a batch has not
+/// reached by half the lease are released and claimed afresh), runs each row's legs that
+/// have not landed yet through the [`Announcer`] — the same function, with the same
+/// fail-soft rule, as the [`AnnouncingRegistry`](crate::AnnouncingRegistry): a failing leg
+/// affects no other leg of the row and no other row — then records what landed. A row is
+/// done when all its legs landed; a retry redoes only the failed legs.
+///
+/// Delivery is at least once: a relay that dies after a leg landed but before it
+/// completed the row, or whose lease ran out, has that leg run again. Readers are
+/// idempotent per seq. The stream gets a pass's rows in outbox order, but a retried publish
+/// lands after later rows and relays in several processes interleave: follow the events
+/// stream in `Sync::Announcements` (per-key seqs decide), as with any announcements.
+#[derive(Clone, Debug)]
+pub struct Relay<O, P, W, Q> {
+    outbox: O,
+    announcer: Announcer<P, W, Q>,
+    owner: String,
+    batch: usize,
+    lease: Duration,
+    backoff: BackoffPolicy,
+    seed: u64,
+}
+
+/// A stable seed from the owner's name (FNV-1a): relays with different owners do not back
+/// off in step, and one owner's run replays.
+fn seed_of(owner: &str) -> u64 {
+    owner.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// What one pass over the outbox found.
+struct Pass {
+    failed: bool,
+    held_by_others: Option<Duration>,
+}
+
+impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
+    /// A relay of `outbox` into `announcer`'s legs, claiming rows as `owner`. Every relay
+    /// sharing a store needs its own owner name: claims by the same owner do not exclude
+    /// each other (a relay restarted under its old name takes its rows back at once).
+    pub fn new(outbox: O, announcer: Announcer<P, W, Q>, owner: impl Into<String>) -> Self {
+        let owner = owner.into();
+        Relay {
+            seed: seed_of(&owner),
+            outbox,
+            announcer,
+            owner,
+            batch: DEFAULT_BATCH,
+            lease: DEFAULT_LEASE,
+            // 50 ms doubling to 5 s, half jitter, reset after 30 s healthy.
+            backoff: BackoffPolicy::fast_reopen(),
+        }
+    }
+
+    /// Claims at most `max` rows at a time (at least 1; default [`DEFAULT_BATCH`]).
+    #[must_use]
+    pub fn with_batch(mut self, max: usize) -> Self {
+        self.batch = max.max(1);
+        self
+    }
+
+    /// Holds claimed rows for `lease` (default [`DEFAULT_LEASE`]).
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Backs off after failures under `policy` (default: 50 ms doubling to 5 s).
+    #[must_use]
+    pub fn with_backoff(mut self, policy: BackoffPolicy) -> Self {
+        self.backoff = policy;
+        self
+    }
+
+    /// Seeds the backoff jitter (default: derived from the owner name).
+    #[must_use]
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The name its claims are made under.
+    #[must_use]
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The seed of its backoff jitter, so a run can be replayed.
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The outbox it relays.
+    #[must_use]
+    pub fn outbox(&self) -> &O {
+        &self.outbox
+    }
+
+    /// The legs it runs.
+    #[must_use]
+    pub fn announcer(&self) -> &Announcer<P, W, Q> {
+        &self.announcer
+    }
+
+    /// Outbox rows not yet done.
+    pub async fn pending(&self) -> Result<u64> {
+        self.outbox.pending().await
+    }
+
+    /// Relays every pending row once, in outbox order (rows another relay holds are left
+    /// to it); rows whose legs fail stay pending.
+    pub async fn drain(&self) -> Result<RelayReport> {
+        let mut report = RelayReport::default();
+        self.pass(&mut report, None).await?;
+        Ok(report)
+    }
+
+    async fn pass(&self, report: &mut RelayReport, stop: Option<&StopSignal>) -> Result<Pass> {
+        let failures = report.failures;
+        let mut after = 0;
+        loop {
+            let claimed_at = tokio::time::Instant::now();
+            let claimed = self
+                .outbox
+                .claim(&self.owner, after, self.batch, self.lease)
+                .await?;
+            if claimed.rows.is_empty() {
+                return Ok(Pass {
+                    failed: report.failures > failures,
+                    held_by_others: claimed.held_by_others,
+                });
+            }
+            let mut full = claimed.rows.len() >= self.batch;
+            let held_by_others = claimed.held_by_others;
+            let mut updates = Vec::with_capacity(claimed.rows.len());
+            for (i, row) in claimed.rows.into_iter().enumerate() {
+                let before = row.landed;
+                // Legs that would run into the lease's second half are left for a fresh
+                // claim: past the lease another relay may take the rows and run them too.
+                if i > 0 && claimed_at.elapsed() >= self.lease / 2 {
+                    updates.push(OutboxUpdate {
+                        id: row.id,
+                        landed: before,
+                        done: false,
+                    });
+                    full = true;
+                    continue;
+                }
+                after = row.id;
+                let landed = self.announcer.run_legs(row.seq, &row.plan, before).await;
+                report.published += u64::from(landed.published && !before.published);
+                report.notified += u64::from(landed.notified && !before.notified);
+                report.enqueued +=
+                    u64::from(landed.enqueued.is_some() && before.enqueued.is_none());
+                let missing = landed.missing(&row.plan);
+                report.failures += u64::from(missing);
+                report.done += u64::from(missing == 0);
+                updates.push(OutboxUpdate {
+                    id: row.id,
+                    landed,
+                    done: missing == 0,
+                });
+            }
+            let claimed = updates.len() as u64;
+            let recorded = self.outbox.complete(&self.owner, updates).await?;
+            if recorded < claimed {
+                let lost = claimed - recorded;
+                report.lost += lost;
+                warn!(
+                    owner = %self.owner,
+                    lost,
+                    lease = ?self.lease,
+                    "outbox claims were taken over before they completed; their legs may run twice"
+                );
+            }
+            if !full || stop.is_some_and(StopSignal::is_stopped) {
+                return Ok(Pass {
+                    failed: report.failures > failures,
+                    held_by_others,
+                });
+            }
+        }
+    }
+
+    /// Relays until `stop`: a pass over every pending row, then waits for new rows (or
+    /// for another relay's lease to run out), or after a failure backs off (exponential,
+    /// jittered from its seed, capped, reset after a healthy period) and retries. Reads
+    /// tokio's clock only. Returns what it did; only a non-retryable outbox error ends it
+    /// early.
+    pub async fn run(&self, mut stop: StopSignal) -> Result<RelayReport> {
+        let clock = Clock::new();
+        let mut rng = Rng::new(self.seed);
+        let mut backoff = Backoff::new(self.backoff);
+        let mut watch = self.outbox.watch();
+        let mut report = RelayReport::default();
+        while !stop.is_stopped() {
+            let pass = match self.pass(&mut report, Some(&stop)).await {
+                Ok(pass) => pass,
+                Err(e) if e.is_retryable() => {
+                    warn!(owner = %self.owner, error = %e, "outbox relay failed; will retry");
+                    report.failures += 1;
+                    Pass {
+                        failed: true,
+                        held_by_others: None,
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            if pass.failed {
+                let delay = backoff.next_delay(clock.now(), &mut rng);
+                debug!(owner = %self.owner, ?delay, attempt = backoff.attempt(), "relay backing off");
+                tokio::select! {
+                    biased;
+                    () = stop.stopped() => break,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            } else {
+                backoff.healthy(clock.now());
+                let expiry = async {
+                    match pass.held_by_others {
+                        Some(left) => tokio::time::sleep(left).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    biased;
+                    () = stop.stopped() => break,
+                    () = watch.changed() => {}
+                    () = expiry => {}
+                }
+            }
+        }
+        Ok(report)
+    }
+}
+
+impl<O, P, W, Q> Relay<O, P, W, Q>
+where
+    O: Outbox + 'static,
+    P: Publish + 'static,
+    W: Wake + 'static,
+    Q: Queue + 'static,
+{
+    /// Runs it as a task (inside a `relay` span naming its owner) until stopped through
+    /// the handle.
+    pub fn spawn(self) -> RelayHandle {
+        let shutdown = Shutdown::new();
+        let stop = shutdown.signal();
+        let owner = self.owner.clone();
+        let seed = self.seed;
+        let span = tracing::info_span!("relay", owner = %owner);
+        let task = tokio::spawn(async move { self.run(stop).await }.instrument(span));
+        RelayHandle {
+            owner,
+            seed,
+            shutdown,
+            task,
+        }
+    }
+}
+
+/// A running relay's handle: stop it, wait for it.
+#[derive(Debug)]
+pub struct RelayHandle {
+    owner: String,
+    seed: u64,
+    shutdown: Shutdown,
+    task: JoinHandle<Result<RelayReport>>,
+}
+
+impl RelayHandle {
+    /// The relay's owner name.
+    #[must_use]
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The seed of its backoff jitter, so a run can be replayed.
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Asks it to stop (after the batch in hand).
+    pub fn stop(&self) {
+        self.shutdown.trigger();
+    }
+
+    /// A trigger that stops it, for sharing.
+    #[must_use]
+    pub fn shutdown(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Whether the task has ended.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Waits for the task to end; what it did, or why it failed.
+    pub async fn join(self) -> Result<RelayReport> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Worker {
+                worker: self.owner,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Stops it and waits at most `budget` for it to finish its batch; aborts it after
+    /// that (its claimed rows wait out their lease, then another relay takes them).
+    pub async fn stop_within(mut self, budget: Duration) -> Result<RelayReport> {
+        self.stop();
+        match tokio::time::timeout(budget, &mut self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(Error::Worker {
+                worker: self.owner,
+                reason: e.to_string(),
+            }),
+            Err(_) => {
+                self.task.abort();
+                Err(Error::Timeout {
+                    what: format!("relay {}", self.owner),
+                    budget,
+                })
+            }
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! The outbox relay driver over the memory adapter: the same legs as the registry, a
+//! jittered, seeded backoff on tokio's clock, and a task that relays until stopped.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::until;
+use tidemark::tidemark_core::Legs;
+use tidemark::{Announcer, AnnouncingRegistry, Outbox, Publish, Relay, Source};
+use tidemark_memory::{Memory, MemoryEvents, MemoryOutbox, MemoryQueue, MemoryWake, Port};
+use tokio::time::Instant;
+
+type MemoryRelay<P> = Relay<MemoryOutbox, P, MemoryWake, MemoryQueue>;
+
+fn relay(m: &Memory, owner: &str) -> MemoryRelay<MemoryEvents> {
+    relay_with(m, m.events.clone(), owner)
+}
+
+fn relay_with<P: Publish>(m: &Memory, events: P, owner: &str) -> MemoryRelay<P> {
+    Relay::new(
+        m.outbox.clone(),
+        Announcer::new(events, m.wake.clone(), m.queue.clone(), "changes"),
+        owner,
+    )
+}
+
+fn fail_legs(m: &Memory, mask: u8) {
+    m.faults.set_failing(Port::Publish, mask & 1 != 0);
+    m.faults.set_failing(Port::Notify, mask & 2 != 0);
+    m.faults.set_failing(Port::Queue, mask & 4 != 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_registry_and_the_relay_report_the_same_legs_for_the_same_faults() {
+    for mask in 0u8..8 {
+        let direct = Memory::new();
+        fail_legs(&direct, mask);
+        let written = AnnouncingRegistry::new(
+            direct.source.clone(),
+            direct.events.clone(),
+            direct.wake.clone(),
+            direct.queue.clone(),
+            "changes",
+        )
+        .put("k", b"v".to_vec())
+        .await
+        .unwrap();
+
+        let outboxed = Memory::new();
+        outboxed
+            .announced_source(Legs::default())
+            .put("k", b"v".to_vec())
+            .await
+            .unwrap();
+        fail_legs(&outboxed, mask);
+        let report = relay(&outboxed, "relay").drain().await.unwrap();
+        let (row, done) = outboxed.outbox.rows().remove(0);
+        assert_eq!(
+            row.landed, written.report,
+            "failing legs {mask:03b}: the relay must land exactly the legs the registry \
+             lands, under the same faults (one rule, one function)"
+        );
+        assert_eq!(done, written.report.is_complete(&row.plan));
+        assert_eq!(
+            report.failures,
+            u64::from(mask.count_ones()),
+            "failing legs {mask:03b}: each failing leg, and only it, is a failure"
+        );
+    }
+}
+
+/// The events stream, noting when each publish was tried.
+#[derive(Clone, Debug)]
+struct Attempts {
+    inner: MemoryEvents,
+    at: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl Publish for Attempts {
+    async fn publish(&self, key: &str, payload: Vec<u8>) -> tidemark::Result<u64> {
+        self.at.lock().unwrap().push(Instant::now());
+        self.inner.publish(key, payload).await
+    }
+}
+
+/// Runs a relay named `owner` for a minute against a publish leg that keeps failing, then
+/// heals it; returns the gaps between publish attempts while it failed.
+async fn gaps_while_publish_fails(owner: &str) -> Vec<Duration> {
+    let m = Memory::new();
+    let at = Arc::new(Mutex::new(Vec::new()));
+    let events = Attempts {
+        inner: m.events.clone(),
+        at: Arc::clone(&at),
+    };
+    m.faults.set_failing(Port::Publish, true);
+    m.announced_source(Legs::default())
+        .put("k", b"v".to_vec())
+        .await
+        .unwrap();
+    let handle = relay_with(&m, events, owner).spawn();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let attempts: Vec<Instant> = at.lock().unwrap().clone();
+    assert_eq!(
+        m.queue.jobs().len(),
+        1,
+        "the enqueue leg landed once and is not retried with the failing publish"
+    );
+    assert!(m.outbox.rows()[0].0.landed.notified);
+
+    m.faults.heal();
+    until("the healed publish lands", || m.events.records().len() == 1).await;
+    until("the row is done", || m.outbox.rows()[0].1).await;
+    let report = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (
+            report.published,
+            report.notified,
+            report.enqueued,
+            report.done
+        ),
+        (1, 1, 1, 1)
+    );
+    assert!(report.failures >= attempts.len() as u64);
+    attempts.windows(2).map(|w| w[1] - w[0]).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_backs_off_with_seeded_jitter_while_a_leg_keeps_failing() {
+    let gaps = gaps_while_publish_fails("relay-a").await;
+    assert!(
+        (8..=40).contains(&gaps.len()),
+        "a minute of a failing leg must be retried, without a tight loop: {} attempts",
+        gaps.len() + 1
+    );
+    let cap = Duration::from_secs(5);
+    assert!(
+        gaps.iter().all(|g| *g <= cap),
+        "delays are capped: {gaps:?}"
+    );
+    assert!(
+        gaps[0] < Duration::from_millis(100) && *gaps.last().unwrap() > cap / 2,
+        "delays grow from the first to the cap: {gaps:?}"
+    );
+    assert!(
+        gaps.iter().rev().take(5).collect::<BTreeSet<_>>().len() > 1,
+        "delays at the cap are jittered, not all equal: {gaps:?}"
+    );
+    assert_eq!(
+        gaps_while_publish_fails("relay-a").await,
+        gaps,
+        "the same owner (seed) replays the same delays"
+    );
+    assert_ne!(
+        gaps_while_publish_fails("relay-b").await,
+        gaps,
+        "another owner's relay does not back off in step"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_spawned_relay_relays_every_write_until_stopped() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for key in ["a", "b", "c"] {
+        src.put(key, b"v".to_vec()).await.unwrap();
+    }
+    let handle = relay(&m, "relay").spawn();
+    until("the rows written before it started", || {
+        m.events.records().len() == 3
+    })
+    .await;
+    src.put("d", b"v".to_vec()).await.unwrap();
+    src.remove("a").await.unwrap();
+    until("the rows written while it waits", || {
+        m.events.records().len() == 5
+    })
+    .await;
+    assert!(!handle.is_finished());
+    let report = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (
+            report.published,
+            report.notified,
+            report.enqueued,
+            report.done
+        ),
+        (5, 5, 5, 5)
+    );
+    assert_eq!((report.failures, report.lost), (0, 0));
+    assert_eq!(m.outbox.pending().await.unwrap(), 0);
+}
+
+/// The events stream, where each publish takes a second.
+#[derive(Clone, Debug)]
+struct Slow(MemoryEvents);
+
+impl Publish for Slow {
+    async fn publish(&self, key: &str, payload: Vec<u8>) -> tidemark::Result<u64> {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.0.publish(key, payload).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_slower_than_the_lease_is_not_taken_over_midway() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..6 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    // Six one-second publishes under a three-second lease: one relay alone would still be
+    // publishing when its first claim ran out, and the other would take the rest over.
+    let lease = Duration::from_secs(3);
+    let a = relay_with(&m, Slow(m.events.clone()), "a")
+        .with_lease(lease)
+        .spawn();
+    let b = relay_with(&m, Slow(m.events.clone()), "b")
+        .with_lease(lease)
+        .spawn();
+    until("every row is done", || {
+        m.outbox.rows().iter().all(|(_, done)| *done)
+    })
+    .await;
+    let ra = a.stop_within(Duration::from_secs(5)).await.unwrap();
+    let rb = b.stop_within(Duration::from_secs(5)).await.unwrap();
+    let mut seqs: Vec<u64> = m
+        .events
+        .records()
+        .iter()
+        .map(|r| {
+            tidemark::tidemark_core::Event::decode(&r.payload)
+                .unwrap()
+                .seq()
+        })
+        .collect();
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        vec![1, 2, 3, 4, 5, 6],
+        "a relay releases the rows it cannot reach within its lease instead of letting \
+         another relay take them while it is still working: each row is published once"
+    );
+    assert_eq!((ra.lost, rb.lost), (0, 0), "no claim was taken over");
+    assert_eq!(ra.published + rb.published, 6);
+}
