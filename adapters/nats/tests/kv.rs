@@ -223,7 +223,7 @@ async fn kill9_five_times_during_writes_loses_nothing_and_applies_nothing_twice(
     let mut written_while_away = 0;
     for round in 0..5 {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        server.kill9().unwrap();
+        server.kill9().await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         server.restart().await.unwrap();
         if round % 2 == 1 {
@@ -566,7 +566,7 @@ async fn an_r3_bucket_keeps_the_follower_converging_when_a_node_dies() {
         .and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone()))
         .and_then(|name| cluster.index_of(&name))
         .unwrap_or(0);
-    cluster.kill9(leader).unwrap();
+    cluster.nodes[leader].kill9().await.unwrap();
     for i in 0..200u32 {
         let key = format!("k{}", i % 150);
         let v = format!("b{i}").into_bytes();
@@ -607,7 +607,7 @@ async fn a_feed_that_keeps_failing_backs_off_and_leaves_no_consumers_behind() {
         .unwrap();
     let before = handle.status().counters.reopens;
 
-    server.kill9().unwrap();
+    server.kill9().await.unwrap();
     // A reopen waits for async-nats' JetStream request timeout while the server is away,
     // so attempts are few either way; what must not happen is a tight loop.
     tokio::time::sleep(Duration::from_secs(6)).await;
