@@ -368,15 +368,14 @@ async fn a_test_that_panics_leaves_no_server_running() {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let test = tokio::spawn(async move {
         let server = NatsServer::start().await.expect("start nats-server");
-        tx.send((server.pid().expect("running"), server.port()))
-            .expect("send pid");
+        tx.send(server.pid().expect("running")).expect("send pid");
         panic!("a failing test");
     });
     assert!(
         test.await.expect_err("the task panicked").is_panic(),
         "the task must have panicked"
     );
-    let (pid, port) = rx.await.expect("the server had started");
+    let pid = rx.await.expect("the server had started");
     let started = Instant::now();
     while !process_gone(pid) {
         assert!(
@@ -385,10 +384,8 @@ async fn a_test_that_panics_leaves_no_server_running() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
-        "nothing may serve the dead server's port"
-    );
+    // No check that the port refuses connections: a server of a test running alongside
+    // may already have been given it.
 }
 
 #[tokio::test]
