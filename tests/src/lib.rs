@@ -1,20 +1,22 @@
 //! Test harness for tidemark: real `nats-server` processes for integration tests.
 //!
-//! [`NatsServer`] runs one JetStream server on a free loopback port with its own temporary
-//! storage; [`NatsCluster`] runs a JetStream cluster of several such nodes. Both can kill a
-//! server with SIGKILL and restart it on the same port with the same storage, and both stop
-//! every process they started when dropped, so a failing test leaves nothing running.
+//! [`NatsServer`] runs one JetStream server on 127.0.0.1, on a port the server picks, with
+//! its own temporary storage; [`NatsCluster`] runs a JetStream cluster of several such
+//! nodes. A server can be killed with SIGKILL and restarted on the same port with the same
+//! storage, and every process the harness started is killed when its owner is dropped, so
+//! a failing test leaves nothing running.
 //!
 //! The binary is found by [`NatsServerBin::find`]: `$NATS_SERVER_BIN`, then the
 //! project-local `.tools/nats/bin/nats-server` that `bash scripts/provision-nats.sh`
 //! installs, then `PATH`. A missing server or one older than [`MIN_VERSION`] is an error
 //! that says how to get a good one; tests must fail on it, never skip.
 
+mod nats_bin;
 mod nats_server;
 
+pub use nats_bin::{MIN_VERSION, NatsServerBin, NatsVersion, PROVISION_HINT};
 pub use nats_server::{
-    HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin, NatsServerOptions,
-    NatsVersion, PROVISION_HINT, wait_jetstream_ready,
+    HarnessError, NatsCluster, NatsServer, NatsServerOptions, wait_jetstream_ready,
 };
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doc tests

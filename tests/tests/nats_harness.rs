@@ -11,7 +11,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use tidemark_tests::{
     HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin, NatsServerOptions,
-    NatsVersion, wait_jetstream_ready,
+    NatsVersion, PROVISION_HINT, wait_jetstream_ready,
 };
 
 /// Retries `attempt` every 100 ms until it succeeds or `bound` passes; panics with the last
@@ -49,19 +49,11 @@ fn bucket(name: &str, replicas: usize) -> kv::Config {
 fn version_parsing_accepts_current_and_rejects_too_old() {
     assert_eq!(
         NatsVersion::parse("nats-server: v2.15.1"),
-        Some(NatsVersion {
-            major: 2,
-            minor: 15,
-            patch: 1
-        })
+        Some(NatsVersion(2, 15, 1))
     );
     assert_eq!(
         NatsVersion::parse("nats-server: v2.11.0-RC.2"),
-        Some(NatsVersion {
-            major: 2,
-            minor: 11,
-            patch: 0
-        }),
+        Some(NatsVersion(2, 11, 0)),
         "a pre-release suffix must not hide the version"
     );
     assert_eq!(NatsVersion::parse("command not found"), None);
@@ -69,14 +61,14 @@ fn version_parsing_accepts_current_and_rejects_too_old() {
     let good =
         NatsServerBin::check_version_output("/x/nats-server", "test", "nats-server: v2.15.1")
             .expect("2.15.1 is new enough");
-    assert_eq!(good.version().to_string(), "2.15.1");
+    assert_eq!(good.version.to_string(), "2.15.1");
     NatsServerBin::check_version_output("/x/nats-server", "test", "nats-server: v2.10.0")
         .expect("2.10.0 is exactly the minimum");
 
     let old = NatsServerBin::check_version_output("/usr/bin/nats-server", "from PATH", "v2.9.25")
         .expect_err("2.9 cannot create KV buckets with async-nats 0.51, so it must be refused");
     assert!(
-        matches!(old, HarnessError::TooOld { found, .. } if found < MIN_VERSION),
+        matches!(old, HarnessError::Unusable { found: Some(found), .. } if found < MIN_VERSION),
         "wrong error: {old}"
     );
     let message = old.to_string();
@@ -95,7 +87,10 @@ fn version_parsing_accepts_current_and_rejects_too_old() {
 
     let garbage = NatsServerBin::check_version_output("/x/nats-server", "test", "hello")
         .expect_err("output without a version must be refused");
-    assert!(matches!(garbage, HarnessError::UnknownVersion { .. }));
+    assert!(matches!(
+        garbage,
+        HarnessError::Unusable { found: None, .. }
+    ));
 }
 
 #[test]
@@ -110,17 +105,21 @@ fn probe_runs_the_binary_and_refuses_an_old_one() {
         .expect("run chmod");
     assert!(made_executable.success());
 
-    let error = NatsServerBin::probe(&fake).expect_err("a 2.9.25 binary must be refused");
+    let error = NatsServerBin::probe(fake, "test").expect_err("a 2.9.25 binary must be refused");
     assert!(
-        matches!(error, HarnessError::TooOld { .. }),
+        matches!(error, HarnessError::Unusable { found: Some(v), .. } if v == NatsVersion(2, 9, 25)),
         "wrong error: {error}"
     );
 
-    let missing = NatsServerBin::probe(dir.path().join("absent"))
+    let missing = NatsServerBin::probe(dir.path().join("absent"), "test")
         .expect_err("a missing binary must be refused");
     assert!(
-        matches!(missing, HarnessError::NotRunnable { .. }),
+        matches!(missing, HarnessError::Unusable { found: None, .. }),
         "wrong error: {missing}"
+    );
+    assert!(
+        missing.to_string().contains(PROVISION_HINT),
+        "a missing binary must say how to get one: {missing}"
     );
 }
 
@@ -128,7 +127,7 @@ fn probe_runs_the_binary_and_refuses_an_old_one() {
 fn a_usable_nats_server_is_available() {
     // Fails, with instructions, on a machine without a good server: these tests never skip.
     let bin = NatsServerBin::find().expect("the real-server tests need nats-server");
-    assert!(bin.version() >= MIN_VERSION);
+    assert!(bin.version >= MIN_VERSION);
 }
 
 #[tokio::test]
@@ -153,7 +152,7 @@ async fn kv_value_survives_kill9_and_restart() {
         Some(&b"hello"[..])
     );
 
-    server.kill9().expect("kill -9");
+    server.kill9().await.expect("kill -9");
     assert_eq!(server.pid(), None);
     assert!(
         std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
@@ -181,10 +180,10 @@ async fn kv_value_survives_kill9_and_restart() {
     );
 
     server.stop().await.expect("graceful stop");
-    assert!(!server.is_running());
+    assert_eq!(server.pid(), None, "a stopped server has no process");
     assert!(matches!(
-        server.kill9(),
-        Err(HarnessError::NotRunning { .. })
+        server.kill9().await,
+        Err(HarnessError::NotRunning(_))
     ));
 }
 
@@ -192,7 +191,7 @@ async fn kv_value_survives_kill9_and_restart() {
 async fn restart_waits_while_another_process_holds_the_port() {
     let mut server = NatsServer::start().await.expect("start nats-server");
     let port = server.port();
-    server.kill9().expect("kill -9");
+    server.kill9().await.expect("kill -9");
 
     let holder = std::net::TcpListener::bind(("127.0.0.1", port)).expect("take the port");
     let release = std::thread::spawn(move || {
@@ -217,7 +216,7 @@ async fn restart_waits_while_another_process_holds_the_port() {
 #[tokio::test]
 async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
     let mut cluster = NatsCluster::start(3).await.expect("start 3-node cluster");
-    assert_eq!(cluster.size(), 3);
+    assert_eq!(cluster.nodes.len(), 3);
 
     let client = cluster.connect().await.expect("connect to cluster");
     let js = jetstream::new(client);
@@ -248,9 +247,7 @@ async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
     let survivor = (leader + 1) % 3;
 
     // Talk to a survivor only, so the test measures the cluster, not client failover.
-    let survivor_client = cluster
-        .node(survivor)
-        .expect("node")
+    let survivor_client = cluster.nodes[survivor]
         .connect()
         .await
         .expect("connect to survivor");
@@ -262,7 +259,10 @@ async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
         .await
         .expect("bucket via survivor");
 
-    cluster.kill9(leader).expect("kill -9 the stream leader");
+    cluster.nodes[leader]
+        .kill9()
+        .await
+        .expect("kill -9 the stream leader");
 
     let value = retry(Duration::from_secs(10), "read with the leader dead", || {
         survivor_store.get("k")
@@ -280,13 +280,11 @@ async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
     )
     .await;
 
-    cluster
-        .restart(leader)
+    cluster.nodes[leader]
+        .restart()
         .await
         .expect("restart the killed node");
-    let rejoined = cluster
-        .node(leader)
-        .expect("node")
+    let rejoined = cluster.nodes[leader]
         .connect()
         .await
         .expect("connect to restarted node");
@@ -311,7 +309,9 @@ async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
         },
     )
     .await;
-    cluster.check_alive().expect("every node alive at the end");
+    for node in &mut cluster.nodes {
+        node.check_alive().expect("every node alive at the end");
+    }
 }
 
 #[tokio::test]
@@ -348,4 +348,61 @@ async fn user_password_server_rejects_wrong_password() {
     wait_jetstream_ready(&client)
         .await
         .expect("JetStream works for the authenticated user");
+}
+
+/// Whether process `pid` is gone (or only a zombie awaiting its reaper: it holds no port
+/// and no files then).
+fn process_gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        // The state follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+#[tokio::test]
+async fn a_test_that_panics_leaves_no_server_running() {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let test = tokio::spawn(async move {
+        let server = NatsServer::start().await.expect("start nats-server");
+        tx.send(server.pid().expect("running")).expect("send pid");
+        panic!("a failing test");
+    });
+    assert!(
+        test.await.expect_err("the task panicked").is_panic(),
+        "the task must have panicked"
+    );
+    let pid = rx.await.expect("the server had started");
+    let started = Instant::now();
+    while !process_gone(pid) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "nats-server {pid} still runs after the test that owned it panicked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // No check that the port refuses connections: a server of a test running alongside
+    // may already have been given it.
+}
+
+#[tokio::test]
+async fn servers_choose_distinct_loopback_ports() {
+    let a = NatsServer::start().await.expect("start nats-server");
+    let b = NatsServer::start().await.expect("start nats-server");
+    assert_ne!(a.port(), 0, "the port comes from the server's ports file");
+    assert_ne!(a.port(), b.port(), "each server picks its own port");
+    for server in [&a, &b] {
+        let client = server
+            .connect()
+            .await
+            .expect("connect to the reported port");
+        assert_eq!(
+            client.server_info().host,
+            "127.0.0.1",
+            "the server binds loopback only"
+        );
+    }
 }

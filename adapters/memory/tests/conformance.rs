@@ -27,6 +27,7 @@ conformance! {
     source_changes_since_watermark_is_empty => MemorySource::default();
     source_snapshot_is_current => MemorySource::default();
     source_refuses_invalid_keys => MemorySource::default();
+    source_writes_refuse_what_followers_refuse => MemorySource::default();
     change_log_replays_then_follows => MemorySource::default();
     events_deliver_published_in_order => MemoryEvents::default();
     cursors_are_monotone => MemoryEvents::default();

@@ -19,7 +19,7 @@ use futures::StreamExt as _;
 use tidemark::tidemark_core::{FollowerConfig, RawBytes};
 use tidemark::{Change, spawn_cache};
 use tidemark_nats::KvBucket;
-use tidemark_tests::NatsServer;
+use tidemark_tests::{NatsServer, NatsServerBin};
 
 fn main() {
     if !std::env::args().any(|a| a == "--bench") {
@@ -72,7 +72,11 @@ async fn run() {
         .await
         .expect("ready");
     let js = jetstream::new(client.clone());
-    println!("nats-server {} on {}", server.bin().version(), server.url());
+    println!(
+        "nats-server {} on {}",
+        NatsServerBin::find().expect("found above").version,
+        server.url()
+    );
 
     // ---- initial sync of 100,000 keys ----
     let n = 100_000;

@@ -11,22 +11,16 @@ pub(crate) fn unavailable(port: &'static str, error: impl Display) -> Error {
     Error::unavailable(port, error.to_string())
 }
 
-/// Why a key cannot be a KV key or a subject token, if it cannot.
+/// Why a key cannot be a KV key or a subject token, if it cannot: first the rule every
+/// follower applies (so nothing is committed that no cache would take), then NATS' own.
 pub(crate) fn check_key(key: &str) -> Result<(), Error> {
+    tidemark::check_key(key)?;
     let refuse = |reason: &'static str| {
-        let mut shown = key.to_owned();
-        if shown.len() > 128 {
-            let mut cut = 128;
-            while !shown.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            shown.truncate(cut);
-        }
-        Err(Error::InvalidKey { key: shown, reason })
+        Err(Error::InvalidKey {
+            key: tidemark::tidemark_core::shorten(key, 128),
+            reason,
+        })
     };
-    if key.is_empty() {
-        return refuse("empty");
-    }
     if key.starts_with('.') || key.ends_with('.') || key.contains("..") {
         return refuse("a NATS key cannot start or end with '.' or hold an empty token");
     }
@@ -66,6 +60,11 @@ mod tests {
                 "{bad:?} must be refused before it reaches the server"
             );
         }
+        let too_long = "k".repeat(tidemark::tidemark_core::MAX_KEY_BYTES + 1);
+        assert!(
+            matches!(check_key(&too_long), Err(Error::InvalidKey { .. })),
+            "a key longer than followers take must be refused before it is written"
+        );
         for good in ["a", "pkg/a.b", "A-Z_0=9"] {
             assert!(check_key(good).is_ok(), "{good:?} is a valid KV key");
         }

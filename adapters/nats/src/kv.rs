@@ -248,10 +248,13 @@ impl KvBucket {
         }
     }
 
-    /// The largest value a write can carry: the bucket's own limit (`max_value_size`),
-    /// and the server's `max_payload` less room for the subject and the headers a KV write
-    /// adds (an update's expected revision, a message id). Checked before sending, so the
-    /// caller gets [`Error::ValueTooLarge`] rather than a server error it cannot act on.
+    /// The largest value a write can carry: what every follower takes
+    /// ([`MAX_VALUE_BYTES`](tidemark::tidemark_core::MAX_VALUE_BYTES)), the bucket's own
+    /// limit (`max_value_size`), and the server's `max_payload` less room for the subject
+    /// and the headers a KV write adds (an update's expected revision, a message id),
+    /// whichever is least. Checked before sending, so the caller gets
+    /// [`Error::ValueTooLarge`] rather than a server error, or a committed value no cache
+    /// would ever hold.
     fn check_value(&self, store: &kv::Store, value: &[u8]) -> Result<()> {
         const HEADER_ROOM: usize = 1024;
         let payload = self.inner.client.server_info().max_payload;
@@ -259,17 +262,17 @@ impl KvBucket {
             .ok()
             .filter(|&m| m > 0);
         let server = (payload > 0).then(|| payload.saturating_sub(HEADER_ROOM));
-        let max = match (bucket, server) {
-            (Some(b), Some(s)) => Some(b.min(s)),
-            (b, s) => b.or(s),
-        };
-        match max {
-            Some(max) if value.len() > max => Err(Error::ValueTooLarge {
+        let max = [bucket, server]
+            .into_iter()
+            .flatten()
+            .fold(tidemark::tidemark_core::MAX_VALUE_BYTES, usize::min);
+        if value.len() > max {
+            return Err(Error::ValueTooLarge {
                 len: value.len(),
                 max,
-            }),
-            _ => Ok(()),
+            });
         }
+        Ok(())
     }
 }
 

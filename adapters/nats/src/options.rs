@@ -99,8 +99,9 @@ pub struct NatsOptions {
 impl fmt::Debug for NatsOptions {
     // Never prints secrets.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let servers: Vec<String> = self.servers.iter().map(|url| redact_url(url)).collect();
         f.debug_struct("NatsOptions")
-            .field("servers", &self.servers)
+            .field("servers", &servers)
             .field("name", &self.name)
             .field("credentials_file", &self.credentials_file)
             .field("nkey", &self.nkey.as_ref().map(|_| "<redacted>"))
@@ -118,7 +119,11 @@ impl fmt::Debug for NatsOptions {
 
 impl NatsOptions {
     /// Options for these server URLs (`nats://host:port`, `tls://host:port`, or a bare
-    /// `host:port`). The client fails over between them.
+    /// `host:port`). The client fails over between them. A password or token in a URL
+    /// (`nats://user:password@host`, `nats://token@host`) is never shown: `Debug`, errors
+    /// and logs print `<redacted>` in its place. async-nats does not send credentials
+    /// written in a URL, so this type does not hand them to it (where its logs would show
+    /// them): use [`user_password`](Self::user_password) or [`token`](Self::token).
     #[must_use]
     pub fn new<I, S>(servers: I) -> Self
     where
@@ -288,33 +293,132 @@ impl NatsOptions {
         if self.servers.is_empty() {
             return Err(ConnectError::NoServers);
         }
-        let servers = self.servers.join(",");
+        let shown: Vec<String> = self.servers.iter().map(|url| redact_url(url)).collect();
+        let servers = shown.join(",");
         let options = self.to_connect_options().await?;
-        options
-            .connect(self.servers.as_slice())
-            .await
-            .map_err(|e| match e.kind() {
+        // async-nats ignores credentials in URLs but logs the URLs it tries.
+        let bare: Vec<String> = self
+            .servers
+            .iter()
+            .map(|url| without_userinfo(url))
+            .collect();
+        options.connect(bare.as_slice()).await.map_err(|e| {
+            let reason = self.scrub(e.to_string());
+            match e.kind() {
                 ConnectErrorKind::AuthorizationViolation => ConnectError::Unauthorized { servers },
-                ConnectErrorKind::Tls => ConnectError::Tls {
-                    servers,
-                    reason: e.to_string(),
-                },
+                ConnectErrorKind::Tls => ConnectError::Tls { servers, reason },
                 // async-nats reports a rejected server certificate (unknown issuer, wrong
                 // name, expired) as an I/O error from the handshake: it is still TLS, and
                 // the caller's fix is the CA or certificate, not the network.
-                _ if is_certificate_failure(&e.to_string()) => ConnectError::Tls {
-                    servers,
-                    reason: e.to_string(),
-                },
-                _ => ConnectError::Unreachable {
-                    servers,
-                    reason: e.to_string(),
-                },
-            })
+                _ if is_certificate_failure(&reason) => ConnectError::Tls { servers, reason },
+                _ => ConnectError::Unreachable { servers, reason },
+            }
+        })
+    }
+
+    /// `text` with every secret these options hold (passwords and tokens, in URLs or
+    /// set) replaced, for a message from the client that might quote one.
+    fn scrub(&self, mut text: String) -> String {
+        let in_urls = self.servers.iter().filter_map(|url| url_secret(url));
+        let set = [
+            self.user_password
+                .as_ref()
+                .map(|(_, password)| password.as_str()),
+            self.token.as_deref(),
+            self.nkey.as_deref(),
+        ];
+        for secret in in_urls.chain(set.into_iter().flatten()) {
+            if !secret.is_empty() {
+                text = text.replace(secret, REDACTED);
+            }
+        }
+        text
+    }
+}
+
+/// What stands in for a secret in `Debug`, errors and logs.
+const REDACTED: &str = "<redacted>";
+
+/// Splits `url` into what precedes its userinfo (the scheme), the userinfo, and the rest
+/// (`@host:port…`); `None` if it has no userinfo.
+fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let authority = &url[start..];
+    let end = authority.find(['/', '?', '#']).unwrap_or(authority.len());
+    let at = start + authority[..end].rfind('@')?;
+    Some((&url[..start], &url[start..at], &url[at..]))
+}
+
+/// The secret in `url`'s userinfo: the password of `user:password@`, or the token of
+/// `token@`.
+fn url_secret(url: &str) -> Option<&str> {
+    let (_, userinfo, _) = split_userinfo(url)?;
+    Some(
+        userinfo
+            .split_once(':')
+            .map_or(userinfo, |(_, password)| password),
+    )
+}
+
+/// `url` with its secret redacted (`nats://user:<redacted>@host`, `nats://<redacted>@host`),
+/// for `Debug` and errors. The user name stays: it helps diagnosis and is not a secret.
+fn redact_url(url: &str) -> String {
+    match split_userinfo(url) {
+        Some((scheme, userinfo, rest)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}{user}:{REDACTED}{rest}"),
+            None => format!("{scheme}{REDACTED}{rest}"),
+        },
+        None => url.to_owned(),
+    }
+}
+
+/// `url` without userinfo, for async-nats.
+fn without_userinfo(url: &str) -> String {
+    match split_userinfo(url) {
+        Some((scheme, _, rest)) => format!("{scheme}{}", &rest[1..]),
+        None => url.to_owned(),
     }
 }
 
 fn is_certificate_failure(message: &str) -> bool {
     let m = message.to_ascii_lowercase();
     m.contains("certificate") || m.contains("tls handshake") || m.contains("unknownissuer")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_secrets_are_redacted_and_the_rest_kept() {
+        let cases = [
+            (
+                "nats://u:p4ss@h:4222",
+                "nats://u:<redacted>@h:4222",
+                "nats://h:4222",
+            ),
+            (
+                "nats://tok@h:4222",
+                "nats://<redacted>@h:4222",
+                "nats://h:4222",
+            ),
+            ("tls://u:p@ss@h", "tls://u:<redacted>@h", "tls://h"),
+            ("u:p@h:1", "u:<redacted>@h:1", "h:1"),
+            (
+                "nats://h:4222/x@y",
+                "nats://h:4222/x@y",
+                "nats://h:4222/x@y",
+            ),
+            ("nats://h:4222", "nats://h:4222", "nats://h:4222"),
+        ];
+        for (url, redacted, bare) in cases {
+            assert_eq!(redact_url(url), redacted, "{url}");
+            assert_eq!(without_userinfo(url), bare, "{url}");
+        }
+        let options = NatsOptions::new(["nats://u:p4ss@h"]).token("t0k");
+        assert_eq!(
+            options.scrub("p4ss and t0k".to_owned()),
+            "<redacted> and <redacted>"
+        );
+    }
 }

@@ -223,7 +223,7 @@ async fn kill9_five_times_during_writes_loses_nothing_and_applies_nothing_twice(
     let mut written_while_away = 0;
     for round in 0..5 {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        server.kill9().unwrap();
+        server.kill9().await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
         server.restart().await.unwrap();
         if round % 2 == 1 {
@@ -535,6 +535,32 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     c::source_changes_since_watermark_is_empty(&fresh("c6").await).await;
     c::source_refuses_invalid_keys(&fresh("c7").await).await;
     c::source_update_of_a_removed_key_expects_zero(&fresh("c8").await).await;
+    c::source_writes_refuse_what_followers_refuse(&fresh("c9").await).await;
+}
+
+/// The same body against a server whose max_payload (16 MiB) is above the core's
+/// MAX_VALUE_BYTES (8 MiB): the server's limit must not let through a value every follower
+/// refuses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_refuse_what_followers_refuse_even_when_the_server_allows_larger_payloads() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("big.conf");
+    std::fs::write(&config, "max_payload: 16MB\n").unwrap();
+    let server = tidemark_tests::NatsServer::start_with(
+        tidemark_tests::NatsServerOptions::new()
+            .arg("-c")
+            .arg(&config),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("a real nats-server is required for these tests: {e}"));
+    let client = client(&server).await;
+    assert!(
+        client.server_info().max_payload > tidemark::tidemark_core::MAX_VALUE_BYTES + 4096,
+        "the server must allow payloads above the core's limit for this test to mean anything"
+    );
+    create_bucket(&client, "roomy", 1, 1).await;
+    let bucket = KvBucket::new(client, "roomy").unwrap();
+    tidemark::conformance::source_writes_refuse_what_followers_refuse(&bucket).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -566,7 +592,7 @@ async fn an_r3_bucket_keeps_the_follower_converging_when_a_node_dies() {
         .and_then(|i| i.cluster.as_ref().and_then(|c| c.leader.clone()))
         .and_then(|name| cluster.index_of(&name))
         .unwrap_or(0);
-    cluster.kill9(leader).unwrap();
+    cluster.nodes[leader].kill9().await.unwrap();
     for i in 0..200u32 {
         let key = format!("k{}", i % 150);
         let v = format!("b{i}").into_bytes();
@@ -607,7 +633,7 @@ async fn a_feed_that_keeps_failing_backs_off_and_leaves_no_consumers_behind() {
         .unwrap();
     let before = handle.status().counters.reopens;
 
-    server.kill9().unwrap();
+    server.kill9().await.unwrap();
     // A reopen waits for async-nats' JetStream request timeout while the server is away,
     // so attempts are few either way; what must not happen is a tight loop.
     tokio::time::sleep(Duration::from_secs(6)).await;

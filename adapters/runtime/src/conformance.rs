@@ -18,7 +18,9 @@
 
 use std::time::Duration;
 
-use tidemark_core::{AnnounceReport, Entry, Event, Job, JobId, Op, Schedule};
+use tidemark_core::{
+    AnnounceReport, Entry, Event, Job, JobId, MAX_KEY_BYTES, MAX_VALUE_BYTES, Op, Schedule,
+};
 
 use crate::ports::{
     Changes, Cursors, Feed, FeedItem, FeedStream, JobState, Lock, Outbox, OutboxRow, OutboxUpdate,
@@ -606,5 +608,61 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     assert!(
         after.rows.is_empty() && after.held_by_others.is_none(),
         "a drained outbox hands out nothing: {after:?}"
+    );
+}
+
+/// Writes refuse, with a typed error and before anything is stored, every key and value a
+/// follower refuses: an empty key, one longer than [`MAX_KEY_BYTES`], one with a control
+/// character, a value over [`MAX_VALUE_BYTES`]. A write the source commits but no follower
+/// applies is a committed write missing from every converged cache. A key of exactly the
+/// limit is stored: refusing more than followers do would be a bug too.
+pub async fn source_writes_refuse_what_followers_refuse<S: Source>(s: &S) {
+    let too_long = "k".repeat(MAX_KEY_BYTES + 1);
+    for key in ["", "a\tb", "a\u{7f}b", too_long.as_str()] {
+        let shown = tidemark_core::shorten(key, 16);
+        let put = s.put(key, b"v".to_vec()).await;
+        let create = s.update(key, b"v".to_vec(), 0).await;
+        let remove = s.remove(key).await;
+        for (write, result) in [
+            ("put", put.map(Some)),
+            ("create", create.map(Some)),
+            ("remove", remove),
+        ] {
+            assert!(
+                matches!(result, Err(crate::Error::InvalidKey { .. })),
+                "a {write} of {shown:?} ({} bytes) must be refused as followers refuse it: {result:?}",
+                key.len()
+            );
+        }
+    }
+    let too_big = vec![b'x'; MAX_VALUE_BYTES + 1];
+    let refused_value = |result: crate::Result<u64>| match result {
+        Err(crate::Error::ValueTooLarge { len, max }) => {
+            assert_eq!(len, too_big.len());
+            assert!(
+                max <= MAX_VALUE_BYTES,
+                "the limit reported ({max}) is not one followers apply"
+            );
+        }
+        other => {
+            panic!("a value over MAX_VALUE_BYTES must be refused as followers refuse it: {other:?}")
+        }
+    };
+    refused_value(s.put("big", too_big.clone()).await);
+    refused_value(s.update("big", too_big.clone(), 0).await);
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        0,
+        "a refused write uses no seq"
+    );
+
+    let at_limit = "k".repeat(MAX_KEY_BYTES);
+    let seq = s.put(&at_limit, b"v".to_vec()).await.unwrap();
+    refused_value(s.update(&at_limit, too_big.clone(), seq).await);
+    let stored = s.get(&at_limit).await.unwrap().map(|v| (v.seq, v.value));
+    assert_eq!(
+        stored,
+        Some((seq, b"v".to_vec())),
+        "a key at the limit is one followers accept"
     );
 }
