@@ -2,11 +2,13 @@
 //!
 //! One idea a file: [`io`] what goes in and out, [`status`] what an operator sees,
 //! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
-//! [`apply`] how entries, reconciles and snapshots change the cache. This file holds the
-//! machine itself: its stage, its feed and requests, and the dispatch of inputs.
+//! [`apply`] how entries, reconciles and snapshots change the cache, [`feed`] the feed's
+//! life, [`handle`] the dispatch of inputs and timeouts. This file holds the machine
+//! itself: its state, constructors, getters, mutators and requests.
 
 mod apply;
 mod feed;
+mod handle;
 mod index;
 mod io;
 mod status;
@@ -361,160 +363,6 @@ impl<D: Decode> Follower<D> {
     #[must_use]
     pub fn timeout_cause(&self) -> Option<Cause> {
         self.timers.next().map(|(_, cause)| cause)
-    }
-
-    // ---- handle_* ----
-
-    /// Time passed: retries whose backoff is over happen now.
-    pub fn handle_timeout(&mut self, now: Time) {
-        if self.stopped() {
-            return;
-        }
-        // One request at a time: a retry waits for an answer still outstanding.
-        if self.request.is_none()
-            && let Some(request) = self.timers.take_due_retry(now)
-        {
-            self.send(request);
-        }
-        if self.timers.take_due_reopen(now) {
-            self.settle();
-        }
-    }
-
-    /// A fact happened at `now`.
-    pub fn handle_input(&mut self, input: Input, now: Time) {
-        if self.stopped() {
-            return;
-        }
-        match input {
-            Input::SourceFound { token } => {
-                if self.take_request(token, |r| matches!(r, Pending::Lookup)) {
-                    self.stage = Stage::Syncing;
-                    self.backoffs.lookup.reset();
-                    if self.follow.syncs_by_reconcile() {
-                        self.send(Pending::Reconcile);
-                    } else {
-                        self.maybe_open_feed();
-                    }
-                }
-            }
-            Input::FeedOpened { token, info } => self.on_feed_opened(token, info, now),
-            Input::Entry { token, entry } => self.on_feed_item(token, Held::Entry(entry)),
-            Input::Undecodable {
-                token,
-                position,
-                seq,
-                reason,
-            } => self.on_feed_item(
-                token,
-                Held::Undecodable {
-                    position,
-                    seq,
-                    reason,
-                },
-            ),
-            Input::FeedFailed { token, error } => {
-                if self.feed_is(token, false) {
-                    self.drop_feed();
-                    self.schedule_reopen(Cause::FeedFailed, error, now);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
-            Input::FeedEnded { token } => {
-                if self.feed_is(token, false) {
-                    self.drop_feed();
-                    self.schedule_reopen(Cause::FeedEnded, "feed ended".into(), now);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
-            Input::Changes {
-                token,
-                changes,
-                source_watermark,
-            } => {
-                if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
-                    self.backoffs.failure.healthy(now);
-                    self.on_changes(changes, source_watermark);
-                }
-            }
-            Input::ChangesUnavailable {
-                token,
-                first_available,
-            } => {
-                if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
-                    let wanted = self.watermark + 1;
-                    self.diag(Diagnostic::Compacted {
-                        wanted,
-                        first_available,
-                    });
-                    self.resync();
-                }
-            }
-            Input::Snapshot {
-                token,
-                entries,
-                source_watermark,
-            } => {
-                if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
-                    self.backoffs.failure.healthy(now);
-                    self.on_snapshot(entries, source_watermark);
-                }
-            }
-            Input::Fetched { token, value } => {
-                if let Some((_, Pending::Fetch { key, seq, position })) = self
-                    .request
-                    .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
-                {
-                    self.backoffs.failure.healthy(now);
-                    self.on_fetched(key, seq, position, value);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
-            Input::RequestFailed { token, error } => {
-                if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
-                    let cause = match request {
-                        Pending::Lookup => Cause::Lookup,
-                        _ => Cause::RequestFailed,
-                    };
-                    self.schedule_retry(request, cause, error, now);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
-            Input::Wake => {
-                if self.stage == Stage::Starting
-                    || matches!(self.request, Some((_, Pending::Snapshot | Pending::Lookup)))
-                {
-                    // The coming sync or resync reads the source anyway.
-                } else if self.busy() {
-                    // A wake during a catch-up must cause another, or a commit that landed
-                    // after the source was read would wait for the next wake.
-                    self.rewake = true;
-                } else {
-                    self.send(Pending::Reconcile);
-                }
-            }
-            Input::Reconnected => {
-                self.timers.expedite(now);
-                self.handle_timeout(now);
-            }
-            Input::SinkFailed { error } => self.rewind(error, now),
-            Input::Stop => {
-                if let Some(feed) = self.feed.take() {
-                    self.request_out(Request::CloseFeed { token: feed.token });
-                }
-                self.request = None;
-                self.timers.clear();
-                self.held.clear();
-                self.stage = Stage::Stopped {
-                    ready: self.is_ready(),
-                };
-                self.out.push_back(Output::Notice(Notice::Stopped));
-            }
-        }
     }
 
     // ---- internals: requests, the feed, timers ----
