@@ -2,7 +2,7 @@
 //!
 //! `cargo run -p tidemark-memory --example mirror`
 
-use tidemark::tidemark_core::{FollowerConfig, Utf8};
+use tidemark::{FollowerConfig, Utf8};
 use tidemark::{Source, spawn_cache};
 use tidemark_memory::Memory;
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tidemark::Change;
 use tidemark::spawn_cache;
-use tidemark::tidemark_core::{FollowerConfig, RawBytes};
+use tidemark::{FollowerConfig, RawBytes};
 use tidemark_nats::{KvBucket, NatsOptions};
 
 #[tokio::main]

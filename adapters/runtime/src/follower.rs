@@ -404,9 +404,11 @@ where
         if self.batch.dirty || watermark != self.committed {
             self.sink.commit(watermark).await?;
             self.committed = watermark;
-            self.core.commit();
             self.batch.dirty = false;
         }
+        // The mark moves even when nothing was written: readiness reached on an empty
+        // source, or a checkpoint, is committed state too.
+        self.core.commit();
         self.publish_status();
         if std::mem::take(&mut self.batch.ready) {
             info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
