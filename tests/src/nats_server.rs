@@ -46,7 +46,7 @@ kill -9 "$(cat "$2/nats.pid" 2>/dev/null)" 2>/dev/null; sleep 1; rm -rf -- "$2""
 #[non_exhaustive]
 pub enum HarnessError {
     /// No usable binary: none found, not runnable, no version, or older than
-    /// [`MIN_VERSION`] (then `found` is its version). The message says how to get one.
+    /// [`MIN_VERSION`](crate::MIN_VERSION) (then `found` is its version). The message says how to get one.
     #[error("{problem}; {PROVISION_HINT}")]
     Unusable {
         /// What was found and what is wrong with it.
