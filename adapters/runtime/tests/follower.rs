@@ -284,3 +284,71 @@ async fn a_reconcile_answer_comes_after_the_status_and_watermark_it_reports() {
         .await
         .unwrap();
 }
+
+/// A wake listener whose first receive fails with a transient error.
+struct FlakyListener<L> {
+    inner: L,
+    fail_first: bool,
+}
+
+impl<L: tidemark::WakeListener> tidemark::WakeListener for FlakyListener<L> {
+    async fn recv(&mut self) -> tidemark::Result<tidemark::Received> {
+        if std::mem::take(&mut self.fail_first) {
+            return Err(tidemark::Error::unavailable("wake", "database is locked"));
+        }
+        self.inner.recv().await
+    }
+}
+
+/// A transient error from a wake listener (a busy SQLite file) used to end the wake
+/// runner for good, leaving its cache silently stale. It catches up and listens again.
+#[tokio::test(start_paused = true)]
+async fn a_wake_runner_outlives_a_transient_listener_error() {
+    let m = Memory::new();
+    let listener = FlakyListener {
+        inner: tidemark::Wake::listen(&m.wake, "changes").await.unwrap(),
+        fail_first: true,
+    };
+    let (cache, h) = tidemark::spawn_wake_cache(config("flaky"), Utf8, m.source.clone(), listener);
+    cache.wait_ready().await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert!(
+        !h.is_finished(),
+        "a transient listener error does not end the runner"
+    );
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    tidemark::Wake::notify(&m.wake, "changes", Vec::new())
+        .await
+        .unwrap();
+    until("a later wake still catches up", || cache.len() == 1).await;
+    h.stop();
+}
+
+/// SPEC §15: followers with default settings draw their own seeds, so a fleet does not
+/// retry in lockstep; the seed is in the status, so a run can be replayed.
+#[tokio::test(start_paused = true)]
+async fn two_default_followers_draw_different_seeds_and_show_them() {
+    let m = Memory::new();
+    let config = tidemark::FollowerConfig::new("fleet").unwrap();
+    assert_eq!(config.seed(), None);
+    let (_, a) = spawn_cache(config.clone(), Utf8, m.source.clone(), m.source.clone());
+    let (_, b) = spawn_cache(config, Utf8, m.source.clone(), m.source.clone());
+    assert_ne!(
+        a.status().seed,
+        b.status().seed,
+        "two processes with default configs must not jitter in lockstep"
+    );
+    let (_, c) = spawn_cache(
+        tidemark::FollowerConfig::builder("replay")
+            .seed(42)
+            .build()
+            .unwrap(),
+        Utf8,
+        m.source.clone(),
+        m.source.clone(),
+    );
+    assert_eq!(c.status().seed, 42, "a given seed is kept, for replays");
+    for h in [a, b, c] {
+        h.stop();
+    }
+}
