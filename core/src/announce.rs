@@ -3,6 +3,10 @@
 use crate::event::{EncodeError, Event};
 use crate::job::{Job, JobId};
 
+/// The largest event payload a plan publishes or notifies by default: NATS' default
+/// `max_payload` (1 MiB) less room for headers. A larger put is announced as a marker.
+pub const MAX_EVENT_BYTES: usize = 1_000_000;
+
 /// Which announce legs a writer runs. All three by default.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Legs {
@@ -38,14 +42,43 @@ pub struct AnnouncePlan {
     pub notify: bool,
     /// The job to enqueue, if the enqueue leg runs.
     pub job: Option<Job>,
+    /// The put's event was too large to publish or notify: `payload` is a mutation marker
+    /// (key and seq) instead, and readers fetch the value from the source.
+    pub as_marker: bool,
 }
 
 impl AnnouncePlan {
     /// Plans the announcement of `event` with `legs`. An error when the event cannot be
     /// serialised: the driver then runs no leg at all (not even the enqueue) and reports
     /// [`AnnounceReport::default`], logging the reason.
+    ///
+    /// A put whose event would exceed [`MAX_EVENT_BYTES`] is announced as a mutation marker
+    /// (see [`with_limit`](Self::with_limit)).
     pub fn new(event: &Event, legs: Legs) -> Result<AnnouncePlan, EncodeError> {
-        let payload = event.encode()?;
+        Self::with_limit(event, legs, MAX_EVENT_BYTES)
+    }
+
+    /// Plans the announcement of `event` with `legs`, announcing a put whose encoded event
+    /// exceeds `max_payload` bytes as a mutation marker: a value that could be written but
+    /// whose event no stream or wake channel would carry still reaches every follower,
+    /// which fetches it. The plan (and the report) says so.
+    pub fn with_limit(
+        event: &Event,
+        legs: Legs,
+        max_payload: usize,
+    ) -> Result<AnnouncePlan, EncodeError> {
+        let mut payload = event.encode()?;
+        let mut as_marker = false;
+        if payload.len() > max_payload
+            && let Event::Put { seq, key, .. } = event
+        {
+            let marker = Event::Mutation {
+                seq: *seq,
+                key: key.clone(),
+            };
+            payload = marker.encode()?;
+            as_marker = true;
+        }
         let key = event.key().to_owned();
         let job = legs
             .enqueue
@@ -56,6 +89,7 @@ impl AnnouncePlan {
             publish: legs.publish,
             notify: legs.notify,
             job,
+            as_marker,
         })
     }
 }
@@ -69,6 +103,9 @@ pub struct AnnounceReport {
     pub notified: bool,
     /// The id of the enqueued maintenance job, if one was enqueued.
     pub enqueued: Option<JobId>,
+    /// The event was too large to carry: a mutation marker was announced instead, and
+    /// readers fetch the value from the source.
+    pub as_marker: bool,
 }
 
 impl AnnounceReport {
@@ -127,8 +164,31 @@ mod tests {
             published: false,
             notified: true,
             enqueued: None,
+            as_marker: false,
         };
         assert!(report.is_complete(&plan));
+    }
+
+    #[test]
+    fn a_put_too_large_to_carry_is_announced_as_a_marker_and_says_so() {
+        let e = Event::Put {
+            seq: 9,
+            key: "big".into(),
+            value: vec![7; 2048],
+        };
+        let plan = AnnouncePlan::with_limit(&e, Legs::default(), 1024).unwrap();
+        assert!(plan.as_marker);
+        assert_eq!(
+            Event::decode(&plan.payload).unwrap(),
+            Event::Mutation {
+                seq: 9,
+                key: "big".into()
+            },
+            "readers learn key and seq, and fetch the value"
+        );
+        let small = AnnouncePlan::with_limit(&e, Legs::default(), 1 << 20).unwrap();
+        assert!(!small.as_marker);
+        assert_eq!(Event::decode(&small.payload).unwrap(), e);
     }
 
     #[test]
@@ -163,6 +223,7 @@ mod tests {
             published: true,
             notified: false,
             enqueued: Some(JobId(1)),
+            as_marker: false,
         };
         assert!(!partial.is_complete(&plan));
         assert!(!AnnounceReport::default().is_complete(&plan));

@@ -11,6 +11,7 @@ pub struct FollowerConfig {
     pub(crate) seed: Option<u64>,
     pub(crate) max_key_bytes: usize,
     pub(crate) max_value_bytes: usize,
+    pub(crate) max_ahead: u64,
     pub(crate) lookup_backoff: BackoffPolicy,
     pub(crate) failure_backoff: BackoffPolicy,
     pub(crate) end_backoff: BackoffPolicy,
@@ -26,6 +27,7 @@ impl FollowerConfig {
                 seed: None,
                 max_key_bytes: crate::limits::MAX_KEY_BYTES,
                 max_value_bytes: crate::limits::MAX_VALUE_BYTES,
+                max_ahead: 1 << 20,
                 lookup_backoff: BackoffPolicy::default(),
                 failure_backoff: BackoffPolicy::default(),
                 end_backoff: BackoffPolicy::fast_reopen(),
@@ -84,6 +86,12 @@ impl FollowerConfig {
     pub fn max_value_bytes(&self) -> usize {
         self.max_value_bytes
     }
+
+    /// How far past the source's last known watermark an announcement's seq may be.
+    #[must_use]
+    pub fn max_ahead(&self) -> u64 {
+        self.max_ahead
+    }
 }
 
 /// Builds a [`FollowerConfig`]; [`build`](Self::build) validates it.
@@ -113,6 +121,16 @@ impl FollowerConfigBuilder {
     #[must_use]
     pub fn max_value_bytes(mut self, n: usize) -> Self {
         self.config.max_value_bytes = n;
+        self
+    }
+
+    /// How far past the source's last known watermark an announcement's seq may be
+    /// (default 2^20). Further is a foreign or corrupt announcement: counted and skipped,
+    /// since a seq that high would pin its key (every real write of it would look older).
+    /// Skipping a real one costs only latency: the next reconcile brings it.
+    #[must_use]
+    pub fn max_ahead(mut self, n: u64) -> Self {
+        self.config.max_ahead = n;
         self
     }
 

@@ -11,8 +11,8 @@ use crate::decode::Utf8;
 use crate::entry::{Entry, Op};
 use crate::event::Event;
 use crate::follower::{
-    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, Notice, Output, Request,
-    Token,
+    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, InvalidReason, Notice,
+    Output, Request, Token,
 };
 use crate::time::Time;
 
@@ -119,6 +119,17 @@ impl Observed {
                 | Output::Request(Request::Snapshot { token })
                 | Output::Request(Request::Fetch { token, .. }) => self.request = Some(token),
                 Output::Notice(Notice::Stopped) => self.stopped = true,
+                Output::Diagnostic(Diagnostic::InvalidEntry {
+                    key,
+                    reason: InvalidReason::Unconfirmed,
+                    ..
+                }) => {
+                    // An announcement the source did not confirm: its seq is void, and the
+                    // source's answer replaces the value.
+                    if let Some(seq) = self.cache.get_mut(&key) {
+                        *seq = 0;
+                    }
+                }
                 Output::Diagnostic(Diagnostic::SourceReset { .. }) => {
                     // A new history: the old seqs and watermark are void.
                     self.watermark = 0;

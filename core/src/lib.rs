@@ -82,7 +82,7 @@ mod rng;
 mod schedule;
 mod time;
 
-pub use announce::{AnnouncePlan, AnnounceReport, Legs};
+pub use announce::{AnnouncePlan, AnnounceReport, Legs, MAX_EVENT_BYTES};
 pub use backoff::{Backoff, BackoffPolicy};
 pub use config::{FollowerConfig, FollowerConfigBuilder};
 pub use decode::{Decode, DecodeFn, Json, RawBytes, Utf8, decode_fn};

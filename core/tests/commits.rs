@@ -1,5 +1,6 @@
 //! Durable sinks: a failed batch takes the follower back to the last commit; a lazily
 //! resumed follower learns its cached keys as it needs them.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! How a follower follows is the feed's to say; holding items while a request is out;
 //! a reconnect ends the backoff; a poison entry at the head of a change log.
+#![allow(clippy::unwrap_used)]
 
 mod common;
 
@@ -252,4 +253,140 @@ fn a_reconnect_with_nothing_waiting_decides_nothing() {
 fn the_status_shows_the_seed_that_drives_the_jitter() {
     let f = Follower::new(config().seed(42).build().unwrap(), Utf8);
     assert_eq!(f.status().seed, 42);
+}
+
+// ---- Issue: announcements that lie, lag or come from elsewhere ----
+
+/// An announcements follower that read the source up to `w` and opened its stream.
+fn announcements_at(w: u64, changes: Vec<Entry>) -> H {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes,
+        source_watermark: w,
+    });
+    h.reopen(FeedInfo::announcements(w));
+    h
+}
+
+/// A marker's fetch answered by a replica that has not seen the write yet: storing the
+/// old value under the marker's seq made the real value look stale for good.
+#[test]
+fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::mutation(6, "a"));
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((5, b"old".to_vec())),
+    });
+    assert!(
+        puts(&outs).is_empty(),
+        "nothing stored from a stale read: {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("a"), Some(5));
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter().any(
+            |o| matches!(o, Output::Request(Request::Fetch { key, seq: 6, .. }) if key == "a")
+        )
+    );
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((6, b"new".to_vec())),
+    });
+    assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
+}
+
+/// A fetch that finds nothing (a replica not yet at the write) must not leave a
+/// tombstone that then blocks the real put made at the marker's seq.
+#[test]
+fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
+    let mut h = announcements_at(5, vec![]);
+    h.entry(Entry::mutation(6, "a"));
+    h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: None,
+    });
+    assert_eq!(h.f.seq_of("a"), None);
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "real")],
+        source_watermark: 6,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 6, "real".into())],
+        "the put at the marker's seq lands: {outs:?}"
+    );
+}
+
+/// A foreign announcement with a huge seq pinned its key for good: every real write
+/// looked older, and resyncs neither removed nor replaced it.
+#[test]
+fn an_announcement_far_past_the_source_is_skipped_not_pinned() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    let outs = h.put(u64::MAX - 1, "a", "foreign");
+    assert!(puts(&outs).is_empty(), "{outs:?}");
+    assert!(matches!(
+        diagnostics(&outs).as_slice(),
+        [Diagnostic::InvalidEntry {
+            reason: InvalidReason::SeqAhead { known: 5 },
+            ..
+        }]
+    ));
+    let outs = h.put(6, "a", "next");
+    assert_eq!(puts(&outs), [("a".into(), 6, "next".into())]);
+}
+
+/// A foreign announcement close enough to pass: the next read of the source that covers
+/// its seq does not confirm it, and the source's answer replaces it.
+#[test]
+fn an_announcement_the_source_does_not_confirm_is_replaced_by_its_answer() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.put(8, "a", "foreign");
+    assert_eq!(h.f.seq_of("a"), Some(8));
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "seven")],
+        source_watermark: 9,
+    });
+    assert!(diagnostics(&outs).iter().any(|d| matches!(
+        d,
+        Diagnostic::InvalidEntry {
+            reason: InvalidReason::Unconfirmed,
+            ..
+        }
+    )));
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 7, "seven".into())],
+        "the source's own change replaces the unconfirmed one"
+    );
+    // Unconfirmed and not named by the read: only a snapshot says what the key holds.
+    h.put(11, "b", "foreign");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 12,
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "{outs:?}"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(7, "a", "seven")],
+        source_watermark: 12,
+    });
+    assert_eq!(
+        removes(&outs),
+        [("b".into(), 12)],
+        "the foreign key is gone"
+    );
 }

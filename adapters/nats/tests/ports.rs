@@ -322,3 +322,47 @@ async fn a_cursor_whose_consumer_was_deleted_is_made_again() {
     );
     assert_eq!(events.load("c1").await.unwrap(), saved);
 }
+
+/// A value a SQLite registry takes (1.5 MiB) whose event no NATS stream or subject carries
+/// (over the server's 1 MiB `max_payload`): before, the publish and the notify both failed
+/// and an announcements follower never saw the write. It goes out as a marker now, the
+/// report says so, and the follower fetches the value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_too_large_for_a_nats_event_still_reaches_an_announcements_follower() {
+    let server = server().await;
+    let client = client(&server).await;
+    let events = NatsEvents::new(client.clone(), "BIG_EVENTS", "big.events").unwrap();
+    events.ensure(1).await.unwrap();
+    let wake = NatsWake::new(client.clone(), "big.wake").unwrap();
+    let queue = NatsQueue::open(client.clone(), "BIG_JOBS", 5)
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = tidemark_sqlite::SqliteDb::open(dir.path().join("registry.db"))
+        .await
+        .unwrap();
+    let registry = AnnouncingRegistry::new(db.source(), events.clone(), wake, queue, "big");
+    let record = Record::default();
+    let handle = FollowerTask::new(
+        FollowerConfig::new("big").unwrap(),
+        RawBytes,
+        db.source(),
+        events.clone(),
+        record.sink(),
+    )
+    .spawn();
+    wait_until(WAIT, "the follower is ready", || record.ready().is_some()).await;
+    let big = vec![b'v'; 1_500_000];
+    let written = registry.put("big", big.clone()).await.unwrap();
+    assert!(
+        written.report.as_marker && written.report.published && written.report.notified,
+        "announced as a marker, on every leg: {:?}",
+        written.report
+    );
+    wait_until(WAIT, "the follower fetched the value", || {
+        record.value("big").is_some()
+    })
+    .await;
+    assert_eq!(record.value("big"), Some(big));
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}

@@ -48,6 +48,7 @@ impl<P: Publish, W: Wake, Q: Queue> Announcer<P, W, Q> {
         already: AnnounceReport,
     ) -> AnnounceReport {
         let mut report = already;
+        report.as_marker = plan.as_marker;
         let key = plan.key.as_str();
         if plan.publish && !report.published {
             match self.events.publish(key, plan.payload.clone()).await {

@@ -516,6 +516,7 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         published: true,
         notified: true,
         enqueued: Some(JobId(7)),
+        as_marker: false,
     };
     let only_published = AnnounceReport {
         published: true,

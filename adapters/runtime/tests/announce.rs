@@ -497,3 +497,33 @@ async fn a_wake_runner_given_a_feed_config_still_runs_as_a_wake_runner() {
     until("the wake triggers a catch-up", || cache.len() == 2).await;
     h.stop();
 }
+
+/// A value the source takes but whose event no stream would carry (over NATS' default
+/// 1 MiB payload): the report says it went out as a marker, and a follower of the stream
+/// fetches the value and converges.
+#[tokio::test(start_paused = true)]
+async fn a_value_too_large_for_its_event_is_announced_as_a_marker_and_still_converges() {
+    let m = Memory::new();
+    let r = registry(&m);
+    let (writer, cache) = cache();
+    let h = FollowerTask::new(
+        FollowerConfig::new("big").unwrap(),
+        tidemark::RawBytes,
+        m.source.clone(),
+        m.events.clone(),
+        writer,
+    )
+    .spawn();
+    cache.wait_ready().await.unwrap();
+    let big = vec![b'x'; 2 << 20];
+    let written = r.put("big", big.clone()).await.unwrap();
+    assert!(
+        written.report.as_marker && written.report.published && written.report.notified,
+        "the report says the event went out as a marker: {:?}",
+        written.report
+    );
+    until("the follower fetched the value", || cache.len() == 1).await;
+    assert_eq!(cache.get("big").as_deref(), Some(big.as_slice()));
+    assert_eq!(h.status().counters.fetches, 1);
+    h.stop();
+}

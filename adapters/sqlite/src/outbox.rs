@@ -59,11 +59,15 @@ fn read_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<OutboxRow> {
             publish: r.get(4)?,
             notify: r.get(5)?,
             job,
+            // The payload is what the legs carry either way; whether it stands in for a
+            // value too large to carry matters only to the writer's report.
+            as_marker: false,
         },
         landed: AnnounceReport {
             published: r.get(7)?,
             notified: r.get(8)?,
             enqueued: r.get::<_, Option<i64>>(9)?.map(|id| JobId(to_u64(id))),
+            as_marker: false,
         },
     })
 }

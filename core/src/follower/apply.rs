@@ -7,8 +7,10 @@ use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
 use crate::follower::io::{Apply, CaughtUp, Follow, Notice, Output};
+use crate::follower::status::Cause;
 use crate::follower::status::{Diagnostic, InvalidReason};
 use crate::limits::KeyProblem;
+use crate::time::Time;
 
 impl<D: Decode> Follower<D> {
     pub(super) fn on_item(&mut self, item: Held) {
@@ -105,11 +107,23 @@ impl<D: Decode> Follower<D> {
             self.gap(seq);
             return;
         }
+        if self.follow == Follow::Announcements {
+            let known = self.known_source.max(self.watermark);
+            if seq - known > self.config.max_ahead {
+                self.invalid(seq, key, InvalidReason::SeqAhead { known });
+                self.checkpoint(position);
+                return;
+            }
+        }
         if op == Op::Mutation && self.check_key(&key).is_ok() && !self.newer_in_cache(&key, seq) {
             self.send(Pending::Fetch { key, seq, position });
             return;
         }
+        let key_for_ahead = self.note_ahead(&key, seq);
         self.apply(seq, key, op, value);
+        if let Some(key) = key_for_ahead {
+            self.ahead.insert(key, seq);
+        }
         self.advance_on_feed(seq);
         self.checkpoint(position);
         self.check_ready(head);
@@ -216,8 +230,10 @@ impl<D: Decode> Follower<D> {
             self.invalid(seq, key, InvalidReason::ValueTooLarge { len: value.len() });
             return (0, 0);
         }
-        if !self.index.tombstones.is_empty()
-            && self.index.tombstones.get(key.as_str()) >= Some(&seq)
+        // Strictly newer: a put and a removal never share a seq, but a marker's fetch that
+        // found nothing leaves a tombstone at the marker's seq, which must not block the
+        // put made at that seq (a replica that had not seen it yet).
+        if !self.index.tombstones.is_empty() && self.index.tombstones.get(key.as_str()) > Some(&seq)
         {
             self.counters.stale += 1;
             return (0, 0);
@@ -264,8 +280,21 @@ impl<D: Decode> Follower<D> {
         seq: u64,
         position: u64,
         value: Option<(u64, Vec<u8>)>,
+        now: Time,
     ) {
+        if let Some((value_seq, _)) = &value
+            && *value_seq < seq
+        {
+            // A read older than the marker (a replica behind the leader): the value the
+            // marker announced is not there yet. Storing the old value under the marker's
+            // seq would make the real one look stale; read again after a backoff.
+            let error = format!("stale read: {key} at seq {value_seq}, marker at {seq}");
+            let request = Pending::Fetch { key, seq, position };
+            self.schedule_retry(request, Cause::RequestFailed, error, now);
+            return;
+        }
         self.counters.fetches += 1;
+        let key_for_ahead = self.note_ahead(&key, seq);
         match value {
             // The value may be newer than the marker; the index keeps its own seq so an
             // older entry for the key arriving later is skipped.
@@ -275,6 +304,9 @@ impl<D: Decode> Follower<D> {
             None => {
                 self.apply(seq, key, Op::Delete, Vec::new());
             }
+        }
+        if let Some(key) = key_for_ahead {
+            self.ahead.insert(key, seq);
         }
         self.advance_on_feed(seq);
         self.checkpoint(position);
@@ -290,6 +322,22 @@ impl<D: Decode> Follower<D> {
             self.resync();
             return;
         }
+        let unexplained = self.confirm_ahead(source_watermark, |key, seq| {
+            let mut named = false;
+            for c in &changes {
+                if c.key == key {
+                    if c.seq == seq {
+                        return Confirmation::Confirmed;
+                    }
+                    named = true;
+                }
+            }
+            if named {
+                Confirmation::Replaced
+            } else {
+                Confirmation::Unexplained
+            }
+        });
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
@@ -305,6 +353,12 @@ impl<D: Decode> Follower<D> {
             }
         }
         self.advance(top);
+        if unexplained {
+            // An announcement the source never made overwrote a key this read does not
+            // name: only a snapshot says what that key holds.
+            self.resync();
+            return;
+        }
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
         self.become_ready();
@@ -318,7 +372,60 @@ impl<D: Decode> Follower<D> {
         self.settle();
     }
 
+    /// For an announcement at `seq` above what the source is known to have reached:
+    /// the key to remember as unconfirmed, until a read of the source covers the seq.
+    fn note_ahead(&self, key: &str, seq: u64) -> Option<String> {
+        (self.follow == Follow::Announcements && seq > self.known_source.max(self.watermark))
+            .then(|| key.to_owned())
+    }
+
+    /// Checks the unconfirmed announcements a read of the source at `source_watermark`
+    /// covers: `confirm(key, seq)` says whether the read has that change. What the read
+    /// does not confirm is forgotten (its seq set to 0, its tombstone dropped), so the
+    /// read's own answer replaces it. Returns whether some key was not named by the read
+    /// at all (then only a snapshot can say what it holds).
+    fn confirm_ahead(
+        &mut self,
+        source_watermark: u64,
+        confirm: impl Fn(&str, u64) -> Confirmation,
+    ) -> bool {
+        self.known_source = self.known_source.max(source_watermark);
+        if self.ahead.is_empty() {
+            return false;
+        }
+        let due: Vec<(String, u64)> = self
+            .ahead
+            .iter()
+            .filter(|(_, seq)| **seq <= source_watermark)
+            .map(|(k, s)| (k.clone(), *s))
+            .collect();
+        let mut unexplained = false;
+        for (key, seq) in due {
+            self.ahead.remove(&key);
+            let verdict = confirm(&key, seq);
+            if verdict == Confirmation::Confirmed {
+                continue;
+            }
+            self.invalid(seq, key.clone(), InvalidReason::Unconfirmed);
+            if self.index.get(&key).is_some() {
+                self.index.set(key.clone(), 0);
+            }
+            self.index.untomb(&key);
+            unexplained |= verdict == Confirmation::Unexplained;
+        }
+        unexplained
+    }
+
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
+        // A snapshot names every key it holds: an announcement it does not confirm is
+        // replaced by its answer (or removed).
+        self.confirm_ahead(source_watermark, |key, seq| {
+            if entries.iter().any(|e| e.key == key && e.seq == seq) {
+                Confirmation::Confirmed
+            } else {
+                Confirmation::Replaced
+            }
+        });
         if source_watermark < self.watermark {
             // A new history: seqs held from the old one mean nothing against it. Forget
             // them, so every snapshot entry is applied and every other key removed.
@@ -329,6 +436,8 @@ impl<D: Decode> Follower<D> {
                 source_watermark,
             });
             self.watermark = 0;
+            self.known_source = source_watermark;
+            self.ahead.clear();
             self.index.forget_seqs();
         }
         let present: HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
@@ -374,4 +483,15 @@ impl<D: Decode> Follower<D> {
         }));
         self.settle();
     }
+}
+
+/// What a read of the source says of an unconfirmed announcement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Confirmation {
+    /// The read has the change at that seq.
+    Confirmed,
+    /// The read names the key with other changes: they replace the announcement's.
+    Replaced,
+    /// The read does not name the key: the cache's older value for it is unknown.
+    Unexplained,
 }

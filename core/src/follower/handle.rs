@@ -112,7 +112,7 @@ impl<D: Decode> Follower<D> {
                     .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
                 {
                     self.backoffs.failure.healthy(now);
-                    self.on_fetched(key, seq, position, value);
+                    self.on_fetched(key, seq, position, value, now);
                 } else {
                     self.counters.ignored += 1;
                 }

@@ -84,6 +84,12 @@ impl KeyIndex {
         }
     }
 
+    /// Sets `key`'s seq (off the apply hot path, which writes in place).
+    pub(super) fn set(&mut self, key: String, seq: u64) {
+        let before = self.seqs.insert(key.clone(), seq);
+        self.record(&key, before);
+    }
+
     pub(super) fn remove(&mut self, key: &str) -> Option<u64> {
         let before = self.seqs.remove(key);
         if before.is_some() {

@@ -127,6 +127,11 @@ pub struct Follower<D: Decode> {
     last_checkpoint: Option<u64>,
     opened_once: bool,
     backoffs: Backoffs,
+    /// The highest watermark the source itself reported (a reconcile, a snapshot).
+    known_source: u64,
+    /// Announcements applied above `known_source`, not yet confirmed by the source: key →
+    /// seq. The next read of the source that covers the seq confirms or replaces them.
+    ahead: std::collections::BTreeMap<String, u64>,
 }
 
 impl<D: Decode> Follower<D> {
@@ -177,6 +182,8 @@ impl<D: Decode> Follower<D> {
             rewake: false,
             last_checkpoint: None,
             opened_once: false,
+            known_source: 0,
+            ahead: std::collections::BTreeMap::new(),
         };
         f.send(Pending::Lookup);
         f

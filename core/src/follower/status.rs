@@ -96,6 +96,16 @@ pub enum InvalidReason {
     Undecodable(String),
     /// A source row that a reconcile or snapshot cannot carry (a marker, for instance).
     UnexpectedInRows,
+    /// An announcement's seq is further past the source's last known watermark than
+    /// [`FollowerConfig::max_ahead`](crate::FollowerConfig::max_ahead) allows.
+    SeqAhead {
+        /// The source's last known watermark.
+        known: u64,
+    },
+    /// An announcement the source's own answer does not confirm (a foreign producer, a
+    /// corrupt or replayed payload): what it put in the cache was replaced by the
+    /// source's state.
+    Unconfirmed,
 }
 
 /// What kind of failure a backoff answers.
