@@ -12,6 +12,7 @@ pub struct FollowerConfig {
     pub(crate) max_key_bytes: usize,
     pub(crate) max_value_bytes: usize,
     pub(crate) max_ahead: u64,
+    pub(crate) presence_check: Option<std::time::Duration>,
     pub(crate) lookup_backoff: BackoffPolicy,
     pub(crate) failure_backoff: BackoffPolicy,
     pub(crate) end_backoff: BackoffPolicy,
@@ -28,6 +29,7 @@ impl FollowerConfig {
                 max_key_bytes: crate::limits::MAX_KEY_BYTES,
                 max_value_bytes: crate::limits::MAX_VALUE_BYTES,
                 max_ahead: 1 << 20,
+                presence_check: None,
                 lookup_backoff: BackoffPolicy::default(),
                 failure_backoff: BackoffPolicy::default(),
                 end_backoff: BackoffPolicy::fast_reopen(),
@@ -92,6 +94,12 @@ impl FollowerConfig {
     pub fn max_ahead(&self) -> u64 {
         self.max_ahead
     }
+
+    /// How often a live follower lists the keys the source holds, if at all.
+    #[must_use]
+    pub fn presence_check(&self) -> Option<std::time::Duration> {
+        self.presence_check
+    }
 }
 
 /// Builds a [`FollowerConfig`]; [`build`](Self::build) validates it.
@@ -134,6 +142,17 @@ impl FollowerConfigBuilder {
         self
     }
 
+    /// Every `interval`, a live follower lists the keys the source holds (a cheap call
+    /// for a NATS bucket: the stream's subjects) and removes cached keys the source no
+    /// longer has: what no message announces (a delete marker purged while older messages
+    /// keep the stream's first sequence low). Off by default; the source must support
+    /// listing (`Source::present_keys`).
+    #[must_use]
+    pub fn presence_check(mut self, interval: std::time::Duration) -> Self {
+        self.config.presence_check = Some(interval);
+        self
+    }
+
     /// Backoff while the source (bucket) cannot be looked up.
     #[must_use]
     pub fn lookup_backoff(mut self, p: BackoffPolicy) -> Self {
@@ -166,6 +185,11 @@ impl FollowerConfigBuilder {
         if c.max_key_bytes == 0 {
             return Err(ConfigError::ZeroLimit {
                 field: "max_key_bytes",
+            });
+        }
+        if c.presence_check.is_some_and(|d| d.is_zero()) {
+            return Err(ConfigError::ZeroDuration {
+                field: "presence check interval",
             });
         }
         if c.max_value_bytes == 0 {

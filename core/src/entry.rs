@@ -61,6 +61,10 @@ pub struct Entry {
     pub value: Vec<u8>,
     /// How many entries the feed still holds after this one, where the feed knows.
     pub pending: Option<u64>,
+    /// How much longer the value lives where the source drops values silently when they
+    /// age (a NATS bucket with `max_age` and no limit markers): the follower removes it
+    /// itself once this much time has passed on its clock.
+    pub expires_in: Option<std::time::Duration>,
 }
 
 impl Entry {
@@ -74,6 +78,7 @@ impl Entry {
             op,
             value,
             pending: None,
+            expires_in: None,
         }
     }
 
@@ -117,6 +122,13 @@ impl Entry {
     #[must_use]
     pub fn with_pending(mut self, pending: u64) -> Self {
         self.pending = Some(pending);
+        self
+    }
+
+    /// The same entry, whose value the source drops silently after `ttl` more.
+    #[must_use]
+    pub fn expiring_in(mut self, ttl: std::time::Duration) -> Self {
+        self.expires_in = Some(ttl);
         self
     }
 }

@@ -70,7 +70,12 @@ fn entry(b: &mut Bytes<'_>) -> Entry {
         _ => Op::Unknown("ROLLUP".into()),
     };
     let value = if op == Op::Put { value(b) } else { Vec::new() };
-    Entry::new(position, seq, key(b), op, value)
+    let entry = Entry::new(position, seq, key(b), op, value);
+    if b.small(4) == 0 {
+        entry.expiring_in(std::time::Duration::from_millis(b.small(8) * 100))
+    } else {
+        entry
+    }
 }
 
 /// What the harness observed of the follower's outputs, to check invariants against.
@@ -117,7 +122,8 @@ impl Observed {
                 Output::Request(Request::LookupSource { token })
                 | Output::Request(Request::Reconcile { token, .. })
                 | Output::Request(Request::Snapshot { token })
-                | Output::Request(Request::Fetch { token, .. }) => self.request = Some(token),
+                | Output::Request(Request::Fetch { token, .. })
+                | Output::Request(Request::ListKeys { token }) => self.request = Some(token),
                 Output::Notice(Notice::Stopped) => self.stopped = true,
                 Output::Diagnostic(Diagnostic::InvalidEntry {
                     key,
@@ -175,11 +181,13 @@ pub fn follower_inputs(data: &[u8]) {
         1 => Follow::Announcements,
         _ => Follow::Replay,
     };
-    let Ok(config) = FollowerConfig::builder("fuzz")
+    let mut builder = FollowerConfig::builder("fuzz")
         .seed(u64::from(b.small(255) as u8))
-        .max_value_bytes(4)
-        .build()
-    else {
+        .max_value_bytes(4);
+    if b.small(2) == 0 {
+        builder = builder.presence_check(std::time::Duration::from_millis(500));
+    }
+    let Ok(config) = builder.build() else {
         return;
     };
     let mut f = Follower::new(config, Utf8).following(follow);
@@ -272,6 +280,11 @@ pub fn follower_inputs(data: &[u8]) {
                 continue;
             }
             _ if b.small(4) == 0 => Input::Stop,
+            _ if b.small(3) == 0 => Input::Keys {
+                token: req,
+                keys: (0..b.small(4)).map(|_| key(&mut b)).collect(),
+                source_watermark: b.small(48),
+            },
             _ if b.small(2) == 0 => Input::Reconnected,
             _ => Input::Wake,
         };

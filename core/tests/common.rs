@@ -66,7 +66,8 @@ impl H {
                 Output::Request(Request::LookupSource { token })
                 | Output::Request(Request::Reconcile { token, .. })
                 | Output::Request(Request::Snapshot { token })
-                | Output::Request(Request::Fetch { token, .. }) => self.request = Some(*token),
+                | Output::Request(Request::Fetch { token, .. })
+                | Output::Request(Request::ListKeys { token }) => self.request = Some(*token),
                 _ => {}
             }
             outs.push(o);

@@ -255,6 +255,15 @@ impl Source for MemorySource {
         })
     }
 
+    async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
+        self.inner.faults.check(Port::Source)?;
+        let state = self.state();
+        Ok(Some(tidemark::PresentKeys {
+            keys: state.entries.keys().cloned().collect(),
+            watermark: state.seq,
+        }))
+    }
+
     async fn snapshot(&self) -> Result<Snapshot> {
         self.inner.faults.check(Port::Source)?;
         let s = self.state();

@@ -25,6 +25,7 @@ conformance! {
     source_remove_absent_is_none => MemorySource::default();
     source_changes_cover_removals => MemorySource::default();
     source_changes_since_watermark_is_empty => MemorySource::default();
+    source_lists_its_present_keys => MemorySource::default();
     source_snapshot_is_current => MemorySource::default();
     source_refuses_invalid_keys => MemorySource::default();
     source_writes_refuse_what_followers_refuse => MemorySource::default();

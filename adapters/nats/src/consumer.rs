@@ -36,6 +36,8 @@ pub(crate) struct Delivered {
     pub pending: u64,
     pub headers: Option<HeaderMap>,
     pub payload: Bytes,
+    /// When the server stored it, in nanoseconds since the Unix epoch (0 if unknown).
+    pub published_ns: u64,
 }
 
 /// What the reader saw.
@@ -250,12 +252,18 @@ impl PushReader {
             }
             self.last_consumer_seq = consumer_seq;
             self.stalls = 0;
+            let published_ns = message
+                .reply
+                .as_deref()
+                .and_then(ack_timestamp)
+                .unwrap_or(0);
             return Some(Ok(Seen::Message(Delivered {
                 subject: message.subject,
                 seq,
                 pending,
                 headers: message.headers,
                 payload: message.payload,
+                published_ns,
             })));
         }
     }
@@ -292,6 +300,19 @@ impl Drop for PushReader {
             });
         }
     }
+}
+
+/// The timestamp (nanoseconds since the Unix epoch) a JetStream ack subject carries.
+pub(crate) fn ack_timestamp(reply: &str) -> Option<u64> {
+    let tokens: Vec<&str> = reply.split('.').collect();
+    let at = match tokens.len() {
+        9 => 4,
+        11 | 12 => 6,
+        _ => return None,
+    };
+    (tokens[0] == "$JS" && tokens[1] == "ACK")
+        .then(|| tokens.get(at + 3).and_then(|t| t.parse().ok()))
+        .flatten()
 }
 
 /// Stream sequence, consumer sequence and pending count from a JetStream ack subject:
@@ -338,6 +359,14 @@ mod tests {
             "too many tokens"
         );
         assert_eq!(parse_ack_subject("_INBOX.x"), None, "not an ack subject");
+        assert_eq!(
+            ack_timestamp("$JS.ACK.KV_b.c1.1.42.7.1700000000.3"),
+            Some(1_700_000_000)
+        );
+        assert_eq!(
+            ack_timestamp("$JS.ACK.dom.hash.KV_b.c1.2.42.7.1700000001.3.tok"),
+            Some(1_700_000_001)
+        );
         assert_eq!(parse_ack_subject("$JS.ACK.S.c.x.1.1.1.0"), Some((1, 1, 0)));
     }
 }

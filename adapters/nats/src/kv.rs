@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::context::PublishErrorKind;
@@ -215,7 +216,9 @@ impl KvBucket {
                 }
                 Some(Ok(Seen::Message(d))) => {
                     let seq = d.seq;
-                    if let FeedItem::Entry(mut e) = to_item(&store.prefix, d) {
+                    if let FeedItem::Entry(mut e) =
+                        to_item(&store.prefix, d, silent_max_age(&store))
+                    {
                         e.pending = None;
                         out.push(e);
                     }
@@ -309,7 +312,26 @@ pub(crate) fn operation(headers: Option<&HeaderMap>) -> Op {
     Op::Put
 }
 
-fn to_item(prefix: &str, d: Delivered) -> FeedItem {
+/// How long values live in a bucket that drops them silently when they age: its
+/// `max_age`, when it writes no limit markers (with markers, the follower sees removals).
+fn silent_max_age(store: &kv::Store) -> Option<Duration> {
+    let config = &store.stream.cached_info().config;
+    (!config.max_age.is_zero() && config.subject_delete_marker_ttl.is_none())
+        .then_some(config.max_age)
+}
+
+/// What is left of a value's life: `max_age` less its age by the server's timestamp.
+/// Reading the wall clock here turns the server's timestamp into data; the follower
+/// decides when it expires, on its own clock.
+fn remaining_life(max_age: Duration, published_ns: u64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let age = now.saturating_sub(Duration::from_nanos(published_ns));
+    max_age.saturating_sub(age)
+}
+
+fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
     let Some(key) = d.subject.strip_prefix(prefix) else {
         return FeedItem::Undecodable {
             position: d.seq,
@@ -323,7 +345,13 @@ fn to_item(prefix: &str, d: Delivered) -> FeedItem {
     } else {
         Vec::new()
     };
-    FeedItem::Entry(Entry::new(d.seq, d.seq, key, op, value).with_pending(d.pending))
+    let entry = Entry::new(d.seq, d.seq, key, op, value).with_pending(d.pending);
+    FeedItem::Entry(match max_age {
+        Some(max_age) if entry.op == Op::Put && d.published_ns > 0 => {
+            entry.expiring_in(remaining_life(max_age, d.published_ns))
+        }
+        _ => entry,
+    })
 }
 
 impl Source for KvBucket {
@@ -454,6 +482,30 @@ impl Source for KvBucket {
         Ok(Changes::Since { entries, watermark })
     }
 
+    /// The bucket's subjects with a message, from the stream's own state (no message is
+    /// read), the last sequence read first.
+    async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
+        use futures::TryStreamExt as _;
+        let (store, state) = self.state("source").await?;
+        let watermark = state.last_sequence;
+        let subjects = store
+            .stream
+            .info_with_subjects(Self::filter(&store))
+            .await
+            .map_err(|e| unavailable("source", e))?;
+        let keys = subjects
+            .try_filter_map(|(subject, _)| {
+                let key = subject
+                    .strip_prefix(store.prefix.as_str())
+                    .map(str::to_owned);
+                async move { Ok(key) }
+            })
+            .try_collect()
+            .await
+            .map_err(|e| unavailable("source", e))?;
+        Ok(Some(tidemark::PresentKeys { keys, watermark }))
+    }
+
     async fn snapshot(&self) -> Result<Snapshot> {
         let store = self.store("source").await?;
         let (entries, state) = self
@@ -493,6 +545,8 @@ impl Source for KvBucket {
 pub struct KvStream {
     reader: PushReader,
     prefix: String,
+    /// The bucket's `max_age` when it drops values silently (no limit markers).
+    max_age: Option<Duration>,
     head: u64,
     seen: u64,
     owner: Arc<Inner>,
@@ -524,7 +578,7 @@ impl FeedStream for KvStream {
                 Ok(Seen::Message(d)) => {
                     self.seen = self.seen.max(d.seq);
                     self.owner.read.fetch_add(1, Ordering::Relaxed);
-                    return Some(Ok(to_item(&self.prefix, d)));
+                    return Some(Ok(to_item(&self.prefix, d, self.max_age)));
                 }
             }
         }
@@ -564,6 +618,7 @@ impl Feed for KvBucket {
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),
+                max_age: silent_max_age(&store),
                 head,
                 seen: from.saturating_sub(1),
                 owner: Arc::clone(&self.inner),

@@ -667,3 +667,29 @@ pub async fn source_writes_refuse_what_followers_refuse<S: Source>(s: &S) {
         "a key at the limit is one followers accept"
     );
 }
+
+/// A listing of the source's keys names every key that holds a value and none that was
+/// never written (a removed key may still be named: a listed key need not hold a value),
+/// and its watermark is read before the listing, so it is at least the last write's seq.
+pub async fn source_lists_its_present_keys<S: Source>(s: &S) {
+    s.put("a", b"1".to_vec()).await.unwrap();
+    s.put("b", b"2".to_vec()).await.unwrap();
+    let last = s.put("c", b"3".to_vec()).await.unwrap();
+    s.remove("b").await.unwrap();
+    let present = s
+        .present_keys()
+        .await
+        .unwrap()
+        .expect("this source lists its keys");
+    let mut keys = present.keys.clone();
+    keys.sort();
+    assert!(
+        keys.contains(&"a".to_owned()) && keys.contains(&"c".to_owned()),
+        "every key holding a value is listed: {keys:?}"
+    );
+    assert!(
+        keys.iter().all(|k| ["a", "b", "c"].contains(&k.as_str())),
+        "no key that was never written: {keys:?}"
+    );
+    assert!(present.watermark >= last, "{present:?}");
+}

@@ -355,6 +355,17 @@ where
         Ok(())
     }
 
+    /// Tells a lazily resumed core every key the sink holds (before a snapshot or a
+    /// listing decides which keys the source no longer has).
+    async fn complete_index(&mut self) -> Result<()> {
+        if self.core.needs_keys() {
+            let seqs = self.sink.all_seqs().await?;
+            self.core.remember(seqs);
+            self.core.index_complete();
+        }
+        Ok(())
+    }
+
     /// Tells a lazily resumed core the seqs the sink holds for `keys` it does not know.
     async fn learn(&mut self, mut keys: Vec<String>) -> Result<()> {
         keys.retain(|k| !self.core.knows(k));
@@ -537,17 +548,9 @@ where
                 Request::Snapshot { token } => match or_stop(stop, self.source.snapshot()).await {
                     None => None,
                     Some(Ok(snap)) => {
-                        if self.core.needs_keys() {
-                            match self.sink.all_seqs().await {
-                                Ok(seqs) => {
-                                    self.core.remember(seqs);
-                                    self.core.index_complete();
-                                }
-                                Err(e) => {
-                                    self.sink_failed(e).await?;
-                                    continue;
-                                }
-                            }
+                        if let Err(e) = self.complete_index().await {
+                            self.sink_failed(e).await?;
+                            continue;
                         }
                         Some(Input::Snapshot {
                             token,
@@ -557,6 +560,29 @@ where
                     }
                     Some(Err(e)) => Some(failed(token, &e)),
                 },
+                Request::ListKeys { token } => {
+                    match or_stop(stop, self.source.present_keys()).await {
+                        None => None,
+                        Some(Ok(Some(present))) => {
+                            // The listing judges every cached key: a lazily resumed core must
+                            // know them all first.
+                            if let Err(e) = self.complete_index().await {
+                                self.sink_failed(e).await?;
+                                continue;
+                            }
+                            Some(Input::Keys {
+                                token,
+                                keys: present.keys,
+                                source_watermark: present.watermark,
+                            })
+                        }
+                        Some(Ok(None)) => Some(Input::RequestFailed {
+                            token,
+                            error: "this source cannot list its keys".into(),
+                        }),
+                        Some(Err(e)) => Some(failed(token, &e)),
+                    }
+                }
                 Request::Fetch { token, key, .. } => {
                     match or_stop(stop, self.source.get(&key)).await {
                         None => None,

@@ -329,6 +329,25 @@ impl Source for SqliteSource {
             .await
     }
 
+    async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
+        self.db
+            .call(PORT, |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                let watermark = meta(&tx, "watermark").map_err(sql)?;
+                let keys = {
+                    let mut stmt = tx
+                        .prepare_cached("SELECT key FROM registry WHERE deleted = 0")
+                        .map_err(sql)?;
+                    let rows = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+                    // A key that is not UTF-8 is no key a follower holds: skip it.
+                    rows.filter_map(std::result::Result::ok).collect()
+                };
+                tx.finish().map_err(sql)?;
+                Ok(Some(tidemark::PresentKeys { keys, watermark }))
+            })
+            .await
+    }
+
     async fn snapshot(&self) -> Result<Snapshot> {
         self.db
             .call(PORT, |conn| {

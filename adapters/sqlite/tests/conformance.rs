@@ -32,6 +32,7 @@ conformance! {
     source_remove_absent_is_none => |db| db.source();
     source_changes_cover_removals => |db| db.source();
     source_changes_since_watermark_is_empty => |db| db.source();
+    source_lists_its_present_keys => |db| db.source();
     source_snapshot_is_current => |db| db.source();
     source_refuses_invalid_keys => |db| db.source();
     source_writes_refuse_what_followers_refuse => |db| db.source();

@@ -2,6 +2,7 @@
 //! per-key rules, gaps, and the watermark.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use super::{Follower, Held, Pending};
 use crate::decode::Decode;
@@ -72,6 +73,7 @@ impl<D: Decode> Follower<D> {
             op,
             value,
             pending,
+            expires_in,
         } = entry;
         if let Some(pending) = pending
             && !self.is_ready()
@@ -120,7 +122,7 @@ impl<D: Decode> Follower<D> {
             return;
         }
         let key_for_ahead = self.note_ahead(&key, seq);
-        self.apply(seq, key, op, value);
+        self.apply(seq, key, op, value, expires_in);
         if let Some(key) = key_for_ahead {
             self.ahead.insert(key, seq);
         }
@@ -190,13 +192,23 @@ impl<D: Decode> Follower<D> {
         key: String,
         op: Op,
         value: Vec<u8>,
+        expires_in: Option<Duration>,
     ) -> (usize, usize) {
         if let Err(reason) = self.check_key(&key) {
             self.invalid(seq, key, reason);
             return (0, 0);
         }
         match op.cache_change() {
-            CacheChange::Upsert => self.apply_put(seq, key, value),
+            CacheChange::Upsert => {
+                let expiring = expires_in.map(|ttl| (self.now.saturating_add(ttl), key.clone()));
+                let applied = self.apply_put(seq, key, value);
+                if applied.0 == 1
+                    && let Some((at, key)) = expiring
+                {
+                    self.index.expiries.insert((at, key, seq));
+                }
+                applied
+            }
             CacheChange::Remove => {
                 if self.newer_in_cache(&key, seq) {
                     self.counters.stale += 1;
@@ -299,10 +311,10 @@ impl<D: Decode> Follower<D> {
             // The value may be newer than the marker; the index keeps its own seq so an
             // older entry for the key arriving later is skipped.
             Some((value_seq, bytes)) => {
-                self.apply(value_seq.max(seq), key, Op::Put, bytes);
+                self.apply(value_seq.max(seq), key, Op::Put, bytes, None);
             }
             None => {
-                self.apply(seq, key, Op::Delete, Vec::new());
+                self.apply(seq, key, Op::Delete, Vec::new(), None);
             }
         }
         if let Some(key) = key_for_ahead {
@@ -347,7 +359,13 @@ impl<D: Decode> Follower<D> {
             } else if change.seq <= floor {
                 self.counters.stale += 1;
             } else {
-                let (a, r) = self.apply(change.seq, change.key, change.op, change.value);
+                let (a, r) = self.apply(
+                    change.seq,
+                    change.key,
+                    change.op,
+                    change.value,
+                    change.expires_in,
+                );
                 applied += a;
                 removed += r;
             }
@@ -469,7 +487,9 @@ impl<D: Decode> Follower<D> {
             } else if entry.op != Op::Put {
                 self.invalid(entry.seq, entry.key, InvalidReason::UnexpectedInRows);
             } else if self.index.get(&entry.key) != Some(entry.seq) {
-                applied += self.apply(entry.seq, entry.key, Op::Put, entry.value).0;
+                applied += self
+                    .apply(entry.seq, entry.key, Op::Put, entry.value, entry.expires_in)
+                    .0;
             }
         }
         self.advance(top);
@@ -482,6 +502,57 @@ impl<D: Decode> Follower<D> {
             resynced: true,
         }));
         self.settle();
+    }
+}
+
+impl<D: Decode> Follower<D> {
+    /// Removes the values whose age limit passed at `now`, where the source drops them
+    /// silently: a newer value of the key (or its removal) cancels its expiry.
+    pub(super) fn expire(&mut self, now: Time) {
+        for (key, seq) in self.index.take_expired(now) {
+            if self.index.get(&key) == Some(seq) {
+                self.index.remove(&key);
+                self.counters.expired += 1;
+                self.out
+                    .push_back(Output::Apply(Apply::Remove { key, seq }));
+            }
+        }
+    }
+
+    /// A listing of the source's keys, its watermark read first: a cached key it does not
+    /// list, at a seq the listing covers, is gone from the source.
+    pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
+        let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut gone: Vec<(String, u64)> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
+            .map(|(k, seq)| (k.clone(), *seq))
+            .collect();
+        drop(present);
+        gone.sort_unstable();
+        for (key, seq) in gone {
+            self.index.remove(&key);
+            self.counters.vanished += 1;
+            let removal = source_watermark.max(seq);
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq: removal }));
+        }
+        self.schedule_presence_check();
+        self.settle();
+    }
+
+    /// Schedules the next listing of the source's keys, when the follower is configured
+    /// to check and is live.
+    pub(super) fn schedule_presence_check(&mut self) {
+        if let Some(every) = self.config.presence_check
+            && self.is_ready()
+            && !self.stopped()
+        {
+            self.timers
+                .presence_at(Some(self.now.saturating_add(every)));
+        }
     }
 }
 

@@ -165,6 +165,9 @@ impl<D: Decode> Follower<D> {
             self.stage = Stage::Live;
             let watermark = self.watermark;
             self.notice(Notice::Ready { watermark });
+            if !self.timers.presence_pending() {
+                self.schedule_presence_check();
+            }
         }
     }
 

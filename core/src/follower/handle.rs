@@ -14,6 +14,15 @@ impl<D: Decode> Follower<D> {
         if self.stopped() {
             return;
         }
+        self.now = self.now.max(now);
+        self.expire(now);
+        if self.timers.take_due_presence(now) {
+            if self.busy() {
+                self.schedule_presence_check();
+            } else {
+                self.send(Pending::ListKeys);
+            }
+        }
         // One request at a time: a retry waits for an answer still outstanding.
         if self.request.is_none()
             && let Some(request) = self.timers.take_due_retry(now)
@@ -30,6 +39,7 @@ impl<D: Decode> Follower<D> {
         if self.stopped() {
             return;
         }
+        self.now = self.now.max(now);
         match input {
             Input::SourceFound { token } => {
                 if self.take_request(token, |r| matches!(r, Pending::Lookup)) {
@@ -117,8 +127,25 @@ impl<D: Decode> Follower<D> {
                     self.counters.ignored += 1;
                 }
             }
+            Input::Keys {
+                token,
+                keys,
+                source_watermark,
+            } => {
+                if self.take_request(token, |r| matches!(r, Pending::ListKeys)) {
+                    self.on_keys(keys, source_watermark);
+                }
+            }
             Input::RequestFailed { token, error } => {
-                if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
+                if let Some((_, Pending::ListKeys)) = self
+                    .request
+                    .take_if(|(t, r)| *t == token && matches!(r, Pending::ListKeys))
+                {
+                    // A listing is periodic: it is tried again at the next interval.
+                    self.diag(Diagnostic::ListingFailed { error });
+                    self.schedule_presence_check();
+                    self.settle();
+                } else if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
                     let cause = match request {
                         Pending::Lookup => Cause::Lookup,
                         _ => Cause::RequestFailed,
@@ -152,6 +179,7 @@ impl<D: Decode> Follower<D> {
                 }
                 self.request = None;
                 self.timers.clear();
+                self.timers.presence_at(None);
                 self.held.clear();
                 self.stage = Stage::Stopped {
                     ready: self.is_ready(),

@@ -1,7 +1,9 @@
 //! The key index: the seq of every key the cache holds, the removals applied above the
 //! watermark, and — when the driver commits batches — how to undo what the last batch did.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::time::Time;
 
 // Hashed with foldhash seeded from the follower's configured seed: the same on every run
 // (std's `RandomState` reads OS randomness), keyed per follower, and a fraction of
@@ -16,6 +18,8 @@ pub(super) enum Step {
     Seq(String, Option<u64>),
     /// `key`'s tombstone was `seq` (`None`: it had none).
     Tomb(String, Option<u64>),
+    /// An expiry (when, key, seq) was consumed.
+    Expiry(Time, String, u64),
 }
 
 #[derive(Debug)]
@@ -30,6 +34,9 @@ pub(super) struct KeyIndex {
     pub(super) unknown: usize,
     /// Steps since the last commit, when the driver commits batches.
     pub(super) undo: Option<Vec<Step>>,
+    /// When values expire (a source that drops aged values silently): (when, key, seq).
+    /// An entry whose key no longer holds that seq is dropped when it comes due.
+    pub(super) expiries: BTreeSet<(Time, String, u64)>,
 }
 
 impl KeyIndex {
@@ -39,6 +46,7 @@ impl KeyIndex {
             tombstones: BTreeMap::new(),
             unknown: 0,
             undo: None,
+            expiries: BTreeSet::new(),
         }
     }
 
@@ -145,6 +153,26 @@ impl KeyIndex {
         }
     }
 
+    /// The earliest expiry, if any.
+    pub(super) fn next_expiry(&self) -> Option<Time> {
+        self.expiries.first().map(|(at, _, _)| *at)
+    }
+
+    /// Takes the expiries due at `now`: the (key, seq) of each, in expiry order.
+    pub(super) fn take_expired(&mut self, now: Time) -> Vec<(String, u64)> {
+        let mut due = Vec::new();
+        while self.expiries.first().is_some_and(|(at, _, _)| *at <= now) {
+            let Some((at, key, seq)) = self.expiries.pop_first() else {
+                break;
+            };
+            if let Some(undo) = &mut self.undo {
+                undo.push(Step::Expiry(at, key.clone(), seq));
+            }
+            due.push((key, seq));
+        }
+        due
+    }
+
     /// Starts or stops recording steps for [`rewind`](Self::rewind).
     pub(super) fn track(&mut self, on: bool) {
         self.undo = on.then(Vec::new);
@@ -175,6 +203,9 @@ impl KeyIndex {
                 }
                 Step::Tomb(key, None) => {
                     self.tombstones.remove(key.as_str());
+                }
+                Step::Expiry(at, key, seq) => {
+                    self.expiries.insert((at, key, seq));
                 }
             }
         }

@@ -188,6 +188,13 @@ pub enum Request {
         /// The marker's seq.
         seq: u64,
     },
+    /// List the keys the source holds now, with its watermark read first; answer
+    /// [`Input::Keys`] or [`Input::RequestFailed`] (a source that cannot list: the check
+    /// is tried again at the next interval, never with a backoff).
+    ListKeys {
+        /// The request's token.
+        token: Token,
+    },
     /// Save the feed's durable cursor at `position` (monotone: never lower than before).
     /// A driver with a durable sink saves it only after the sink committed the entries
     /// before it.
@@ -207,7 +214,8 @@ impl Request {
             | Request::OpenFeed { token, .. }
             | Request::Reconcile { token, .. }
             | Request::Snapshot { token }
-            | Request::Fetch { token, .. } => Some(*token),
+            | Request::Fetch { token, .. }
+            | Request::ListKeys { token } => Some(*token),
             Request::CloseFeed { .. } | Request::Checkpoint { .. } => None,
         }
     }
@@ -346,7 +354,18 @@ pub enum Input {
         /// The value and the seq it was written at.
         value: Option<(u64, Vec<u8>)>,
     },
-    /// A lookup, reconcile, snapshot or fetch failed.
+    /// The keys the source holds (a listing asked for by [`Request::ListKeys`]), and its
+    /// watermark read before the listing.
+    Keys {
+        /// The request's token.
+        token: Token,
+        /// Every key the source may hold (a key listed need not hold a value; a key not
+        /// listed holds none).
+        keys: Vec<String>,
+        /// The source's watermark, read before the listing.
+        source_watermark: u64,
+    },
+    /// A lookup, reconcile, snapshot, fetch or listing failed.
     RequestFailed {
         /// The request's token.
         token: Token,

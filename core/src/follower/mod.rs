@@ -132,6 +132,8 @@ pub struct Follower<D: Decode> {
     /// Announcements applied above `known_source`, not yet confirmed by the source: key →
     /// seq. The next read of the source that covers the seq confirms or replaces them.
     ahead: std::collections::BTreeMap<String, u64>,
+    /// The time of the last input or timeout: when a value that expires was applied.
+    now: Time,
 }
 
 impl<D: Decode> Follower<D> {
@@ -184,6 +186,7 @@ impl<D: Decode> Follower<D> {
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
+            now: Time::ZERO,
         };
         f.send(Pending::Lookup);
         f
@@ -361,7 +364,7 @@ impl<D: Decode> Follower<D> {
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.timers.next().map(|(at, _)| at)
+        self.next_timer().map(|(at, _)| at)
     }
 
     /// Why [`poll_timeout`](Self::poll_timeout) asks to be woken: the backoff its deadline
@@ -369,7 +372,15 @@ impl<D: Decode> Follower<D> {
     /// status.
     #[must_use]
     pub fn timeout_cause(&self) -> Option<Cause> {
-        self.timers.next().map(|(_, cause)| cause)
+        self.next_timer().map(|(_, cause)| cause)
+    }
+
+    fn next_timer(&self) -> Option<(Time, Cause)> {
+        let expiry = self.index.next_expiry().map(|at| (at, Cause::Expiry));
+        match (self.timers.next(), expiry) {
+            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+            (a, b) => a.or(b),
+        }
     }
 
     // ---- internals: requests, the feed, timers ----
@@ -415,6 +426,7 @@ impl<D: Decode> Follower<D> {
                 key: key.clone(),
                 seq: *seq,
             },
+            Pending::ListKeys => Request::ListKeys { token },
         };
         self.request = Some((token, request));
         self.request_out(output);

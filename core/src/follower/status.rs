@@ -49,6 +49,10 @@ pub struct Counters {
     pub ignored: u64,
     /// Times the sink failed and the follower went back to its last commit.
     pub rewinds: u64,
+    /// Values removed because they aged out where the source drops them silently.
+    pub expired: u64,
+    /// Keys removed because a listing of the source no longer had them.
+    pub vanished: u64,
 }
 
 /// Everything an operator wants to see of one follower.
@@ -122,6 +126,10 @@ pub enum Cause {
     RequestFailed,
     /// The sink failed to apply or commit; the follower went back to its last commit.
     SinkFailed,
+    /// Not a backoff: a cached value reaches its age limit.
+    Expiry,
+    /// Not a backoff: the periodic listing of the source's keys is due.
+    PresenceCheck,
 }
 
 /// Something a driver should log. None of these stop the follower, and nothing but a log
@@ -198,6 +206,12 @@ pub enum Diagnostic {
         /// The watermark it went back to.
         watermark: u64,
         /// The sink's failure.
+        error: String,
+    },
+    /// A listing of the source's keys failed (or the source cannot list); it is tried
+    /// again at the next interval.
+    ListingFailed {
+        /// The failure, as the driver reported it.
         error: String,
     },
     /// The follower waits before trying again.

@@ -19,6 +19,7 @@ pub(super) enum Pending {
         seq: u64,
         position: u64,
     },
+    ListKeys,
 }
 
 #[derive(Debug, Default)]
@@ -27,6 +28,8 @@ pub(super) struct Timers {
     reopen: Option<(Time, Cause)>,
     /// When to send a request again, and which backoff that ends.
     retry: Option<(Time, Pending, Cause)>,
+    /// When the next listing of the source's keys is due.
+    presence: Option<Time>,
 }
 
 impl Timers {
@@ -38,15 +41,35 @@ impl Timers {
         self.retry = Some((at, request, cause));
     }
 
-    /// The earliest deadline and the backoff it ends.
+    /// The earliest deadline and what it ends.
     pub(super) fn next(&self) -> Option<(Time, Cause)> {
         let retry = self.retry.as_ref().map(|(at, _, cause)| (*at, *cause));
-        match (self.reopen, retry) {
-            (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
-            (a, b) => a.or(b),
+        let presence = self.presence.map(|at| (at, Cause::PresenceCheck));
+        [self.reopen, retry, presence]
+            .into_iter()
+            .flatten()
+            .min_by_key(|(at, _)| *at)
+    }
+
+    pub(super) fn presence_at(&mut self, at: Option<Time>) {
+        self.presence = at;
+    }
+
+    pub(super) fn presence_pending(&self) -> bool {
+        self.presence.is_some()
+    }
+
+    /// Whether the listing is due at `now` (and clears it).
+    pub(super) fn take_due_presence(&mut self, now: Time) -> bool {
+        if self.presence.is_some_and(|at| at <= now) {
+            self.presence = None;
+            true
+        } else {
+            false
         }
     }
 
+    /// Whether a backoff is pending (the periodic listing is not one).
     pub(super) fn any(&self) -> bool {
         self.reopen.is_some() || self.retry.is_some()
     }
@@ -88,8 +111,10 @@ impl Timers {
         }
     }
 
+    /// Clears the backoffs; the periodic listing stays scheduled.
     pub(super) fn clear(&mut self) {
-        *self = Timers::default();
+        self.reopen = None;
+        self.retry = None;
     }
 }
 

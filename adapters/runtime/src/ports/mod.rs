@@ -22,5 +22,5 @@ pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
 pub use queue::{JobRecord, JobState, Leased, Queue};
 pub use schedule::{DueSchedule, ScheduleStore};
-pub use source::{Changes, Snapshot, Source, Versioned};
+pub use source::{Changes, PresentKeys, Snapshot, Source, Versioned};
 pub use wake::{Received, Wake, WakeListener};

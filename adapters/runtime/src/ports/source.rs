@@ -35,6 +35,15 @@ pub enum Changes {
     },
 }
 
+/// The keys a source may hold and its watermark read before listing them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PresentKeys {
+    /// The keys, in no particular order.
+    pub keys: Vec<String>,
+    /// The source's watermark, read before the listing.
+    pub watermark: u64,
+}
+
 /// Every current entry of the source.
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
 pub struct Snapshot {
@@ -77,6 +86,14 @@ pub trait Source: Send + Sync {
 
     /// `key`'s current value and its seq, or `None` if absent.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>>> + Send;
+
+    /// Every key the source may hold (a key listed need not hold a value; a key not listed
+    /// holds none), and its watermark read before the listing: what a follower's periodic
+    /// presence check compares its cache with, to catch keys that vanished without a
+    /// message. Cheaper than a snapshot (no values). `Ok(None)`: this source cannot list.
+    fn present_keys(&self) -> impl Future<Output = Result<Option<PresentKeys>>> + Send {
+        async { Ok(None) }
+    }
 
     /// The first seq [`changes_since`](Self::changes_since) can still serve from
     /// (`since + 1 >= first_available`): 1 when nothing was ever compacted.

@@ -1,0 +1,119 @@
+//! What a NATS bucket drops without a message a follower could see, against a real server:
+//! values aged out by `max_age` on a bucket without limit markers, and a key whose delete
+//! marker was purged while older messages keep the stream's first sequence low.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+mod common;
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use tidemark::{FollowerConfig, FollowerTask, RawBytes, Status, spawn_cache};
+use tidemark_nats::KvBucket;
+
+use common::*;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_aged_out_silently_leave_the_cache_on_the_followers_own_clock() {
+    let server = server().await;
+    let client = client(&server).await;
+    let js = jetstream::new(client.clone());
+    let store = retry(WAIT, || {
+        js.create_key_value(kv::Config {
+            bucket: "aging".into(),
+            history: 1,
+            max_age: Duration::from_secs(2),
+            ..Default::default()
+        })
+    })
+    .await;
+    store.put("a", Bytes::from_static(b"1")).await.unwrap();
+    store.put("b", Bytes::from_static(b"2")).await.unwrap();
+    let bucket = KvBucket::new(client.clone(), "aging").unwrap();
+    let (cache, handle) = spawn_cache(config("aging"), RawBytes, bucket.clone(), bucket);
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cache.len(), 2);
+    // The server drops them silently (no limit markers): only the follower's own expiry
+    // can take them out of the cache.
+    wait_until(WAIT, "both values aged out of the cache", || {
+        cache.is_empty()
+    })
+    .await;
+    assert_eq!(handle.status().counters.expired, 2);
+    // The server's own sweep runs on its schedule; it drops them too.
+    retry(WAIT, || {
+        let store = store.clone();
+        async move {
+            match contents(&store).await.len() {
+                0 => Ok(()),
+                n => Err(format!("{n} values still in the bucket")),
+            }
+        }
+    })
+    .await;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_purged_marker_no_replay_reaches_is_found_by_the_presence_check() {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "purged", 1, 1).await;
+    store.put("a", Bytes::from_static(b"1")).await.unwrap();
+    store.put("k", Bytes::from_static(b"2")).await.unwrap();
+    let bucket = KvBucket::new(client.clone(), "purged").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let db = tidemark_sqlite::SqliteDb::open(dir.path().join("c.db"))
+        .await
+        .unwrap();
+    let cache = db.follower_cache("purged");
+    let start = |check: bool| {
+        let mut config = FollowerConfig::builder("purged").seed(3);
+        if check {
+            config = config.presence_check(Duration::from_millis(200));
+        }
+        FollowerTask::new(
+            config.build().unwrap(),
+            RawBytes,
+            bucket.clone(),
+            bucket.clone(),
+            cache.clone(),
+        )
+        .spawn()
+    };
+    let h = start(false);
+    let mut status = h.watch_status();
+    status.wait_for(|s: &Status| s.ready).await.unwrap();
+    h.stop_within(Duration::from_secs(5)).await.unwrap();
+    // While the follower is away: k is deleted and its marker purged from the stream; a
+    // (seq 1) keeps the first sequence low, so nothing looks compacted.
+    store.delete("k").await.unwrap();
+    let mut stream = jetstream::new(client.clone())
+        .get_stream("KV_purged")
+        .await
+        .unwrap();
+    stream.purge().filter("$KV.purged.k").await.unwrap();
+    assert_eq!(stream.info().await.unwrap().state.first_sequence, 1);
+
+    let h = start(true);
+    let mut status = h.watch_status();
+    tokio::time::timeout(WAIT, status.wait_for(|s: &Status| s.counters.vanished == 1))
+        .await
+        .unwrap_or_else(|_| panic!("the presence check finds k gone: {:?}", h.status()))
+        .unwrap();
+    h.stop_within(Duration::from_secs(5)).await.unwrap();
+    let held: Vec<String> = cache
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _, _)| k)
+        .collect();
+    assert_eq!(held, ["a"], "k left the persisted cache, a stays");
+}

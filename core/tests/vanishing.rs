@@ -1,0 +1,131 @@
+//! What a source drops without a message: values that age out (a NATS bucket with
+//! `max_age` and no limit markers) and keys whose last message was purged. The follower
+//! expires the first itself, on the caller's clock, and finds the second by listing the
+//! source's keys (opt-in).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use tidemark_core::*;
+
+#[test]
+fn a_value_that_ages_out_silently_is_removed_on_the_followers_clock() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(1, 2));
+    h.entry(Entry::put(1, "a", "1").expiring_in(Duration::from_secs(10)));
+    h.entry(Entry::put(2, "b", "2"));
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(Time::ZERO.saturating_add(Duration::from_secs(10)))
+    );
+    assert_eq!(h.f.timeout_cause(), Some(Cause::Expiry));
+    assert!(removes(&h.advance(Duration::from_secs(9))).is_empty());
+    let outs = h.advance(Duration::from_secs(1));
+    assert_eq!(removes(&outs), [("a".into(), 1)], "gone at its age limit");
+    assert_eq!(h.f.counters().expired, 1);
+    assert_eq!(h.f.seq_of("b"), Some(2), "a value without a limit stays");
+    assert_eq!(h.f.watermark(), 2, "an expiry moves no watermark");
+    assert_eq!(h.f.poll_timeout(), None);
+}
+
+#[test]
+fn a_newer_value_cancels_the_expiry_of_the_old_one() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(1, 1));
+    h.entry(Entry::put(1, "a", "1").expiring_in(Duration::from_secs(10)));
+    h.advance(Duration::from_secs(5));
+    h.entry(Entry::put(2, "a", "2").expiring_in(Duration::from_secs(10)));
+    let outs = h.advance(Duration::from_secs(5));
+    assert!(
+        removes(&outs).is_empty(),
+        "the old revision's limit is not the new one's"
+    );
+    let outs = h.advance(Duration::from_secs(5));
+    assert_eq!(removes(&outs), [("a".into(), 2)]);
+}
+
+#[test]
+fn an_expiry_undone_by_a_failed_batch_comes_due_again() {
+    let mut h = H::new();
+    h.f.track_commits(true);
+    h.open(FeedInfo::kv(1, 1));
+    h.entry(Entry::put(1, "a", "1").expiring_in(Duration::from_secs(1)));
+    h.f.commit();
+    let outs = h.advance(Duration::from_secs(1));
+    assert_eq!(removes(&outs), [("a".into(), 1)]);
+    h.input(Input::SinkFailed { error: "x".into() });
+    assert_eq!(h.f.seq_of("a"), Some(1), "the removal is undone");
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(h.now),
+        "and its expiry is due again, not lost"
+    );
+}
+
+fn checking(every: Duration) -> H {
+    let config = config().presence_check(every).build().unwrap();
+    H::with(Follower::new(config, Utf8))
+}
+
+#[test]
+fn a_live_follower_lists_the_sources_keys_and_drops_what_it_no_longer_has() {
+    let mut h = checking(Duration::from_secs(30));
+    h.open(FeedInfo::kv(1, 3));
+    h.put(1, "a", "1");
+    h.put(2, "gone", "2");
+    h.put(3, "b", "3");
+    assert_eq!(h.f.timeout_cause(), Some(Cause::PresenceCheck));
+    let outs = h.advance(Duration::from_secs(30));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::ListKeys { .. }))),
+        "{outs:?}"
+    );
+    assert_eq!(h.f.phase(), Phase::Live, "a periodic check is no backoff");
+    // A key written after the listing's watermark is not the listing's to judge.
+    h.put(4, "late", "4");
+    let outs = h.input(Input::Keys {
+        token: h.request.unwrap(),
+        keys: vec!["a".into(), "b".into()],
+        source_watermark: 3,
+    });
+    assert_eq!(removes(&outs), [("gone".into(), 3)]);
+    assert_eq!(h.f.counters().vanished, 1);
+    assert_eq!(h.f.seq_of("late"), Some(4));
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(h.now.saturating_add(Duration::from_secs(30))),
+        "the next check is scheduled"
+    );
+}
+
+#[test]
+fn a_source_that_cannot_list_is_asked_again_at_the_next_interval_not_in_a_loop() {
+    let mut h = checking(Duration::from_secs(30));
+    h.open(FeedInfo::kv(0, 0));
+    h.advance(Duration::from_secs(30));
+    let outs = h.input(Input::RequestFailed {
+        token: h.request.unwrap(),
+        error: "cannot list".into(),
+    });
+    assert!(
+        diagnostics(&outs)
+            .iter()
+            .any(|d| matches!(d, Diagnostic::ListingFailed { .. }))
+    );
+    assert_eq!(h.f.phase(), Phase::Live);
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(h.now.saturating_add(Duration::from_secs(30)))
+    );
+}
+
+#[test]
+fn without_the_option_nothing_is_listed() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, 0));
+    assert_eq!(h.f.poll_timeout(), None);
+}
