@@ -223,10 +223,15 @@ fn spawn_watcher(shared: Weak<Shared>, conn: Connection) -> Result<()> {
         Some(s) => (s.options.watch_interval, s.path.clone()),
         None => return Ok(()),
     };
+    // The baseline is read before `open` returns: read by the thread once it runs, a
+    // commit made in between (the thread can start late on a loaded machine) would become
+    // the baseline and wake no listener (found by a flaky test: about 1 in 10 runs).
+    let mut last: Option<i64> = conn
+        .pragma_query_value(None, "data_version", |r| r.get::<_, i64>(0))
+        .ok();
     std::thread::Builder::new()
         .name("tidemark-sqlite-watch".into())
         .spawn(move || {
-            let mut last: Option<i64> = None;
             loop {
                 let Some(s) = shared.upgrade() else { return };
                 match conn.pragma_query_value(None, "data_version", |r| r.get::<_, i64>(0)) {
