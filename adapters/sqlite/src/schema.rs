@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -117,6 +117,11 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE outbox ADD COLUMN claimed_by TEXT;
     ALTER TABLE outbox ADD COLUMN claim_until INTEGER;
+    ",
+    // 2 → 3: a persisted follower's key count, kept with its watermark, so a warm restart
+    // does not count a million rows to say how many it holds (NULL: count once).
+    "
+    ALTER TABLE follower_state ADD COLUMN keys INTEGER;
     ",
 ];
 

@@ -338,3 +338,43 @@ async fn a_batch_and_its_watermark_commit_together_or_not_at_all() {
         .unwrap();
     assert_eq!(seqs, [("j".to_owned(), 6)]);
 }
+
+/// The key count is kept with the watermark, so a warm restart does not count the rows;
+/// a file from before the count was kept is counted once, and kept from then on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_count_is_kept_with_the_watermark_and_counted_once_for_older_files() {
+    let (_dir, path, db) = common::fresh().await;
+    let mut cache = db.follower_cache("n");
+    for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+        Sink::<Vec<u8>>::put(&mut cache, key.into(), i as u64 + 1, b"v".to_vec())
+            .await
+            .unwrap();
+    }
+    Sink::<Vec<u8>>::commit(&mut cache, 3).await.unwrap();
+    Sink::<Vec<u8>>::put(&mut cache, "a".into(), 4, b"w".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::remove(&mut cache, "b".into(), 5)
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::remove(&mut cache, "never".into(), 5)
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 5).await.unwrap();
+    let held = cache.held().await.unwrap().unwrap();
+    assert_eq!(
+        (held.watermark, held.keys),
+        (5, 2),
+        "an overwrite adds no key"
+    );
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("UPDATE follower_state SET keys = NULL", [])
+        .unwrap();
+    assert_eq!(cache.held().await.unwrap().unwrap().keys, 2, "counted once");
+    Sink::<Vec<u8>>::put(&mut cache, "d".into(), 6, b"v".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
+    assert_eq!(cache.held().await.unwrap().unwrap().keys, 3);
+}
