@@ -44,6 +44,22 @@ impl Bytes<'_> {
     fn small(&mut self, below: u8) -> u64 {
         u64::from(self.byte().unwrap_or(0) % below)
     }
+
+    /// A seq: mostly small (so entries meet each other), sometimes anywhere in the whole
+    /// `u64` range, near its top included (a foreign or corrupt producer's seq).
+    fn seq(&mut self, small_below: u8) -> u64 {
+        match self.small(16) {
+            0 => u64::MAX - self.small(4),
+            1 => {
+                let mut n = 0u64;
+                for _ in 0..8 {
+                    n = (n << 8) | u64::from(self.byte().unwrap_or(0));
+                }
+                n
+            }
+            _ => self.small(small_below),
+        }
+    }
 }
 
 const KEYS: [&str; 6] = ["a", "b", "c", "d", "", "bad\u{1}key"];
@@ -60,7 +76,7 @@ fn value(b: &mut Bytes<'_>) -> Vec<u8> {
 }
 
 fn entry(b: &mut Bytes<'_>) -> Entry {
-    let seq = b.small(48);
+    let seq = b.seq(48);
     let position = b.small(64);
     let op = match b.small(6) {
         0 | 1 => Op::Put,
@@ -116,7 +132,11 @@ impl Observed {
                 }
                 Output::Notice(Notice::Ready { .. }) => self.ready += 1,
                 Output::Request(Request::OpenFeed { token, from, .. }) => {
-                    assert_eq!(from, f.watermark() + 1, "a feed must open at watermark+1");
+                    assert_eq!(
+                        from,
+                        f.watermark().saturating_add(1),
+                        "a feed must open at watermark+1"
+                    );
                     self.feed = Some(token);
                 }
                 Output::Request(Request::LookupSource { token })
@@ -216,8 +236,8 @@ pub fn follower_inputs(data: &[u8]) {
                     Continuity::Sparse
                 };
                 let info = FeedInfo {
-                    first_available: b.small(8),
-                    head: b.small(32),
+                    first_available: b.seq(8),
+                    head: b.seq(32),
                     continuity,
                     checkpoints: b.small(2) == 0,
                     // Mostly the follower's own way; sometimes a feed that says otherwise.
@@ -243,23 +263,23 @@ pub fn follower_inputs(data: &[u8]) {
                 Input::Changes {
                     token: req,
                     changes,
-                    source_watermark: b.small(48),
+                    source_watermark: b.seq(48),
                 }
             }
             9 => Input::ChangesUnavailable {
                 token: req,
-                first_available: b.small(48),
+                first_available: b.seq(48),
             },
             10 => {
                 let entries = (0..b.small(4)).map(|_| entry(&mut b)).collect();
                 Input::Snapshot {
                     token: req,
                     entries,
-                    source_watermark: b.small(48),
+                    source_watermark: b.seq(48),
                 }
             }
             11 => {
-                let value = (b.small(3) > 0).then(|| (b.small(48), value(&mut b)));
+                let value = (b.small(3) > 0).then(|| (b.seq(48), value(&mut b)));
                 Input::Fetched { token: req, value }
             }
             12 => Input::RequestFailed {
@@ -270,7 +290,7 @@ pub fn follower_inputs(data: &[u8]) {
             14 => Input::Undecodable {
                 token: feed,
                 position: b.small(64),
-                seq: (b.small(2) == 0).then(|| b.small(48)),
+                seq: (b.small(2) == 0).then(|| b.seq(48)),
                 reason: "junk".into(),
             },
             15 => {
@@ -283,7 +303,7 @@ pub fn follower_inputs(data: &[u8]) {
             _ if b.small(3) == 0 => Input::Keys {
                 token: req,
                 keys: (0..b.small(4)).map(|_| key(&mut b)).collect(),
-                source_watermark: b.small(48),
+                source_watermark: b.seq(48),
             },
             _ if b.small(2) == 0 => Input::Reconnected,
             _ => Input::Wake,

@@ -390,3 +390,29 @@ fn an_announcement_the_source_does_not_confirm_is_replaced_by_its_answer() {
         "the foreign key is gone"
     );
 }
+
+/// Seqs near the top of `u64` (a foreign or corrupt producer) are data, not a panic: a
+/// watermark at `u64::MAX` reopens its feed, and a gap check past it does not overflow.
+#[test]
+fn seqs_at_the_top_of_u64_never_overflow() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(0, u64::MAX));
+    h.put(u64::MAX, "a", "top");
+    assert_eq!(h.f.watermark(), u64::MAX);
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    let outs = h.run_to_timeout();
+    assert_eq!(opened_from(&outs), Some(u64::MAX));
+    let mut h = H::new();
+    h.open(FeedInfo::change_log(1, 1));
+    h.put(1, "a", "1");
+    let outs = h.put(u64::MAX, "b", "far");
+    assert!(
+        diagnostics(&outs)
+            .iter()
+            .any(|d| matches!(d, Diagnostic::Gap { .. }))
+    );
+}

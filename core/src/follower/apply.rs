@@ -30,7 +30,7 @@ impl<D: Decode> Follower<D> {
     pub(super) fn on_undecodable(&mut self, position: u64, seq: Option<u64>, reason: String) {
         if let Some(seq) = seq
             && self.gapless()
-            && seq > self.watermark + 1
+            && seq > self.watermark.saturating_add(1)
         {
             self.gap(seq);
             return;
@@ -54,7 +54,7 @@ impl<D: Decode> Follower<D> {
     pub(super) fn gap(&mut self, seq: u64) {
         self.counters.gaps += 1;
         self.diag(Diagnostic::Gap {
-            expected: self.watermark + 1,
+            expected: self.watermark.saturating_add(1),
             got: seq,
         });
         self.drop_feed();
@@ -105,13 +105,13 @@ impl<D: Decode> Follower<D> {
             self.checkpoint(position);
             return;
         }
-        if seq > self.watermark + 1 && self.gapless() {
+        if seq > self.watermark.saturating_add(1) && self.gapless() {
             self.gap(seq);
             return;
         }
         if self.follow == Follow::Announcements {
             let known = self.known_source.max(self.watermark);
-            if seq - known > self.config.max_ahead {
+            if seq.saturating_sub(known) > self.config.max_ahead {
                 self.invalid(seq, key, InvalidReason::SeqAhead { known });
                 self.checkpoint(position);
                 return;

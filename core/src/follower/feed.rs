@@ -24,7 +24,7 @@ impl<D: Decode> Follower<D> {
         }
         self.opened_once = true;
         let token = self.token();
-        let from = self.watermark + 1;
+        let from = self.watermark.saturating_add(1);
         self.feed = Some(FeedState {
             token,
             from,

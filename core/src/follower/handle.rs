@@ -98,7 +98,7 @@ impl<D: Decode> Follower<D> {
                 first_available,
             } => {
                 if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
-                    let wanted = self.watermark + 1;
+                    let wanted = self.watermark.saturating_add(1);
                     self.diag(Diagnostic::Compacted {
                         wanted,
                         first_available,

@@ -52,7 +52,7 @@ impl KeyIndex {
 
     /// Keys the cache holds, known or not.
     pub(super) fn len(&self) -> usize {
-        self.seqs.len() + self.unknown
+        self.seqs.len().saturating_add(self.unknown)
     }
 
     pub(super) fn get(&self, key: &str) -> Option<u64> {
