@@ -16,6 +16,34 @@ use crate::follower::{
 };
 use crate::time::Time;
 
+/// Decodes arbitrary bytes as a value with each built-in decoder: never panics; `Utf8`
+/// accepts exactly the valid UTF-8 inputs and gives them back unchanged, `RawBytes` gives
+/// every input back, and what `Json` accepts re-encodes to JSON that decodes the same.
+pub fn decode_value(data: &[u8]) {
+    use crate::decode::{Decode, Json, RawBytes};
+    let text = Utf8.decode("k", data.to_vec());
+    match std::str::from_utf8(data) {
+        Ok(s) => assert_eq!(
+            text.ok().as_deref(),
+            Some(s),
+            "valid UTF-8 decodes as itself"
+        ),
+        Err(_) => assert!(text.is_err(), "invalid UTF-8 is a decode error"),
+    }
+    assert_eq!(
+        RawBytes.decode("k", data.to_vec()).ok().as_deref(),
+        Some(data),
+        "raw bytes are the bytes"
+    );
+    if let Ok(value) = Json::<serde_json::Value>::new().decode("k", data.to_vec()) {
+        let again = serde_json::to_vec(&value).expect("a decoded JSON value encodes");
+        let back = Json::<serde_json::Value>::new()
+            .decode("k", again)
+            .expect("and decodes again");
+        assert_eq!(back, value, "JSON values round-trip");
+    }
+}
+
 /// Decodes arbitrary bytes as an event: never panics, and a valid event re-encodes to bytes
 /// that decode to the same event.
 pub fn decode_event(data: &[u8]) {

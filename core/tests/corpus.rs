@@ -46,3 +46,10 @@ fn follower_inputs_corpus_replays_with_invariants_holding() {
         assert!(result.is_ok(), "{} broke an invariant", path.display());
     }
 }
+
+#[test]
+fn decode_value_corpus_replays_with_the_decoders_agreeing() {
+    for (_, data) in corpus("decode_value") {
+        tidemark_core::fuzzing::decode_value(&data);
+    }
+}

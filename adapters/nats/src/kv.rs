@@ -323,7 +323,7 @@ fn silent_max_age(store: &kv::Store) -> Option<Duration> {
 /// What is left of a value's life: `max_age` less its age by the server's timestamp.
 /// Reading the wall clock here turns the server's timestamp into data; the follower
 /// decides when it expires, on its own clock.
-fn remaining_life(max_age: Duration, published_ns: u64) -> Duration {
+pub(crate) fn remaining_life(max_age: Duration, published_ns: u64) -> Duration {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

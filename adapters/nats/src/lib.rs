@@ -35,6 +35,7 @@
 mod consumer;
 mod error;
 mod events;
+pub mod fuzzing;
 mod kv;
 mod options;
 mod queue;

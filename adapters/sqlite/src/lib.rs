@@ -38,6 +38,7 @@ mod cache;
 mod db;
 mod error;
 mod events;
+pub mod fuzzing;
 mod lock;
 mod outbox;
 mod queue;
