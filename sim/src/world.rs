@@ -12,7 +12,7 @@ use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryQueue, Port};
 
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
-use crate::oracle::{History, Probe, Volatile, differences};
+use crate::oracle::{Expect, History, Probe, Volatile, differences};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
     Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, writer_host,
@@ -531,6 +531,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     // An operator's reconcile pass after an incident: one wake once listeners are back.
     let mut woke = false;
     let mut converged_after = None;
+    let mut expected = None;
     while sim.elapsed() < healed_at + scenario.liveness_bound {
         if !woke && sim.elapsed() >= healed_at + Duration::from_secs(3) {
             woke = true;
@@ -545,7 +546,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             };
             return finish(seed, failures, faults, None, &seen);
         }
-        if woke && converged(&probes, &history) {
+        if woke && converged(&probes, &history, &mut expected) {
             converged_after = Some(sim.elapsed() - healed_at);
             break;
         }
@@ -610,13 +611,29 @@ fn wake_all(memory: &Memory) {
     let _ = fut.as_mut().poll(&mut cx);
 }
 
-fn converged(probes: &[Probe], history: &History) -> bool {
+/// Whether every follower holds the source's state at its head. Checked at every step of
+/// the liveness phase: the cheap conditions first, and the expected state is computed once
+/// per head (`expected` keeps it), since the writers are quiet.
+fn converged(
+    probes: &[Probe],
+    history: &History,
+    expected: &mut Option<(u64, BTreeMap<String, Expect>)>,
+) -> bool {
     let wm = history.watermark();
-    let expected = history.expected_at(wm);
-    probes.iter().all(|p| {
+    let at_head = probes.iter().all(|p| {
         let s = p.state();
-        s.ready && s.watermark == wm && differences(&s.cache, &expected).is_empty()
-    })
+        s.ready && s.watermark == wm
+    });
+    if !at_head {
+        return false;
+    }
+    let want = match expected {
+        Some((at, want)) if *at == wm => want,
+        _ => &expected.insert((wm, history.expected_at(wm))).1,
+    };
+    probes
+        .iter()
+        .all(|p| differences(&p.state().cache, want).is_empty())
 }
 
 /// What the orchestrator acts on.
