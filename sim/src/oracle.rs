@@ -180,6 +180,8 @@ pub struct ProbeState {
     pub failed_commits: u32,
     /// Restarts that found keys in the durable store.
     pub warm_restarts: u32,
+    /// Restarts of a supervised worker by its supervisor (in this host's life).
+    pub worker_restarts: u32,
 }
 
 impl ProbeState {
@@ -262,6 +264,7 @@ impl Probe {
         s.incarnation += 1;
         s.ready = false;
         let pending = std::mem::take(&mut s.pending);
+        s.worker_restarts = 0;
         let Some(store) = durable else {
             s.cache.clear();
             s.watermark = 0;
@@ -448,5 +451,85 @@ impl<V: Send> Sink<V> for Volatile {
 
     async fn remove(&mut self, _key: String, _seq: u64) -> Result<()> {
         Ok(())
+    }
+}
+
+impl Probe {
+    /// A supervised worker's handler saw `key` put at `seq`. Delivery is at least once (a
+    /// failed batch is delivered again after the restart), so the same seq again is fine;
+    /// an older one is not.
+    pub fn handler_put(&self, key: &str, seq: u64, value: &str) {
+        let mut s = self.state();
+        match s.cache.get(key) {
+            Some((have, _)) if *have > seq => {
+                let have = *have;
+                self.violation(
+                    &mut s,
+                    format!("{key}: handler saw put at seq {seq} over newer {have}"),
+                );
+            }
+            Some((have, v)) if *have == seq && v != value => {
+                self.violation(
+                    &mut s,
+                    format!("{key}: handler saw seq {seq} again with another value"),
+                );
+            }
+            _ => {}
+        }
+        self.trace.line(format!("{} on_put {key}@{seq}", self.name));
+        s.applied.insert(seq);
+        s.cache.insert(key.to_owned(), (seq, value.to_owned()));
+    }
+
+    /// A supervised worker's handler saw `key` removed at `seq`.
+    pub fn handler_delete(&self, key: &str, seq: u64) {
+        let mut s = self.state();
+        if let Some((have, _)) = s.cache.get(key)
+            && *have > seq
+        {
+            let have = *have;
+            self.violation(
+                &mut s,
+                format!("{key}: handler saw removal at seq {seq} over newer {have}"),
+            );
+        }
+        self.trace
+            .line(format!("{} on_delete {key}@{seq}", self.name));
+        s.cache.remove(key);
+    }
+
+    /// What a supervisor says of its worker: its watermark, and whether it is live. Once
+    /// live, every new watermark must describe what the handlers saw.
+    pub fn observe(&self, watermark: u64, live: bool, restarts: u32) {
+        let mut s = self.state();
+        if restarts != s.worker_restarts {
+            self.trace.line(format!(
+                "{} supervisor restarted its worker ({restarts} in all)",
+                self.name
+            ));
+            s.worker_restarts = restarts;
+        }
+        if watermark < s.watermark {
+            let what = format!("watermark fell from {} to {watermark}", s.watermark);
+            self.violation(&mut s, what);
+        }
+        if live && (watermark != s.watermark || !s.ready) {
+            let diff = self.history.inconsistencies(&s.cache, watermark);
+            if !diff.is_empty() {
+                let what = format!(
+                    "handlers did not see the source's state at watermark {watermark}: {}",
+                    diff.join("; ")
+                );
+                self.violation(&mut s, what);
+            }
+        }
+        if live != s.ready || watermark != s.watermark {
+            self.trace.line(format!(
+                "{} supervisor: watermark {watermark}, live {live}",
+                self.name
+            ));
+        }
+        s.watermark = watermark;
+        s.ready = live;
     }
 }

@@ -45,11 +45,13 @@ pub enum FaultKind {
     SlowCommit,
     /// A persisted follower's next commits fail (it must rewind and converge).
     FailCommit,
+    /// A supervised worker's handler fails; its supervisor restarts it.
+    HandlerFailure,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 17] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -67,6 +69,7 @@ impl FaultKind {
         FaultKind::CommitCrash,
         FaultKind::SlowCommit,
         FaultKind::FailCommit,
+        FaultKind::HandlerFailure,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -228,6 +231,8 @@ pub enum Action {
     SlowCommits(usize, Duration),
     /// Fail follower `i`'s next `n` commits.
     FailCommits(usize, u32),
+    /// Fail supervised follower `i`'s next `n` handler calls.
+    FailHandler(usize, u32),
 }
 
 impl Action {
@@ -252,6 +257,7 @@ impl Action {
             Action::CrashFollowerMidCommit(..) => FaultKind::CommitCrash,
             Action::SlowCommits(_, d) if !d.is_zero() => FaultKind::SlowCommit,
             Action::FailCommits(..) => FaultKind::FailCommit,
+            Action::FailHandler(..) => FaultKind::HandlerFailure,
             _ => return None,
         })
     }
@@ -284,11 +290,14 @@ pub const SOURCE: &str = "source";
 pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     let mut rng = Rng::new(seed ^ 0x7469_6465_6d61_726b);
     let persisted: Vec<usize> = (0..s.followers).filter(|&i| s.persisted(i)).collect();
+    // Supervised workers are among these (the volatile change-log followers).
+    let volatile: Vec<usize> = (0..s.followers).filter(|&i| !s.persisted(i)).collect();
     let kinds: Vec<FaultKind> = s
         .faults
         .iter()
         .copied()
         .filter(|k| !k.needs_persisted() || !persisted.is_empty())
+        .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
         .collect();
     let mut plan = Vec::new();
     if kinds.is_empty() {
@@ -394,6 +403,11 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     let i = persisted[pick(&mut rng, persisted.len())];
                     let n = 1 + (rng.next_u64() % 3) as u32;
                     plan.push((t, Action::FailCommits(i, n)));
+                }
+                FaultKind::HandlerFailure => {
+                    let i = volatile[pick(&mut rng, volatile.len())];
+                    let n = 1 + (rng.next_u64() % 3) as u32;
+                    plan.push((t, Action::FailHandler(i, n)));
                 }
             }
         }

@@ -2,12 +2,15 @@
 //! checks after every step and the liveness phase.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Event, FollowerConfig, Rng, Utf8};
-use tidemark::{AnnouncingRegistry, FollowerTask, NoFeed, Sink, Source, StopSignal};
+use tidemark::tidemark_core::{Event, FollowerConfig, Phase, RestartPolicy, Rng, Utf8};
+use tidemark::{
+    AnnouncingRegistry, FollowerTask, NoFeed, Sink, Source, StopSignal, Supervisor, Worker,
+    WorkerPhase, WorkerSink,
+};
 use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryQueue, Port};
 
 use crate::listener::ReconnectingListener;
@@ -60,6 +63,9 @@ pub struct FollowerSpec {
     pub kind: Kind,
     /// Where its cache lives, and so what survives its crashes.
     pub durability: Durability,
+    /// Runs as a user's worker under a [`Supervisor`] that restarts it when a handler
+    /// fails (keeping what it applied), instead of as a bare follower task.
+    pub supervised: bool,
 }
 
 impl FollowerSpec {
@@ -93,6 +99,8 @@ pub struct Outcome {
     pub failed_commits: u32,
     /// Restarts of persisted followers that found keys in their durable store.
     pub warm_restarts: u32,
+    /// Restarts of supervised workers by their supervisor after a handler failed.
+    pub worker_restarts: u32,
 }
 
 impl Outcome {
@@ -264,6 +272,7 @@ async fn follower(
     seed: u64,
     probe: Probe,
     store: Option<MemoryCacheStore>,
+    handler_faults: Arc<AtomicU32>,
 ) -> turmoil::Result {
     // What survived the crash: nothing, or what the durable store holds; the follower
     // resumes from the store itself (`Sink::resume`), the probe only watches.
@@ -271,6 +280,9 @@ async fn follower(
     let config = FollowerConfig::builder(spec.name.clone())
         .seed(seed)
         .build()?;
+    if spec.supervised {
+        return supervised(spec, config, seed, probe, handler_faults).await;
+    }
     match (spec.durability, store) {
         (Durability::Volatile, _) | (_, None) => {
             drive(spec.kind, config, probe.sink(Volatile)).await
@@ -283,6 +295,97 @@ async fn follower(
         }
         (Durability::WatermarkFirst, Some(store)) => {
             drive(spec.kind, config, probe.sink(WatermarkFirst(store.sink()))).await
+        }
+    }
+}
+
+/// A user's worker whose handlers report to the probe; the next handler calls fail while
+/// `fail_next` is above zero (an error in the user's code).
+struct ProbeWorker {
+    name: String,
+    config: FollowerConfig,
+    probe: Probe,
+    fail_next: Arc<AtomicU32>,
+}
+
+impl ProbeWorker {
+    fn fail(&self) -> Result<(), String> {
+        let failing = self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            Err("injected handler failure".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Worker for ProbeWorker {
+    type Decoder = Utf8;
+    type Error = String;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn source(&self) -> &str {
+        SOURCE
+    }
+
+    fn decoder(&self) -> Utf8 {
+        Utf8
+    }
+
+    fn config(&self) -> tidemark::Result<FollowerConfig> {
+        Ok(self.config.clone())
+    }
+
+    async fn on_put(&mut self, key: &str, seq: u64, value: String) -> Result<(), String> {
+        self.fail()?;
+        self.probe.handler_put(key, seq, &value);
+        Ok(())
+    }
+
+    async fn on_delete(&mut self, key: &str, seq: u64) -> Result<(), String> {
+        self.fail()?;
+        self.probe.handler_delete(key, seq);
+        Ok(())
+    }
+}
+
+/// Runs a follower as a supervised worker (change log and wakes), restarted with a
+/// backoff whenever a handler fails, and reports its supervisor's view to the probe.
+async fn supervised(
+    spec: FollowerSpec,
+    config: FollowerConfig,
+    seed: u64,
+    probe: Probe,
+    fail_next: Arc<AtomicU32>,
+) -> turmoil::Result {
+    let remote = Remote::new(SOURCE);
+    let worker = ProbeWorker {
+        name: spec.name.clone(),
+        config: config.clone(),
+        probe: probe.clone(),
+        fail_next,
+    };
+    let supervisor = Supervisor::new(seed);
+    let task = FollowerTask::new(
+        config,
+        Utf8,
+        remote.clone(),
+        remote.clone(),
+        WorkerSink(worker),
+    )
+    .with_wake(ReconnectingListener::new(remote.clone(), CHANNEL));
+    supervisor.supervise(task, RestartPolicy::with_backoff())?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(info) = supervisor.get(&spec.name) {
+            let live = info.phase == WorkerPhase::Running(Phase::Live);
+            probe.observe(info.watermark, live, info.restarts);
         }
     }
 }
@@ -348,14 +451,16 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
                 Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
             };
+            let persisted = s.persisted(i);
             FollowerSpec {
                 name: follower_host(i),
                 kind,
-                durability: if s.persisted(i) {
+                durability: if persisted {
                     durable
                 } else {
                     Durability::Volatile
                 },
+                supervised: !persisted && kind == Kind::Log,
             }
         })
         .collect()
@@ -407,11 +512,20 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .iter()
         .map(|f| f.persisted().then(MemoryCacheStore::new))
         .collect();
+    // Handler failures armed for supervised workers (outlive their hosts too).
+    let handler_faults: Vec<Arc<AtomicU32>> = specs.iter().map(|_| Arc::default()).collect();
     for (i, ((spec, probe), store)) in specs.iter().zip(&probes).zip(&stores).enumerate() {
         let (spec, probe, store) = (spec.clone(), probe.clone(), store.clone());
+        let faults = Arc::clone(&handler_faults[i]);
         let fseed = seed.wrapping_mul(31).wrapping_add(i as u64);
         sim.host(spec.name.clone().as_str(), move || {
-            follower(spec.clone(), fseed, probe.clone(), store.clone())
+            follower(
+                spec.clone(),
+                fseed,
+                probe.clone(),
+                store.clone(),
+                Arc::clone(&faults),
+            )
         });
     }
 
@@ -461,6 +575,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 controls: &controls,
                 specs: &specs,
                 stores: &stores,
+                handler_faults: &handler_faults,
             };
             apply(&mut sim, &action, &world, &mut crashed, &mut commit_crashes);
         }
@@ -523,6 +638,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     memory.events.release_held();
     for store in stores.iter().flatten() {
         store.heal();
+    }
+    for f in &handler_faults {
+        f.store(0, Ordering::SeqCst);
     }
     for h in std::mem::take(&mut crashed) {
         sim.bounce(h.as_str());
@@ -642,6 +760,7 @@ struct World<'a> {
     controls: &'a [Arc<WriterControl>],
     specs: &'a [FollowerSpec],
     stores: &'a [Option<MemoryCacheStore>],
+    handler_faults: &'a [Arc<AtomicU32>],
 }
 
 impl World<'_> {
@@ -693,6 +812,11 @@ fn apply(
         Action::SlowCommits(i, latency) => {
             if let Some(store) = world.store(*i) {
                 store.set_write_latency(*latency);
+            }
+        }
+        Action::FailHandler(i, n) => {
+            if specs.get(*i).is_some_and(|f| f.supervised) {
+                world.handler_faults[*i].store(*n, Ordering::SeqCst);
             }
         }
         Action::FailCommits(i, n) => {
@@ -758,11 +882,12 @@ fn finish(
     converged_after: Option<Duration>,
     seen: &Seen<'_>,
 ) -> Outcome {
-    let (mut failed_commits, mut warm_restarts) = (0, 0);
+    let (mut failed_commits, mut warm_restarts, mut worker_restarts) = (0, 0, 0);
     for p in seen.probes {
         let s = p.state();
         failed_commits += s.failed_commits;
         warm_restarts += s.warm_restarts;
+        worker_restarts += s.worker_restarts;
     }
     Outcome {
         seed,
@@ -775,5 +900,6 @@ fn finish(
         commit_crashes: seen.commit_crashes,
         failed_commits,
         warm_restarts,
+        worker_restarts,
     }
 }

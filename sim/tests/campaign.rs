@@ -14,12 +14,14 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     let mut failures = Vec::new();
     let mut watermarks = 0;
     let (mut commit_crashes, mut failed_commits, mut warm_restarts) = (0, 0, 0);
+    let mut worker_restarts = 0;
     for seed in SEEDS {
         let o = run(seed, &scenario);
         watermarks += o.watermark;
         commit_crashes += o.commit_crashes;
         failed_commits += o.failed_commits;
         warm_restarts += o.warm_restarts;
+        worker_restarts += o.worker_restarts;
         if !o.passed() {
             failures.push(format!("seed {seed}: {}", o.failures.join(" | ")));
         }
@@ -40,6 +42,10 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     assert!(
         failed_commits > 0,
         "no commit failed: the rewind after a sink failure is never run"
+    );
+    assert!(
+        worker_restarts > 0,
+        "no supervised worker was restarted: the supervisor's restart path is never run"
     );
     assert!(
         u64::from(warm_restarts) >= seeds,
