@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tidemark::tidemark_core::{Event, FollowerConfig, Phase, RestartPolicy, Rng, Utf8};
 use tidemark::{
-    AnnouncingRegistry, FollowerTask, NoFeed, Sink, Source, StopSignal, Supervisor, Worker,
-    WorkerPhase, WorkerSink,
+    AnnouncingRegistry, Cursors, FollowerTask, NoFeed, Sink, Source, StopSignal, Supervisor,
+    Worker, WorkerPhase, WorkerSink,
 };
 use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryQueue, Port};
 
@@ -285,16 +285,28 @@ async fn follower(
     }
     match (spec.durability, store) {
         (Durability::Volatile, _) | (_, None) => {
-            drive(spec.kind, config, probe.sink(Volatile)).await
+            drive(spec.kind, config, probe.sink(Volatile), false).await
         }
         (Durability::Store, Some(store)) => {
-            drive(spec.kind, config, probe.sink(store.sink())).await
+            drive(spec.kind, config, probe.sink(store.sink()), true).await
         }
         (Durability::ForgetsIndex, Some(store)) => {
-            drive(spec.kind, config, probe.sink(ForgetsIndex(store.sink()))).await
+            drive(
+                spec.kind,
+                config,
+                probe.sink(ForgetsIndex(store.sink())),
+                true,
+            )
+            .await
         }
         (Durability::WatermarkFirst, Some(store)) => {
-            drive(spec.kind, config, probe.sink(WatermarkFirst(store.sink()))).await
+            drive(
+                spec.kind,
+                config,
+                probe.sink(WatermarkFirst(store.sink())),
+                true,
+            )
+            .await
         }
     }
 }
@@ -390,11 +402,13 @@ async fn supervised(
     }
 }
 
-/// Runs one follower of `kind` into `sink` on the runtime's one driver.
+/// Runs one follower of `kind` into `sink` on the runtime's one driver; a `durable` one
+/// that follows the events stream keeps a durable cursor on it.
 async fn drive<K: Sink<String> + 'static>(
     kind: Kind,
     config: FollowerConfig,
     sink: K,
+    durable: bool,
 ) -> turmoil::Result {
     let remote = Remote::new(SOURCE);
     let wake = || ReconnectingListener::new(remote.clone(), CHANNEL);
@@ -408,6 +422,17 @@ async fn drive<K: Sink<String> + 'static>(
         }
         Kind::WakeOnly => {
             FollowerTask::new(config, Utf8, remote.clone(), NoFeed, sink)
+                .with_wake(wake())
+                .run(stop)
+                .await
+        }
+        Kind::Events if durable => {
+            // A durable consumer: its events-stream position is saved on the source host
+            // once the sink committed what comes before it, and resumed after a restart.
+            let events = RemoteEvents(remote.clone());
+            let name = config.name().to_owned();
+            FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .with_cursor(remote.clone(), name)
                 .with_wake(wake())
                 .run(stop)
                 .await
@@ -674,6 +699,15 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         // committed, the probe's view is no model of its own.
         for ((spec, probe), store) in specs.iter().zip(&probes).zip(&stores) {
             let Some(store) = store else { continue };
+            if spec.kind == Kind::Events {
+                let saved = poll_once(Cursors::load(&memory.events, &spec.name));
+                if !matches!(saved, Some(Ok(Some(_)))) {
+                    failures.push(format!(
+                        "{}: a durable consumer that converged saved no cursor ({saved:?})",
+                        spec.name
+                    ));
+                }
+            }
             let s = probe.state();
             let stored: BTreeMap<String, (u64, String)> = store
                 .entries()
@@ -721,12 +755,17 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
 }
 
 fn wake_all(memory: &Memory) {
-    // The memory wake's notify completes on its first poll; drive it without a runtime.
-    let fut = tidemark::Wake::notify(&memory.wake, CHANNEL, Vec::new());
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
-    let mut fut = std::pin::pin!(fut);
-    let _ = fut.as_mut().poll(&mut cx);
+    let _ = poll_once(tidemark::Wake::notify(&memory.wake, CHANNEL, Vec::new()));
+}
+
+/// Polls a memory port's future once, outside every host: they complete on their first
+/// poll (`None` if one did not).
+fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
 }
 
 /// Whether every follower holds the source's state at its head. Checked at every step of
