@@ -463,4 +463,76 @@ mod tests {
         assert!(matches!(commit(&mut sink, 1), Some(Ok(()))));
         assert!(!store.take_stalled());
     }
+
+    /// The real warm-restart path: a follower task commits into the store, stops, and a
+    /// new task on the same store resumes from it and still removes a key deleted while
+    /// it was down (it learns the key's seq from the store, not from a model).
+    #[tokio::test(start_paused = true)]
+    async fn a_follower_restarts_warm_from_the_store_and_sees_a_delete_made_while_down() {
+        use tidemark::tidemark_core::{FollowerConfig, RawBytes};
+        use tidemark::{FollowerTask, Source};
+
+        use crate::Memory;
+
+        let memory = Memory::new();
+        let source = memory.source.clone();
+        let store = MemoryCacheStore::new();
+        let config = || {
+            FollowerConfig::builder("warm")
+                .seed(7)
+                .build()
+                .expect("valid")
+        };
+        source.put("a", b"1".to_vec()).await.expect("put");
+        source.put("b", b"2".to_vec()).await.expect("put");
+
+        let first = FollowerTask::new(
+            config(),
+            RawBytes,
+            source.clone(),
+            source.clone(),
+            store.sink(),
+        )
+        .spawn();
+        let mut status = first.watch_status();
+        status
+            .wait_for(|s| s.ready && s.watermark == 2)
+            .await
+            .expect("the first run reaches the head");
+        first
+            .stop_within(Duration::from_secs(5))
+            .await
+            .expect("stops");
+        assert_eq!(
+            store.watermark(),
+            Some(2),
+            "the store holds what was committed"
+        );
+
+        source.remove("a").await.expect("remove");
+        let second = FollowerTask::new(
+            config(),
+            RawBytes,
+            source.clone(),
+            source.clone(),
+            store.sink(),
+        )
+        .spawn();
+        let mut status = second.watch_status();
+        status
+            .wait_for(|s| s.ready && s.watermark == 3)
+            .await
+            .expect("the restarted run catches up");
+        second
+            .stop_within(Duration::from_secs(5))
+            .await
+            .expect("stops");
+        assert_eq!(
+            store.get("a"),
+            None,
+            "a key deleted while the follower was down must leave the warm store"
+        );
+        assert_eq!(store.get("b"), Some((2, b"2".to_vec())));
+        assert_eq!(store.watermark(), Some(3));
+    }
 }
