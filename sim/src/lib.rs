@@ -1,12 +1,18 @@
 //! tidemark-sim: a turmoil simulation of writers, a source host and followers running the
 //! real runtime drivers, with faults drawn from a seed and a convergence oracle.
 //!
+//! Persisted followers run the real persisted-sink path: a `MemoryCacheStore` that
+//! outlives their host, written by its sink at every batch boundary and read back by
+//! `Sink::resume` after a crash; the probe wraps that sink and only watches.
+//!
 //! A run has two phases. In the safety phase the fault plan drawn from the seed is carried
 //! out (partitions, holds, latency, link failures, crashes of followers, the source and
 //! writers between commit and announce, lost, duplicated and reordered announcements,
-//! poison values, compaction) and after every simulation step each follower's probe
-//! checks: watermark monotone, never-older per key, no seq applied twice, and at ready
-//! that the cache holds exactly the source's state at that watermark. In the liveness
+//! poison values, compaction, crashes in the middle of a persisted commit, slow and
+//! failing durable writes) and after every simulation step each follower's probe checks:
+//! watermark monotone, never-older per key, no seq applied twice, and at ready, at every
+//! committed watermark and at every warm restart that the committed cache holds exactly
+//! the source's state at that watermark. In the liveness
 //! phase everything heals, writers go quiet, and every follower's cache and watermark must
 //! equal the source's within a bound. The same seed gives the same trace hash.
 #![forbid(unsafe_code)]

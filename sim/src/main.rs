@@ -234,6 +234,14 @@ fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
     for (k, n) in &faults {
         println!("  {:<20} {n}", format!("{k:?}"));
     }
+    let sum = |f: fn(&Outcome) -> u32| outcomes.iter().map(|o| u64::from(f(o))).sum::<u64>();
+    println!(
+        "persisted commits interrupted by a crash {} · commits failed {} · warm restarts {} · supervised restarts {}",
+        sum(|o| o.commit_crashes),
+        sum(|o| o.failed_commits),
+        sum(|o| o.warm_restarts),
+        sum(|o| o.worker_restarts),
+    );
     println!(
         "convergence after healing (simulated): p50 {:.2}s  p90 {:.2}s  p99 {:.2}s  max {:.2}s",
         pct(0.5),

@@ -1,7 +1,8 @@
 //! Deliberately naive follower strategies, which the oracle must catch diverging.
 
 use tidemark::tidemark_core::{Continuity, FeedInfo, Follow};
-use tidemark::{Feed, Opened, Result, Source};
+use tidemark::{Feed, Held, Opened, Result, Sink, Source};
+use tidemark_memory::MemoryCacheSink;
 
 use crate::remote::{Remote, RemoteEvents, RemoteStream};
 
@@ -45,5 +46,87 @@ impl Feed for EventsAsReplay {
         let mut opened = Feed::open(&self.0, from, after_position).await?;
         opened.info.follow = Follow::Replay;
         Ok(opened)
+    }
+}
+
+/// "A restart forgets the index": a persisted cache that, on a warm start, gives back its
+/// watermark but tells the follower nothing of the keys it holds. The follower resumes
+/// where the store left off, believes its cache empty, and skips the removal of every key
+/// cached before the restart.
+#[derive(Debug)]
+pub struct ForgetsIndex(pub MemoryCacheSink);
+
+impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
+    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+        self.0.put(key, seq, value).await
+    }
+
+    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+        Sink::<V>::remove(&mut self.0, key, seq).await
+    }
+
+    async fn commit(&mut self, watermark: u64) -> Result<()> {
+        Sink::<V>::commit(&mut self.0, watermark).await
+    }
+
+    async fn rollback(&mut self) {
+        Sink::<V>::rollback(&mut self.0).await;
+    }
+
+    async fn resume(&mut self) -> Result<Option<Held>> {
+        Ok(Sink::<V>::resume(&mut self.0)
+            .await?
+            .map(|held| Held { keys: 0, ..held }))
+    }
+
+    async fn seqs_of(&mut self, _keys: Vec<String>) -> Result<Vec<(String, u64)>> {
+        Ok(Vec::new())
+    }
+
+    async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
+        Ok(Vec::new())
+    }
+}
+
+/// "The persisted watermark is saved before its rows": a persisted cache whose commit
+/// writes the watermark in one durable write and the batch's rows in a second. A crash
+/// between the two leaves a store whose watermark claims rows it does not have, and the
+/// restarted follower resumes past them.
+#[derive(Debug)]
+pub struct WatermarkFirst(pub MemoryCacheSink);
+
+impl<V: AsRef<[u8]> + Send> Sink<V> for WatermarkFirst {
+    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+        self.0.put(key, seq, value).await
+    }
+
+    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+        Sink::<V>::remove(&mut self.0, key, seq).await
+    }
+
+    async fn commit(&mut self, watermark: u64) -> Result<()> {
+        let store = self.0.store().clone();
+        store.begin_commit().await?;
+        let rows = self.0.take_batch();
+        store.write(Vec::new(), Some(watermark)).await;
+        store.write(rows, None).await;
+        store.end_commit().await;
+        Ok(())
+    }
+
+    async fn rollback(&mut self) {
+        Sink::<V>::rollback(&mut self.0).await;
+    }
+
+    async fn resume(&mut self) -> Result<Option<Held>> {
+        Sink::<V>::resume(&mut self.0).await
+    }
+
+    async fn seqs_of(&mut self, keys: Vec<String>) -> Result<Vec<(String, u64)>> {
+        Sink::<V>::seqs_of(&mut self.0, keys).await
+    }
+
+    async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
+        Sink::<V>::all_seqs(&mut self.0).await
     }
 }

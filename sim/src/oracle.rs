@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidemark::{Result, Sink};
+use tidemark::{Held, Result, Sink};
+use tidemark_memory::MemoryCacheStore;
 
 use crate::trace::Trace;
 
@@ -153,27 +154,73 @@ pub fn differences(
     out
 }
 
-/// What one follower has seen, checked as it goes. Lives outside the follower's host, so
-/// a follower with a persisted cache finds it again after a crash.
+/// One change of a batch not yet committed: key, seq, and the value (`None`: removed).
+type Pending = (String, u64, Option<String>);
+
+/// What one follower has committed, checked as it goes. Lives outside the follower's host;
+/// a restarted follower's view is rebuilt from what survived the crash (nothing, or its
+/// durable store).
 #[derive(Debug, Default)]
 pub struct ProbeState {
-    /// The cache: key → (seq, value).
+    /// The committed cache: key → (seq, value).
     pub cache: BTreeMap<String, (u64, String)>,
-    /// The applied watermark last reported.
+    /// The watermark last committed.
     pub watermark: u64,
     /// Whether the current incarnation reported ready.
     pub ready: bool,
-    /// Seqs of puts applied to this cache (double-apply detection).
+    /// Seqs of puts committed to this cache (double-apply detection).
     pub applied: BTreeSet<u64>,
+    /// The batch applied since the last commit, in order.
+    pending: Vec<Pending>,
     /// Safety violations seen.
     pub violations: Vec<String>,
     /// Restarts so far.
     pub incarnation: u32,
+    /// Commits that failed (and were rolled back).
+    pub failed_commits: u32,
+    /// Restarts that found keys in the durable store.
+    pub warm_restarts: u32,
+    /// Restarts of a supervised worker by its supervisor (in this host's life).
+    pub worker_restarts: u32,
 }
 
-/// A follower's sink that checks, on every change: per-key never-older, no seq applied
-/// twice, watermark monotone, and at ready that the cache holds exactly the source's
-/// state at the reported watermark.
+impl ProbeState {
+    /// What `key` holds with the pending batch applied: its seq, if present.
+    fn working_seq(&self, key: &str) -> Option<u64> {
+        match self.pending.iter().rev().find(|(k, _, _)| k == key) {
+            Some((_, seq, Some(_))) => Some(*seq),
+            Some((_, _, None)) => None,
+            None => self.cache.get(key).map(|(seq, _)| *seq),
+        }
+    }
+
+    fn pending_applied(&self, seq: u64) -> bool {
+        self.pending
+            .iter()
+            .any(|(_, s, v)| v.is_some() && *s == seq)
+    }
+
+    /// Folds the pending batch into the committed cache.
+    fn fold(&mut self) {
+        for (key, seq, value) in std::mem::take(&mut self.pending) {
+            match value {
+                Some(v) => {
+                    self.applied.insert(seq);
+                    self.cache.insert(key, (seq, v));
+                }
+                None => {
+                    self.cache.remove(&key);
+                }
+            }
+        }
+    }
+}
+
+/// The oracle's view of one follower: a shared handle to what it committed. Its
+/// [`sink`](Self::sink) wraps the follower's real sink and checks, on every change:
+/// per-key never-older, no seq applied twice, watermark monotone, and — at ready and at
+/// every committed watermark — that the committed cache is the source's state at that
+/// watermark.
 #[derive(Clone, Debug)]
 pub struct Probe {
     name: String,
@@ -199,16 +246,63 @@ impl Probe {
         lock(&self.state)
     }
 
-    /// A new incarnation of the follower; `persisted` keeps the cache and watermark (a
-    /// persisted cache), otherwise they are lost with the crash.
-    pub fn restart(&self, persisted: bool) {
+    /// The follower's sink: `inner` (the follower's own sink), checked.
+    #[must_use]
+    pub fn sink<K>(&self, inner: K) -> Probed<K> {
+        Probed {
+            probe: self.clone(),
+            inner,
+        }
+    }
+
+    /// A new incarnation of the follower. Without a durable store its cache and watermark
+    /// were lost with the crash; with one, the view is what the store holds now (a commit
+    /// the crash interrupted is in it whole or not at all), and it must be the source's
+    /// state at the store's watermark.
+    pub fn restart(&self, durable: Option<&MemoryCacheStore>) {
         let mut s = self.state();
         s.incarnation += 1;
         s.ready = false;
-        if !persisted {
+        let pending = std::mem::take(&mut s.pending);
+        s.worker_restarts = 0;
+        let Some(store) = durable else {
             s.cache.clear();
             s.watermark = 0;
             s.applied.clear();
+            return;
+        };
+        let watermark = store.watermark().unwrap_or(0);
+        if watermark < s.watermark {
+            let what = format!(
+                "the durable store went back from watermark {} to {watermark}",
+                s.watermark
+            );
+            self.violation(&mut s, what);
+        }
+        if watermark > s.watermark {
+            // The interrupted commit landed: its puts count as applied.
+            s.applied
+                .extend(pending.iter().filter(|p| p.2.is_some()).map(|p| p.1));
+        }
+        s.watermark = watermark;
+        s.warm_restarts += u32::from(!store.is_empty());
+        s.cache = store
+            .entries()
+            .into_iter()
+            .map(|(k, (seq, v))| (k, (seq, String::from_utf8_lossy(&v).into_owned())))
+            .collect();
+        self.trace.line(format!(
+            "{} restarts from its store at {watermark} with {} keys",
+            self.name,
+            s.cache.len()
+        ));
+        let diff = self.history.inconsistencies(&s.cache, watermark);
+        if !diff.is_empty() {
+            let what = format!(
+                "restarted from a store that is not the source's state at its watermark {watermark}: {}",
+                diff.join("; ")
+            );
+            self.violation(&mut s, what);
         }
     }
 
@@ -218,76 +312,224 @@ impl Probe {
     }
 }
 
-impl Sink<String> for Probe {
+/// A follower's sink wrapped by its [`Probe`]: every call goes to the inner sink, and what
+/// the inner sink commits is checked.
+#[derive(Debug)]
+pub struct Probed<K> {
+    probe: Probe,
+    inner: K,
+}
+
+impl<K: Sink<String>> Sink<String> for Probed<K> {
+    const FALLIBLE: bool = K::FALLIBLE;
+
     async fn put(&mut self, key: String, seq: u64, value: String) -> Result<()> {
-        let mut s = lock(&self.state);
-        if let Some((have, _)) = s.cache.get(&key)
-            && *have >= seq
         {
-            let have = *have;
-            self.violation(
-                &mut s,
-                format!("{key}: put at seq {seq} over newer-or-equal {have}"),
-            );
+            let p = &self.probe;
+            let mut s = lock(&p.state);
+            if let Some(have) = s.working_seq(&key)
+                && have >= seq
+            {
+                p.violation(
+                    &mut s,
+                    format!("{key}: put at seq {seq} over newer-or-equal {have}"),
+                );
+            }
+            if s.applied.contains(&seq) || s.pending_applied(seq) {
+                p.violation(&mut s, format!("seq {seq} applied twice"));
+            }
+            p.trace.line(format!("{} put {key}@{seq}", p.name));
+            s.pending.push((key.clone(), seq, Some(value.clone())));
         }
-        if !s.applied.insert(seq) {
-            self.violation(&mut s, format!("seq {seq} applied twice"));
-        }
-        self.trace.line(format!("{} put {key}@{seq}", self.name));
-        s.cache.insert(key, (seq, value));
-        Ok(())
+        self.inner.put(key, seq, value).await
     }
 
     async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
-        let mut s = lock(&self.state);
-        if let Some((have, _)) = s.cache.get(&key)
-            && *have > seq
         {
-            let have = *have;
-            self.violation(
-                &mut s,
-                format!("{key}: removed at seq {seq} over newer {have}"),
-            );
+            let p = &self.probe;
+            let mut s = lock(&p.state);
+            if let Some(have) = s.working_seq(&key)
+                && have > seq
+            {
+                p.violation(
+                    &mut s,
+                    format!("{key}: removed at seq {seq} over newer {have}"),
+                );
+            }
+            p.trace.line(format!("{} remove {key}@{seq}", p.name));
+            s.pending.push((key.clone(), seq, None));
         }
-        self.trace.line(format!("{} remove {key}@{seq}", self.name));
-        s.cache.remove(&key);
-        Ok(())
-    }
-
-    fn ready(&mut self, watermark: u64) {
-        let mut s = lock(&self.state);
-        let diff = self.history.inconsistencies(&s.cache, watermark);
-        if !diff.is_empty() {
-            let what = format!(
-                "ready at {watermark} before the initial sync: {}",
-                diff.join("; ")
-            );
-            self.violation(&mut s, what);
-        }
-        s.ready = true;
-        self.trace
-            .line(format!("{} ready at {watermark}", self.name));
+        self.inner.remove(key, seq).await
     }
 
     async fn commit(&mut self, watermark: u64) -> Result<()> {
-        let mut s = lock(&self.state);
+        if let Err(e) = self.inner.commit(watermark).await {
+            let p = &self.probe;
+            let mut s = lock(&p.state);
+            s.failed_commits += 1;
+            p.trace
+                .line(format!("{} commit at {watermark} failed: {e}", p.name));
+            return Err(e);
+        }
+        let p = &self.probe;
+        let mut s = lock(&p.state);
         if watermark < s.watermark {
             let what = format!("watermark fell from {} to {watermark}", s.watermark);
-            self.violation(&mut s, what);
+            p.violation(&mut s, what);
         }
+        let dirty = !s.pending.is_empty();
+        s.fold();
         // The oracle at every step: once ready, every watermark the follower commits must
-        // describe its cache — the source's state at that seq.
-        if s.ready && watermark != s.watermark {
-            let diff = self.history.inconsistencies(&s.cache, watermark);
+        // describe its committed cache — the source's state at that seq.
+        if s.ready && (dirty || watermark != s.watermark) {
+            let diff = p.history.inconsistencies(&s.cache, watermark);
             if !diff.is_empty() {
                 let what = format!(
                     "cache is not the source's state at watermark {watermark}: {}",
                     diff.join("; ")
                 );
-                self.violation(&mut s, what);
+                p.violation(&mut s, what);
             }
         }
         s.watermark = watermark;
         Ok(())
+    }
+
+    async fn rollback(&mut self) {
+        self.inner.rollback().await;
+        let p = &self.probe;
+        let mut s = lock(&p.state);
+        let dropped = std::mem::take(&mut s.pending).len();
+        p.trace
+            .line(format!("{} rolled back {dropped} changes", p.name));
+    }
+
+    async fn resume(&mut self) -> Result<Option<Held>> {
+        self.inner.resume().await
+    }
+
+    async fn seqs_of(&mut self, keys: Vec<String>) -> Result<Vec<(String, u64)>> {
+        self.inner.seqs_of(keys).await
+    }
+
+    async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
+        self.inner.all_seqs().await
+    }
+
+    fn ready(&mut self, watermark: u64) {
+        self.inner.ready(watermark);
+        let p = &self.probe;
+        let mut s = lock(&p.state);
+        let diff = p.history.inconsistencies(&s.cache, watermark);
+        if !diff.is_empty() {
+            let what = format!(
+                "ready at {watermark} with a cache that is not the source's state there: {}",
+                diff.join("; ")
+            );
+            p.violation(&mut s, what);
+        }
+        s.ready = true;
+        p.trace.line(format!("{} ready at {watermark}", p.name));
+    }
+
+    async fn drain(&mut self) {
+        self.inner.drain().await;
+    }
+}
+
+/// The sink of a follower whose cache lives only in its process: nothing to make durable,
+/// nothing to resume, never fails.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Volatile;
+
+impl<V: Send> Sink<V> for Volatile {
+    const FALLIBLE: bool = false;
+
+    async fn put(&mut self, _key: String, _seq: u64, _value: V) -> Result<()> {
+        Ok(())
+    }
+
+    async fn remove(&mut self, _key: String, _seq: u64) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Probe {
+    /// A supervised worker's handler saw `key` put at `seq`. Delivery is at least once (a
+    /// failed batch is delivered again after the restart), so the same seq again is fine;
+    /// an older one is not.
+    pub fn handler_put(&self, key: &str, seq: u64, value: &str) {
+        let mut s = self.state();
+        match s.cache.get(key) {
+            Some((have, _)) if *have > seq => {
+                let have = *have;
+                self.violation(
+                    &mut s,
+                    format!("{key}: handler saw put at seq {seq} over newer {have}"),
+                );
+            }
+            Some((have, v)) if *have == seq && v != value => {
+                self.violation(
+                    &mut s,
+                    format!("{key}: handler saw seq {seq} again with another value"),
+                );
+            }
+            _ => {}
+        }
+        self.trace.line(format!("{} on_put {key}@{seq}", self.name));
+        s.applied.insert(seq);
+        s.cache.insert(key.to_owned(), (seq, value.to_owned()));
+    }
+
+    /// A supervised worker's handler saw `key` removed at `seq`.
+    pub fn handler_delete(&self, key: &str, seq: u64) {
+        let mut s = self.state();
+        if let Some((have, _)) = s.cache.get(key)
+            && *have > seq
+        {
+            let have = *have;
+            self.violation(
+                &mut s,
+                format!("{key}: handler saw removal at seq {seq} over newer {have}"),
+            );
+        }
+        self.trace
+            .line(format!("{} on_delete {key}@{seq}", self.name));
+        s.cache.remove(key);
+    }
+
+    /// What a supervisor says of its worker: its watermark, and whether it is live. Once
+    /// live, every new watermark must describe what the handlers saw.
+    pub fn observe(&self, watermark: u64, live: bool, restarts: u32) {
+        let mut s = self.state();
+        if restarts != s.worker_restarts {
+            self.trace.line(format!(
+                "{} supervisor restarted its worker ({restarts} in all)",
+                self.name
+            ));
+            s.worker_restarts = restarts;
+        }
+        if watermark < s.watermark {
+            let what = format!("watermark fell from {} to {watermark}", s.watermark);
+            self.violation(&mut s, what);
+        }
+        if live && (watermark != s.watermark || !s.ready) {
+            let diff = self.history.inconsistencies(&s.cache, watermark);
+            if !diff.is_empty() {
+                let what = format!(
+                    "handlers did not see the source's state at watermark {watermark}: {}",
+                    diff.join("; ")
+                );
+                self.violation(&mut s, what);
+            }
+        }
+        if live != s.ready || watermark != s.watermark {
+            self.trace.line(format!(
+                "{} supervisor: watermark {watermark}, live {live}",
+                self.name
+            ));
+        }
+        s.watermark = watermark;
+        s.ready = live;
     }
 }

@@ -47,6 +47,10 @@ pub enum Request {
     Notify { channel: String, payload: Vec<u8> },
     /// Listen on a wake channel; the connection then streams wakes.
     Listen { channel: String },
+    /// Cursors::load: the events-stream position saved under `name`.
+    LoadCursor { name: String },
+    /// Cursors::save: save `position` under `name` (monotone).
+    SaveCursor { name: String, position: u64 },
 }
 
 /// An entry on the wire.

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use tidemark::tidemark_core::{Entry, FeedInfo, Follow};
 use tidemark::{
-    Changes, Error, Feed, FeedItem, FeedStream, Opened, Publish, Received, Result, Snapshot,
-    Source, Versioned, Wake, WakeListener,
+    Changes, Cursors, Error, Feed, FeedItem, FeedStream, Opened, Publish, Received, Result,
+    Snapshot, Source, Versioned, Wake, WakeListener,
 };
 use turmoil::net::TcpStream;
 
@@ -306,6 +306,31 @@ impl WakeListener for RemoteListener {
                 Ok(r) => return Err(unexpected("listen", &r)),
                 Err(e) => return Err(unavailable("listen", e)),
             }
+        }
+    }
+}
+
+/// The events stream's durable cursors, kept by the source host (like a NATS durable
+/// consumer's position on the server).
+impl Cursors for Remote {
+    async fn load(&self, name: &str) -> Result<Option<u64>> {
+        let request = Request::LoadCursor {
+            name: name.to_owned(),
+        };
+        match self.call("cursor", request).await? {
+            Response::MaybeSeq(p) => Ok(p),
+            r => Err(unexpected("cursor", &r)),
+        }
+    }
+
+    async fn save(&self, name: &str, position: u64) -> Result<u64> {
+        let request = Request::SaveCursor {
+            name: name.to_owned(),
+            position,
+        };
+        match self.call("cursor", request).await? {
+            Response::Seq(p) => Ok(p),
+            r => Err(unexpected("cursor", &r)),
         }
     }
 }

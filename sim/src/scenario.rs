@@ -38,11 +38,20 @@ pub enum FaultKind {
     Poison,
     /// The source compacts its history and tombstones.
     Compaction,
+    /// A persisted follower's host crashes in the middle of a commit to its durable
+    /// store: after the commit's first durable write landed, or before any.
+    CommitCrash,
+    /// A persisted follower's durable writes are slow for a while.
+    SlowCommit,
+    /// A persisted follower's next commits fail (it must rewind and converge).
+    FailCommit,
+    /// A supervised worker's handler fails; its supervisor restarts it.
+    HandlerFailure,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 18] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -57,7 +66,32 @@ impl FaultKind {
         FaultKind::DropWake,
         FaultKind::Poison,
         FaultKind::Compaction,
+        FaultKind::CommitCrash,
+        FaultKind::SlowCommit,
+        FaultKind::FailCommit,
+        FaultKind::HandlerFailure,
     ];
+
+    /// How often the plan draws this kind, relative to the others. Restarts of persisted
+    /// followers are weighted up: a restart is where a persisted cache can lose rows or
+    /// forget what it holds, and one or two a run would miss those defects on many seeds.
+    #[must_use]
+    pub fn weight(self) -> u64 {
+        match self {
+            FaultKind::CommitCrash => 8,
+            FaultKind::FollowerCrash => 2,
+            _ => 1,
+        }
+    }
+
+    /// Whether the kind acts on a persisted follower (and is not drawn without one).
+    #[must_use]
+    pub fn needs_persisted(self) -> bool {
+        matches!(
+            self,
+            FaultKind::CommitCrash | FaultKind::SlowCommit | FaultKind::FailCommit
+        )
+    }
 }
 
 /// How followers are built.
@@ -71,6 +105,12 @@ pub enum Strategy {
     WatchNewOnly,
     /// Trusts announcements: replays the events stream, never reconciles.
     NoReconcile,
+    /// Persisted followers resume from their store's watermark but tell the follower
+    /// nothing of the keys it holds: removals of keys cached before a restart are missed.
+    RestartForgetsIndex,
+    /// Persisted followers save the watermark before the batch's rows, in two writes: a
+    /// crash between them loses rows the watermark claims.
+    WatermarkBeforeRows,
 }
 
 /// A run's shape.
@@ -90,6 +130,42 @@ pub struct Scenario {
     pub strategy: Strategy,
     /// Keep the trace's lines (for printing one run).
     pub keep_trace: bool,
+    /// What the writers write.
+    pub workload: Workload,
+}
+
+/// What the writers write: a few hot keys written and removed often, and cold keys each
+/// written once and (some of them) removed once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Workload {
+    /// How many hot keys.
+    pub hot_keys: u64,
+    /// The share of writes that go to hot keys.
+    pub hot_share: f64,
+    /// The share of hot-key writes that are removals.
+    pub hot_remove_share: f64,
+    /// The share of cold-key writes that remove a cold key written earlier (each cold key
+    /// is removed at most once; the others create a new cold key).
+    pub cold_remove_share: f64,
+}
+
+impl Default for Workload {
+    fn default() -> Self {
+        Workload {
+            hot_keys: 8,
+            hot_share: 0.6,
+            hot_remove_share: 0.2,
+            cold_remove_share: 0.35,
+        }
+    }
+}
+
+impl Scenario {
+    /// Whether follower `i` keeps its cache in a durable store (every fourth does not).
+    #[must_use]
+    pub fn persisted(&self, i: usize) -> bool {
+        i % 4 != 0
+    }
 }
 
 impl Default for Scenario {
@@ -102,6 +178,7 @@ impl Default for Scenario {
             faults: FaultKind::ALL.into_iter().collect(),
             strategy: Strategy::Correct,
             keep_trace: false,
+            workload: Workload::default(),
         }
     }
 }
@@ -147,6 +224,15 @@ pub enum Action {
     Poison(usize),
     /// Compact the source's history below its watermark minus a few.
     Compact,
+    /// Crash follower `i`'s host during its next commit, once that many of the commit's
+    /// durable writes landed (0: before any); it restarts after the given time down.
+    CrashFollowerMidCommit(usize, u32, Duration),
+    /// Make every durable write of follower `i` take this long (zero: back to normal).
+    SlowCommits(usize, Duration),
+    /// Fail follower `i`'s next `n` commits.
+    FailCommits(usize, u32),
+    /// Fail supervised follower `i`'s next `n` handler calls.
+    FailHandler(usize, u32),
 }
 
 impl Action {
@@ -168,6 +254,10 @@ impl Action {
             Action::DropWake => FaultKind::DropWake,
             Action::Poison(_) => FaultKind::Poison,
             Action::Compact => FaultKind::Compaction,
+            Action::CrashFollowerMidCommit(..) => FaultKind::CommitCrash,
+            Action::SlowCommits(_, d) if !d.is_zero() => FaultKind::SlowCommit,
+            Action::FailCommits(..) => FaultKind::FailCommit,
+            Action::FailHandler(..) => FaultKind::HandlerFailure,
             _ => return None,
         })
     }
@@ -199,18 +289,38 @@ pub const SOURCE: &str = "source";
 #[must_use]
 pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     let mut rng = Rng::new(seed ^ 0x7469_6465_6d61_726b);
-    let kinds: Vec<FaultKind> = s.faults.iter().copied().collect();
+    let persisted: Vec<usize> = (0..s.followers).filter(|&i| s.persisted(i)).collect();
+    // Supervised workers are among these (the volatile change-log followers).
+    let volatile: Vec<usize> = (0..s.followers).filter(|&i| !s.persisted(i)).collect();
+    let kinds: Vec<FaultKind> = s
+        .faults
+        .iter()
+        .copied()
+        .filter(|k| !k.needs_persisted() || !persisted.is_empty())
+        .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
+        .collect();
     let mut plan = Vec::new();
     if kinds.is_empty() {
         return plan;
     }
+    let total_weight: u64 = kinds.iter().map(|k| k.weight()).sum();
+    let draw_kind = |rng: &mut Rng| {
+        let mut w = rng.next_u64() % total_weight;
+        for k in &kinds {
+            if w < k.weight() {
+                return *k;
+            }
+            w -= k.weight();
+        }
+        kinds[kinds.len() - 1]
+    };
     let slot = Duration::from_millis(250);
     let end = s.fault_phase;
     let pick = |rng: &mut Rng, n: usize| (rng.next_u64() % n as u64) as usize;
     let mut t = slot;
     while t < end {
-        if rng.next_f64() < 0.25 {
-            let kind = kinds[pick(&mut rng, kinds.len())];
+        if rng.next_f64() < 0.4 {
+            let kind = draw_kind(&mut rng);
             let later = t + Duration::from_millis(300 + rng.next_u64() % 4000);
             let heal_at = later.min(end);
             let other = |rng: &mut Rng| {
@@ -276,6 +386,29 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     plan.push((t, Action::Poison(pick(&mut rng, s.writers.max(1)))))
                 }
                 FaultKind::Compaction => plan.push((t, Action::Compact)),
+                FaultKind::CommitCrash => {
+                    let i = persisted[pick(&mut rng, persisted.len())];
+                    // Mostly after the first write: the window a split commit leaves open.
+                    let after_writes = u32::from(rng.next_u64() % 4 != 0);
+                    let down = Duration::from_millis(300 + rng.next_u64() % 2000);
+                    plan.push((t, Action::CrashFollowerMidCommit(i, after_writes, down)));
+                }
+                FaultKind::SlowCommit => {
+                    let i = persisted[pick(&mut rng, persisted.len())];
+                    let d = Duration::from_millis(20 + rng.next_u64() % 480);
+                    plan.push((t, Action::SlowCommits(i, d)));
+                    plan.push((heal_at, Action::SlowCommits(i, Duration::ZERO)));
+                }
+                FaultKind::FailCommit => {
+                    let i = persisted[pick(&mut rng, persisted.len())];
+                    let n = 1 + (rng.next_u64() % 3) as u32;
+                    plan.push((t, Action::FailCommits(i, n)));
+                }
+                FaultKind::HandlerFailure => {
+                    let i = volatile[pick(&mut rng, volatile.len())];
+                    let n = 1 + (rng.next_u64() % 3) as u32;
+                    plan.push((t, Action::FailHandler(i, n)));
+                }
             }
         }
         t += slot;

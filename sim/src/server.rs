@@ -5,7 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use tidemark::{
-    Changes, Feed, FeedItem, FeedStream, Publish, Received, Source, Wake, WakeListener,
+    Changes, Cursors, Feed, FeedItem, FeedStream, Publish, Received, Source, Wake, WakeListener,
 };
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
@@ -116,6 +116,12 @@ async fn connection(
             return stream_feed(stream, opened).await;
         }
         Request::Listen { channel } => return stream_wakes(&memory, stream, &channel).await,
+        Request::LoadCursor { name } => Cursors::load(&memory.events, &name)
+            .await
+            .map_or_else(failed, Response::MaybeSeq),
+        Request::SaveCursor { name, position } => Cursors::save(&memory.events, &name, position)
+            .await
+            .map_or_else(failed, Response::Seq),
     };
     proto::write(&mut stream, &response).await
 }

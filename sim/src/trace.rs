@@ -32,9 +32,13 @@ impl Trace {
         }
     }
 
-    /// Adds a line, stamped with the simulated time.
+    /// Adds a line, stamped with the simulated time (from inside a host).
     pub fn line(&self, line: String) {
-        let at = turmoil::sim_elapsed().unwrap_or_default();
+        self.line_at(turmoil::sim_elapsed().unwrap_or_default(), line);
+    }
+
+    /// Adds a line stamped with `at` (from the orchestrator, outside every host).
+    pub fn line_at(&self, at: std::time::Duration, line: String) {
         let line = format!("{:>9.3} {line}", at.as_secs_f64());
         let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
         for b in line.bytes().chain(std::iter::once(b'\n')) {

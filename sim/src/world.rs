@@ -2,20 +2,23 @@
 //! checks after every step and the liveness phase.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Event, Follower, FollowerConfig, Rng, Utf8};
-use tidemark::{AnnouncingRegistry, FollowerTask, NoFeed, Source, StopSignal};
-use tidemark_memory::{Mangle, Memory, MemoryQueue, Port};
+use tidemark::tidemark_core::{Event, FollowerConfig, Phase, RestartPolicy, Rng, Utf8};
+use tidemark::{
+    AnnouncingRegistry, Cursors, FollowerTask, NoFeed, Sink, Source, StopSignal, Supervisor,
+    Worker, WorkerPhase, WorkerSink,
+};
+use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryQueue, Port};
 
 use crate::listener::ReconnectingListener;
-use crate::naive::{EventsAsReplay, NewOnlyFeed};
-use crate::oracle::{History, Probe, differences};
+use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
+use crate::oracle::{Expect, History, Probe, Volatile, differences};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
-    Action, FaultKind, SOURCE, Scenario, Strategy, follower_host, plan, writer_host,
+    Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, writer_host,
 };
 use crate::server;
 use crate::trace::Trace;
@@ -38,6 +41,19 @@ pub enum Kind {
     EventsNoReconcile,
 }
 
+/// Where a follower keeps its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// In its process only: a crash loses it.
+    Volatile,
+    /// In a durable store, through the store's own sink (one write per commit).
+    Store,
+    /// Naive: in a durable store, but a restart tells the follower nothing of its keys.
+    ForgetsIndex,
+    /// Naive: in a durable store, the watermark written before the rows.
+    WatermarkFirst,
+}
+
 /// One follower's setup.
 #[derive(Clone, Debug)]
 pub struct FollowerSpec {
@@ -45,8 +61,19 @@ pub struct FollowerSpec {
     pub name: String,
     /// How it follows.
     pub kind: Kind,
+    /// Where its cache lives, and so what survives its crashes.
+    pub durability: Durability,
+    /// Runs as a user's worker under a [`Supervisor`] that restarts it when a handler
+    /// fails (keeping what it applied), instead of as a bare follower task.
+    pub supervised: bool,
+}
+
+impl FollowerSpec {
     /// Whether its cache survives its crashes.
-    pub persisted: bool,
+    #[must_use]
+    pub fn persisted(&self) -> bool {
+        self.durability != Durability::Volatile
+    }
 }
 
 /// What a run found.
@@ -66,6 +93,14 @@ pub struct Outcome {
     pub trace: Vec<String>,
     /// The source's final watermark.
     pub watermark: u64,
+    /// Persisted followers' commits that a planned crash interrupted.
+    pub commit_crashes: u32,
+    /// Persisted followers' commits that failed and were rolled back.
+    pub failed_commits: u32,
+    /// Restarts of persisted followers that found keys in their durable store.
+    pub warm_restarts: u32,
+    /// Restarts of supervised workers by their supervisor after a handler failed.
+    pub worker_restarts: u32,
 }
 
 impl Outcome {
@@ -82,6 +117,14 @@ struct WriterControl {
     poison_next: AtomicBool,
     quiet: AtomicBool,
     starts: AtomicU64,
+    /// Cold keys this writer wrote and has not removed (outlives its crashes).
+    cold: Mutex<Vec<String>>,
+    /// Cold keys written so far (each name is used once).
+    cold_written: AtomicU64,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Commits through the remote source; when armed, stalls forever right after a commit, so
@@ -137,7 +180,13 @@ impl Source for CrashAfterCommit {
     }
 }
 
-async fn writer(i: usize, seed: u64, control: Arc<WriterControl>, trace: Trace) -> turmoil::Result {
+async fn writer(
+    i: usize,
+    seed: u64,
+    workload: Workload,
+    control: Arc<WriterControl>,
+    trace: Trace,
+) -> turmoil::Result {
     let start = control.starts.fetch_add(1, Ordering::SeqCst);
     let remote = Remote::new(SOURCE);
     let source = CrashAfterCommit {
@@ -162,13 +211,24 @@ async fn writer(i: usize, seed: u64, control: Arc<WriterControl>, trace: Trace) 
         if control.quiet.load(Ordering::SeqCst) {
             continue;
         }
-        // Skewed keys: a few hot keys written often, many written once and never again.
-        let key = if rng.next_f64() < 0.7 {
-            format!("hot-{}", rng.next_u64() % 8)
+        // Skewed keys: a few hot keys written and removed often; cold keys each written
+        // once, and some removed once later.
+        let (key, remove) = if rng.next_f64() < workload.hot_share {
+            let key = format!("hot-{}", rng.next_u64() % workload.hot_keys.max(1));
+            (key, rng.next_f64() < workload.hot_remove_share)
         } else {
-            format!("once-{i}-{}", rng.next_u64() % 10_000)
+            let mut cold = lock(&control.cold);
+            if !cold.is_empty() && rng.next_f64() < workload.cold_remove_share {
+                let at = (rng.next_u64() % cold.len() as u64) as usize;
+                (cold.swap_remove(at), true)
+            } else {
+                let n = control.cold_written.fetch_add(1, Ordering::SeqCst);
+                let key = format!("cold-{i}-{n}");
+                cold.push(key.clone());
+                (key, false)
+            }
         };
-        if rng.next_f64() < 0.2 {
+        if remove {
             match registry.remove(&key).await {
                 Ok(Some(w)) => {
                     trace.line(format!("writer-{i} removed {key}@{} {:?}", w.seq, w.report))
@@ -207,53 +267,193 @@ async fn writer(i: usize, seed: u64, control: Arc<WriterControl>, trace: Trace) 
     }
 }
 
-async fn follower(spec: FollowerSpec, seed: u64, probe: Probe) -> turmoil::Result {
-    probe.restart(spec.persisted);
-    let remote = Remote::new(SOURCE);
+async fn follower(
+    spec: FollowerSpec,
+    seed: u64,
+    probe: Probe,
+    store: Option<MemoryCacheStore>,
+    handler_faults: Arc<AtomicU32>,
+) -> turmoil::Result {
+    // What survived the crash: nothing, or what the durable store holds; the follower
+    // resumes from the store itself (`Sink::resume`), the probe only watches.
+    probe.restart(store.as_ref());
     let config = FollowerConfig::builder(spec.name.clone())
         .seed(seed)
         .build()?;
-    let core = if spec.persisted {
-        let s = probe.state();
-        let keys: Vec<(String, u64)> = s
-            .cache
-            .iter()
-            .map(|(k, (seq, _))| (k.clone(), *seq))
-            .collect();
-        Follower::resume(config, Utf8, s.watermark, keys)
-    } else {
-        Follower::new(config, Utf8)
+    if spec.supervised {
+        return supervised(spec, config, seed, probe, handler_faults).await;
+    }
+    match (spec.durability, store) {
+        (Durability::Volatile, _) | (_, None) => {
+            drive(spec.kind, config, probe.sink(Volatile), false).await
+        }
+        (Durability::Store, Some(store)) => {
+            drive(spec.kind, config, probe.sink(store.sink()), true).await
+        }
+        (Durability::ForgetsIndex, Some(store)) => {
+            drive(
+                spec.kind,
+                config,
+                probe.sink(ForgetsIndex(store.sink())),
+                true,
+            )
+            .await
+        }
+        (Durability::WatermarkFirst, Some(store)) => {
+            drive(
+                spec.kind,
+                config,
+                probe.sink(WatermarkFirst(store.sink())),
+                true,
+            )
+            .await
+        }
+    }
+}
+
+/// A user's worker whose handlers report to the probe; the next handler calls fail while
+/// `fail_next` is above zero (an error in the user's code).
+struct ProbeWorker {
+    name: String,
+    config: FollowerConfig,
+    probe: Probe,
+    fail_next: Arc<AtomicU32>,
+}
+
+impl ProbeWorker {
+    fn fail(&self) -> Result<(), String> {
+        let failing = self
+            .fail_next
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            Err("injected handler failure".into())
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl Worker for ProbeWorker {
+    type Decoder = Utf8;
+    type Error = String;
+
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn source(&self) -> &str {
+        SOURCE
+    }
+
+    fn decoder(&self) -> Utf8 {
+        Utf8
+    }
+
+    fn config(&self) -> tidemark::Result<FollowerConfig> {
+        Ok(self.config.clone())
+    }
+
+    async fn on_put(&mut self, key: &str, seq: u64, value: String) -> Result<(), String> {
+        self.fail()?;
+        self.probe.handler_put(key, seq, &value);
+        Ok(())
+    }
+
+    async fn on_delete(&mut self, key: &str, seq: u64) -> Result<(), String> {
+        self.fail()?;
+        self.probe.handler_delete(key, seq);
+        Ok(())
+    }
+}
+
+/// Runs a follower as a supervised worker (change log and wakes), restarted with a
+/// backoff whenever a handler fails, and reports its supervisor's view to the probe.
+async fn supervised(
+    spec: FollowerSpec,
+    config: FollowerConfig,
+    seed: u64,
+    probe: Probe,
+    fail_next: Arc<AtomicU32>,
+) -> turmoil::Result {
+    let remote = Remote::new(SOURCE);
+    let worker = ProbeWorker {
+        name: spec.name.clone(),
+        config: config.clone(),
+        probe: probe.clone(),
+        fail_next,
     };
+    let supervisor = Supervisor::new(seed);
+    let task = FollowerTask::new(
+        config,
+        Utf8,
+        remote.clone(),
+        remote.clone(),
+        WorkerSink(worker),
+    )
+    .with_wake(ReconnectingListener::new(remote.clone(), CHANNEL));
+    supervisor.supervise(task, RestartPolicy::with_backoff())?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        if let Some(info) = supervisor.get(&spec.name) {
+            let live = info.phase == WorkerPhase::Running(Phase::Live);
+            probe.observe(info.watermark, live, info.restarts);
+        }
+    }
+}
+
+/// Runs one follower of `kind` into `sink` on the runtime's one driver; a `durable` one
+/// that follows the events stream keeps a durable cursor on it.
+async fn drive<K: Sink<String> + 'static>(
+    kind: Kind,
+    config: FollowerConfig,
+    sink: K,
+    durable: bool,
+) -> turmoil::Result {
+    let remote = Remote::new(SOURCE);
     let wake = || ReconnectingListener::new(remote.clone(), CHANNEL);
     let stop = StopSignal::never();
-    let status = match spec.kind {
+    let status = match kind {
         Kind::Log => {
-            FollowerTask::from_core(core, remote.clone(), remote.clone(), probe)
+            FollowerTask::new(config, Utf8, remote.clone(), remote.clone(), sink)
                 .with_wake(wake())
-                .run(stop.clone())
+                .run(stop)
                 .await
         }
         Kind::WakeOnly => {
-            FollowerTask::from_core(core, remote.clone(), NoFeed, probe)
+            FollowerTask::new(config, Utf8, remote.clone(), NoFeed, sink)
                 .with_wake(wake())
-                .run(stop.clone())
+                .run(stop)
+                .await
+        }
+        Kind::Events if durable => {
+            // A durable consumer: its events-stream position is saved on the source host
+            // once the sink committed what comes before it, and resumed after a restart.
+            let events = RemoteEvents(remote.clone());
+            let name = config.name().to_owned();
+            FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .with_cursor(remote.clone(), name)
+                .with_wake(wake())
+                .run(stop)
                 .await
         }
         Kind::Events => {
-            FollowerTask::from_core(core, remote.clone(), RemoteEvents(remote.clone()), probe)
+            let events = RemoteEvents(remote.clone());
+            FollowerTask::new(config, Utf8, remote.clone(), events, sink)
                 .with_wake(wake())
-                .run(stop.clone())
+                .run(stop)
                 .await
         }
         Kind::NewOnly => {
-            FollowerTask::from_core(core, remote.clone(), NewOnlyFeed(remote.clone()), probe)
-                .run(stop.clone())
+            let feed = NewOnlyFeed(remote.clone());
+            FollowerTask::new(config, Utf8, remote.clone(), feed, sink)
+                .run(stop)
                 .await
         }
         Kind::EventsNoReconcile => {
             let events = EventsAsReplay(RemoteEvents(remote.clone()));
-            FollowerTask::from_core(core, remote.clone(), events, probe)
-                .run(stop.clone())
+            FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .run(stop)
                 .await
         }
     };
@@ -266,15 +466,26 @@ async fn follower(spec: FollowerSpec, seed: u64, probe: Probe) -> turmoil::Resul
 pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
     (0..s.followers)
         .map(|i| {
-            let kind = match s.strategy {
-                Strategy::Correct => [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
-                Strategy::WatchNewOnly => Kind::NewOnly,
-                Strategy::NoReconcile => Kind::EventsNoReconcile,
+            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3];
+            let (kind, durable) = match s.strategy {
+                Strategy::Correct => (correct, Durability::Store),
+                // The watcher that starts from "now" keeps no cache across restarts (a
+                // warm one would resync on its head claim and hide the defect).
+                Strategy::WatchNewOnly => (Kind::NewOnly, Durability::Volatile),
+                Strategy::NoReconcile => (Kind::EventsNoReconcile, Durability::Store),
+                Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
+                Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
             };
+            let persisted = s.persisted(i);
             FollowerSpec {
                 name: follower_host(i),
                 kind,
-                persisted: i % 2 == 1,
+                durability: if persisted {
+                    durable
+                } else {
+                    Durability::Volatile
+                },
+                supervised: !persisted && kind == Kind::Log,
             }
         })
         .collect()
@@ -305,8 +516,15 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let controls: Vec<Arc<WriterControl>> = (0..scenario.writers).map(|_| Arc::default()).collect();
     for (i, control) in controls.iter().enumerate() {
         let (control, trace) = (Arc::clone(control), trace.clone());
+        let workload = scenario.workload.clone();
         sim.host(writer_host(i).as_str(), move || {
-            writer(i, seed, Arc::clone(&control), trace.clone())
+            writer(
+                i,
+                seed,
+                workload.clone(),
+                Arc::clone(&control),
+                trace.clone(),
+            )
         });
     }
     let specs = followers(scenario);
@@ -314,11 +532,25 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .iter()
         .map(|f| Probe::new(f.name.clone(), history.clone(), trace.clone()))
         .collect();
-    for (i, (spec, probe)) in specs.iter().zip(&probes).enumerate() {
-        let (spec, probe) = (spec.clone(), probe.clone());
+    // A persisted follower's durable store lives outside its host, like a disk.
+    let stores: Vec<Option<MemoryCacheStore>> = specs
+        .iter()
+        .map(|f| f.persisted().then(MemoryCacheStore::new))
+        .collect();
+    // Handler failures armed for supervised workers (outlive their hosts too).
+    let handler_faults: Vec<Arc<AtomicU32>> = specs.iter().map(|_| Arc::default()).collect();
+    for (i, ((spec, probe), store)) in specs.iter().zip(&probes).zip(&stores).enumerate() {
+        let (spec, probe, store) = (spec.clone(), probe.clone(), store.clone());
+        let faults = Arc::clone(&handler_faults[i]);
         let fseed = seed.wrapping_mul(31).wrapping_add(i as u64);
         sim.host(spec.name.clone().as_str(), move || {
-            follower(spec.clone(), fseed, probe.clone())
+            follower(
+                spec.clone(),
+                fseed,
+                probe.clone(),
+                store.clone(),
+                Arc::clone(&faults),
+            )
         });
     }
 
@@ -326,6 +558,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let mut faults: BTreeMap<FaultKind, u32> = BTreeMap::new();
     let mut plan = plan(seed, scenario).into_iter().peekable();
     let mut crashed: BTreeSet<String> = BTreeSet::new();
+    // Commit crashes armed (follower → time down) and crashed hosts' restart times.
+    let mut commit_crashes: BTreeMap<usize, Duration> = BTreeMap::new();
+    let mut restarts: Vec<(Duration, usize)> = Vec::new();
+    let mut landed = 0;
     let all_hosts: Vec<String> = specs
         .iter()
         .map(|f| f.name.clone())
@@ -358,16 +594,60 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             if let Some(kind) = action.kind() {
                 *faults.entry(kind).or_default() += 1;
             }
-            trace.line(format!("fault {action}"));
-            apply(&mut sim, &action, &memory, &controls, &specs, &mut crashed);
+            trace.line_at(sim.elapsed(), format!("fault {action}"));
+            let world = World {
+                memory: &memory,
+                controls: &controls,
+                specs: &specs,
+                stores: &stores,
+                handler_faults: &handler_faults,
+            };
+            apply(&mut sim, &action, &world, &mut crashed, &mut commit_crashes);
         }
         if !step(&mut sim, &mut failures) {
-            return finish(seed, failures, faults, None, &trace, &history);
+            let seen = Seen {
+                trace: &trace,
+                history: &history,
+                probes: &probes,
+                commit_crashes: landed,
+            };
+            return finish(seed, failures, faults, None, &seen);
+        }
+        // A commit the plan crashes stopped halfway: the host dies now, and comes back
+        // after its time down.
+        for (i, (spec, store)) in specs.iter().zip(&stores).enumerate() {
+            if let Some(store) = store
+                && store.take_stalled()
+                && crashed.insert(spec.name.clone())
+            {
+                let down = commit_crashes.remove(&i).unwrap_or_default();
+                landed += 1;
+                trace.line_at(
+                    sim.elapsed(),
+                    format!("{} crashed in the middle of a commit", spec.name),
+                );
+                sim.crash(spec.name.as_str());
+                restarts.push((sim.elapsed() + down, i));
+            }
+        }
+        let now = sim.elapsed();
+        let due: Vec<usize> = restarts
+            .iter()
+            .filter(|(at, _)| *at <= now)
+            .map(|(_, i)| *i)
+            .collect();
+        restarts.retain(|(at, _)| *at > now);
+        for i in due {
+            let h = &specs[i].name;
+            if crashed.remove(h) {
+                trace.line_at(now, format!("{h} restarts after its commit crash"));
+                sim.bounce(h.as_str());
+            }
         }
     }
 
     // Liveness phase: heal everything, quiesce the writers, demand convergence.
-    trace.line("heal".into());
+    trace.line_at(sim.elapsed(), "heal".into());
     for c in &controls {
         c.quiet.store(true, Ordering::SeqCst);
         c.crash_after_commit.store(false, Ordering::SeqCst);
@@ -381,6 +661,12 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     sim.set_max_message_latency(Duration::from_millis(50));
     memory.faults.heal();
     memory.events.release_held();
+    for store in stores.iter().flatten() {
+        store.heal();
+    }
+    for f in &handler_faults {
+        f.store(0, Ordering::SeqCst);
+    }
     for h in std::mem::take(&mut crashed) {
         sim.bounce(h.as_str());
     }
@@ -388,20 +674,58 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     // An operator's reconcile pass after an incident: one wake once listeners are back.
     let mut woke = false;
     let mut converged_after = None;
+    let mut expected = None;
     while sim.elapsed() < healed_at + scenario.liveness_bound {
         if !woke && sim.elapsed() >= healed_at + Duration::from_secs(3) {
             woke = true;
             wake_all(&memory);
         }
         if !step(&mut sim, &mut failures) {
-            return finish(seed, failures, faults, None, &trace, &history);
+            let seen = Seen {
+                trace: &trace,
+                history: &history,
+                probes: &probes,
+                commit_crashes: landed,
+            };
+            return finish(seed, failures, faults, None, &seen);
         }
-        if woke && converged(&probes, &history) {
+        if woke && converged(&probes, &history, &mut expected) {
             converged_after = Some(sim.elapsed() - healed_at);
             break;
         }
     }
-    if converged_after.is_none() {
+    if converged_after.is_some() {
+        // What a restart would find: every durable store holds what its follower
+        // committed, the probe's view is no model of its own.
+        for ((spec, probe), store) in specs.iter().zip(&probes).zip(&stores) {
+            let Some(store) = store else { continue };
+            if spec.kind == Kind::Events {
+                let saved = poll_once(Cursors::load(&memory.events, &spec.name));
+                if !matches!(saved, Some(Ok(Some(_)))) {
+                    failures.push(format!(
+                        "{}: a durable consumer that converged saved no cursor ({saved:?})",
+                        spec.name
+                    ));
+                }
+            }
+            let s = probe.state();
+            let stored: BTreeMap<String, (u64, String)> = store
+                .entries()
+                .into_iter()
+                .map(|(k, (seq, v))| (k, (seq, String::from_utf8_lossy(&v).into_owned())))
+                .collect();
+            if stored != s.cache || store.watermark() != Some(s.watermark) {
+                failures.push(format!(
+                    "{}: its durable store (watermark {:?}, {} keys) is not what it committed (watermark {}, {} keys)",
+                    spec.name,
+                    store.watermark(),
+                    stored.len(),
+                    s.watermark,
+                    s.cache.len()
+                ));
+            }
+        }
+    } else {
         let wm = history.watermark();
         let expected = history.expected_at(wm);
         for (spec, probe) in specs.iter().zip(&probes) {
@@ -421,35 +745,82 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
     }
-    finish(seed, failures, faults, converged_after, &trace, &history)
+    let seen = Seen {
+        trace: &trace,
+        history: &history,
+        probes: &probes,
+        commit_crashes: landed,
+    };
+    finish(seed, failures, faults, converged_after, &seen)
 }
 
 fn wake_all(memory: &Memory) {
-    // The memory wake's notify completes on its first poll; drive it without a runtime.
-    let fut = tidemark::Wake::notify(&memory.wake, CHANNEL, Vec::new());
-    let waker = std::task::Waker::noop();
-    let mut cx = std::task::Context::from_waker(waker);
-    let mut fut = std::pin::pin!(fut);
-    let _ = fut.as_mut().poll(&mut cx);
+    let _ = poll_once(tidemark::Wake::notify(&memory.wake, CHANNEL, Vec::new()));
 }
 
-fn converged(probes: &[Probe], history: &History) -> bool {
+/// Polls a memory port's future once, outside every host: they complete on their first
+/// poll (`None` if one did not).
+fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Whether every follower holds the source's state at its head. Checked at every step of
+/// the liveness phase: the cheap conditions first, and the expected state is computed once
+/// per head (`expected` keeps it), since the writers are quiet.
+fn converged(
+    probes: &[Probe],
+    history: &History,
+    expected: &mut Option<(u64, BTreeMap<String, Expect>)>,
+) -> bool {
     let wm = history.watermark();
-    let expected = history.expected_at(wm);
-    probes.iter().all(|p| {
+    let at_head = probes.iter().all(|p| {
         let s = p.state();
-        s.ready && s.watermark == wm && differences(&s.cache, &expected).is_empty()
-    })
+        s.ready && s.watermark == wm
+    });
+    if !at_head {
+        return false;
+    }
+    let want = match expected {
+        Some((at, want)) if *at == wm => want,
+        _ => &expected.insert((wm, history.expected_at(wm))).1,
+    };
+    probes
+        .iter()
+        .all(|p| differences(&p.state().cache, want).is_empty())
+}
+
+/// What the orchestrator acts on.
+struct World<'a> {
+    memory: &'a Memory,
+    controls: &'a [Arc<WriterControl>],
+    specs: &'a [FollowerSpec],
+    stores: &'a [Option<MemoryCacheStore>],
+    handler_faults: &'a [Arc<AtomicU32>],
+}
+
+impl World<'_> {
+    fn store(&self, i: usize) -> Option<&MemoryCacheStore> {
+        self.stores.get(i).and_then(Option::as_ref)
+    }
 }
 
 fn apply(
     sim: &mut turmoil::Sim<'_>,
     action: &Action,
-    memory: &Memory,
-    controls: &[Arc<WriterControl>],
-    specs: &[FollowerSpec],
+    world: &World<'_>,
     crashed: &mut BTreeSet<String>,
+    commit_crashes: &mut BTreeMap<usize, Duration>,
 ) {
+    let World {
+        memory,
+        controls,
+        specs,
+        ..
+    } = *world;
     match action {
         Action::Partition(a, b) => sim.partition(a.as_str(), b.as_str()),
         Action::PartitionOneWay(a, b) => sim.partition_oneway(a.as_str(), b.as_str()),
@@ -468,6 +839,28 @@ fn apply(
             let h = &specs[*i].name;
             if crashed.remove(h) {
                 sim.bounce(h.as_str());
+            }
+        }
+        Action::CrashFollowerMidCommit(i, after_writes, down) => {
+            // Armed until the follower's next commit, however long that takes.
+            if let Some(store) = world.store(*i) {
+                store.crash_next_commit(*after_writes);
+                commit_crashes.insert(*i, *down);
+            }
+        }
+        Action::SlowCommits(i, latency) => {
+            if let Some(store) = world.store(*i) {
+                store.set_write_latency(*latency);
+            }
+        }
+        Action::FailHandler(i, n) => {
+            if specs.get(*i).is_some_and(|f| f.supervised) {
+                world.handler_faults[*i].store(*n, Ordering::SeqCst);
+            }
+        }
+        Action::FailCommits(i, n) => {
+            if let Some(store) = world.store(*i) {
+                store.fail_next_commits(*n);
             }
         }
         Action::CrashSource => {
@@ -513,21 +906,39 @@ fn apply(
     }
 }
 
+/// What a run saw besides its failures.
+struct Seen<'a> {
+    trace: &'a Trace,
+    history: &'a History,
+    probes: &'a [Probe],
+    commit_crashes: u32,
+}
+
 fn finish(
     seed: u64,
     failures: Vec<String>,
     faults: BTreeMap<FaultKind, u32>,
     converged_after: Option<Duration>,
-    trace: &Trace,
-    history: &History,
+    seen: &Seen<'_>,
 ) -> Outcome {
+    let (mut failed_commits, mut warm_restarts, mut worker_restarts) = (0, 0, 0);
+    for p in seen.probes {
+        let s = p.state();
+        failed_commits += s.failed_commits;
+        warm_restarts += s.warm_restarts;
+        worker_restarts += s.worker_restarts;
+    }
     Outcome {
         seed,
         failures,
         faults,
         converged_after,
-        trace_hash: trace.hash(),
-        trace: trace.lines(),
-        watermark: history.watermark(),
+        trace_hash: seen.trace.hash(),
+        trace: seen.trace.lines(),
+        watermark: seen.history.watermark(),
+        commit_crashes: seen.commit_crashes,
+        failed_commits,
+        warm_restarts,
+        worker_restarts,
     }
 }

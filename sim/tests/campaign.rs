@@ -1,5 +1,6 @@
 //! A fixed seed range with every fault kind on: no safety violation, every follower
-//! converges; and the deliberately naive strategies are caught diverging.
+//! converges, and the persisted followers' crash, failure and warm-restart paths are
+//! actually run; and the deliberately naive strategies are caught diverging.
 
 use tidemark_sim::scenario::{Scenario, Strategy};
 use tidemark_sim::world::run;
@@ -12,9 +13,15 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     let scenario = Scenario::default();
     let mut failures = Vec::new();
     let mut watermarks = 0;
+    let (mut commit_crashes, mut failed_commits, mut warm_restarts) = (0, 0, 0);
+    let mut worker_restarts = 0;
     for seed in SEEDS {
         let o = run(seed, &scenario);
         watermarks += o.watermark;
+        commit_crashes += o.commit_crashes;
+        failed_commits += o.failed_commits;
+        warm_restarts += o.warm_restarts;
+        worker_restarts += o.worker_restarts;
         if !o.passed() {
             failures.push(format!("seed {seed}: {}", o.failures.join(" | ")));
         }
@@ -26,6 +33,23 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     assert!(
         watermarks > 50 * (SEEDS.end - SEEDS.start),
         "writers must actually write"
+    );
+    let seeds = SEEDS.end - SEEDS.start;
+    assert!(
+        u64::from(commit_crashes) >= seeds,
+        "only {commit_crashes} commits were interrupted by a crash in {seeds} seeds: the persisted sink's crash path is barely run"
+    );
+    assert!(
+        failed_commits > 0,
+        "no commit failed: the rewind after a sink failure is never run"
+    );
+    assert!(
+        worker_restarts > 0,
+        "no supervised worker was restarted: the supervisor's restart path is never run"
+    );
+    assert!(
+        u64::from(warm_restarts) >= seeds,
+        "only {warm_restarts} warm restarts in {seeds} seeds: persisted followers rarely resume from their store"
     );
     assert!(
         failures.is_empty(),
@@ -53,6 +77,24 @@ fn the_oracle_catches_a_follower_that_watches_only_new_changes() {
     assert!(
         caught * 2 > of,
         "watch-new-only diverged in only {caught} of {of} seeds: the oracle has no teeth"
+    );
+}
+
+#[test]
+fn the_oracle_catches_a_persisted_follower_whose_restart_forgets_its_keys() {
+    let (caught, of) = divergence_rate(Strategy::RestartForgetsIndex);
+    assert!(
+        caught * 2 > of,
+        "restart-forgets-index diverged in only {caught} of {of} seeds: removals of keys cached before a restart go unchecked"
+    );
+}
+
+#[test]
+fn the_oracle_catches_a_persisted_cache_that_saves_its_watermark_before_its_rows() {
+    let (caught, of) = divergence_rate(Strategy::WatermarkBeforeRows);
+    assert!(
+        caught * 2 > of,
+        "watermark-before-rows diverged in only {caught} of {of} seeds: a crash in the middle of a commit goes unchecked"
     );
 }
 

@@ -7,11 +7,15 @@
 //! reorder announcements, compact the source's history. Every handle is a cheap clone of
 //! an `Arc`, so a simulator can keep the state outside a host that crashes.
 //!
+//! [`MemoryCacheStore`] is a follower's durable cache in memory (its persisted-cache sink
+//! is [`MemoryCacheSink`]), with failing, slow and crashing commits.
+//!
 //! Time (visibility timeouts, lock expiry, schedule clocks) is tokio's, so tests with
 //! paused time and simulators drive it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache_store;
 mod events;
 mod faults;
 mod lock;
@@ -22,6 +26,7 @@ mod signal;
 mod source;
 mod wake;
 
+pub use cache_store::{CacheOp, MemoryCacheSink, MemoryCacheStore};
 pub use events::{EventStream, MemoryEvents, Record};
 pub use faults::{Faults, Mangle, Port};
 pub use lock::MemoryLock;
