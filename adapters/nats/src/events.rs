@@ -196,6 +196,12 @@ impl Feed for NatsEvents {
             stream: EventStream { reader },
         })
     }
+
+    /// The reconnects of the client, if [`NatsOptions::connect`](crate::NatsOptions::connect)
+    /// made it.
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        crate::reconnects::of(&self.inner.client)
+    }
 }
 
 /// A cursor is a durable pull consumer whose ack floor is the saved position. Saves are

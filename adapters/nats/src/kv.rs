@@ -538,6 +538,12 @@ impl Source for KvBucket {
     async fn first_available(&self) -> Result<u64> {
         Ok(first_available(&self.state("source").await?.1))
     }
+
+    /// The reconnects of the client, if [`NatsOptions::connect`](crate::NatsOptions::connect)
+    /// made it.
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        crate::reconnects::of(&self.inner.client)
+    }
 }
 
 /// The entries of an open KV feed.
@@ -624,6 +630,12 @@ impl Feed for KvBucket {
                 owner: Arc::clone(&self.inner),
             },
         })
+    }
+
+    /// The reconnects of the client, if [`NatsOptions::connect`](crate::NatsOptions::connect)
+    /// made it.
+    fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        crate::reconnects::of(&self.inner.client)
     }
 }
 

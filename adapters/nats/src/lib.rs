@@ -39,10 +39,11 @@ pub mod fuzzing;
 mod kv;
 mod options;
 mod queue;
+mod reconnects;
 mod wake;
 
 pub use events::{EventStream, NatsEvents};
 pub use kv::{KvBucket, KvStream};
-pub use options::{ConnectError, NatsOptions};
+pub use options::{ConnectError, DEFAULT_MAX_RECONNECT_DELAY, NatsOptions};
 pub use queue::NatsQueue;
 pub use wake::{NatsWake, NatsWakeListener};

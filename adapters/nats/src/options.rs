@@ -1,6 +1,7 @@
 //! Connection options: servers, credentials and TLS, passed through to async-nats.
 
 use std::fmt;
+use std::hash::BuildHasher;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -94,7 +95,12 @@ pub struct NatsOptions {
     require_tls: bool,
     connection_timeout: Option<Duration>,
     request_timeout: Option<Duration>,
+    max_reconnect_delay: Option<Duration>,
 }
+
+/// The longest wait between two reconnect attempts unless set: async-nats' own default
+/// grows to 4 s, which a follower would then wait after the server is back.
+pub const DEFAULT_MAX_RECONNECT_DELAY: Duration = Duration::from_millis(250);
 
 impl fmt::Debug for NatsOptions {
     // Never prints secrets.
@@ -206,7 +212,18 @@ impl NatsOptions {
         self
     }
 
+    /// The longest wait between two attempts to reconnect to a server that went away
+    /// ([`DEFAULT_MAX_RECONNECT_DELAY`] unless set). The waits grow from 1 ms to this and
+    /// are shortened by up to half at random, so clients do not reconnect in lockstep.
+    #[must_use]
+    pub fn max_reconnect_delay(mut self, delay: Duration) -> Self {
+        self.max_reconnect_delay = Some(delay);
+        self
+    }
+
     /// The async-nats options these stand for, to add settings this type does not carry.
+    /// A client connected with them does not report its reconnects to followers: use
+    /// [`connect`](Self::connect) for that.
     ///
     /// # Errors
     /// [`ConnectError::ConflictingAuth`] if more than one authentication method is set,
@@ -250,6 +267,11 @@ impl NatsOptions {
         if let Some(t) = self.request_timeout {
             o = o.request_timeout(Some(t));
         }
+        let cap = self
+            .max_reconnect_delay
+            .unwrap_or(DEFAULT_MAX_RECONNECT_DELAY);
+        let jitter = std::collections::hash_map::RandomState::new();
+        o = o.reconnect_delay_callback(move |attempts| reconnect_delay(attempts, cap, &jitter));
         Ok(o)
     }
 
@@ -283,8 +305,12 @@ impl NatsOptions {
         Ok(())
     }
 
-    /// Connects. Once connected, the client reconnects on its own after a server restart;
-    /// the followers notice and reopen from their watermark.
+    /// Connects. Once connected, the client reconnects on its own after a server restart
+    /// (attempts paced by [`max_reconnect_delay`](Self::max_reconnect_delay)); every
+    /// [`KvBucket`](crate::KvBucket) and [`NatsEvents`](crate::NatsEvents) over this
+    /// client reports each reconnect to its followers
+    /// ([`Source::reconnects`](tidemark::Source::reconnects)), which then retry at once
+    /// and reopen from their watermark.
     ///
     /// # Errors
     /// A [`ConnectError`] saying whether the servers were unreachable, refused the
@@ -295,14 +321,14 @@ impl NatsOptions {
         }
         let shown: Vec<String> = self.servers.iter().map(|url| redact_url(url)).collect();
         let servers = shown.join(",");
-        let options = self.to_connect_options().await?;
+        let (options, reconnects) = crate::reconnects::counting(self.to_connect_options().await?);
         // async-nats ignores credentials in URLs but logs the URLs it tries.
         let bare: Vec<String> = self
             .servers
             .iter()
             .map(|url| without_userinfo(url))
             .collect();
-        options.connect(bare.as_slice()).await.map_err(|e| {
+        let client = options.connect(bare.as_slice()).await.map_err(|e| {
             let reason = self.scrub(e.to_string());
             match e.kind() {
                 ConnectErrorKind::AuthorizationViolation => ConnectError::Unauthorized { servers },
@@ -313,7 +339,9 @@ impl NatsOptions {
                 _ if is_certificate_failure(&reason) => ConnectError::Tls { servers, reason },
                 _ => ConnectError::Unreachable { servers, reason },
             }
-        })
+        })?;
+        crate::reconnects::register(&client, reconnects);
+        Ok(client)
     }
 
     /// `text` with every secret these options hold (passwords and tokens, in URLs or
@@ -334,6 +362,19 @@ impl NatsOptions {
         }
         text
     }
+}
+
+/// The wait before reconnect attempt `attempts` (from 1): 0 for the first, then 1 ms
+/// doubling up to `cap`, less up to half at random (from `jitter`, drawn per client).
+fn reconnect_delay(attempts: usize, cap: Duration, jitter: &impl BuildHasher) -> Duration {
+    if attempts <= 1 {
+        return Duration::ZERO;
+    }
+    let exp = u32::try_from(attempts - 2).unwrap_or(u32::MAX).min(20);
+    let full = Duration::from_millis(1u64 << exp).min(cap);
+    // 0..=1023 parts in 2048 of the delay taken off.
+    let off = jitter.hash_one(attempts) % 1024;
+    full - full.mul_f64(off as f64 / 2048.0)
 }
 
 /// What stands in for a secret in `Debug`, errors and logs.
@@ -388,6 +429,35 @@ fn is_certificate_failure(message: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reconnect_delays_grow_to_the_cap_and_differ_between_clients() {
+        let cap = Duration::from_millis(250);
+        let a = std::collections::hash_map::RandomState::new();
+        let b = std::collections::hash_map::RandomState::new();
+        assert_eq!(
+            reconnect_delay(1, cap, &a),
+            Duration::ZERO,
+            "the first retry is at once"
+        );
+        for attempts in 2..200 {
+            let d = reconnect_delay(attempts, cap, &a);
+            assert!(d <= cap, "attempt {attempts}: {d:?} over the cap");
+        }
+        assert!(
+            reconnect_delay(100, cap, &a) >= cap / 2,
+            "at most half is taken off, so a server that is down is not asked more than \
+             a few times a second"
+        );
+        let schedule = |s: &std::collections::hash_map::RandomState| -> Vec<Duration> {
+            (10..30).map(|n| reconnect_delay(n, cap, s)).collect()
+        };
+        assert_ne!(
+            schedule(&a),
+            schedule(&b),
+            "two clients must not reconnect in lockstep"
+        );
+    }
 
     #[test]
     fn url_secrets_are_redacted_and_the_rest_kept() {

@@ -11,9 +11,9 @@ use std::time::Duration;
 use async_nats::HeaderMap;
 use bytes::Bytes;
 use futures::StreamExt as _;
-use tidemark::tidemark_core::{Follower, RawBytes, Utf8};
+use tidemark::tidemark_core::{BackoffPolicy, Follower, FollowerConfig, Phase, RawBytes, Utf8};
 use tidemark::{FollowerTask, Source, spawn_cache};
-use tidemark_nats::KvBucket;
+use tidemark_nats::{KvBucket, NatsOptions};
 use tokio::sync::Mutex;
 
 use common::*;
@@ -722,4 +722,84 @@ async fn an_oversized_value_is_a_typed_error() {
         "a value of max_payload bytes leaves no room for the write's headers: {fits:?}"
     );
     assert!(unlimited.put("k", vec![b'x'; 1000]).await.is_ok());
+}
+
+/// After a server restart the client reconnects, and a follower on a client from
+/// `NatsOptions::connect` hears it: it reopens its feed at once, although its feed backoff
+/// (one minute here, as after many failures) has far to run. A follower on a client without
+/// the hook, in the same test, still waits: the reconnect is what made the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
+    let mut server = server().await;
+    let admin = client(&server).await;
+    let store = create_bucket(&admin, "reconnect", 1, 1).await;
+    store.put("before", Bytes::from_static(b"1")).await.unwrap();
+    let minute = BackoffPolicy::new(
+        Duration::from_secs(60),
+        2.0,
+        Duration::from_secs(60),
+        Duration::from_secs(600),
+        0.0,
+    )
+    .unwrap();
+    let config = |name: &str| {
+        FollowerConfig::builder(name)
+            .failure_backoff(minute)
+            .end_backoff(minute)
+            .build()
+            .unwrap()
+    };
+    let options = NatsOptions::new([server.url()]);
+    let hooked = KvBucket::new(options.connect().await.unwrap(), "reconnect").unwrap();
+    let plain_client = options.to_connect_options().await.unwrap();
+    let plain_client = plain_client.connect(server.url()).await.unwrap();
+    let plain = KvBucket::new(plain_client, "reconnect").unwrap();
+    let (cache, handle) = spawn_cache(config("hooked"), Utf8, hooked.clone(), hooked);
+    let (plain_cache, plain_handle) = spawn_cache(config("plain"), Utf8, plain.clone(), plain);
+    for c in [&cache, &plain_cache] {
+        tokio::time::timeout(WAIT, c.wait_ready())
+            .await
+            .unwrap()
+            .unwrap();
+    }
+
+    server.kill9().await.unwrap();
+    wait_until(
+        WAIT,
+        "both followers back off after losing the server",
+        || {
+            [&handle, &plain_handle]
+                .iter()
+                .all(|h| h.status().phase == Phase::BackingOff)
+        },
+    )
+    .await;
+    let plain_reopens = plain_handle.status().counters.reopens;
+    server.restart().await.unwrap();
+    let writer = client(&server).await;
+    let js = async_nats::jetstream::new(writer);
+    let store = retry(WAIT, || js.get_key_value("reconnect")).await;
+    store.put("after", Bytes::from_static(b"2")).await.unwrap();
+
+    wait_until(
+        WAIT,
+        "the follower that heard the reconnect reopens and catches up, well within its \
+         one-minute backoff",
+        || cache.get("after").as_deref() == Some("2"),
+    )
+    .await;
+    assert!(handle.status().counters.reopens >= 1);
+    let plain_status = plain_handle.status();
+    assert_eq!(
+        (plain_status.phase, plain_status.counters.reopens),
+        (Phase::BackingOff, plain_reopens),
+        "the follower without the hook still waits out its backoff: without the reconnect \
+         the test above could not have passed"
+    );
+    assert_eq!(plain_cache.get("after"), None);
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    plain_handle
+        .stop_within(Duration::from_secs(5))
+        .await
+        .unwrap();
 }

@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
+use crate::reconnect::Reconnects;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::Sink;
 
@@ -88,6 +89,8 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     wake_paused_until: Option<Instant>,
     wake_backoff: Backoff,
     rng: Rng,
+    /// The source's and feed's client reconnects, each a reason to retry at once.
+    reconnects: Reconnects,
     sink: K,
     clock: Clock,
     stream: Option<(Token, F::Stream)>,
@@ -127,6 +130,7 @@ where
         let (commands_tx, commands) = mpsc::channel(16);
         let status = watch::channel(core.status()).0;
         let seed = core.status().seed;
+        let reconnects = Reconnects::new(source.reconnects(), feed.reconnects());
         FollowerTask {
             source_name: core.config().name().to_owned(),
             committed: core.watermark(),
@@ -140,6 +144,7 @@ where
             wake_paused_until: None,
             wake_backoff: Backoff::new(BackoffPolicy::default()),
             rng: Rng::new(seed ^ 0x5741_4b45),
+            reconnects,
             sink,
             clock: Clock::new(),
             stream: None,
@@ -187,6 +192,7 @@ where
             wake_paused_until: None,
             wake_backoff: self.wake_backoff,
             rng: self.rng,
+            reconnects: self.reconnects,
             sink: self.sink,
             clock: self.clock,
             stream: self.stream,
@@ -252,27 +258,36 @@ where
             }
         } else {
             // A restart: whatever waits out a backoff is tried now.
+            self.reconnects.acted(Instant::now());
             self.core.handle_input(Input::Reconnected, self.clock.now());
         }
         self.runs += 1;
         let mut commands_open = true;
         loop {
             self.perform(&mut stop).await?;
-            if self.core.phase() == Phase::Stopped {
-                return Ok(());
+            match self.core.phase() {
+                Phase::Stopped => return Ok(()),
+                Phase::BackingOff => self.reconnects.backing_off(Instant::now()),
+                _ => {}
             }
             let mut deadline = self.core.poll_timeout().map(|t| self.clock.instant(t));
-            if let Some(resume) = self.wake_paused_until {
-                deadline = Some(deadline.map_or(resume, |d| d.min(resume)));
+            for at in [self.wake_paused_until, self.reconnects.deferred_until()]
+                .into_iter()
+                .flatten()
+            {
+                deadline = Some(deadline.map_or(at, |d| d.min(at)));
             }
             let stream = &mut self.stream;
             let wake = &mut self.wake;
             let listening = wake.is_some() && self.wake_paused_until.is_none();
             let commands = &mut self.commands;
+            let reconnects = &mut self.reconnects;
+            let watching = reconnects.watching();
             let event = tokio::select! {
                 biased;
                 () = stop.stopped() => Event::Stop,
                 cmd = commands.recv(), if commands_open => Event::Command(cmd),
+                () = reconnects.next(), if watching => Event::Reconnected,
                 () = sleep_until(deadline), if deadline.is_some() => Event::Timeout,
                 received = recv_wake(wake), if listening => Event::Wake(received),
                 item = next_item(stream), if stream.is_some() => Event::Feed(item),
@@ -285,12 +300,21 @@ where
                     self.pending.push(reply);
                     self.core.handle_input(Input::Wake, now);
                 }
+                Event::Reconnected => {
+                    if self.reconnects.arrived(Instant::now()) {
+                        debug!(worker = %self.core.config().name(), source = %self.source_name, "client reconnected; retrying now");
+                        self.core.handle_input(Input::Reconnected, now);
+                    }
+                }
                 Event::Timeout => {
                     if self
                         .wake_paused_until
                         .is_some_and(|at| at <= Instant::now())
                     {
                         self.wake_paused_until = None;
+                    }
+                    if self.reconnects.take_due(Instant::now()) {
+                        self.core.handle_input(Input::Reconnected, now);
                     }
                     self.core.handle_timeout(now);
                 }
@@ -778,6 +802,7 @@ where
 enum Event {
     Stop,
     Command(Option<Command>),
+    Reconnected,
     Timeout,
     Wake(Result<Received>),
     Feed((Token, Option<Result<FeedItem>>)),

@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use tidemark_core::{Entry, FeedInfo, Follow};
+use tokio::sync::watch;
 
 use crate::error::Result;
 
@@ -65,4 +66,11 @@ pub trait Feed: Send + Sync {
         from: u64,
         after_position: Option<u64>,
     ) -> impl Future<Output = Result<Opened<Self::Stream>>> + Send;
+
+    /// Reconnects of the client beneath this feed, as
+    /// [`Source::reconnects`](crate::Source::reconnects): `None` by default. A follower
+    /// whose source and feed share one client hears each reconnect once.
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }

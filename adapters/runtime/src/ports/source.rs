@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use tidemark_core::Entry;
+use tokio::sync::watch;
 
 use crate::error::Result;
 
@@ -98,4 +99,12 @@ pub trait Source: Send + Sync {
     /// The first seq [`changes_since`](Self::changes_since) can still serve from
     /// (`since + 1 >= first_available`): 1 when nothing was ever compacted.
     fn first_available(&self) -> impl Future<Output = Result<u64>> + Send;
+
+    /// Reconnects of the client beneath this source, where it has one that reconnects on
+    /// its own (a NATS connection): a counter bumped on every reconnect. A follower then
+    /// retries at once whatever waits out a backoff grown while the server was away.
+    /// `None` (the default): the source has no such path (in-process, a local file).
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }
