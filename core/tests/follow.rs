@@ -416,3 +416,31 @@ fn seqs_at_the_top_of_u64_never_overflow() {
             .any(|d| matches!(d, Diagnostic::Gap { .. }))
     );
 }
+
+/// A late, older announcement changes nothing, so it must not stand for the key's
+/// unconfirmed change either: the simulator caught the follower replacing the newer,
+/// confirmed value with itself (a put at the same seq twice).
+#[test]
+fn a_late_older_announcement_does_not_displace_the_newer_one_awaiting_confirmation() {
+    let mut h = announcements_at(40, vec![]);
+    h.put(46, "k", "new");
+    let outs = h.put(44, "k", "old");
+    assert!(puts(&outs).is_empty(), "stale");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(46, "k", "new")],
+        source_watermark: 46,
+    });
+    assert!(
+        puts(&outs).is_empty(),
+        "the reconcile confirms 46; nothing is put again: {outs:?}"
+    );
+    assert!(!diagnostics(&outs).iter().any(|d| matches!(
+        d,
+        Diagnostic::InvalidEntry {
+            reason: InvalidReason::Unconfirmed,
+            ..
+        }
+    )));
+}

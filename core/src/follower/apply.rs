@@ -124,7 +124,7 @@ impl<D: Decode> Follower<D> {
         let key_for_ahead = self.note_ahead(&key, seq);
         self.apply(seq, key, op, value, expires_in);
         if let Some(key) = key_for_ahead {
-            self.ahead.insert(key, seq);
+            self.remember_ahead(key);
         }
         self.advance_on_feed(seq);
         self.checkpoint(position);
@@ -318,7 +318,7 @@ impl<D: Decode> Follower<D> {
             }
         }
         if let Some(key) = key_for_ahead {
-            self.ahead.insert(key, seq);
+            self.remember_ahead(key);
         }
         self.advance_on_feed(seq);
         self.checkpoint(position);
@@ -388,6 +388,17 @@ impl<D: Decode> Follower<D> {
             resynced: false,
         }));
         self.settle();
+    }
+
+    /// Remembers `key`'s newest change as unconfirmed, if an announcement applied it: one
+    /// that was stale (an older seq arriving late) changed nothing and confirms nothing.
+    fn remember_ahead(&mut self, key: String) {
+        if let Some(seq) = self.index.newest(&key)
+            && seq > self.known_source.max(self.watermark)
+        {
+            let held = self.ahead.entry(key).or_insert(seq);
+            *held = (*held).max(seq);
+        }
     }
 
     /// For an announcement at `seq` above what the source is known to have reached:
