@@ -94,8 +94,9 @@ for t in "${targets[@]}"; do
   [ -n "${execs[$t]}" ] || execs[$t]=0
   if [ "$rc" -ne 0 ]; then
     crashes[$t]=1; status=1
-    artifact=$(grep -oE 'fuzz/artifacts/[^ ]+' "$out" | head -n 1)
-    failures+=("fuzz $t: ${artifact:-exit $rc, see $out} (replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $t ${artifact#fuzz/})")
+    artifact=$(grep -oE 'Test unit written to [^ ]+' "$out" | head -n 1 | sed 's/^Test unit written to //')
+    artifact=${artifact#"$PWD/fuzz/"}
+    failures+=("fuzz $t: ${artifact:-exit $rc, see $out} (replay: cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -O $t ${artifact:-})")
   else
     crashes[$t]=0
   fi

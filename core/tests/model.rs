@@ -395,8 +395,16 @@ impl World {
     }
 }
 
+/// 512 cases unless `PROPTEST_CASES` asks for more (a campaign does).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn follower_converges_with_the_reference_source(seed in any::<u64>(), steps in prop::collection::vec(step(), 0..160)) {

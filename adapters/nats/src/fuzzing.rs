@@ -28,10 +28,14 @@ pub fn message_metadata(data: &[u8]) {
         let Some((name, value)) = line.split_once(':') else {
             continue;
         };
-        // Only names a server could send: the header map itself refuses (panics on)
-        // others, and that is not this adapter's code.
+        // Only names and values a server could send: the header map itself refuses
+        // (panics on) others, and that is not this adapter's code.
+        let value = value.trim();
+        if value.contains(['\r', '\n']) {
+            continue;
+        }
         if let Ok(name) = HeaderName::from_str(name.trim()) {
-            headers.insert(name, value.trim());
+            headers.insert(name, value);
         }
     }
     let _ = operation(Some(&headers)).cache_change();
