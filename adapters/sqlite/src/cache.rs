@@ -292,13 +292,32 @@ impl PersistedCache {
                         }
                     }
                 }
+                // The count before this batch: kept with the watermark, or (a follower new
+                // to this file, or one from before the count was kept) counted once.
+                let kept: Option<Option<i64>> = tx
+                    .query_row(
+                        "SELECT keys FROM follower_state WHERE name = ?1",
+                        [&name],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(sql)?;
+                let keys = match kept {
+                    Some(Some(keys)) => keys + delta,
+                    Some(None) => tx
+                        .query_row(
+                            "SELECT count(*) FROM follower_cache WHERE name = ?1",
+                            [&name],
+                            |r| r.get(0),
+                        )
+                        .map_err(sql)?,
+                    None => delta,
+                };
                 tx.execute(
                     "INSERT INTO follower_state (name, watermark, keys) VALUES (?1, ?2, ?3)
                      ON CONFLICT (name) DO UPDATE SET watermark = excluded.watermark,
-                     keys = CASE WHEN keys IS NULL
-                        THEN (SELECT count(*) FROM follower_cache WHERE name = ?1)
-                        ELSE keys + ?3 END",
-                    params![name, to_i64(watermark), delta],
+                     keys = excluded.keys",
+                    params![name, to_i64(watermark), keys],
                 )
                 .map_err(sql)?;
                 tx.commit().map_err(sql)
