@@ -271,11 +271,11 @@ async fn run() {
     persisted_warm_vs_cold(&client, &js).await;
 }
 
-/// A 100k-key bucket mirrored into a SQLite file: the cold start against a warm restart
+/// A 1M-key bucket mirrored into a SQLite file: the cold start against a warm restart
 /// after 1,000 changes made while the mirror was down (the SQLite bench's warm-vs-cold
-/// figure, with a NATS source).
+/// figure, same sizes, with a NATS source).
 async fn persisted_warm_vs_cold(client: &async_nats::Client, js: &jetstream::Context) {
-    let n = 100_000u32;
+    let n = 1_000_000u32;
     let missed = 1_000u32;
     let store = bucket(js, "persisted").await;
     fill(&store, n, "v").await;
