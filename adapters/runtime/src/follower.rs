@@ -54,8 +54,6 @@ enum Command {
 struct Batch {
     /// Something was applied since the last commit.
     dirty: bool,
-    /// Changes applied since the last commit.
-    rows: usize,
     ready: bool,
     checkpoint: Option<u64>,
     caught_up: Option<CaughtUp>,
@@ -426,37 +424,12 @@ where
     async fn perform(&mut self, stop: &mut StopSignal) -> Result<()> {
         loop {
             self.perform_outputs(stop).await?;
-            if self.may_defer_commit() {
-                self.publish_status();
-                return Ok(());
-            }
             match self.end_batch().await {
                 Ok(()) => return Ok(()),
                 // The rewind's own decisions (close the feed, back off) come next.
                 Err(e) => self.sink_failed(e).await?,
             }
         }
-    }
-
-    /// Whether this turn's changes may wait for the next turn's commit: during the initial
-    /// sync of a sink that commits durably (one transaction per turn of at most
-    /// [`FEED_BATCH`] entries made a 1M-key mirror into SQLite take 77 s), while nothing
-    /// waits on the commit (readiness, a reconcile's answer, a cursor) and the batch is
-    /// below [`SYNC_COMMIT_ROWS`]. Not for a lazily resumed core, which asks the sink for
-    /// the seqs it holds and must not be answered from before the batch. Nothing is lost:
-    /// what is not committed is decided again after a crash, from the last committed
-    /// watermark.
-    fn may_defer_commit(&self) -> bool {
-        K::FALLIBLE
-            && !self.core.is_ready()
-            // A lazily resumed core asks the sink what it holds: it must hold the batch.
-            && !self.core.needs_keys()
-            && self.core.phase() != Phase::Stopped
-            && self.batch.dirty
-            && self.batch.rows < SYNC_COMMIT_ROWS
-            && !self.batch.ready
-            && self.batch.checkpoint.is_none()
-            && self.batch.caught_up.is_none()
     }
 
     /// Commits what was applied with the watermark, then lets the world see it: the
@@ -467,7 +440,6 @@ where
             self.sink.commit(watermark).await?;
             self.committed = watermark;
             self.batch.dirty = false;
-            self.batch.rows = 0;
         }
         // The mark moves even when nothing was written: readiness reached on an empty
         // source, or a checkpoint, is committed state too.
@@ -517,7 +489,6 @@ where
                 }
                 Output::Apply(apply) => {
                     self.batch.dirty = true;
-                    self.batch.rows += 1;
                     let applied = match apply {
                         Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
                         Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
@@ -839,9 +810,6 @@ enum Event {
 
 /// How many waiting feed items one turn of the task takes at most.
 const FEED_BATCH: usize = 256;
-
-/// How many changes an initial sync into a durable sink gathers before it commits.
-const SYNC_COMMIT_ROWS: usize = 16_384;
 
 fn feed_input(token: Token, item: Option<Result<FeedItem>>) -> Input {
     match item {
