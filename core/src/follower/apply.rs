@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use super::confirm::Confirmation;
 use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
@@ -390,61 +391,6 @@ impl<D: Decode> Follower<D> {
         self.settle();
     }
 
-    /// Remembers `key`'s newest change as unconfirmed, if an announcement applied it: one
-    /// that was stale (an older seq arriving late) changed nothing and confirms nothing.
-    fn remember_ahead(&mut self, key: String) {
-        if let Some(seq) = self.index.newest(&key)
-            && seq > self.known_source.max(self.watermark)
-        {
-            let held = self.ahead.entry(key).or_insert(seq);
-            *held = (*held).max(seq);
-        }
-    }
-
-    /// For an announcement at `seq` above what the source is known to have reached:
-    /// the key to remember as unconfirmed, until a read of the source covers the seq.
-    fn note_ahead(&self, key: &str, seq: u64) -> Option<String> {
-        (self.follow == Follow::Announcements && seq > self.known_source.max(self.watermark))
-            .then(|| key.to_owned())
-    }
-
-    /// Checks the unconfirmed announcements a read of the source at `source_watermark`
-    /// covers: `confirm(key, seq)` says whether the read has that change. What the read
-    /// does not confirm is forgotten (its seq set to 0, its tombstone dropped), so the
-    /// read's own answer replaces it. Returns whether some key was not named by the read
-    /// at all (then only a snapshot can say what it holds).
-    fn confirm_ahead(
-        &mut self,
-        source_watermark: u64,
-        confirm: impl Fn(&str, u64) -> Confirmation,
-    ) -> bool {
-        self.known_source = self.known_source.max(source_watermark);
-        if self.ahead.is_empty() {
-            return false;
-        }
-        let due: Vec<(String, u64)> = self
-            .ahead
-            .iter()
-            .filter(|(_, seq)| **seq <= source_watermark)
-            .map(|(k, s)| (k.clone(), *s))
-            .collect();
-        let mut unexplained = false;
-        for (key, seq) in due {
-            self.ahead.remove(&key);
-            let verdict = confirm(&key, seq);
-            if verdict == Confirmation::Confirmed {
-                continue;
-            }
-            self.invalid(seq, key.clone(), InvalidReason::Unconfirmed);
-            if self.index.get(&key).is_some() {
-                self.index.set(key.clone(), 0);
-            }
-            self.index.untomb(&key);
-            unexplained |= verdict == Confirmation::Unexplained;
-        }
-        unexplained
-    }
-
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
@@ -514,66 +460,4 @@ impl<D: Decode> Follower<D> {
         }));
         self.settle();
     }
-}
-
-impl<D: Decode> Follower<D> {
-    /// Removes the values whose age limit passed at `now`, where the source drops them
-    /// silently: a newer value of the key (or its removal) cancels its expiry.
-    pub(super) fn expire(&mut self, now: Time) {
-        for (key, seq) in self.index.take_expired(now) {
-            if self.index.get(&key) == Some(seq) {
-                self.index.remove(&key);
-                self.counters.expired += 1;
-                self.out
-                    .push_back(Output::Apply(Apply::Remove { key, seq }));
-            }
-        }
-    }
-
-    /// A listing of the source's keys, its watermark read first: a cached key it does not
-    /// list, at a seq the listing covers, is gone from the source.
-    pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
-        let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
-        let mut gone: Vec<(String, u64)> = self
-            .index
-            .seqs
-            .iter()
-            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
-            .map(|(k, seq)| (k.clone(), *seq))
-            .collect();
-        drop(present);
-        gone.sort_unstable();
-        for (key, seq) in gone {
-            self.index.remove(&key);
-            self.counters.vanished += 1;
-            let removal = source_watermark.max(seq);
-            self.out
-                .push_back(Output::Apply(Apply::Remove { key, seq: removal }));
-        }
-        self.schedule_presence_check();
-        self.settle();
-    }
-
-    /// Schedules the next listing of the source's keys, when the follower is configured
-    /// to check and is live.
-    pub(super) fn schedule_presence_check(&mut self) {
-        if let Some(every) = self.config.presence_check
-            && self.is_ready()
-            && !self.stopped()
-        {
-            self.timers
-                .presence_at(Some(self.now.saturating_add(every)));
-        }
-    }
-}
-
-/// What a read of the source says of an unconfirmed announcement.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Confirmation {
-    /// The read has the change at that seq.
-    Confirmed,
-    /// The read names the key with other changes: they replace the announcement's.
-    Replaced,
-    /// The read does not name the key: the cache's older value for it is unknown.
-    Unexplained,
 }

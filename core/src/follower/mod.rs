@@ -3,16 +3,19 @@
 //! One idea a file: [`io`] what goes in and out, [`status`] what an operator sees,
 //! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
 //! [`apply`] how entries, reconciles and snapshots change the cache, [`feed`] the feed's
-//! life, [`handle`] the dispatch of inputs and timeouts. This file holds the machine
+//! life, [`handle`] the dispatch of inputs and timeouts, [`confirm`] announcements awaiting
+//! the source's confirmation, [`vanishing`] what a source drops without a message. This file holds the machine
 //! itself: its state, constructors, getters, mutators and requests.
 
 mod apply;
+mod confirm;
 mod feed;
 mod handle;
 mod index;
 mod io;
 mod status;
 mod timers;
+mod vanishing;
 
 use std::collections::VecDeque;
 

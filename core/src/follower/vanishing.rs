@@ -1,0 +1,60 @@
+//! What a source drops without a message: values that age out (expiry on the caller's
+//! clock) and keys whose last message was purged (the periodic listing of its keys).
+
+use std::collections::HashSet;
+
+use super::Follower;
+use crate::decode::Decode;
+use crate::follower::io::{Apply, Output};
+use crate::time::Time;
+
+impl<D: Decode> Follower<D> {
+    /// Removes the values whose age limit passed at `now`, where the source drops them
+    /// silently: a newer value of the key (or its removal) cancels its expiry.
+    pub(super) fn expire(&mut self, now: Time) {
+        for (key, seq) in self.index.take_expired(now) {
+            if self.index.get(&key) == Some(seq) {
+                self.index.remove(&key);
+                self.counters.expired += 1;
+                self.out
+                    .push_back(Output::Apply(Apply::Remove { key, seq }));
+            }
+        }
+    }
+
+    /// A listing of the source's keys, its watermark read first: a cached key it does not
+    /// list, at a seq the listing covers, is gone from the source.
+    pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
+        let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
+        let mut gone: Vec<(String, u64)> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
+            .map(|(k, seq)| (k.clone(), *seq))
+            .collect();
+        drop(present);
+        gone.sort_unstable();
+        for (key, seq) in gone {
+            self.index.remove(&key);
+            self.counters.vanished += 1;
+            let removal = source_watermark.max(seq);
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq: removal }));
+        }
+        self.schedule_presence_check();
+        self.settle();
+    }
+
+    /// Schedules the next listing of the source's keys, when the follower is configured
+    /// to check and is live.
+    pub(super) fn schedule_presence_check(&mut self) {
+        if let Some(every) = self.config.presence_check
+            && self.is_ready()
+            && !self.stopped()
+        {
+            self.timers
+                .presence_at(Some(self.now.saturating_add(every)));
+        }
+    }
+}
