@@ -18,26 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tidemark::{Error, Held, Result, Sink};
-
-/// One change to a stored cache.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheOp {
-    /// Upsert `key` to `value` as of `seq`.
-    Put {
-        /// The key.
-        key: String,
-        /// The seq of the value.
-        seq: u64,
-        /// The value's bytes.
-        value: Vec<u8>,
-    },
-    /// Remove `key`.
-    Remove {
-        /// The key.
-        key: String,
-    },
-}
+use tidemark::{CacheOp, Error, Held, Result, Sink};
 
 #[derive(Debug, Default)]
 struct StoreFaults {

@@ -26,7 +26,7 @@ mod signal;
 mod source;
 mod wake;
 
-pub use cache_store::{CacheOp, MemoryCacheSink, MemoryCacheStore};
+pub use cache_store::{MemoryCacheSink, MemoryCacheStore};
 pub use events::{EventStream, MemoryEvents, Record};
 pub use faults::{Faults, Mangle, Port};
 pub use lock::MemoryLock;
@@ -34,6 +34,7 @@ pub use outbox::{MemoryOutbox, MemoryOutboxWatch};
 pub use queue::{DEFAULT_MAX_ATTEMPTS, MemoryQueue};
 pub use schedule::MemorySchedules;
 pub use source::{LogStream, MAX_KEY_BYTES, MAX_VALUE_BYTES, MemorySource};
+pub use tidemark::CacheOp;
 pub use wake::{MemoryListener, MemoryWake};
 
 /// Every memory port, sharing one set of [`Faults`].

@@ -63,7 +63,7 @@ pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
 pub use relay::{DEFAULT_BATCH, DEFAULT_LEASE, Relay, RelayHandle, RelayReport};
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
-pub use sink::{Held, Sink};
+pub use sink::{CacheOp, Held, Sink};
 pub use supervisor::{Supervisor, WorkerFailure, WorkerInfo, WorkerPhase};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.

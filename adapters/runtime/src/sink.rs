@@ -6,6 +6,53 @@ use std::future::Future;
 
 use crate::error::Result;
 
+/// One change to a stored cache, as a durable sink buffers it until its commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheOp {
+    /// Upsert `key` to `value` as of `seq`.
+    Put {
+        /// The key.
+        key: String,
+        /// The seq of the value.
+        seq: u64,
+        /// The value's bytes.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Remove {
+        /// The key.
+        key: String,
+    },
+}
+
+impl CacheOp {
+    /// The key it changes.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        match self {
+            CacheOp::Put { key, .. } | CacheOp::Remove { key } => key,
+        }
+    }
+
+    /// Keeps only the last op per key, in order: what a batch that touched a key twice
+    /// leaves behind.
+    #[must_use]
+    pub fn coalesce(ops: Vec<CacheOp>) -> Vec<CacheOp> {
+        let mut last: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            last.insert(op.key(), i);
+        }
+        let keep: Vec<bool> = (0..ops.len())
+            .map(|i| last.get(ops[i].key()) == Some(&i))
+            .collect();
+        drop(last);
+        ops.into_iter()
+            .zip(keep)
+            .filter_map(|(op, keep)| keep.then_some(op))
+            .collect()
+    }
+}
+
 /// What a durable sink already holds when a follower starts: its watermark and how many
 /// keys. The follower resumes from `watermark`+1 and asks the sink for the seqs of keys
 /// only when the delta names them ([`Sink::seqs_of`]), so a warm start costs the delta,

@@ -2,35 +2,14 @@
 //! commits each applied batch with its watermark in one transaction, so any follower —
 //! over a SQLite registry, a NATS bucket, anything — restarts warm from it.
 
-use std::collections::HashMap;
-
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
-use tidemark::{Error, Held, Result, Sink};
+use tidemark::{CacheOp, Error, Held, Result, Sink};
 
 use crate::db::{SqliteDb, to_i64, to_u64};
 use crate::error::unavailable;
 
 fn sql(e: rusqlite::Error) -> Error {
     unavailable("cache", &e)
-}
-
-/// One change to a persisted cache.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CacheOp {
-    /// Upsert `key` to `value` as of `seq`.
-    Put {
-        /// The key.
-        key: String,
-        /// The seq of the value.
-        seq: u64,
-        /// The value's bytes.
-        value: Vec<u8>,
-    },
-    /// Remove `key`.
-    Remove {
-        /// The key.
-        key: String,
-    },
 }
 
 /// A named follower's cache (key → seq, value) and watermark, kept in the database file,
@@ -342,7 +321,7 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
     }
 
     async fn commit(&mut self, watermark: u64) -> Result<()> {
-        let ops = coalesce(std::mem::take(&mut self.batch));
+        let ops = CacheOp::coalesce(std::mem::take(&mut self.batch));
         self.apply(ops, watermark).await
     }
 
@@ -360,29 +339,5 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
 
     async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
         PersistedCache::all_seqs(self).await
-    }
-}
-
-/// Keeps only the last op per key, in order (a batch may touch a key twice).
-fn coalesce(ops: Vec<CacheOp>) -> Vec<CacheOp> {
-    let mut last: HashMap<&str, usize> = HashMap::new();
-    for (i, op) in ops.iter().enumerate() {
-        last.insert(op.key(), i);
-    }
-    let keep: Vec<bool> = (0..ops.len())
-        .map(|i| last.get(ops[i].key()) == Some(&i))
-        .collect();
-    drop(last);
-    ops.into_iter()
-        .zip(keep)
-        .filter_map(|(op, keep)| keep.then_some(op))
-        .collect()
-}
-
-impl CacheOp {
-    fn key(&self) -> &str {
-        match self {
-            CacheOp::Put { key, .. } | CacheOp::Remove { key } => key,
-        }
     }
 }

@@ -47,7 +47,7 @@ mod schema;
 mod source;
 mod wake;
 
-pub use cache::{CacheOp, PersistedCache};
+pub use cache::PersistedCache;
 pub use db::{Options, SqliteDb, Synchronous};
 pub use error::{Error, Result};
 pub use events::{EventStream, Record, SqliteEvents};
@@ -59,6 +59,7 @@ pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use source::{
     ChangeLogStream, Compaction, MAX_KEY_BYTES, MAX_VALUE_BYTES, SqliteSource, Write,
 };
+pub use tidemark::CacheOp;
 pub use wake::{SqliteListener, SqliteWake};
 
 impl SqliteDb {
