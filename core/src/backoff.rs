@@ -122,6 +122,13 @@ impl BackoffPolicy {
         self.jitter
     }
 
+    /// The delay before retry `attempt` (from 0), jittered by `rng` as [`Backoff`] does:
+    /// for things retried by their own count (a job's attempts) rather than in a row.
+    pub fn delay(&self, attempt: u32, rng: &mut Rng) -> Duration {
+        self.base_delay(attempt)
+            .mul_f64(1.0 - self.jitter * rng.next_f64())
+    }
+
     /// The delay before attempt `attempt` (from 0) without jitter.
     #[must_use]
     pub fn base_delay(&self, attempt: u32) -> Duration {
@@ -178,10 +185,9 @@ impl Backoff {
         {
             self.attempt = 0;
         }
-        let base = self.policy.base_delay(self.attempt);
+        let delay = self.policy.delay(self.attempt, rng);
         self.attempt = self.attempt.saturating_add(1);
-        let cut = self.policy.jitter * rng.next_f64();
-        base.mul_f64(1.0 - cut)
+        delay
     }
 
     /// Forgets every failure.
