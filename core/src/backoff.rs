@@ -92,6 +92,19 @@ impl BackoffPolicy {
         }
     }
 
+    /// For a failed job's retries: 1 s, ×2, capped at 5 minutes, half jitter. A job is
+    /// retried by its own attempt count, so the reset period plays no part.
+    #[must_use]
+    pub fn job_retry() -> Self {
+        BackoffPolicy {
+            first: Duration::from_secs(1),
+            factor: 2.0,
+            cap: Duration::from_secs(5 * 60),
+            reset_after: Duration::from_secs(5 * 60),
+            jitter: 0.5,
+        }
+    }
+
     /// The first delay.
     #[must_use]
     pub fn first(&self) -> Duration {
