@@ -41,6 +41,7 @@ conformance! {
     queue_counts_by_state => MemoryQueue::default();
     queue_removes_finished_jobs_past_retention => MemoryQueue::default(), Duration::from_secs(60);
     runner_renews_a_slow_jobs_lease => MemoryQueue::default(), Duration::from_millis(300);
+    runner_dead_letters_what_it_cannot_run => MemoryQueue::default();
     runner_crash_redelivers_its_job => MemoryQueue::default(), Duration::from_millis(300);
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();

@@ -401,6 +401,16 @@ pub async fn queue_renew_extends_a_lease<Q: Queue>(q: &Q, visibility: Duration) 
         ),
         "a finished job's lease cannot be renewed"
     );
+    q.enqueue(Job::Sweep).await.unwrap();
+    let lapsed = q.lease(visibility).await.unwrap().expect("a ready job");
+    tokio::time::sleep(visibility * 3 / 2).await;
+    assert!(
+        matches!(
+            q.renew(&lapsed, visibility).await,
+            Err(crate::Error::LeaseLost(_))
+        ),
+        "an expired lease cannot be renewed: its job may be someone else's"
+    );
 }
 
 /// Dead letters are listed in id order with their last error, page by page, and a
@@ -701,6 +711,59 @@ pub async fn runner_crash_redelivers_its_job<Q: Queue + Clone + 'static>(
         "the crashed attempt counts, and the job runs again"
     );
     assert_eq!(counters.acked, 1, "the new runner finished it");
+}
+
+/// A job of a kind no handler takes, or whose payload does not decode into its handler's
+/// type, is dead-lettered at its first attempt with an error that says so; the runner
+/// goes on with the next job.
+pub async fn runner_dead_letters_what_it_cannot_run<Q: Queue + Clone + 'static>(q: &Q) {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    enum Mine {
+        Resize { width: u32 },
+    }
+    let unknown = q
+        .enqueue(Job::decode(br#"{"kind":"reboot"}"#).unwrap())
+        .await
+        .unwrap();
+    let undecodable = q
+        .enqueue(Job::decode(br#"{"kind":"resize","width":"wide"}"#).unwrap())
+        .await
+        .unwrap();
+    let good = q
+        .enqueue(Job::custom(&Mine::Resize { width: 640 }).unwrap())
+        .await
+        .unwrap();
+    let handlers = JobHandlers::new().on(["resize"], |job: Mine, _| async move {
+        let Mine::Resize { width } = job;
+        if width == 640 {
+            Ok(())
+        } else {
+            Err(format!("width {width}"))
+        }
+    });
+    let runner = JobRunner::new("r", q.clone(), handlers)
+        .idle_poll(Duration::from_millis(20))
+        .spawn();
+    let within = Duration::from_secs(30);
+    assert_eq!(wait_for_state(q, good, JobState::Done, within).await, 1);
+    for (id, says) in [(unknown, "no handler"), (undecodable, "does not decode")] {
+        assert_eq!(
+            wait_for_state(q, id, JobState::DeadLettered, within).await,
+            1,
+            "no retry can help a job nothing can run: dead-lettered at once"
+        );
+        let error = q
+            .get(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .unwrap_or_default();
+        assert!(error.contains(says), "the dead letter says why: {error}");
+    }
+    let counters = runner.stop_within(within).await.unwrap();
+    assert_eq!((counters.acked, counters.dead_lettered), (1, 2));
 }
 
 /// One holder at a time; an expired lease frees the lock with a higher fencing token, and
