@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use tidemark::{Error, Job, JobHandlers, JobId, JobRunner, JobState, Queue};
-use tidemark_memory::MemoryQueue;
+use tidemark_memory::{Faults, MemoryQueue, Port};
 use tokio::time::Instant;
 
 const POLL: Duration = Duration::from_millis(10);
@@ -18,7 +18,8 @@ const POLL: Duration = Duration::from_millis(10);
 async fn wait_for(q: &MemoryQueue, id: JobId, state: JobState) -> u32 {
     let deadline = Instant::now() + Duration::from_secs(3_600);
     loop {
-        let rec = q.get(id).await.unwrap().unwrap();
+        // Read past the queue's injected faults: they are the runner's to meet.
+        let rec = q.jobs().into_iter().find(|r| r.id == id).unwrap();
         if rec.state == state {
             return rec.attempts;
         }
@@ -270,4 +271,54 @@ async fn typed_user_jobs_reach_their_handler_beside_the_built_in_ones() {
         ],
         "each job reaches the handler of its kind, decoded as the type registered"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_blip_at_ack_does_not_run_a_finished_job_again() {
+    let faults = Faults::new();
+    let q = MemoryQueue::new(faults.clone());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let handlers = {
+        let (runs, faults) = (Arc::clone(&runs), faults.clone());
+        JobHandlers::new().on(["sweep"], move |_: Job, _| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            // The queue is away for the next two calls: the ack's.
+            faults.fail_next(Port::Queue, 2);
+            async { Ok::<(), String>(()) }
+        })
+    };
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let runner = JobRunner::new("blip", q.clone(), handlers)
+        .idle_poll(POLL)
+        .spawn();
+    let attempts = wait_for(&q, id, JobState::Done).await;
+    let counters = runner.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        (attempts, runs.load(Ordering::SeqCst)),
+        (1, 1),
+        "the ack is tried again within the lease, so the job runs once"
+    );
+    assert_eq!((counters.acked, counters.queue_errors), (1, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_that_is_away_is_backed_off_and_jobs_run_once_it_is_back() {
+    let faults = Faults::new();
+    let q = MemoryQueue::new(faults.clone());
+    let handlers = JobHandlers::new().on(["sweep"], |_: Job, _| async { Ok::<(), String>(()) });
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    faults.set_failing(Port::Queue, true);
+    let runner = JobRunner::new("away", q.clone(), handlers)
+        .idle_poll(POLL)
+        .spawn();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let errors = runner.counters().queue_errors;
+    // 50 ms doubling to 5 s: about 20 tries in a minute, not 6,000 polls.
+    assert!(
+        (5..=40).contains(&errors),
+        "a queue that is away is retried with backoff, not hammered: {errors} tries"
+    );
+    faults.set_failing(Port::Queue, false);
+    wait_for(&q, id, JobState::Done).await;
+    runner.stop_within(Duration::from_secs(5)).await.unwrap();
 }
