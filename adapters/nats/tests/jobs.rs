@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use tidemark::conformance as c;
 use tidemark::tidemark_core::Job;
-use tidemark::{JobRetention, Queue};
+use tidemark::{JobRetention, Queue, UNDECODABLE_KIND};
 use tidemark_nats::NatsQueue;
 
 use common::*;
@@ -83,4 +83,35 @@ async fn retention_leaves_no_state_behind_on_the_stream() {
     );
     let counts = q.counts().await.unwrap();
     assert_eq!((counts.ready, counts.done), (1, 0));
+}
+
+/// A message on the job stream that is no job (a foreign publisher's) is dead-lettered at
+/// its first lease and listed with why, instead of vanishing; jobs after it still run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_is_no_job_is_listed_as_a_dead_letter() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "FOREIGN", 3).await.unwrap();
+    let js = jetstream::new(client.clone());
+    js.publish("tidemark.jobs.FOREIGN", "\u{1} not json".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let sweep = q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(Duration::from_secs(30)).await.unwrap().unwrap();
+    assert_eq!(
+        lease.id, sweep,
+        "the foreign message is passed over, the job after it runs"
+    );
+    q.ack(&lease).await.unwrap();
+    let dead = q.dead_letters(None, 10).await.unwrap();
+    assert_eq!(
+        dead.len(),
+        1,
+        "kept as a dead letter, not dropped: {dead:?}"
+    );
+    assert_eq!(dead[0].job.kind(), UNDECODABLE_KIND);
+    let why = dead[0].last_error.as_deref().unwrap_or_default();
+    assert!(why.contains("not a job"), "the dead letter says why: {why}");
 }

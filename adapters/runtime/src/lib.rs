@@ -76,6 +76,7 @@ pub use tidemark_core;
 pub use tidemark_core::{
     AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
     Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
-    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
+    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, UNDECODABLE_KIND, Utf8,
+    decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};
