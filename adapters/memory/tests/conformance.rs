@@ -48,3 +48,21 @@ async fn outbox_claims_are_exclusive_and_expire() {
     c::outbox_claims_are_exclusive_and_expire(&m.outbox, &announced, Duration::from_millis(100))
         .await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn prefix_view_carries_only_its_keys() {
+    let whole = MemorySource::default();
+    let view = whole.with_prefix("orders.").unwrap();
+    c::prefix_view_carries_only_its_keys(&whole, &view).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefix_follower_holds_exactly_its_keys() {
+    let whole = MemorySource::default();
+    let view = whole.with_prefix("orders.").unwrap();
+    let compacted = whole.clone();
+    c::prefix_follower_holds_exactly_its_keys(whole, view, |seq| async move {
+        compacted.compact_below(seq);
+    })
+    .await;
+}

@@ -16,6 +16,10 @@
 //! quick against a real clock. Enabled by the `conformance` feature.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod prefix;
+
+pub use prefix::{prefix_follower_holds_exactly_its_keys, prefix_view_carries_only_its_keys};
+
 use std::time::Duration;
 
 use tidemark_core::{
