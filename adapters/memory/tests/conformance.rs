@@ -18,6 +18,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    source_puts_typed_values_as_json => MemorySource::default();
     source_seqs_increase => MemorySource::default();
     source_get_returns_value_and_seq => MemorySource::default();
     source_update_is_compare_and_set => MemorySource::default();

@@ -25,6 +25,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    source_puts_typed_values_as_json => |db| db.source();
     source_seqs_increase => |db| db.source();
     source_get_returns_value_and_seq => |db| db.source();
     source_update_is_compare_and_set => |db| db.source();
