@@ -122,8 +122,14 @@ where
 
     /// A task around an existing core (one made with [`Follower::resume`], say). The core
     /// is set to follow the feed the way the feed says.
+    /// A source over a key prefix ([`Source::key_prefix`]) limits the core to it.
     pub fn from_core(core: Follower<D>, source: S, feed: F, sink: K) -> Self {
         let mut core = core.following(F::FOLLOW);
+        if let Some(prefix) = source.key_prefix()
+            && !core.prefixes().contains(prefix)
+        {
+            core = core.within(prefix.clone());
+        }
         if K::FALLIBLE {
             core.track_commits(true);
         }
@@ -318,6 +324,9 @@ where
                     }
                     self.core.handle_timeout(now);
                 }
+                Event::Wake(Ok(Received::Wake(payload))) if !self.wakes_for_us(&payload) => {
+                    self.wake_backoff.reset();
+                }
                 Event::Wake(Ok(Received::Wake(_) | Received::TimedOut)) => {
                     self.wake_backoff.reset();
                     self.core.handle_input(Input::Wake, now);
@@ -344,6 +353,17 @@ where
                 Event::Feed((token, item)) => self.on_feed(token, item).await?,
             }
         }
+    }
+
+    /// Whether a wake's payload may concern this follower's keys: an event about a key
+    /// outside its prefix announces a change it does not keep, so no catch-up is needed
+    /// for it (every change is announced on its own, and an empty or foreign payload
+    /// always catches up).
+    fn wakes_for_us(&self, payload: &[u8]) -> bool {
+        if self.core.prefixes().is_empty() || payload.is_empty() {
+            return true;
+        }
+        tidemark_core::Event::decode(payload).map_or(true, |e| self.core.keeps(e.key()))
     }
 
     /// Takes the items the feed has ready (up to a batch), tells a lazily resumed core

@@ -44,6 +44,7 @@ pub mod conformance;
 mod error;
 mod follower;
 mod jobs;
+mod json;
 mod noop;
 pub mod ports;
 mod reconnect;
@@ -57,12 +58,13 @@ mod worker;
 pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
-pub use error::{Error, Result, check_key, check_value};
+pub use error::{Error, Result, check_key, check_key_within, check_value, key_prefix};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
 pub use jobs::{
     DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
     JobCounters, JobHandlers, JobRunner, JobRunnerHandle,
 };
+pub use json::{PutJson, to_json};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
