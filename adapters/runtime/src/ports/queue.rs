@@ -87,6 +87,19 @@ pub trait Queue: Send + Sync {
     /// Enqueues `job`; returns its id.
     fn enqueue(&self, job: Job) -> impl Future<Output = Result<JobId>> + Send;
 
+    /// Enqueues a user job of any serde type tagged by `"kind"` (see [`Job::custom`]);
+    /// [`Error::Job`](crate::Error::Job) if it is not tagged or takes a built-in kind.
+    fn enqueue_typed<T: serde::Serialize + ?Sized>(
+        &self,
+        job: &T,
+    ) -> impl Future<Output = Result<JobId>> + Send
+    where
+        Self: Sized,
+    {
+        let job = Job::custom(job);
+        async move { self.enqueue(job?).await }
+    }
+
     /// Reads a job back by id.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
 
