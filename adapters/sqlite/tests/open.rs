@@ -157,14 +157,15 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         .await
         .unwrap();
     drop(db);
-    // Back to the version 1 shape: an outbox with no claim columns, one row pending, and
-    // follower states without their key count.
+    // Back to the version 1 shape: an outbox with no claim columns, one row pending,
+    // follower states without their key count, and no record of follower starts.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "ALTER TABLE outbox DROP COLUMN claimed_by;
              ALTER TABLE outbox DROP COLUMN claim_until;
              ALTER TABLE follower_state DROP COLUMN keys;
+             DROP TABLE follower_starts;
              PRAGMA user_version = 1;",
         )
         .unwrap();
