@@ -213,18 +213,15 @@ pub(crate) fn check_header(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`], or refuses the file. Idempotent and safe when
-/// several processes open the same file at once: the version is re-read under the write
-/// lock.
-pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+/// Refuses a file that is not ours (another application's, or tables without our id) or
+/// that carries a newer schema. Reads only: run before anything is written to the file,
+/// even a journal mode, and again under the write lock before migrating.
+pub(crate) fn refuse_foreign(conn: &Connection, path: &Path) -> Result<()> {
     let sql = |e| Error::from_sqlite(path, e);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(sql)?;
-    let app: i32 = tx
+    let app: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
         .map_err(sql)?;
-    let version: i64 = tx
+    let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(sql)?;
     if app != APPLICATION_ID {
@@ -235,7 +232,7 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             });
         }
         let tables: Vec<String> = {
-            let mut stmt = tx
+            let mut stmt = conn
                 .prepare(
                     "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 5",
                 )
@@ -266,6 +263,21 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             reason: format!("negative schema version {version}"),
         });
     }
+    Ok(())
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], or refuses the file. Idempotent and safe when
+/// several processes open the same file at once: the version is re-read under the write
+/// lock.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let sql = |e| Error::from_sqlite(path, e);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    refuse_foreign(&tx, path)?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql)?;
     for (from, step) in MIGRATIONS
         .iter()
         .enumerate()

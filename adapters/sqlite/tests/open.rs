@@ -109,8 +109,13 @@ async fn a_foreign_database_is_refused_and_left_alone() {
         c.execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT);")
             .unwrap();
     }
+    let before = std::fs::read(&path).unwrap();
     let err = SqliteDb::open(&path).await.unwrap_err();
     assert!(matches!(err, Error::Foreign { .. }), "{err}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "refusing a foreign file leaves it byte for byte as it was (not even switched to WAL)"
+    );
     let c = rusqlite::Connection::open(&path).unwrap();
     let tables: i64 = c
         .query_row(
