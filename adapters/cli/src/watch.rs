@@ -4,7 +4,7 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Args;
-use tidemark::{Cache, Change, Feed, FollowerConfig, RawBytes, Source, spawn_cache};
+use tidemark::{Cache, Change, Feed, FollowerConfig, FollowerTask, RawBytes, Source};
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{info, warn};
 
@@ -67,10 +67,15 @@ where
     F: Feed + 'static,
 {
     info!("watching {}", spec.shown());
-    let (cache, follower) = spawn_cache(config, RawBytes, source, feed);
+    let (writer, cache) = tidemark::cache();
+    // Subscribed before the follower runs: no change, and not the readiness, goes by first.
     let mut changes = cache.subscribe();
+    let follower = FollowerTask::new(config, RawBytes, source, feed, writer).spawn();
     let mut stop = Box::pin(stop_signal());
     let mut out = std::io::stdout();
+    // Readiness as the stream tells it: the cache itself is ready before this loop has
+    // read the initial sync's changes.
+    let mut synced = false;
     loop {
         let change = tokio::select! {
             biased;
@@ -82,10 +87,9 @@ where
         };
         match change {
             // The initial sync's puts are summed up by the ready line unless asked for.
-            Ok(c @ (Change::Put { .. } | Change::Removed { .. })) if !all && !cache.is_ready() => {
-                drop(c);
-            }
+            Ok(Change::Put { .. } | Change::Removed { .. }) if !all && !synced => {}
             Ok(c) => {
+                synced |= matches!(c, Change::Ready { .. });
                 // A closed pipe (`tidemark watch … | head`) ends the watch, quietly.
                 if writeln!(out, "{}", line(&cache, &c)).is_err() {
                     break;
