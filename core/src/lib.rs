@@ -93,7 +93,7 @@ pub use follower::{
     Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower, Input,
     InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
-pub use job::{Job, JobId};
+pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use restart::RestartPolicy;
 pub use rng::Rng;

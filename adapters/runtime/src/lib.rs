@@ -10,7 +10,8 @@
 //!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
 //!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`] and the outbox [`Relay`]
 //!   (both run the announce legs through one [`Announcer`]), the [`Supervisor`], and the
-//!   schedule runner ([`run_scheduler`]).
+//!   schedule runner ([`run_scheduler`]), and the [`JobRunner`] (leases, renews, acks,
+//!   retries and dead-letters the jobs of a [`Queue`] with the user's [`JobHandlers`]).
 //!
 //! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
 //! `select!`, and iterate no `HashMap` into outputs.
@@ -42,6 +43,7 @@ mod clock;
 pub mod conformance;
 mod error;
 mod follower;
+mod jobs;
 mod noop;
 pub mod ports;
 mod reconnect;
@@ -58,6 +60,10 @@ pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
 pub use error::{Error, Result, check_key, check_value};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
+pub use jobs::{
+    DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
+    JobCounters, JobHandlers, JobRunner, JobRunnerHandle,
+};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
@@ -70,8 +76,8 @@ pub use telemetry::{DEFAULT_STALL_AFTER, FollowerHealth, Health};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{
-    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, Decode, DecodeFn, Entry,
-    Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Op,
-    Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
+    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
+    Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
+    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};
