@@ -20,6 +20,15 @@
 //! | `tidemark_outbox_pending` | gauge | `relay` | outbox rows not yet done |
 //! | `tidemark_relay_done_total` | counter | `relay` | rows whose every leg landed |
 //! | `tidemark_relay_failures_total` | counter | `relay` | legs and outbox calls that failed |
+//! | `tidemark_queue_depth` | gauge | `runner` | jobs ready to be leased |
+//! | `tidemark_queue_leased` | gauge | `runner` | jobs leased |
+//! | `tidemark_dead_letters` | gauge | `runner` | dead-lettered jobs |
+//! | `tidemark_jobs_acked_total` | counter | `runner` | jobs done by this runner |
+//! | `tidemark_jobs_failed_total` | counter | `runner` | attempts that failed and were retried |
+//! | `tidemark_jobs_dead_lettered_total` | counter | `runner` | jobs this runner dead-lettered |
+//!
+//! The queue's gauges are read from the queue (all runners' jobs) at most once per
+//! [`QUEUE_COUNT_EVERY`] while the runner works.
 //!
 //! A supervised worker is a follower: its series carry its name in `follower`.
 
@@ -115,6 +124,46 @@ impl RelayMetrics {
 
     pub(crate) fn pending(&self, rows: u64) {
         self.pending.set(f(rows));
+    }
+}
+
+/// How often a job runner reads the queue's counts for its gauges, at most.
+pub const QUEUE_COUNT_EVERY: Duration = Duration::from_secs(1);
+
+/// A job runner's series.
+#[derive(Debug)]
+pub(crate) struct JobMetrics {
+    depth: Gauge,
+    leased: Gauge,
+    dead: Gauge,
+    acked: Counter,
+    failed: Counter,
+    dead_lettered: Counter,
+}
+
+impl JobMetrics {
+    pub(crate) fn new(runner: &str) -> Self {
+        let labels = [("runner", runner.to_owned())];
+        JobMetrics {
+            depth: gauge!("tidemark_queue_depth", &labels),
+            leased: gauge!("tidemark_queue_leased", &labels),
+            dead: gauge!("tidemark_dead_letters", &labels),
+            acked: counter!("tidemark_jobs_acked_total", &labels),
+            failed: counter!("tidemark_jobs_failed_total", &labels),
+            dead_lettered: counter!("tidemark_jobs_dead_lettered_total", &labels),
+        }
+    }
+
+    pub(crate) fn counters(&self, c: &crate::JobCounters) {
+        self.acked.absolute(c.acked);
+        self.failed.absolute(c.failed);
+        self.dead_lettered.absolute(c.dead_lettered);
+    }
+
+    pub(crate) fn counts(&self, c: &crate::ports::JobCounts) {
+        self.depth.set(f(c.ready));
+        self.leased.set(f(c.leased));
+        self.dead.set(f(c.dead));
     }
 }
 

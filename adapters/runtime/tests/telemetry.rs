@@ -12,9 +12,10 @@ use std::time::Duration;
 
 use common::{config, until};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
-use tidemark::tidemark_core::Legs;
+use tidemark::tidemark_core::{Job, Legs};
 use tidemark::{
-    Announcer, Health, Relay, RestartPolicy, Source, Supervisor, Utf8, Worker, spawn_cache,
+    Announcer, Health, JobHandlers, JobRunner, Queue, Relay, RestartPolicy, Source, Supervisor,
+    Utf8, Worker, spawn_cache,
 };
 use tidemark_memory::{Memory, Port};
 
@@ -243,6 +244,42 @@ async fn a_relay_reports_outbox_pending_and_what_it_relayed() {
     relay.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+fn runner(m: &Memory) -> JobRunner<tidemark_memory::MemoryQueue> {
+    let handlers = JobHandlers::new()
+        .on(["sweep"], |_: Job, _| async { Ok::<(), String>(()) })
+        .on(["pack_housekeeping"], |_: Job, _| async {
+            Err::<(), String>("always fails".into())
+        });
+    JobRunner::new("r1", m.queue.clone(), handlers).idle_poll(Duration::from_millis(100))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_runner_reports_queue_depth_dead_letters_and_what_it_ran() {
+    let rec = Recorded::default();
+    let _guard = metrics::set_default_local_recorder(&rec);
+    let m = Memory::new();
+    m.queue.enqueue(Job::Sweep).await.unwrap();
+    m.queue.enqueue(Job::Sweep).await.unwrap();
+    let key = "k".to_owned();
+    m.queue
+        .enqueue(Job::PackHousekeeping { key })
+        .await
+        .unwrap();
+    let runner = runner(&m).spawn();
+    until("the failing job is dead-lettered", || {
+        rec.gauge("tidemark_dead_letters{runner=r1}") == Some(1.0)
+            && rec.counter("tidemark_jobs_acked_total{runner=r1}") == Some(2)
+    })
+    .await;
+    assert_eq!(rec.gauge("tidemark_queue_depth{runner=r1}"), Some(0.0));
+    assert_eq!(
+        rec.counter("tidemark_jobs_dead_lettered_total{runner=r1}"),
+        Some(1)
+    );
+    assert!(rec.counter("tidemark_jobs_failed_total{runner=r1}") >= Some(1));
+    runner.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
 /// A `tracing` writer into a shared buffer.
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u8>>>);
@@ -336,5 +373,19 @@ async fn each_drivers_log_lines_carry_its_span_and_name() {
     assert!(
         line.contains("relay{owner=r1}"),
         "a relay's lines carry its span: {line}"
+    );
+
+    // The runner's first two queue calls: its count for the gauges, then a lease.
+    m.faults.fail_next(Port::Queue, 2);
+    let runner = runner(&m).spawn();
+    until("the runner logs the failed lease", || {
+        lines.line_with("leasing a job failed").is_some()
+    })
+    .await;
+    runner.stop_within(Duration::from_secs(5)).await.unwrap();
+    let line = lines.line_with("leasing a job failed").unwrap();
+    assert!(
+        line.contains("job_runner{name=r1}"),
+        "a job runner's lines carry its span: {line}"
     );
 }
