@@ -6,12 +6,15 @@
 //!   and stops gracefully on SIGTERM or Ctrl-C.
 //! - `tidemark status FILE [--json]` shows what a tidemark SQLite file holds.
 //! - `tidemark watch SOURCE` prints changes as they arrive.
+//! - `tidemark jobs list|dead|requeue QUEUE` shows a job queue's counts and dead letters
+//!   and puts dead letters back to work, on a SQLite file or a NATS work-queue stream.
 //!
 //! Logs go to stderr, filtered by `RUST_LOG`. A failure is one line on stderr and a
 //! non-zero exit: 2 for bad arguments, 1 for anything else.
 #![forbid(unsafe_code)]
 
 mod error;
+mod jobs;
 mod mirror;
 mod output;
 mod source;
@@ -45,6 +48,9 @@ enum Command {
     Status(status::StatusArgs),
     /// Print a source's changes as they arrive.
     Watch(watch::WatchArgs),
+    /// A job queue (SQLite file or NATS): counts, dead letters, requeue.
+    #[command(subcommand)]
+    Jobs(jobs::JobsCommand),
 }
 
 /// Serves Prometheus metrics on `addr` (`host:port`) for the rest of the process.
@@ -93,6 +99,7 @@ async fn run(cli: Cli, screen: &Screen) -> Result<(), CliError> {
         Command::Mirror(args) => mirror::run(args, screen).await,
         Command::Status(args) => status::run(&args).await,
         Command::Watch(args) => watch::run(args).await,
+        Command::Jobs(cmd) => jobs::run(cmd).await,
     }
 }
 

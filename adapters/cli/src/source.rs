@@ -162,6 +162,53 @@ pub enum Opened {
     Sqlite(SqliteSource),
 }
 
+/// Connects to the NATS servers a source names; the client and the name after the
+/// servers (a bucket, a queue).
+pub async fn connect(
+    spec: &SourceSpec,
+    auth: &NatsAuth,
+    client_name: &str,
+) -> Result<(async_nats::Client, String), CliError> {
+    let SourceSpec::Nats {
+        servers,
+        user_password,
+        token,
+        bucket,
+    } = spec
+    else {
+        return Err(CliError::Usage("not a NATS source".into()));
+    };
+    let mut options = NatsOptions::new(servers.iter().map(String::as_str)).name(client_name);
+    if let Some(path) = &auth.creds {
+        options = options.credentials_file(path);
+    }
+    if let Some(seed) = &auth.nkey {
+        options = options.nkey(seed);
+    }
+    match (&auth.user, &auth.password, user_password) {
+        (Some(user), password, _) => {
+            options = options.user_password(user, password.clone().unwrap_or_default());
+        }
+        (None, Some(_), _) => {
+            return Err(CliError::Usage("--password needs --user".into()));
+        }
+        (None, None, Some((user, password))) => {
+            options = options.user_password(user, password);
+        }
+        (None, None, None) => {}
+    }
+    if let Some(t) = auth.token.as_ref().or(token.as_ref()) {
+        options = options.token(t);
+    }
+    if let Some(ca) = &auth.tls_ca {
+        options = options.ca_certificate(ca);
+    }
+    if let (Some(cert), Some(key)) = (&auth.tls_cert, &auth.tls_key) {
+        options = options.client_certificate(cert, key);
+    }
+    Ok((options.connect().await?, bucket.clone()))
+}
+
 /// Connects to the NATS servers, or opens the registry file (which must exist: a
 /// missing file is an error, not a new empty registry).
 pub async fn open(
@@ -170,43 +217,9 @@ pub async fn open(
     client_name: &str,
 ) -> Result<Opened, CliError> {
     match spec {
-        SourceSpec::Nats {
-            servers,
-            user_password,
-            token,
-            bucket,
-        } => {
-            let mut options =
-                NatsOptions::new(servers.iter().map(String::as_str)).name(client_name);
-            if let Some(path) = &auth.creds {
-                options = options.credentials_file(path);
-            }
-            if let Some(seed) = &auth.nkey {
-                options = options.nkey(seed);
-            }
-            match (&auth.user, &auth.password, user_password) {
-                (Some(user), password, _) => {
-                    options = options.user_password(user, password.clone().unwrap_or_default());
-                }
-                (None, Some(_), _) => {
-                    return Err(CliError::Usage("--password needs --user".into()));
-                }
-                (None, None, Some((user, password))) => {
-                    options = options.user_password(user, password);
-                }
-                (None, None, None) => {}
-            }
-            if let Some(t) = auth.token.as_ref().or(token.as_ref()) {
-                options = options.token(t);
-            }
-            if let Some(ca) = &auth.tls_ca {
-                options = options.ca_certificate(ca);
-            }
-            if let (Some(cert), Some(key)) = (&auth.tls_cert, &auth.tls_key) {
-                options = options.client_certificate(cert, key);
-            }
-            let client = options.connect().await?;
-            Ok(Opened::Nats(KvBucket::new(client, bucket.as_str())?))
+        SourceSpec::Nats { .. } => {
+            let (client, bucket) = connect(spec, auth, client_name).await?;
+            Ok(Opened::Nats(KvBucket::new(client, bucket)?))
         }
         SourceSpec::Sqlite(path) => Ok(Opened::Sqlite(open_existing(path).await?.source())),
     }

@@ -20,7 +20,7 @@
 //! | `tidemark_outbox_pending` | gauge | `relay` | outbox rows not yet done |
 //! | `tidemark_relay_done_total` | counter | `relay` | rows whose every leg landed |
 //! | `tidemark_relay_failures_total` | counter | `relay` | legs and outbox calls that failed |
-//! | `tidemark_queue_depth` | gauge | `runner` | jobs ready to be leased |
+//! | `tidemark_queue_depth` | gauge | `runner` | jobs waiting or running (ready + leased) |
 //! | `tidemark_queue_leased` | gauge | `runner` | jobs leased |
 //! | `tidemark_dead_letters` | gauge | `runner` | dead-lettered jobs |
 //! | `tidemark_jobs_acked_total` | counter | `runner` | jobs done by this runner |
@@ -161,7 +161,7 @@ impl JobMetrics {
     }
 
     pub(crate) fn counts(&self, c: &crate::ports::JobCounts) {
-        self.depth.set(f(c.ready));
+        self.depth.set(f(c.ready.saturating_add(c.leased)));
         self.leased.set(f(c.leased));
         self.dead.set(f(c.dead));
     }
