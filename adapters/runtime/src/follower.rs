@@ -4,10 +4,12 @@
 //! durable consumers and supervised workers.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_core::{
-    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follower, FollowerConfig, Input,
-    Notice, Output, Phase, Request, Rng, Status, Token,
+    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
+    Input, Notice, Output, Phase, Request, Rng, Status, Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -22,6 +24,7 @@ use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Sourc
 use crate::reconnect::Reconnects;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::Sink;
+use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
 
 /// What one reconcile caught up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,6 +105,11 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// The watermark the sink last committed.
     committed: u64,
     runs: u32,
+    /// The source's head as last learned: what lag is measured against.
+    head: u64,
+    /// Its series, registered when it first runs (with the recorder installed then).
+    metrics: Option<FollowerMetrics>,
+    progress: Arc<Progress>,
 }
 
 impl<S, F, D, K> FollowerTask<S, F, NoCursors, NoWake, D, K>
@@ -160,6 +168,9 @@ where
             commands_tx,
             batch: Batch::default(),
             runs: 0,
+            head: 0,
+            metrics: None,
+            progress: Arc::default(),
         }
     }
 }
@@ -209,6 +220,9 @@ where
             batch: self.batch,
             committed: self.committed,
             runs: self.runs,
+            head: self.head,
+            metrics: self.metrics,
+            progress: self.progress,
         }
     }
 
@@ -256,6 +270,12 @@ where
     }
 
     async fn run_loop(&mut self, mut stop: StopSignal) -> Result<()> {
+        if self.metrics.is_none() {
+            self.metrics = Some(FollowerMetrics::new(
+                self.core.config().name(),
+                &self.source_name,
+            ));
+        }
         if self.runs == 0 {
             if let Some(held) = self.sink.resume().await? {
                 info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, "resuming from the sink");
@@ -390,6 +410,17 @@ where
             if let Err(e) = self.learn(keys).await {
                 // The items are dropped with the feed; it redelivers them after the rewind.
                 return self.sink_failed(e).await;
+            }
+        }
+        for item in &items {
+            match item {
+                // A replayed feed's pending count says how much of the source follows.
+                Some(Ok(FeedItem::Entry(e))) if F::FOLLOW == Follow::Replay => {
+                    self.learn_head(e.seq.saturating_add(e.pending.unwrap_or(0)));
+                }
+                Some(Ok(FeedItem::Entry(e))) => self.learn_head(e.seq),
+                Some(Ok(FeedItem::Undecodable { seq: Some(seq), .. })) => self.learn_head(*seq),
+                _ => {}
             }
         }
         let now = self.clock.now();
@@ -543,7 +574,11 @@ where
                 Request::LookupSource { token } => or_stop(stop, self.source.watermark())
                     .await
                     .map(|found| match found {
-                        Ok(_) => Input::SourceFound { token },
+                        Ok(head) => {
+                            // A fresh read of the source: it may be a new, shorter history.
+                            self.head = head;
+                            Input::SourceFound { token }
+                        }
                         Err(e) => failed(token, &e),
                     }),
                 Request::OpenFeed {
@@ -554,6 +589,9 @@ where
                     None => None,
                     Some(Ok(opened)) => {
                         debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                        if opened.info.follow == Follow::Replay {
+                            self.learn_head(opened.info.head);
+                        }
                         self.stream = Some((token, opened.stream));
                         Some(Input::FeedOpened {
                             token,
@@ -569,6 +607,7 @@ where
                     match or_stop(stop, self.source.changes_since(since)).await {
                         None => None,
                         Some(Ok(Changes::Since { entries, watermark })) => {
+                            self.learn_head(watermark);
                             let keys = entries.iter().map(|e| e.key.clone()).collect();
                             if let Err(e) = self.learn(keys).await {
                                 self.sink_failed(e).await?;
@@ -592,6 +631,8 @@ where
                 Request::Snapshot { token } => match or_stop(stop, self.source.snapshot()).await {
                     None => None,
                     Some(Ok(snap)) => {
+                        // A snapshot reads the source whole: its head now, even a lower one.
+                        self.head = snap.watermark;
                         if let Err(e) = self.complete_index().await {
                             self.sink_failed(e).await?;
                             continue;
@@ -608,6 +649,7 @@ where
                     match or_stop(stop, self.source.present_keys()).await {
                         None => None,
                         Some(Ok(Some(present))) => {
+                            self.learn_head(present.watermark);
                             // The listing judges every cached key: a lazily resumed core must
                             // know them all first.
                             if let Err(e) = self.complete_index().await {
@@ -775,6 +817,11 @@ where
         }
     }
 
+    /// The source has reached at least `head`.
+    fn learn_head(&mut self, head: u64) {
+        self.head = self.head.max(head);
+    }
+
     fn publish_status(&self) {
         let core = &self.core;
         self.status.send_if_modified(|s| {
@@ -788,6 +835,16 @@ where
             // .poison > 0)` must not hang on a counter-only change.
             before != (s.phase, s.ready, s.watermark, s.keys, s.counters)
         });
+        let status = self.status.borrow();
+        self.progress.observe(&status, self.head, Instant::now());
+        if let Some(m) = &self.metrics {
+            m.record(&status, self.head);
+        }
+    }
+
+    /// What the follower's health is judged from, shared with its handle.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     /// Spawns the task on the current tokio runtime.
@@ -807,10 +864,12 @@ where
         let name = self.core.config().name().to_owned();
         let span = tracing::info_span!("follower", name = %name);
         let signal = shutdown.signal();
+        let progress = self.progress();
         let mut task = self;
         let task = tokio::spawn(async move { task.run(signal).await }.instrument(span));
         FollowerHandle {
             name,
+            progress,
             status,
             commands,
             shutdown,
@@ -907,6 +966,7 @@ async fn next_item<T: FeedStream>(
 #[derive(Debug)]
 pub struct FollowerHandle {
     name: String,
+    progress: Arc<Progress>,
     status: watch::Receiver<Status>,
     commands: mpsc::Sender<Command>,
     shutdown: Shutdown,
@@ -951,6 +1011,33 @@ impl FollowerHandle {
     #[must_use]
     pub fn watermark(&self) -> u64 {
         self.status.borrow().watermark
+    }
+
+    /// The source's head as the follower last learned it (opening its feed, the entries
+    /// and pending counts it receives, reconciles, snapshots).
+    #[must_use]
+    pub fn head(&self) -> u64 {
+        self.progress.head().max(self.watermark())
+    }
+
+    /// How far behind the source's head it is: [`head`](Self::head) − watermark.
+    #[must_use]
+    pub fn lag(&self) -> u64 {
+        self.head().saturating_sub(self.watermark())
+    }
+
+    /// Its health for a readiness probe: ready, running, and not stalled (behind —
+    /// backing off, syncing, or short of a head it knows — with its watermark unmoved for
+    /// `stall_after` or more; [`DEFAULT_STALL_AFTER`](crate::DEFAULT_STALL_AFTER) is a
+    /// fair default). Judged on tokio's clock.
+    #[must_use]
+    pub fn health(&self, stall_after: Duration) -> FollowerHealth {
+        let status = self.status.borrow().clone();
+        let mut health = self.progress.health(&status, stall_after, Instant::now());
+        if self.task.is_finished() && health.down.is_none() {
+            health.down = Some("its task ended".to_owned());
+        }
+        health
     }
 
     /// Reads the source's changes since the watermark and applies them; returns what it

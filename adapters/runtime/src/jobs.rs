@@ -19,6 +19,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::ports::{JobState, Leased, Queue};
 use crate::shutdown::{Shutdown, StopSignal};
+use crate::telemetry::{JobMetrics, QUEUE_COUNT_EVERY};
 
 /// How long a lease lasts before the job is delivered again, by default. The runner
 /// renews it every third of that while the handler runs.
@@ -326,8 +327,18 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         let mut backoff = Backoff::new(self.backoff);
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let mut fatal = None;
+        let metrics = JobMetrics::new(&self.name);
+        let mut counted: Option<tokio::time::Instant> = None;
         while !stop.is_stopped() {
             while in_flight.try_join_next().is_some() {}
+            metrics.counters(&self.counts.snapshot());
+            if counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY) {
+                counted = Some(tokio::time::Instant::now());
+                match self.queue.counts().await {
+                    Ok(c) => metrics.counts(&c),
+                    Err(e) => debug!(runner = %self.name, error = %e, "could not count the queue"),
+                }
+            }
             if in_flight.len() >= self.concurrency {
                 tokio::select! {
                     biased;
@@ -383,6 +394,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
             debug!(runner = %self.name, draining, "waiting for jobs in flight");
         }
         while in_flight.join_next().await.is_some() {}
+        metrics.counters(&self.counts.snapshot());
         match fatal {
             Some(e) => Err(e),
             None => Ok(self.counts.snapshot()),

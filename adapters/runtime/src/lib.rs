@@ -53,6 +53,7 @@ mod scheduler;
 mod shutdown;
 mod sink;
 mod supervisor;
+pub mod telemetry;
 mod worker;
 
 pub use announce::{Announcer, AnnouncingRegistry, Written};
@@ -73,6 +74,7 @@ pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
 pub use sink::{CacheOp, Held, Sink};
 pub use supervisor::{Supervisor, WorkerFailure, WorkerInfo, WorkerPhase};
+pub use telemetry::{DEFAULT_STALL_AFTER, FollowerHealth, Health};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{

@@ -13,6 +13,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::ports::{Outbox, OutboxUpdate, OutboxWatch, Publish, Queue, Wake};
 use crate::shutdown::{Shutdown, StopSignal};
+use crate::telemetry::RelayMetrics;
 
 /// Rows a relay claims at a time, by default.
 pub const DEFAULT_BATCH: usize = 256;
@@ -240,8 +241,20 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
         let mut backoff = Backoff::new(self.backoff);
         let mut watch = self.outbox.watch();
         let mut report = RelayReport::default();
+        let metrics = RelayMetrics::new(&self.owner);
         while !stop.is_stopped() {
-            let pass = match self.pass(&mut report, Some(&stop)).await {
+            let before = report;
+            let pass = self.pass(&mut report, Some(&stop)).await;
+            metrics.done.increment(report.done - before.done);
+            metrics
+                .failures
+                .increment(report.failures - before.failures);
+            // One count per pass, not per row: what an operator graphs.
+            match self.outbox.pending().await {
+                Ok(rows) => metrics.pending(rows),
+                Err(e) => debug!(owner = %self.owner, error = %e, "could not count the outbox"),
+            }
+            let pass = match pass {
                 Ok(pass) => pass,
                 Err(e) if e.is_retryable() => {
                     warn!(owner = %self.owner, error = %e, "outbox relay failed; will retry");

@@ -42,6 +42,7 @@ pub mod fuzzing;
 mod lock;
 mod outbox;
 mod queue;
+mod report;
 mod schedule;
 mod schema;
 mod source;
@@ -54,6 +55,9 @@ pub use events::{EventStream, Record, SqliteEvents};
 pub use lock::SqliteLock;
 pub use outbox::{SqliteOutbox, SqliteOutboxWatch};
 pub use queue::SqliteQueue;
+pub use report::{
+    FollowerReport, LockReport, QueueReport, RegistryReport, Report, ScheduleReport, Start,
+};
 pub use schedule::SqliteSchedules;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use source::{
