@@ -6,25 +6,13 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, until};
+use common::{config, registry, until};
 use tidemark::tidemark_core::{AnnounceReport, Event, FollowerConfig, Job, Status, Utf8};
 use tidemark::{
-    AnnouncingRegistry, Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake,
-    WakeListener, cache, spawn_wake_cache,
+    Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake, WakeListener, cache,
+    spawn_wake_cache,
 };
-use tidemark_memory::{Mangle, Memory, MemoryEvents, MemoryQueue, MemorySource, MemoryWake, Port};
-
-type Registry = AnnouncingRegistry<MemorySource, MemoryEvents, MemoryWake, MemoryQueue>;
-
-fn registry(m: &Memory) -> Registry {
-    AnnouncingRegistry::new(
-        m.source.clone(),
-        m.events.clone(),
-        m.wake.clone(),
-        m.queue.clone(),
-        "changes",
-    )
-}
+use tidemark_memory::{Mangle, Memory, MemoryEvents, Port};
 
 fn wake_config(name: &str) -> FollowerConfig {
     FollowerConfig::builder(name).seed(2).build().unwrap()
