@@ -65,17 +65,7 @@ fn append_announcement(
     key: &str,
     value: Option<&[u8]>,
 ) {
-    let event = match value {
-        Some(v) => Event::Put {
-            seq,
-            key: key.to_owned(),
-            value: v.to_vec(),
-        },
-        None => Event::Removed {
-            seq,
-            key: key.to_owned(),
-        },
-    };
+    let event = Event::of_write(seq, key, value);
     match AnnouncePlan::new(&event, *legs) {
         Ok(plan) => outbox.append(seq, plan),
         Err(e) => tracing::warn!(key, seq, error = %e, "not announced"),

@@ -49,6 +49,7 @@ mod noop;
 pub mod ports;
 mod reconnect;
 mod relay;
+mod running;
 mod scheduler;
 mod shutdown;
 mod sink;
