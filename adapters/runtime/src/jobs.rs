@@ -200,7 +200,6 @@ impl Counts {
 ///
 /// On stop it leases nothing more and lets the jobs in flight finish (still renewing
 /// their leases); [`JobRunnerHandle::stop_within`] bounds that wait.
-#[derive(Clone)]
 pub struct JobRunner<Q> {
     name: String,
     queue: Q,
