@@ -29,7 +29,7 @@ pub const DEFAULT_JOB_CONCURRENCY: usize = 4;
 pub const DEFAULT_JOB_IDLE_POLL: Duration = Duration::from_millis(250);
 
 /// What a handler is told about the job it runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct JobContext {
     /// The job's id.
@@ -38,6 +38,10 @@ pub struct JobContext {
     pub attempt: u32,
     /// The job's kind.
     pub kind: String,
+    /// Fires when the runner is asked to stop. A long handler may watch it and end early
+    /// (returning an error retries the job later); otherwise it runs on within the
+    /// drain budget.
+    pub stopping: StopSignal,
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
@@ -342,6 +346,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                     // Drawn here, in lease order, so a seed replays the same delays.
                     let retry_after = self.retry.delay(lease.attempt.saturating_sub(1), &mut rng);
                     let job = RunJob {
+                        stopping: stop.clone(),
                         queue: self.queue.clone(),
                         handlers: Arc::clone(&self.handlers),
                         counts: Arc::clone(&self.counts),
@@ -419,6 +424,7 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// One leased job's run: handler, renewals, and the outcome recorded in the queue.
 struct RunJob<Q> {
+    stopping: StopSignal,
     queue: Q,
     handlers: Arc<JobHandlers>,
     counts: Arc<Counts>,
@@ -439,6 +445,7 @@ impl<Q: Queue + 'static> RunJob<Q> {
             id: lease.id,
             attempt: lease.attempt,
             kind: kind.clone(),
+            stopping: self.stopping.clone(),
         };
         let Some(handler) = self.handlers.by_kind.get(&kind) else {
             return self
