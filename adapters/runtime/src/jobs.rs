@@ -18,6 +18,8 @@ use tracing::{Instrument, debug, warn};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::ports::{JobState, Leased, Queue};
+// A stable seed from the name: runners with different names do not retry in step.
+use crate::relay::seed_of;
 use crate::shutdown::{Shutdown, StopSignal};
 
 /// How long a lease lasts before the job is delivered again, by default. The runner
@@ -227,13 +229,6 @@ impl<Q> std::fmt::Debug for JobRunner<Q> {
             .field("seed", &self.seed)
             .finish_non_exhaustive()
     }
-}
-
-/// A stable seed from a name (FNV-1a): runners with different names do not retry in step.
-fn seed_of(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 impl<Q: Queue + Clone + 'static> JobRunner<Q> {
