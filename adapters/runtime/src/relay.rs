@@ -68,7 +68,7 @@ pub struct Relay<O, P, W, Q> {
 
 /// A stable seed from the owner's name (FNV-1a): relays with different owners do not back
 /// off in step, and one owner's run replays.
-fn seed_of(owner: &str) -> u64 {
+pub(crate) fn seed_of(owner: &str) -> u64 {
     owner.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
