@@ -97,5 +97,5 @@ pub use job::{Job, JobId};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use restart::RestartPolicy;
 pub use rng::Rng;
-pub use schedule::Schedule;
+pub use schedule::{Cadence, CronExpr, Schedule, ScheduleClock};
 pub use time::Time;

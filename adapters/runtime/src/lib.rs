@@ -70,6 +70,6 @@ pub use tidemark_core;
 pub use tidemark_core::{
     AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, Decode, DecodeFn, Entry,
     Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Op,
-    Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
+    Phase, RawBytes, RestartPolicy, Schedule, ScheduleClock, Status, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

@@ -157,14 +157,16 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         .await
         .unwrap();
     drop(db);
-    // Back to the version 1 shape: an outbox with no claim columns, one row pending, and
-    // follower states without their key count.
+    // Back to the version 1 shape: an outbox with no claim columns, one row pending,
+    // follower states without their key count, schedules without cron, no retention marks.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "ALTER TABLE outbox DROP COLUMN claimed_by;
              ALTER TABLE outbox DROP COLUMN claim_until;
              ALTER TABLE follower_state DROP COLUMN keys;
+             ALTER TABLE schedules DROP COLUMN cron;
+             DROP TABLE retention_marks;
              PRAGMA user_version = 1;",
         )
         .unwrap();
