@@ -78,6 +78,7 @@ pub mod fuzzing;
 mod job;
 mod limits;
 mod restart;
+mod retention;
 mod rng;
 mod schedule;
 mod time;
@@ -96,6 +97,7 @@ pub use follower::{
 pub use job::{Job, JobId};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use restart::RestartPolicy;
+pub use retention::{Mark, RetentionPolicy};
 pub use rng::Rng;
 pub use schedule::{Cadence, CronExpr, Schedule, ScheduleClock};
 pub use time::Time;

@@ -10,7 +10,8 @@
 //!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
 //!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`] and the outbox [`Relay`]
 //!   (both run the announce legs through one [`Announcer`]), the [`Supervisor`], and the
-//!   schedule runner ([`run_scheduler`]).
+//!   schedule runner ([`run_scheduler`]), and the retention driver ([`run_retention`]:
+//!   a durable schedule that runs each adapter's [`Sweep`] under the sweeper lock).
 //!
 //! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
 //! `select!`, and iterate no `HashMap` into outputs.
@@ -46,6 +47,7 @@ mod noop;
 pub mod ports;
 mod reconnect;
 mod relay;
+mod retention;
 mod scheduler;
 mod shutdown;
 mod sink;
@@ -61,6 +63,10 @@ pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
 pub use relay::{DEFAULT_BATCH, DEFAULT_LEASE, Relay, RelayHandle, RelayReport};
+pub use retention::{
+    DEFAULT_SWEEP_EVERY, DEFAULT_SWEEP_LEASE, Retention, SWEEP_LOCK, SWEEP_SCHEDULE, run_retention,
+    sweep_under_lock,
+};
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
 pub use sink::{CacheOp, Held, Sink};
@@ -69,7 +75,8 @@ pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{
     AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, Decode, DecodeFn, Entry,
-    Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Op,
-    Phase, RawBytes, RestartPolicy, Schedule, ScheduleClock, Status, Utf8, decode_fn,
+    Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Mark,
+    Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule, ScheduleClock, Status, Utf8,
+    decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};
