@@ -13,7 +13,8 @@ use crate::error::ConfigError;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetentionPolicy {
     /// History nobody known still needs is kept at least this long, for readers the store
-    /// cannot see (followers in memory, consumers not yet created). Default 10 minutes.
+    /// cannot see (followers in memory, consumers not yet created); past it they resync.
+    /// Default 1 minute.
     pub keep: Duration,
     /// History older than this goes even if a known reader (a durable cursor, a persisted
     /// follower) still needs it; that reader then resyncs. `None`: never forced. Default
@@ -24,7 +25,7 @@ pub struct RetentionPolicy {
 impl Default for RetentionPolicy {
     fn default() -> Self {
         RetentionPolicy {
-            keep: Duration::from_secs(10 * 60),
+            keep: Duration::from_secs(60),
             max_age: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }

@@ -36,7 +36,7 @@ pub struct Options {
     /// Run `PRAGMA quick_check` when opening (default off: it reads the whole file).
     pub verify: bool,
     /// How long a [`sweep`](crate::SqliteSweep) keeps change-log history, tombstones and
-    /// events (default: at least 10 minutes, and past what every durable cursor and
+    /// events (default: at least a minute, and past what every durable cursor and
     /// persisted follower on the file still needs until they are 7 days old).
     pub retention: tidemark::RetentionPolicy,
     /// Rows a sweep deletes per transaction (default 5000), so writers never wait long

@@ -219,7 +219,7 @@ async fn events_a_durable_cursor_still_needs_are_kept() {
         "what the cursor has yet to read stays"
     );
 
-    // A default policy keeps even unneeded records for ten minutes.
+    // A default policy keeps even unneeded records for a minute.
     events.save("consumer", 10).await.unwrap();
     let swept = db.sweeper().sweep().await.unwrap();
     assert_eq!(
