@@ -92,6 +92,19 @@ impl BackoffPolicy {
         }
     }
 
+    /// For a failed job's retries: 1 s, ×2, capped at 5 minutes, half jitter. A job is
+    /// retried by its own attempt count, so the reset period plays no part.
+    #[must_use]
+    pub fn job_retry() -> Self {
+        BackoffPolicy {
+            first: Duration::from_secs(1),
+            factor: 2.0,
+            cap: Duration::from_secs(5 * 60),
+            reset_after: Duration::from_secs(5 * 60),
+            jitter: 0.5,
+        }
+    }
+
     /// The first delay.
     #[must_use]
     pub fn first(&self) -> Duration {
@@ -120,6 +133,13 @@ impl BackoffPolicy {
     #[must_use]
     pub fn jitter(&self) -> f64 {
         self.jitter
+    }
+
+    /// The delay before retry `attempt` (from 0), jittered by `rng` as [`Backoff`] does:
+    /// for things retried by their own count (a job's attempts) rather than in a row.
+    pub fn delay(&self, attempt: u32, rng: &mut Rng) -> Duration {
+        self.base_delay(attempt)
+            .mul_f64(1.0 - self.jitter * rng.next_f64())
     }
 
     /// The delay before attempt `attempt` (from 0) without jitter.
@@ -178,10 +198,9 @@ impl Backoff {
         {
             self.attempt = 0;
         }
-        let base = self.policy.base_delay(self.attempt);
+        let delay = self.policy.delay(self.attempt, rng);
         self.attempt = self.attempt.saturating_add(1);
-        let cut = self.policy.jitter * rng.next_f64();
-        base.mul_f64(1.0 - cut)
+        delay
     }
 
     /// Forgets every failure.

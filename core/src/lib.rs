@@ -94,7 +94,7 @@ pub use follower::{
     Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower, Input,
     InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
-pub use job::{Job, JobId};
+pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobRecord, JobState, Leased, Queue, Result};
+use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
 use tokio::time::Instant;
 
 use crate::faults::{Faults, Port};
@@ -19,6 +19,8 @@ struct Slot {
     visible_at: Instant,
     receipt: u64,
     lease_until: Option<Instant>,
+    /// When it was done or dead-lettered (for retention).
+    finished_at: Option<Instant>,
 }
 
 #[derive(Debug, Default)]
@@ -37,6 +39,7 @@ impl State {
                 slot.record.last_error =
                     Some(format!("lease expired on attempt {}", slot.record.attempts));
                 slot.record.state = if slot.record.attempts >= max_attempts {
+                    slot.finished_at = Some(now);
                     JobState::DeadLettered
                 } else {
                     JobState::Ready
@@ -127,6 +130,7 @@ impl Queue for MemoryQueue {
                 visible_at: Instant::now(),
                 receipt: 0,
                 lease_until: None,
+                finished_at: None,
             },
         );
         Ok(id)
@@ -172,6 +176,7 @@ impl Queue for MemoryQueue {
         let slot = s.held(lease, now)?;
         slot.record.state = JobState::Done;
         slot.lease_until = None;
+        slot.finished_at = Some(now);
         Ok(())
     }
 
@@ -184,11 +189,97 @@ impl Queue for MemoryQueue {
         slot.lease_until = None;
         slot.record.last_error = Some(error.to_owned());
         slot.record.state = if slot.record.attempts >= max_attempts {
+            slot.finished_at = Some(now);
             JobState::DeadLettered
         } else {
             slot.visible_at = now + retry_after;
             JobState::Ready
         };
         Ok(slot.record.state)
+    }
+
+    async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        let slot = s.held(lease, now)?;
+        slot.lease_until = Some(now + visibility);
+        Ok(())
+    }
+
+    async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        let slot = s.held(lease, now)?;
+        slot.lease_until = None;
+        slot.record.last_error = Some(error.to_owned());
+        slot.record.state = JobState::DeadLettered;
+        slot.finished_at = Some(now);
+        Ok(())
+    }
+
+    async fn dead_letters(&self, after: Option<JobId>, limit: usize) -> Result<Vec<JobRecord>> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        s.expire(Instant::now(), self.max_attempts);
+        let from = after.map_or(JobId(0), |id| JobId(id.0.saturating_add(1)));
+        Ok(s.jobs
+            .range(from..)
+            .filter(|(_, slot)| slot.record.state == JobState::DeadLettered)
+            .take(limit)
+            .map(|(_, slot)| slot.record.clone())
+            .collect())
+    }
+
+    async fn requeue(&self, id: JobId) -> Result<JobId> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        s.expire(now, self.max_attempts);
+        match s.jobs.get_mut(&id) {
+            Some(slot) if slot.record.state == JobState::DeadLettered => {
+                slot.record.state = JobState::Ready;
+                slot.record.attempts = 0;
+                slot.visible_at = now;
+                slot.finished_at = None;
+                Ok(id)
+            }
+            _ => Err(Error::NotFound(format!("dead letter {id}"))),
+        }
+    }
+
+    async fn counts(&self) -> Result<JobCounts> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        s.expire(Instant::now(), self.max_attempts);
+        let mut counts = JobCounts::default();
+        for slot in s.jobs.values() {
+            *match slot.record.state {
+                JobState::Ready => &mut counts.ready,
+                JobState::Leased => &mut counts.leased,
+                JobState::Done => &mut counts.done,
+                _ => &mut counts.dead,
+            } += 1;
+        }
+        Ok(counts)
+    }
+
+    async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
+        self.faults.check(Port::Queue)?;
+        let now = Instant::now();
+        let mut s = self.state();
+        s.expire(now, self.max_attempts);
+        let before = s.jobs.len();
+        s.jobs.retain(|_, slot| {
+            let age = slot.finished_at.map(|t| now.saturating_duration_since(t));
+            let keep_for = match slot.record.state {
+                JobState::Done => Some(retention.done),
+                JobState::DeadLettered => retention.dead,
+                _ => None,
+            };
+            !matches!((age, keep_for), (Some(age), Some(keep)) if age >= keep)
+        });
+        Ok((before - s.jobs.len()) as u64)
     }
 }

@@ -36,6 +36,13 @@ conformance! {
     queue_round_trip => MemoryQueue::default();
     queue_lease_expiry_redelivers => MemoryQueue::default(), Duration::from_millis(100);
     queue_dead_letters_after_max_attempts => MemoryQueue::default().with_max_attempts(3), 3;
+    queue_renew_extends_a_lease => MemoryQueue::default(), Duration::from_millis(100);
+    queue_dead_letters_list_and_requeue => MemoryQueue::default();
+    queue_counts_by_state => MemoryQueue::default();
+    queue_removes_finished_jobs_past_retention => MemoryQueue::default(), Duration::from_secs(60);
+    runner_renews_a_slow_jobs_lease => MemoryQueue::default(), Duration::from_millis(300);
+    runner_dead_letters_what_it_cannot_run => MemoryQueue::default();
+    runner_crash_redelivers_its_job => MemoryQueue::default(), Duration::from_millis(300);
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();

@@ -13,8 +13,10 @@ use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobRecord, JobState, Leased, Queue, Result};
+use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
 use tokio::sync::Mutex;
+use tokio::time::Instant;
+use tracing::warn;
 
 use crate::error::{check_name, unavailable};
 
@@ -30,8 +32,17 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// on the queue shares: use one visibility per queue, because a lease asked with another
 /// one changes the ack wait of every lease still outstanding. `fail` naks with the retry
 /// delay, or terminates the message and dead-letters the job once `max_attempts` are used
-/// up, keeping its last error. The job id is the stream sequence of its message. A lease can be acked or failed
-/// only by the process (the `NatsQueue` handle and its clones) that took it.
+/// up, keeping its last error. The job id is the stream sequence of its message. A lease can be acked, renewed
+/// or failed only by the process (the `NatsQueue` handle and its clones) that took it;
+/// leases it took and never finished are forgotten once their ack wait has passed.
+///
+/// `renew` sends the server an in-progress ack, which restarts the ack wait (the
+/// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
+/// key, with the time they finished, until [`Queue::remove_finished`] purges it (the
+/// key's messages are purged from the bucket's stream, leaving no delete marker behind).
+/// Listing dead letters, counting and retention read every state key: their cost grows
+/// with the jobs retention keeps. A requeued dead letter is published again under a new
+/// id, and its old state key is purged.
 #[derive(Clone)]
 pub struct NatsQueue {
     inner: Arc<Inner>,
@@ -42,8 +53,18 @@ struct Inner {
     subject: String,
     consumer: Mutex<(Consumer<pull::Config>, Duration)>,
     state: kv::Store,
+    /// The state bucket's stream, for purges that leave no marker.
+    state_stream: stream::Stream,
+    state_prefix: String,
     max_attempts: u32,
-    leases: Mutex<HashMap<u64, (u32, jetstream::Message)>>,
+    leases: Mutex<HashMap<u64, Held>>,
+}
+
+/// A lease this process took: its attempt, its message, and until when it holds.
+struct Held {
+    attempt: u32,
+    message: jetstream::Message,
+    until: Instant,
 }
 
 impl std::fmt::Debug for NatsQueue {
@@ -61,6 +82,16 @@ struct Stored {
     state: Stage,
     attempts: u32,
     last_error: Option<String>,
+    /// When it was done or dead-lettered, unix ms (absent in state written before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    finished_ms: Option<u64>,
+}
+
+/// Now, unix ms: retention ages are wall-clock, as the server's own are.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 impl Stored {
@@ -130,12 +161,18 @@ impl NatsQueue {
                 .await
                 .map_err(|e| unavailable("queue", e))?,
         };
+        let state_stream = context
+            .get_stream(format!("KV_{name}_state"))
+            .await
+            .map_err(|e| unavailable("queue", e))?;
         Ok(NatsQueue {
             inner: Arc::new(Inner {
                 context,
                 subject,
                 consumer: Mutex::new((consumer, ack_wait)),
                 state,
+                state_stream,
+                state_prefix: format!("$KV.{name}_state."),
                 max_attempts: max_attempts.max(1),
                 leases: Mutex::new(HashMap::new()),
             }),
@@ -143,18 +180,18 @@ impl NatsQueue {
     }
 
     async fn load(&self, id: u64) -> Result<Option<Stored>> {
-        let Some(bytes) = self
-            .inner
+        self.load_bytes(id)
+            .await?
+            .map(|bytes| decode_state(id, &bytes))
+            .transpose()
+    }
+
+    async fn load_bytes(&self, id: u64) -> Result<Option<Bytes>> {
+        self.inner
             .state
             .get(id.to_string())
             .await
-            .map_err(|e| unavailable("queue", e))?
-        else {
-            return Ok(None);
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|e| unavailable("queue", format!("job {id} state: {e}")))
+            .map_err(|e| unavailable("queue", e))
     }
 
     async fn store(&self, id: u64, stored: &Stored) -> Result<()> {
@@ -170,7 +207,7 @@ impl NatsQueue {
     async fn held(&self, lease: &Leased) -> Result<jetstream::Message> {
         let mut leases = self.inner.leases.lock().await;
         match leases.get(&lease.id.0) {
-            Some((attempt, _)) if *attempt == lease.attempt => {}
+            Some(held) if held.attempt == lease.attempt => {}
             _ => {
                 return Err(Error::LeaseLost(format!(
                     "{} attempt {}",
@@ -188,8 +225,54 @@ impl NatsQueue {
         }
         leases
             .remove(&lease.id.0)
-            .map(|(_, m)| m)
+            .map(|held| held.message)
             .ok_or_else(|| Error::LeaseLost(lease.id.to_string()))
+    }
+
+    /// Every job's state, in id order (a read of each state key).
+    async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
+        let mut keys = self
+            .inner
+            .state
+            .keys()
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        let mut ids = Vec::new();
+        while let Some(key) = keys.next().await {
+            let key = key.map_err(|e| unavailable("queue", e))?;
+            match key.parse::<u64>() {
+                Ok(id) => ids.push(id),
+                Err(_) => warn!(key, "state key that names no job; left alone"),
+            }
+        }
+        ids.sort_unstable();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            let Some(bytes) = self.load_bytes(id).await? else {
+                continue;
+            };
+            match decode_state(id, &bytes) {
+                Ok(stored) => out.push((id, stored)),
+                Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a job's state key with its history, leaving no delete marker.
+    async fn purge(&self, id: u64) -> Result<()> {
+        self.inner
+            .state_stream
+            .purge()
+            .filter(format!("{}{id}", self.inner.state_prefix))
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        Ok(())
+    }
+
+    /// Forgets leases whose ack wait has passed: the server has redelivered their jobs.
+    fn forget_expired(leases: &mut HashMap<u64, Held>, now: Instant) {
+        leases.retain(|_, held| held.until > now);
     }
 }
 
@@ -209,6 +292,7 @@ impl Queue for NatsQueue {
             state: Stage::Ready,
             attempts: 0,
             last_error: None,
+            finished_ms: None,
         };
         // Created, not put: a worker may already have leased the job and recorded that,
         // and "ready" must not overwrite it.
@@ -226,18 +310,7 @@ impl Queue for NatsQueue {
     }
 
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
-        Ok(self.load(id.0).await?.map(|s| JobRecord {
-            id,
-            job: s.job,
-            state: match s.state {
-                Stage::Ready => JobState::Ready,
-                Stage::Leased => JobState::Leased,
-                Stage::Done => JobState::Done,
-                Stage::Dead => JobState::DeadLettered,
-            },
-            attempts: s.attempts,
-            last_error: s.last_error,
-        }))
+        Ok(self.load(id.0).await?.map(|s| record(id, s)))
     }
 
     async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
@@ -278,10 +351,22 @@ impl Queue for NatsQueue {
                     u32::try_from(info.delivered).unwrap_or(u32::MAX),
                 )
             };
-            let Ok(job) = Job::decode(&message.payload) else {
-                // Not a job: nothing can run it.
-                let _ = message.ack_with(AckKind::Term).await;
-                continue;
+            let job = match Job::decode(&message.payload) {
+                Ok(job) => job,
+                Err(e) => {
+                    // No handler could run it: kept as a dead letter an operator can see.
+                    warn!(id, error = %e, "message on the job stream is not a job; dead-lettered");
+                    let dead = Stored {
+                        job: Job::undecodable(&message.payload),
+                        state: Stage::Dead,
+                        attempts: attempt,
+                        last_error: Some(format!("not a job: {e}")),
+                        finished_ms: Some(now_ms()),
+                    };
+                    self.store(id, &dead).await?;
+                    let _ = message.ack_with(AckKind::Term).await;
+                    continue;
+                }
             };
             let previous = self.load(id).await?;
             let last_error = match &previous {
@@ -300,6 +385,7 @@ impl Queue for NatsQueue {
                     state: Stage::Dead,
                     attempts: attempt - 1,
                     last_error,
+                    finished_ms: Some(now_ms()),
                 };
                 self.store(id, &dead).await?;
                 continue;
@@ -309,13 +395,20 @@ impl Queue for NatsQueue {
                 state: Stage::Leased,
                 attempts: attempt,
                 last_error,
+                finished_ms: None,
             };
             self.store(id, &stored).await?;
-            self.inner
-                .leases
-                .lock()
-                .await
-                .insert(id, (attempt, message));
+            let now = Instant::now();
+            let mut leases = self.inner.leases.lock().await;
+            Self::forget_expired(&mut leases, now);
+            leases.insert(
+                id,
+                Held {
+                    attempt,
+                    message,
+                    until: now + guard.1,
+                },
+            );
             return Ok(Some(Leased {
                 id: JobId(id),
                 job,
@@ -336,6 +429,7 @@ impl Queue for NatsQueue {
             state: Stage::Done,
             attempts: lease.attempt,
             last_error: None,
+            finished_ms: Some(now_ms()),
         };
         self.store(lease.id.0, &done).await
     }
@@ -359,6 +453,7 @@ impl Queue for NatsQueue {
             state: if dead { Stage::Dead } else { Stage::Ready },
             attempts: lease.attempt,
             last_error: Some(error.to_owned()),
+            finished_ms: dead.then(now_ms),
         };
         self.store(lease.id.0, &stored).await?;
         Ok(if dead {
@@ -366,5 +461,120 @@ impl Queue for NatsQueue {
         } else {
             JobState::Ready
         })
+    }
+
+    async fn renew(&self, lease: &Leased, _visibility: Duration) -> Result<()> {
+        let ack_wait = self.inner.consumer.lock().await.1;
+        let mut leases = self.inner.leases.lock().await;
+        let now = Instant::now();
+        Self::forget_expired(&mut leases, now);
+        let Some(held) = leases
+            .get_mut(&lease.id.0)
+            .filter(|held| held.attempt == lease.attempt)
+        else {
+            return Err(Error::LeaseLost(format!(
+                "{} attempt {}",
+                lease.id, lease.attempt
+            )));
+        };
+        held.message
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        held.until = now + ack_wait;
+        Ok(())
+    }
+
+    async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
+        let message = self.held(lease).await?;
+        message
+            .ack_with(AckKind::Term)
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        let dead = Stored {
+            job: lease.job.clone(),
+            state: Stage::Dead,
+            attempts: lease.attempt,
+            last_error: Some(error.to_owned()),
+            finished_ms: Some(now_ms()),
+        };
+        self.store(lease.id.0, &dead).await
+    }
+
+    async fn dead_letters(&self, after: Option<JobId>, limit: usize) -> Result<Vec<JobRecord>> {
+        let after = after.map_or(0, |id| id.0);
+        Ok(self
+            .scan()
+            .await?
+            .into_iter()
+            .filter(|(id, s)| *id > after && s.state == Stage::Dead)
+            .take(limit)
+            .map(|(id, s)| record(JobId(id), s))
+            .collect())
+    }
+
+    async fn requeue(&self, id: JobId) -> Result<JobId> {
+        let Some(stored) = self.load(id.0).await?.filter(|s| s.state == Stage::Dead) else {
+            return Err(Error::NotFound(format!("dead letter {id}")));
+        };
+        // Published first: a crash between the two leaves the dead letter and a new job,
+        // never neither.
+        let new = self.enqueue(stored.job).await?;
+        self.purge(id.0).await?;
+        Ok(new)
+    }
+
+    async fn counts(&self) -> Result<JobCounts> {
+        let mut counts = JobCounts::default();
+        for (_, stored) in self.scan().await? {
+            *match stored.state {
+                Stage::Ready => &mut counts.ready,
+                Stage::Leased => &mut counts.leased,
+                Stage::Done => &mut counts.done,
+                Stage::Dead => &mut counts.dead,
+            } += 1;
+        }
+        Ok(counts)
+    }
+
+    async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
+        let now = now_ms();
+        let older = |keep: Duration, at: Option<u64>| {
+            let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+            // State written before finish times were kept counts as finished long ago.
+            at.is_none_or(|at| now.saturating_sub(at) >= keep)
+        };
+        let mut removed = 0;
+        for (id, stored) in self.scan().await? {
+            let remove = match stored.state {
+                Stage::Done => older(retention.done, stored.finished_ms),
+                Stage::Dead => retention.dead.is_some_and(|d| older(d, stored.finished_ms)),
+                Stage::Ready | Stage::Leased => false,
+            };
+            if remove {
+                self.purge(id).await?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn decode_state(id: u64, bytes: &[u8]) -> Result<Stored> {
+    serde_json::from_slice(bytes).map_err(|e| unavailable("queue", format!("job {id} state: {e}")))
+}
+
+fn record(id: JobId, s: Stored) -> JobRecord {
+    JobRecord {
+        id,
+        job: s.job,
+        state: match s.state {
+            Stage::Ready => JobState::Ready,
+            Stage::Leased => JobState::Leased,
+            Stage::Done => JobState::Done,
+            Stage::Dead => JobState::DeadLettered,
+        },
+        attempts: s.attempts,
+        last_error: s.last_error,
     }
 }

@@ -22,9 +22,11 @@ use tidemark_core::{
     AnnounceReport, Entry, Event, Job, JobId, MAX_KEY_BYTES, MAX_VALUE_BYTES, Op, Schedule,
 };
 
+use crate::jobs::{JobHandlers, JobRunner};
 use crate::ports::{
-    Changes, Cursors, Feed, FeedItem, FeedStream, JobState, Lock, Outbox, OutboxRow, OutboxUpdate,
-    OutboxWatch, Publish, Queue, Received, ScheduleStore, Source, Wake, WakeListener,
+    Changes, Cursors, Feed, FeedItem, FeedStream, JobCounts, JobRetention, JobState, Lock, Outbox,
+    OutboxRow, OutboxUpdate, OutboxWatch, Publish, Queue, Received, ScheduleStore, Source, Wake,
+    WakeListener,
 };
 
 async fn next_item<S: FeedStream>(stream: &mut S) -> FeedItem {
@@ -365,6 +367,403 @@ pub async fn queue_dead_letters_after_max_attempts<Q: Queue>(q: &Q, max_attempts
         q.lease(Duration::from_secs(30)).await.unwrap().is_none(),
         "dead letters stay out"
     );
+}
+
+/// A renewed lease outlives its first visibility timeout: a slow job is not delivered
+/// again while its holder renews it, and a finished job's lease cannot be renewed.
+///
+/// `visibility` is the lease the test takes (on NATS: the queue's ack wait).
+pub async fn queue_renew_extends_a_lease<Q: Queue>(q: &Q, visibility: Duration) {
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(visibility).await.unwrap().expect("a ready job");
+    let start = tokio::time::Instant::now();
+    while start.elapsed() < visibility * 2 {
+        tokio::time::sleep(visibility / 4).await;
+        q.renew(&lease, visibility)
+            .await
+            .expect("a held lease renews");
+        assert!(
+            q.lease(visibility).await.unwrap().is_none(),
+            "a renewed lease keeps its job from being delivered again"
+        );
+    }
+    q.ack(&lease).await.expect("a renewed lease still acks");
+    let rec = q.get(id).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts),
+        (JobState::Done, 1),
+        "one attempt, done"
+    );
+    assert!(
+        matches!(
+            q.renew(&lease, visibility).await,
+            Err(crate::Error::LeaseLost(_))
+        ),
+        "a finished job's lease cannot be renewed"
+    );
+    q.enqueue(Job::Sweep).await.unwrap();
+    let lapsed = q.lease(visibility).await.unwrap().expect("a ready job");
+    tokio::time::sleep(visibility * 3 / 2).await;
+    assert!(
+        matches!(
+            q.renew(&lapsed, visibility).await,
+            Err(crate::Error::LeaseLost(_))
+        ),
+        "an expired lease cannot be renewed: its job may be someone else's"
+    );
+}
+
+/// Dead letters are listed in id order with their last error, page by page, and a
+/// requeued one runs again with fresh attempts; only a dead letter can be requeued.
+pub async fn queue_dead_letters_list_and_requeue<Q: Queue>(q: &Q) {
+    let visibility = Duration::from_secs(30);
+    let jobs = [
+        Job::PackHousekeeping { key: "a".into() },
+        Job::PackHousekeeping { key: "b".into() },
+        Job::PackHousekeeping { key: "c".into() },
+    ];
+    let mut ids = Vec::new();
+    for job in &jobs {
+        ids.push(q.enqueue(job.clone()).await.unwrap());
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let lease = q.lease(visibility).await.unwrap().expect("a ready job");
+        assert_eq!(lease.id, *id, "oldest first");
+        if i == 1 {
+            q.ack(&lease).await.unwrap();
+        } else {
+            q.dead_letter(&lease, &format!("no hope for {i}"))
+                .await
+                .unwrap();
+        }
+    }
+    let dead = q.dead_letters(None, 10).await.unwrap();
+    let listed: Vec<_> = dead
+        .iter()
+        .map(|r| {
+            (
+                r.id,
+                r.job.clone(),
+                r.state,
+                r.attempts,
+                r.last_error.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (
+                ids[0],
+                jobs[0].clone(),
+                JobState::DeadLettered,
+                1,
+                Some("no hope for 0".into())
+            ),
+            (
+                ids[2],
+                jobs[2].clone(),
+                JobState::DeadLettered,
+                1,
+                Some("no hope for 2".into())
+            ),
+        ],
+        "dead letters are listed with their job and last error, and only dead letters"
+    );
+    let page: Vec<_> = q
+        .dead_letters(Some(ids[0]), 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(page, vec![ids[2]], "listing resumes after the id given");
+    let first: Vec<_> = q
+        .dead_letters(None, 1)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(first, vec![ids[0]], "listing stops at the limit");
+    assert!(
+        matches!(q.requeue(ids[1]).await, Err(crate::Error::NotFound(_))),
+        "a done job is not a dead letter"
+    );
+    let again = q.requeue(ids[0]).await.expect("a dead letter requeues");
+    let lease = q
+        .lease(visibility)
+        .await
+        .unwrap()
+        .expect("the requeued job is ready");
+    assert_eq!(
+        (lease.id, lease.job.clone(), lease.attempt),
+        (again, jobs[0].clone(), 1),
+        "a requeued job runs again with fresh attempts"
+    );
+    q.ack(&lease).await.unwrap();
+    let left: Vec<_> = q
+        .dead_letters(None, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.id)
+        .collect();
+    assert_eq!(left, vec![ids[2]], "a requeued job leaves the dead letters");
+}
+
+/// Counts by state: what a status command and the queue-depth gauge read.
+pub async fn queue_counts_by_state<Q: Queue>(q: &Q) {
+    let visibility = Duration::from_secs(30);
+    assert_eq!(
+        q.counts().await.unwrap(),
+        JobCounts::default(),
+        "an empty queue"
+    );
+    for key in ["a", "b", "c", "d"] {
+        q.enqueue(Job::PackHousekeeping { key: key.into() })
+            .await
+            .unwrap();
+    }
+    let done = q.lease(visibility).await.unwrap().unwrap();
+    q.ack(&done).await.unwrap();
+    let dead = q.lease(visibility).await.unwrap().unwrap();
+    q.dead_letter(&dead, "bad").await.unwrap();
+    let _held = q.lease(visibility).await.unwrap().unwrap();
+    assert_eq!(
+        q.counts().await.unwrap(),
+        JobCounts {
+            ready: 1,
+            leased: 1,
+            done: 1,
+            dead: 1
+        },
+        "each job is counted in the state it is in"
+    );
+}
+
+/// Retention removes done jobs and dead letters once they are older than their limits, and
+/// never a ready or leased job; `dead: None` keeps dead letters.
+///
+/// `age` is the retention the test uses: long enough that a call made right after the jobs
+/// finished finds them younger than it.
+pub async fn queue_removes_finished_jobs_past_retention<Q: Queue>(q: &Q, age: Duration) {
+    let visibility = Duration::from_secs(30);
+    let done = q
+        .enqueue(Job::PackHousekeeping { key: "done".into() })
+        .await
+        .unwrap();
+    let dead = q
+        .enqueue(Job::PackHousekeeping { key: "dead".into() })
+        .await
+        .unwrap();
+    let leased = q
+        .enqueue(Job::PackHousekeeping {
+            key: "leased".into(),
+        })
+        .await
+        .unwrap();
+    let ready = q
+        .enqueue(Job::PackHousekeeping {
+            key: "ready".into(),
+        })
+        .await
+        .unwrap();
+    let lease = q.lease(visibility).await.unwrap().unwrap();
+    q.ack(&lease).await.unwrap();
+    let lease = q.lease(visibility).await.unwrap().unwrap();
+    q.dead_letter(&lease, "bad").await.unwrap();
+    let _held = q.lease(visibility).await.unwrap().unwrap();
+    let both = JobRetention {
+        done: age,
+        dead: Some(age),
+    };
+    assert_eq!(
+        q.remove_finished(both).await.unwrap(),
+        0,
+        "jobs younger than the retention are kept"
+    );
+    tokio::time::sleep(age * 2).await;
+    let keep_dead = JobRetention {
+        done: age,
+        dead: None,
+    };
+    assert_eq!(
+        q.remove_finished(keep_dead).await.unwrap(),
+        1,
+        "the done job goes"
+    );
+    assert!(
+        q.get(done).await.unwrap().is_none(),
+        "a removed job reads as absent"
+    );
+    assert!(
+        q.get(dead).await.unwrap().is_some(),
+        "dead letters stay when their age is None"
+    );
+    assert_eq!(
+        q.remove_finished(both).await.unwrap(),
+        1,
+        "then the dead letter goes"
+    );
+    assert!(q.get(dead).await.unwrap().is_none());
+    for id in [leased, ready] {
+        assert!(
+            q.get(id).await.unwrap().is_some(),
+            "retention never removes a job still to run"
+        );
+    }
+}
+
+/// Waits until job `id` is in `state`, or panics after `within`.
+async fn wait_for_state<Q: Queue>(q: &Q, id: JobId, state: JobState, within: Duration) -> u32 {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(rec) = q.get(id).await.unwrap()
+            && rec.state == state
+        {
+            return rec.attempts;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id} did not reach {state:?} within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A job that runs for three visibility timeouts, with a second runner waiting for work,
+/// runs once: the [`JobRunner`] renews its lease while the handler runs.
+pub async fn runner_renews_a_slow_jobs_lease<Q: Queue + Clone + 'static>(
+    q: &Q,
+    visibility: Duration,
+) {
+    let runs = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let runner = |name: &str| {
+        let runs = std::sync::Arc::clone(&runs);
+        let handlers = JobHandlers::new().on(["sweep"], move |_: Job, _| {
+            let runs = std::sync::Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(visibility * 3).await;
+                Ok::<(), String>(())
+            }
+        });
+        JobRunner::new(name, q.clone(), handlers)
+            .visibility(visibility)
+            .idle_poll(visibility / 10)
+            .spawn()
+    };
+    let (a, b) = (runner("a"), runner("b"));
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let attempts = wait_for_state(q, id, JobState::Done, visibility * 20).await;
+    let renewals = a.counters().renewals + b.counters().renewals;
+    a.stop_within(visibility * 5).await.unwrap();
+    b.stop_within(visibility * 5).await.unwrap();
+    assert_eq!(attempts, 1, "a renewed lease is never delivered again");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the slow job ran once though another runner was idle"
+    );
+    assert!(
+        renewals >= 2,
+        "renewed every third of the visibility ({renewals} renewals)"
+    );
+}
+
+/// A runner that dies mid-job (aborted, as a crash) loses nothing: once its lease
+/// expires, a new runner gets the job and finishes it.
+pub async fn runner_crash_redelivers_its_job<Q: Queue + Clone + 'static>(
+    q: &Q,
+    visibility: Duration,
+) {
+    let started = std::sync::Arc::new(tokio::sync::Notify::new());
+    let crashing = {
+        let started = std::sync::Arc::clone(&started);
+        JobHandlers::new().on(["sweep"], move |_: Job, _| {
+            let started = std::sync::Arc::clone(&started);
+            async move {
+                started.notify_one();
+                std::future::pending::<()>().await;
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let a = JobRunner::new("a", q.clone(), crashing)
+        .visibility(visibility)
+        .idle_poll(visibility / 10)
+        .spawn();
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    tokio::time::timeout(visibility * 20, started.notified())
+        .await
+        .expect("the first runner starts the job");
+    a.abort();
+    let ok = JobHandlers::new().on(["sweep"], |_: Job, _| async { Ok::<(), String>(()) });
+    let b = JobRunner::new("b", q.clone(), ok)
+        .visibility(visibility)
+        .idle_poll(visibility / 10)
+        .spawn();
+    let attempts = wait_for_state(q, id, JobState::Done, visibility * 20).await;
+    let counters = b.stop_within(visibility * 5).await.unwrap();
+    assert_eq!(
+        attempts, 2,
+        "the crashed attempt counts, and the job runs again"
+    );
+    assert_eq!(counters.acked, 1, "the new runner finished it");
+}
+
+/// A job of a kind no handler takes, or whose payload does not decode into its handler's
+/// type, is dead-lettered at its first attempt with an error that says so; the runner
+/// goes on with the next job.
+pub async fn runner_dead_letters_what_it_cannot_run<Q: Queue + Clone + 'static>(q: &Q) {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    enum Mine {
+        Resize { width: u32 },
+    }
+    let unknown = q
+        .enqueue(Job::decode(br#"{"kind":"reboot"}"#).unwrap())
+        .await
+        .unwrap();
+    let undecodable = q
+        .enqueue(Job::decode(br#"{"kind":"resize","width":"wide"}"#).unwrap())
+        .await
+        .unwrap();
+    let good = q
+        .enqueue(Job::custom(&Mine::Resize { width: 640 }).unwrap())
+        .await
+        .unwrap();
+    let handlers = JobHandlers::new().on(["resize"], |job: Mine, _| async move {
+        let Mine::Resize { width } = job;
+        if width == 640 {
+            Ok(())
+        } else {
+            Err(format!("width {width}"))
+        }
+    });
+    let runner = JobRunner::new("r", q.clone(), handlers)
+        .idle_poll(Duration::from_millis(20))
+        .spawn();
+    let within = Duration::from_secs(30);
+    assert_eq!(wait_for_state(q, good, JobState::Done, within).await, 1);
+    for (id, says) in [(unknown, "no handler"), (undecodable, "does not decode")] {
+        assert_eq!(
+            wait_for_state(q, id, JobState::DeadLettered, within).await,
+            1,
+            "no retry can help a job nothing can run: dead-lettered at once"
+        );
+        let error = q
+            .get(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .unwrap_or_default();
+        assert!(error.contains(says), "the dead letter says why: {error}");
+    }
+    let counters = runner.stop_within(within).await.unwrap();
+    assert_eq!((counters.acked, counters.dead_lettered), (1, 2));
 }
 
 /// One holder at a time; an expired lease frees the lock with a higher fencing token, and

@@ -10,8 +10,10 @@
 //!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
 //!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`] and the outbox [`Relay`]
 //!   (both run the announce legs through one [`Announcer`]), the [`Supervisor`], and the
-//!   schedule runner ([`run_scheduler`]), and the retention driver ([`run_retention`]:
-//!   a durable schedule that runs each adapter's [`Sweep`] under the sweeper lock).
+//!   schedule runner ([`run_scheduler`]), the [`JobRunner`] (leases, renews, acks,
+//!   retries and dead-letters the jobs of a [`Queue`] with the user's [`JobHandlers`]),
+//!   and retention ([`run_retention`]: a durable schedule that runs each adapter's
+//!   [`Sweep`] under the sweeper lock).
 //!
 //! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
 //! `select!`, and iterate no `HashMap` into outputs.
@@ -43,6 +45,7 @@ mod clock;
 pub mod conformance;
 mod error;
 mod follower;
+mod jobs;
 mod noop;
 pub mod ports;
 mod reconnect;
@@ -59,6 +62,10 @@ pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
 pub use error::{Error, Result, check_key, check_value};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
+pub use jobs::{
+    DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
+    JobCounters, JobHandlers, JobRunner, JobRunnerHandle,
+};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
@@ -74,9 +81,9 @@ pub use supervisor::{Supervisor, WorkerFailure, WorkerInfo, WorkerPhase};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{
-    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, Decode, DecodeFn, Entry,
-    Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobId, Json, Legs, Mark,
-    Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule, ScheduleClock, Status, Utf8,
-    decode_fn,
+    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
+    Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
+    Json, Legs, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule, ScheduleClock,
+    Status, UNDECODABLE_KIND, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

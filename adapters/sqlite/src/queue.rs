@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobRecord, JobState, Leased, Queue, Result};
+use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
@@ -35,6 +35,9 @@ fn state_of(code: i64) -> JobState {
 /// "lease expired"); after [`Options::max_attempts`](crate::Options::max_attempts) leases
 /// it is dead-lettered instead. Receipts are attempt numbers: acking or failing with an
 /// older attempt's receipt is [`Error::LeaseLost`].
+///
+/// For a done or dead-lettered job, `lease_until` holds when it finished: retention
+/// ([`Queue::remove_finished`]) measures ages from it.
 #[derive(Clone, Debug)]
 pub struct SqliteQueue {
     db: SqliteDb,
@@ -56,26 +59,47 @@ impl SqliteQueue {
         SqliteQueue { db }
     }
 
-    /// Jobs in each state: (ready, leased, done, dead-lettered).
-    pub async fn counts(&self) -> Result<(u64, u64, u64, u64)> {
+    /// A write to a job this lease still holds (`?1` id, `?2` attempt, `?3` now, then the
+    /// statement's own parameters); [`Error::LeaseLost`] if it holds it no longer.
+    async fn on_held(
+        &self,
+        lease: &Leased,
+        statement: &'static str,
+        extra: Vec<rusqlite::types::Value>,
+    ) -> Result<()> {
+        let (id, receipt) = (lease.id, lease.receipt);
         self.db
-            .call("queue", |conn| {
-                let mut out = [0u64; 4];
-                let mut stmt = conn
-                    .prepare_cached("SELECT state, count(*) FROM jobs GROUP BY state")
+            .write("queue", move |conn| {
+                let mut values: Vec<rusqlite::types::Value> =
+                    vec![to_i64(id.0).into(), to_i64(receipt).into(), now_ms().into()];
+                values.extend(extra);
+                let n = conn
+                    .prepare_cached(statement)
+                    .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
                     .map_err(sql)?;
-                let rows = stmt
-                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
-                    .map_err(sql)?;
-                for row in rows {
-                    let (state, n) = row.map_err(sql)?;
-                    if let Some(slot) = usize::try_from(state).ok().and_then(|i| out.get_mut(i)) {
-                        *slot = to_u64(n);
-                    }
+                if n == 0 {
+                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
                 }
-                Ok((out[0], out[1], out[2], out[3]))
+                Ok(())
             })
             .await
+    }
+}
+
+/// A record from a row; bytes that are no job read as [`Job::undecodable`].
+fn record_of(
+    id: i64,
+    bytes: &[u8],
+    state: i64,
+    attempts: i64,
+    last_error: Option<String>,
+) -> JobRecord {
+    JobRecord {
+        id: JobId(to_u64(id)),
+        job: Job::decode(bytes).unwrap_or_else(|_| Job::undecodable(bytes)),
+        state: state_of(state),
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        last_error,
     }
 }
 
@@ -105,18 +129,8 @@ impl Queue for SqliteQueue {
                         .optional()
                     })
                     .map_err(sql)?;
-                let Some((bytes, state, attempts, last_error)) = row else {
-                    return Ok(None);
-                };
-                let job = Job::decode(&bytes).map_err(|e| {
-                    Error::unavailable("queue", format!("{id} holds an unreadable job: {e}"))
-                })?;
-                Ok(Some(JobRecord {
-                    id,
-                    job,
-                    state: state_of(state),
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    last_error,
+                Ok(row.map(|(bytes, state, attempts, last_error)| {
+                    record_of(to_i64(id.0), &bytes, state, attempts, last_error)
                 }))
             })
             .await
@@ -164,9 +178,9 @@ impl Queue for SqliteQueue {
                                 Ok(_) => None,
                             };
                             tx.execute(
-                                "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error)
-                                 WHERE id = ?1",
-                                params![id, DEAD, error],
+                                "UPDATE jobs SET state = ?2, last_error = COALESCE(?3, last_error),
+                                 lease_until = ?4 WHERE id = ?1",
+                                params![id, DEAD, error, now],
                             )
                             .map_err(sql)?;
                             continue;
@@ -205,9 +219,12 @@ impl Queue for SqliteQueue {
             .write("queue", move |conn| {
                 let n = conn
                     .prepare_cached(
-                        "UPDATE jobs SET state = ?2 WHERE id = ?1 AND state = 1 AND attempts = ?3",
+                        "UPDATE jobs SET state = ?2, lease_until = ?4
+                         WHERE id = ?1 AND state = 1 AND attempts = ?3",
                     )
-                    .and_then(|mut s| s.execute(params![to_i64(id.0), DONE, to_i64(receipt)]))
+                    .and_then(|mut s| {
+                        s.execute(params![to_i64(id.0), DONE, to_i64(receipt), now_ms()])
+                    })
                     .map_err(sql)?;
                 if n == 0 {
                     return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
@@ -231,7 +248,8 @@ impl Queue for SqliteQueue {
                 };
                 let n = conn
                     .prepare_cached(
-                        "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5
+                        "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5,
+                         lease_until = CASE WHEN ?2 = 3 THEN ?6 ELSE lease_until END
                          WHERE id = ?1 AND state = 1 AND attempts = ?3",
                     )
                     .and_then(|mut s| {
@@ -240,7 +258,8 @@ impl Queue for SqliteQueue {
                             state,
                             to_i64(receipt),
                             error,
-                            now.saturating_add(ms(retry_after))
+                            now.saturating_add(ms(retry_after)),
+                            now
                         ])
                     })
                     .map_err(sql)?;
@@ -248,6 +267,124 @@ impl Queue for SqliteQueue {
                     return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
                 }
                 Ok(state_of(state))
+            })
+            .await
+    }
+
+    async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
+        self.on_held(
+            lease,
+            "UPDATE jobs SET lease_until = ?3 + ?4
+             WHERE id = ?1 AND state = 1 AND attempts = ?2 AND lease_until > ?3",
+            vec![ms(visibility).into()],
+        )
+        .await
+    }
+
+    async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
+        self.on_held(
+            lease,
+            "UPDATE jobs SET state = 3, last_error = ?4, lease_until = ?3
+             WHERE id = ?1 AND state = 1 AND attempts = ?2",
+            vec![error.to_owned().into()],
+        )
+        .await
+    }
+
+    async fn dead_letters(&self, after: Option<JobId>, limit: usize) -> Result<Vec<JobRecord>> {
+        let after = after.map_or(0, |id| to_i64(id.0));
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.db
+            .call("queue", move |conn| {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "SELECT id, job, state, attempts, last_error FROM jobs
+                         WHERE state = 3 AND id > ?1 ORDER BY id LIMIT ?2",
+                    )
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map(params![after, limit], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, Vec<u8>>(1)?,
+                            r.get::<_, i64>(2)?,
+                            r.get::<_, i64>(3)?,
+                            r.get::<_, Option<String>>(4)?,
+                        ))
+                    })
+                    .map_err(sql)?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (id, bytes, state, attempts, last_error) = row.map_err(sql)?;
+                    out.push(record_of(id, &bytes, state, attempts, last_error));
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn requeue(&self, id: JobId) -> Result<JobId> {
+        self.db
+            .write("queue", move |conn| {
+                let n = conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0
+                         WHERE id = ?1 AND state = 3",
+                    )
+                    .and_then(|mut s| s.execute([to_i64(id.0)]))
+                    .map_err(sql)?;
+                if n == 0 {
+                    return Err(Error::NotFound(format!("dead letter {id}")));
+                }
+                Ok(id)
+            })
+            .await
+    }
+
+    async fn counts(&self) -> Result<JobCounts> {
+        self.db
+            .call("queue", |conn| {
+                let mut out = JobCounts::default();
+                let mut stmt = conn
+                    .prepare_cached("SELECT state, count(*) FROM jobs GROUP BY state")
+                    .map_err(sql)?;
+                let rows = stmt
+                    .query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))
+                    .map_err(sql)?;
+                for row in rows {
+                    let (state, n) = row.map_err(sql)?;
+                    *match state {
+                        READY => &mut out.ready,
+                        LEASED => &mut out.leased,
+                        DONE => &mut out.done,
+                        DEAD => &mut out.dead,
+                        _ => continue,
+                    } += to_u64(n);
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
+        let done = ms(retention.done);
+        let dead = retention.dead.map(ms);
+        self.db
+            .write("queue", move |conn| {
+                let now = now_ms();
+                let n = conn
+                    .prepare_cached(
+                        "DELETE FROM jobs WHERE (state = 2 AND lease_until <= ?1)
+                            OR (state = 3 AND ?2 IS NOT NULL AND lease_until <= ?2)",
+                    )
+                    .and_then(|mut s| {
+                        s.execute(params![
+                            now.saturating_sub(done),
+                            dead.map(|d| now.saturating_sub(d))
+                        ])
+                    })
+                    .map_err(sql)?;
+                Ok(n as u64)
             })
             .await
     }

@@ -42,6 +42,13 @@ conformance! {
     wake_reaches_listeners => |db| db.wake();
     queue_round_trip => |db| db.queue();
     queue_lease_expiry_redelivers => |db| db.queue(), REAL_LEASE;
+    queue_renew_extends_a_lease => |db| db.queue(), REAL_LEASE;
+    queue_dead_letters_list_and_requeue => |db| db.queue();
+    queue_counts_by_state => |db| db.queue();
+    queue_removes_finished_jobs_past_retention => |db| db.queue(), Duration::from_millis(300);
+    runner_renews_a_slow_jobs_lease => |db| db.queue(), REAL_LEASE;
+    runner_dead_letters_what_it_cannot_run => |db| db.queue();
+    runner_crash_redelivers_its_job => |db| db.queue(), REAL_LEASE;
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();

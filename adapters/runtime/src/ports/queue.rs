@@ -36,6 +36,38 @@ pub struct JobRecord {
     pub last_error: Option<String>,
 }
 
+/// How many jobs are in each state (a queue's depth is `ready + leased`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Waiting to be leased, retry delays included.
+    pub ready: u64,
+    /// Leased (on NATS: as last recorded; a lease that expired counts until redelivered).
+    pub leased: u64,
+    /// Done and not yet removed by retention.
+    pub done: u64,
+    /// Dead-lettered and not yet requeued or removed.
+    pub dead: u64,
+}
+
+/// How long finished jobs are kept before [`Queue::remove_finished`] removes them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobRetention {
+    /// Done jobs are removed this long after they finished (default 1 hour).
+    pub done: Duration,
+    /// Dead letters are removed this long after they died; `None` keeps them until
+    /// requeued (default 7 days: long enough for an operator to look).
+    pub dead: Option<Duration>,
+}
+
+impl Default for JobRetention {
+    fn default() -> Self {
+        JobRetention {
+            done: Duration::from_secs(60 * 60),
+            dead: Some(Duration::from_secs(7 * 24 * 60 * 60)),
+        }
+    }
+}
+
 /// A leased job. Ack or fail it before its visibility timeout, or it is delivered again.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Leased {
@@ -73,4 +105,41 @@ pub trait Queue: Send + Sync {
         error: &str,
         retry_after: Duration,
     ) -> impl Future<Output = Result<JobState>> + Send;
+
+    /// Extends a lease held by `lease` to `visibility` from now, so a slow job is not
+    /// delivered again while it runs; [`Error::LeaseLost`](crate::Error::LeaseLost) if it
+    /// is no longer held. On NATS the extension is the queue's ack wait, whatever
+    /// `visibility` says (see `NatsQueue`).
+    fn renew(
+        &self,
+        lease: &Leased,
+        visibility: Duration,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Dead-letters a leased job at once with `error`, whatever attempts it has left: for a
+    /// job no retry can help (no handler for its kind, a payload that does not decode).
+    fn dead_letter(&self, lease: &Leased, error: &str) -> impl Future<Output = Result<()>> + Send;
+
+    /// Dead letters in id order, those after `after` (`None`: from the first), at most
+    /// `limit` of them.
+    fn dead_letters(
+        &self,
+        after: Option<JobId>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
+
+    /// Makes a dead letter ready again with fresh attempts (its last error is kept until
+    /// it next fails or completes). Returns the id it now has: the same on memory and
+    /// SQLite, a new one on NATS (where a job's id is its message's sequence).
+    /// [`Error::NotFound`](crate::Error::NotFound) if `id` is not a dead letter.
+    fn requeue(&self, id: JobId) -> impl Future<Output = Result<JobId>> + Send;
+
+    /// How many jobs are in each state.
+    fn counts(&self) -> impl Future<Output = Result<JobCounts>> + Send;
+
+    /// Retention: removes done jobs that finished at least `retention.done` ago and dead
+    /// letters that died at least `retention.dead` ago. Ready and leased jobs are never
+    /// removed. Returns how many jobs it removed. Ages are measured on the clock the
+    /// queue's leases use (tokio's for memory, the wall clock for SQLite and NATS).
+    fn remove_finished(&self, retention: JobRetention) -> impl Future<Output = Result<u64>> + Send;
 }

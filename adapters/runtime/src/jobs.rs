@@ -1,0 +1,650 @@
+//! The job runner: leases jobs from any [`Queue`], runs the user's handler for each job's
+//! kind, renews the lease while the handler runs, and acks, retries (with the core's
+//! seeded, jittered backoff) or dead-letters.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use tidemark_core::{Backoff, BackoffPolicy, Job, JobId, Rng};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{Instrument, debug, warn};
+
+use crate::clock::Clock;
+use crate::error::{Error, Result};
+use crate::ports::{JobState, Leased, Queue};
+use crate::shutdown::{Shutdown, StopSignal};
+
+/// How long a lease lasts before the job is delivered again, by default. The runner
+/// renews it every third of that while the handler runs.
+pub const DEFAULT_JOB_VISIBILITY: Duration = Duration::from_secs(30);
+/// Jobs a runner runs at once, by default.
+pub const DEFAULT_JOB_CONCURRENCY: usize = 4;
+/// How long an idle runner waits before asking an empty queue again, by default.
+pub const DEFAULT_JOB_IDLE_POLL: Duration = Duration::from_millis(250);
+
+/// What a handler is told about the job it runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobContext {
+    /// The job's id.
+    pub id: JobId,
+    /// Which attempt this is, from 1.
+    pub attempt: u32,
+    /// The job's kind.
+    pub kind: String,
+}
+
+type HandlerFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
+type Handler =
+    Arc<dyn Fn(&Job, JobContext) -> std::result::Result<HandlerFuture, String> + Send + Sync>;
+
+/// Handlers by job kind: what a [`JobRunner`] runs.
+///
+/// Each registration names the kinds it takes and the type their JSON decodes into: a
+/// user's `#[derive(Deserialize)] #[serde(tag = "kind")]` enum, or [`Job`] itself for the
+/// built-in `pack_housekeeping` and `sweep`. A job whose kind has no handler, or whose
+/// payload does not decode into its handler's type, is dead-lettered at once with an
+/// error saying so: no retry can help it.
+///
+/// ```
+/// use serde::{Deserialize, Serialize};
+/// use tidemark::{Job, JobHandlers};
+///
+/// #[derive(Serialize, Deserialize)]
+/// #[serde(tag = "kind", rename_all = "snake_case")]
+/// enum Mail {
+///     Welcome { to: String },
+///     Digest { to: String, day: u32 },
+/// }
+///
+/// let handlers = JobHandlers::new()
+///     .on(["welcome", "digest"], |mail: Mail, _ctx| async move {
+///         match mail {
+///             Mail::Welcome { to } | Mail::Digest { to, .. } => println!("mail {to}"),
+///         }
+///         Ok::<(), std::io::Error>(())
+///     })
+///     .on(["pack_housekeeping", "sweep"], |job: Job, _ctx| async move {
+///         println!("{job:?}");
+///         Ok::<(), std::io::Error>(())
+///     });
+/// assert_eq!(handlers.kinds().count(), 4);
+/// # let _ = Job::custom(&Mail::Welcome { to: "a".into() }).unwrap();
+/// ```
+#[derive(Clone, Default)]
+pub struct JobHandlers {
+    by_kind: BTreeMap<String, Handler>,
+}
+
+impl std::fmt::Debug for JobHandlers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.by_kind.keys()).finish()
+    }
+}
+
+impl JobHandlers {
+    /// No handlers yet.
+    #[must_use]
+    pub fn new() -> Self {
+        JobHandlers::default()
+    }
+
+    /// Runs jobs of `kinds` with `handler`, their JSON decoded as `T`. An `Err` from the
+    /// handler fails the attempt (displayed as the job's last error): retried after a
+    /// backoff, dead-lettered once its attempts are used up. A kind registered again is
+    /// taken by the later handler.
+    #[must_use]
+    pub fn on<T, F, Fut, E>(
+        mut self,
+        kinds: impl IntoIterator<Item = impl Into<String>>,
+        handler: F,
+    ) -> Self
+    where
+        T: DeserializeOwned + Send + 'static,
+        F: Fn(T, JobContext) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'static,
+        E: Display + 'static,
+    {
+        let handler = Arc::new(handler);
+        let erased: Handler = Arc::new(move |job: &Job, ctx: JobContext| {
+            let value: T = job.decode_as().map_err(|e| e.to_string())?;
+            let fut = handler(value, ctx);
+            Ok(Box::pin(async move { fut.await.map_err(|e| e.to_string()) }) as HandlerFuture)
+        });
+        for kind in kinds {
+            self.by_kind.insert(kind.into(), Arc::clone(&erased));
+        }
+        self
+    }
+
+    /// The kinds it has handlers for, in order.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.by_kind.keys().map(String::as_str)
+    }
+}
+
+/// What a runner did, counted from its start. A metrics layer reads these.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JobCounters {
+    /// Leases taken.
+    pub leased: u64,
+    /// Jobs whose handler succeeded and that were acked.
+    pub acked: u64,
+    /// Attempts that failed and were put back for a retry.
+    pub failed: u64,
+    /// Jobs dead-lettered: attempts used up, no handler for their kind, or a payload that
+    /// does not decode.
+    pub dead_lettered: u64,
+    /// Leases renewed while a handler ran.
+    pub renewals: u64,
+    /// Leases lost before the job was finished (renewal or ack refused): the job is
+    /// someone else's now, and its handler was stopped or its result dropped.
+    pub lost: u64,
+    /// Queue calls that failed (the runner backs off and tries again).
+    pub queue_errors: u64,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    leased: AtomicU64,
+    acked: AtomicU64,
+    failed: AtomicU64,
+    dead_lettered: AtomicU64,
+    renewals: AtomicU64,
+    lost: AtomicU64,
+    queue_errors: AtomicU64,
+    in_flight: AtomicU64,
+}
+
+impl Counts {
+    fn bump(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> JobCounters {
+        let read = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        JobCounters {
+            leased: read(&self.leased),
+            acked: read(&self.acked),
+            failed: read(&self.failed),
+            dead_lettered: read(&self.dead_lettered),
+            renewals: read(&self.renewals),
+            lost: read(&self.lost),
+            queue_errors: read(&self.queue_errors),
+        }
+    }
+}
+
+/// Runs jobs from a [`Queue`]: the consumer half of the job system.
+///
+/// Each turn it leases a job (while fewer than its concurrency limit run), looks up the
+/// handler for the job's kind, and runs it in its own task, renewing the lease every
+/// third of the visibility timeout while it runs. Success acks the job; an error fails
+/// the attempt with the error as the job's last error, ready again after a delay from the
+/// core's [`BackoffPolicy`] (by attempt, jittered from the runner's seed); the queue
+/// dead-letters it once its attempts are used up. A job of a kind without a handler, or
+/// whose JSON does not decode, is dead-lettered at once. A handler that panics fails its
+/// attempt like an error.
+///
+/// When the queue is empty it asks again after an idle poll; when a queue call fails it
+/// backs off with the core's [`Backoff`]. It reads tokio's clock only, so paused time and
+/// the simulator drive it. Delivery is at least once: a runner that dies mid-job leaves
+/// the lease to expire, and the job is delivered again.
+///
+/// On stop it leases nothing more and lets the jobs in flight finish (still renewing
+/// their leases); [`JobRunnerHandle::stop_within`] bounds that wait.
+#[derive(Clone)]
+pub struct JobRunner<Q> {
+    name: String,
+    queue: Q,
+    handlers: Arc<JobHandlers>,
+    concurrency: usize,
+    visibility: Duration,
+    idle_poll: Duration,
+    retry: BackoffPolicy,
+    backoff: BackoffPolicy,
+    seed: u64,
+    counts: Arc<Counts>,
+}
+
+impl<Q> std::fmt::Debug for JobRunner<Q> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobRunner")
+            .field("name", &self.name)
+            .field("handlers", &self.handlers)
+            .field("concurrency", &self.concurrency)
+            .field("visibility", &self.visibility)
+            .field("seed", &self.seed)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stable seed from a name (FNV-1a): runners with different names do not retry in step.
+fn seed_of(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl<Q: Queue + Clone + 'static> JobRunner<Q> {
+    /// A runner named `name` (its tracing span and its seed's default) of `handlers` over
+    /// `queue`, with the defaults: [`DEFAULT_JOB_CONCURRENCY`] jobs at once, leases of
+    /// [`DEFAULT_JOB_VISIBILITY`] renewed every third of it, an idle poll of
+    /// [`DEFAULT_JOB_IDLE_POLL`], retries after [`BackoffPolicy::job_retry`] (1 s doubling to
+    /// 5 min, half jitter), queue failures backed off 50 ms doubling to 5 s.
+    pub fn new(name: impl Into<String>, queue: Q, handlers: JobHandlers) -> Self {
+        let name = name.into();
+        JobRunner {
+            seed: seed_of(&name),
+            name,
+            queue,
+            handlers: Arc::new(handlers),
+            concurrency: DEFAULT_JOB_CONCURRENCY,
+            visibility: DEFAULT_JOB_VISIBILITY,
+            idle_poll: DEFAULT_JOB_IDLE_POLL,
+            retry: BackoffPolicy::job_retry(),
+            backoff: BackoffPolicy::fast_reopen(),
+            counts: Arc::default(),
+        }
+    }
+
+    /// Runs at most `jobs` at once (at least 1).
+    #[must_use]
+    pub fn concurrency(mut self, jobs: usize) -> Self {
+        self.concurrency = jobs.max(1);
+        self
+    }
+
+    /// Leases jobs for `visibility` (at least 3 ms), renewed every third of it while a
+    /// handler runs. On NATS use the visibility every runner of the queue uses: it is the
+    /// consumer's ack wait.
+    #[must_use]
+    pub fn visibility(mut self, visibility: Duration) -> Self {
+        self.visibility = visibility.max(Duration::from_millis(3));
+        self
+    }
+
+    /// Waits `interval` before asking an empty queue again.
+    #[must_use]
+    pub fn idle_poll(mut self, interval: Duration) -> Self {
+        self.idle_poll = interval;
+        self
+    }
+
+    /// Delays a failed job's retry `n` (from 0) by `policy`'s delay for `n`, jittered.
+    #[must_use]
+    pub fn retry_backoff(mut self, policy: BackoffPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// Backs off after failed queue calls under `policy`.
+    #[must_use]
+    pub fn queue_backoff(mut self, policy: BackoffPolicy) -> Self {
+        self.backoff = policy;
+        self
+    }
+
+    /// Seeds the jitter of its delays (default: derived from its name).
+    #[must_use]
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// Its name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The queue it consumes.
+    #[must_use]
+    pub fn queue(&self) -> &Q {
+        &self.queue
+    }
+
+    /// What it did so far.
+    #[must_use]
+    pub fn counters(&self) -> JobCounters {
+        self.counts.snapshot()
+    }
+
+    /// Runs jobs until `stop`, then waits for the jobs in flight to finish. Returns its
+    /// counters; only a queue error that is not retryable ends it early (after the jobs in
+    /// flight finished).
+    pub async fn run(&self, mut stop: StopSignal) -> Result<JobCounters> {
+        let clock = Clock::new();
+        let mut rng = Rng::new(self.seed);
+        let mut backoff = Backoff::new(self.backoff);
+        let mut in_flight: JoinSet<()> = JoinSet::new();
+        let mut fatal = None;
+        while !stop.is_stopped() {
+            while in_flight.try_join_next().is_some() {}
+            if in_flight.len() >= self.concurrency {
+                tokio::select! {
+                    biased;
+                    () = stop.stopped() => break,
+                    _ = in_flight.join_next() => {}
+                }
+                continue;
+            }
+            match self.queue.lease(self.visibility).await {
+                Ok(Some(lease)) => {
+                    backoff.healthy(clock.now());
+                    Counts::bump(&self.counts.leased);
+                    // Drawn here, in lease order, so a seed replays the same delays.
+                    let retry_after = self.retry.delay(lease.attempt.saturating_sub(1), &mut rng);
+                    let job = RunJob {
+                        queue: self.queue.clone(),
+                        handlers: Arc::clone(&self.handlers),
+                        counts: Arc::clone(&self.counts),
+                        visibility: self.visibility,
+                        retry_after,
+                    };
+                    let span = tracing::debug_span!("job", id = %lease.id, kind = lease.job.kind(), attempt = lease.attempt);
+                    in_flight.spawn(job.run(lease).instrument(span));
+                }
+                Ok(None) => {
+                    backoff.healthy(clock.now());
+                    tokio::select! {
+                        biased;
+                        () = stop.stopped() => break,
+                        () = tokio::time::sleep(self.idle_poll) => {}
+                    }
+                }
+                Err(e) if e.is_retryable() => {
+                    Counts::bump(&self.counts.queue_errors);
+                    let delay = backoff.next_delay(clock.now(), &mut rng);
+                    warn!(runner = %self.name, error = %e, ?delay, "leasing a job failed; will retry");
+                    tokio::select! {
+                        biased;
+                        () = stop.stopped() => break,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                }
+                Err(e) => {
+                    Counts::bump(&self.counts.queue_errors);
+                    fatal = Some(e);
+                    break;
+                }
+            }
+        }
+        // Drain: the jobs in flight finish (renewing their leases) before it returns.
+        let draining = in_flight.len();
+        if draining > 0 {
+            debug!(runner = %self.name, draining, "waiting for jobs in flight");
+        }
+        while in_flight.join_next().await.is_some() {}
+        match fatal {
+            Some(e) => Err(e),
+            None => Ok(self.counts.snapshot()),
+        }
+    }
+
+    /// Runs it as a task (inside a `job_runner` span naming it) until stopped through the
+    /// handle.
+    pub fn spawn(self) -> JobRunnerHandle {
+        let shutdown = Shutdown::new();
+        let stop = shutdown.signal();
+        let name = self.name.clone();
+        let seed = self.seed;
+        let counts = Arc::clone(&self.counts);
+        let span = tracing::info_span!("job_runner", name = %name);
+        let task = tokio::spawn(async move { self.run(stop).await }.instrument(span));
+        JobRunnerHandle {
+            name,
+            seed,
+            counts,
+            shutdown,
+            task,
+        }
+    }
+}
+
+/// Aborts the task it holds when dropped: a handler does not outlive its runner.
+struct AbortOnDrop<T>(JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// One leased job's run: handler, renewals, and the outcome recorded in the queue.
+struct RunJob<Q> {
+    queue: Q,
+    handlers: Arc<JobHandlers>,
+    counts: Arc<Counts>,
+    visibility: Duration,
+    retry_after: Duration,
+}
+
+impl<Q: Queue + 'static> RunJob<Q> {
+    async fn run(self, lease: Leased) {
+        self.counts.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.run_leased(&lease).await;
+        self.counts.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    async fn run_leased(&self, lease: &Leased) {
+        let kind = lease.job.kind().to_owned();
+        let ctx = JobContext {
+            id: lease.id,
+            attempt: lease.attempt,
+            kind: kind.clone(),
+        };
+        let Some(handler) = self.handlers.by_kind.get(&kind) else {
+            return self
+                .bury(lease, &format!("no handler for job kind {kind:?}"))
+                .await;
+        };
+        let work = match handler(&lease.job, ctx) {
+            Ok(work) => work,
+            Err(e) => {
+                return self
+                    .bury(lease, &format!("job of kind {kind:?} does not decode: {e}"))
+                    .await;
+            }
+        };
+        let mut work = AbortOnDrop(tokio::spawn(work));
+        let renew_every = self.visibility / 3;
+        let outcome = loop {
+            tokio::select! {
+                biased;
+                done = &mut work.0 => break match done {
+                    Ok(result) => result,
+                    Err(e) if e.is_panic() => Err(format!("handler panicked: {}", panic_message(e))),
+                    Err(e) => Err(format!("handler did not finish: {e}")),
+                },
+                () = tokio::time::sleep(renew_every) => {
+                    match self.queue.renew(lease, self.visibility).await {
+                        Ok(()) => Counts::bump(&self.counts.renewals),
+                        Err(Error::LeaseLost(why)) => {
+                            // Someone else may run it now; this run's result would be refused.
+                            Counts::bump(&self.counts.lost);
+                            warn!(error = %why, "job lease lost while its handler ran; stopping it");
+                            return;
+                        }
+                        Err(e) => {
+                            Counts::bump(&self.counts.queue_errors);
+                            warn!(error = %e, "renewing a job lease failed; will try again");
+                        }
+                    }
+                }
+            }
+        };
+        match outcome {
+            Ok(()) => match self.settle(|| self.queue.ack(lease)).await {
+                Ok(()) => Counts::bump(&self.counts.acked),
+                Err(e) => self.record_error(&e, "acking a job failed; it will be delivered again"),
+            },
+            Err(error) => match self
+                .settle(|| self.queue.fail(lease, &error, self.retry_after))
+                .await
+            {
+                Ok(JobState::DeadLettered) => {
+                    Counts::bump(&self.counts.dead_lettered);
+                    warn!(%error, "job failed its last attempt; dead-lettered");
+                }
+                Ok(_) => {
+                    Counts::bump(&self.counts.failed);
+                    debug!(%error, retry_after = ?self.retry_after, "job failed; will retry");
+                }
+                Err(e) => self.record_error(&e, "failing a job failed; it will be delivered again"),
+            },
+        }
+    }
+
+    async fn bury(&self, lease: &Leased, error: &str) {
+        warn!(%error, "job cannot run; dead-lettered");
+        match self.settle(|| self.queue.dead_letter(lease, error)).await {
+            Ok(()) => Counts::bump(&self.counts.dead_lettered),
+            Err(e) => self.record_error(&e, "dead-lettering a job failed"),
+        }
+    }
+
+    /// Makes a call that records a job's outcome, trying again while it fails retryably
+    /// (after the core's quick-reopen delays, 50 ms doubling) for up to a third of the
+    /// visibility, which the lease still has: a blip must not cost a finished job a second
+    /// run.
+    async fn settle<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let policy = BackoffPolicy::fast_reopen();
+        let deadline = tokio::time::Instant::now() + self.visibility / 3;
+        let mut attempt = 0;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() => {
+                    let delay = policy.base_delay(attempt);
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        return Err(e);
+                    }
+                    Counts::bump(&self.counts.queue_errors);
+                    debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    fn record_error(&self, e: &Error, what: &str) {
+        if matches!(e, Error::LeaseLost(_)) {
+            Counts::bump(&self.counts.lost);
+        } else {
+            Counts::bump(&self.counts.queue_errors);
+        }
+        warn!(error = %e, "{what}");
+    }
+}
+
+fn panic_message(e: tokio::task::JoinError) -> String {
+    let payload = e.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
+}
+
+/// A running [`JobRunner`]'s handle: read its counters, stop it, wait for it.
+#[derive(Debug)]
+pub struct JobRunnerHandle {
+    name: String,
+    seed: u64,
+    counts: Arc<Counts>,
+    shutdown: Shutdown,
+    task: JoinHandle<Result<JobCounters>>,
+}
+
+impl JobRunnerHandle {
+    /// The runner's name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The seed of its jitter, so a run can be replayed.
+    #[must_use]
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// What it did so far.
+    #[must_use]
+    pub fn counters(&self) -> JobCounters {
+        self.counts.snapshot()
+    }
+
+    /// Jobs whose handlers run now.
+    #[must_use]
+    pub fn in_flight(&self) -> u64 {
+        self.counts.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Asks it to stop: it leases nothing more and finishes the jobs in flight.
+    pub fn stop(&self) {
+        self.shutdown.trigger();
+    }
+
+    /// A trigger that stops it, for sharing.
+    #[must_use]
+    pub fn shutdown(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Whether the task has ended.
+    #[must_use]
+    pub fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Ends it now, handlers and all, as a crash would: the jobs in flight are neither
+    /// acked nor failed and are delivered again when their leases expire.
+    pub fn abort(self) {
+        self.task.abort();
+    }
+
+    /// Waits for the task to end; its counters, or why it failed.
+    pub async fn join(self) -> Result<JobCounters> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(Error::Worker {
+                worker: self.name,
+                reason: e.to_string(),
+            }),
+        }
+    }
+
+    /// Stops it and waits at most `budget` for the jobs in flight to finish; aborts it
+    /// after that (those jobs are delivered again when their leases expire).
+    pub async fn stop_within(mut self, budget: Duration) -> Result<JobCounters> {
+        self.stop();
+        match tokio::time::timeout(budget, &mut self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(Error::Worker {
+                worker: self.name,
+                reason: e.to_string(),
+            }),
+            Err(_) => {
+                self.task.abort();
+                Err(Error::Timeout {
+                    what: format!("job runner {}", self.name),
+                    budget,
+                })
+            }
+        }
+    }
+}
