@@ -142,3 +142,81 @@ async fn relayed_outbox_rows_go_and_pending_ones_stay() {
     assert_eq!(rows.len(), 1, "the pending row stays");
     assert!(!rows[0].1);
 }
+
+/// The job path: the sweep schedule enqueues `sweep` jobs, a runner executes them under
+/// the lock, and each sweep also removes the queue's finished jobs.
+#[tokio::test(start_paused = true)]
+async fn the_runner_executes_scheduled_sweeps_and_they_remove_finished_jobs() {
+    use tidemark::{
+        Job, JobHandlers, JobRetention, JobRunner, Queue, SweepWithJobs, run_scheduler,
+        with_sweep_job,
+    };
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..50 {
+        src.put(&format!("k{}", i % 5), b"v".to_vec())
+            .await
+            .unwrap();
+    }
+    let relay = Relay::new(
+        m.outbox.clone(),
+        Announcer::new(m.events.clone(), m.wake.clone(), m.queue.clone(), "reg"),
+        "relay",
+    );
+    relay.drain().await.unwrap();
+    assert_eq!(
+        m.queue.counts().await.unwrap().ready,
+        50,
+        "one job per write"
+    );
+
+    let retention = Retention::new("me")
+        .unwrap()
+        .every(Duration::from_secs(5))
+        .unwrap();
+    retention.install(&m.schedules).await.unwrap();
+    let sweep = SweepWithJobs::new(
+        m.sweeper(RetentionPolicy::new(Duration::ZERO, None).unwrap()),
+        m.queue.clone(),
+        JobRetention {
+            done: Duration::ZERO,
+            dead: None,
+        },
+    );
+    let handlers = with_sweep_job(
+        JobHandlers::new().on(["pack_housekeeping"], |_: Job, _| async {
+            Ok::<(), std::io::Error>(())
+        }),
+        m.lock.clone(),
+        sweep,
+        retention.owner(),
+        retention.lease_time(),
+    );
+    let runner = JobRunner::new("jobs", m.queue.clone(), handlers).spawn();
+    let shutdown = Shutdown::new();
+    let scheduler = {
+        let (m, stop) = (m.clone(), shutdown.signal());
+        tokio::spawn(async move {
+            run_scheduler(&m.schedules, &m.queue, Duration::from_secs(1), stop).await;
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(11_000)).await;
+    shutdown.trigger();
+    scheduler.await.unwrap();
+    let counters = runner.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        counters.acked, 52,
+        "50 housekeeping jobs and two sweeps ran"
+    );
+    let counts = m.queue.counts().await.unwrap();
+    assert!(
+        counts.done <= 1,
+        "the sweeps removed the finished jobs (at most the last sweep's own is left): {counts:?}"
+    );
+    assert_eq!(
+        m.source.first_available().await.unwrap(),
+        51,
+        "and compacted the change log"
+    );
+    assert!(m.outbox.rows().is_empty(), "and removed the relayed rows");
+}

@@ -71,8 +71,8 @@ pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
 pub use relay::{DEFAULT_BATCH, DEFAULT_LEASE, Relay, RelayHandle, RelayReport};
 pub use retention::{
-    DEFAULT_SWEEP_EVERY, DEFAULT_SWEEP_LEASE, Retention, SWEEP_LOCK, SWEEP_SCHEDULE, run_retention,
-    sweep_under_lock,
+    DEFAULT_SWEEP_EVERY, DEFAULT_SWEEP_LEASE, Retention, SWEEP_LOCK, SWEEP_SCHEDULE, SweepWithJobs,
+    run_retention, sweep_under_lock, with_sweep_job,
 };
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};

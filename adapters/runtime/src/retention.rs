@@ -7,7 +7,8 @@ use tidemark_core::{Cadence, ConfigError, Job, Schedule};
 use tracing::{info, warn};
 
 use crate::error::Result;
-use crate::ports::{Lock, ScheduleStore, Sweep, Swept};
+use crate::jobs::{JobContext, JobHandlers};
+use crate::ports::{JobRetention, Lock, Queue, ScheduleStore, Sweep, Swept};
 use crate::shutdown::StopSignal;
 
 /// The lock a sweep runs under: one process sweeps at a time.
@@ -50,6 +51,73 @@ pub async fn sweep_under_lock<L: Lock, S: Sweep>(
         warn!(error = %e, "could not release the sweeper lock; it expires with its lease");
     }
     result.map(Some)
+}
+
+/// An adapter's sweep that also applies the queue's finished-job retention
+/// ([`Queue::remove_finished`]), so one sweep bounds everything: what the adapter keeps and
+/// the jobs its announcements enqueued.
+#[derive(Clone, Debug)]
+pub struct SweepWithJobs<S, Q> {
+    sweep: S,
+    queue: Q,
+    retention: JobRetention,
+}
+
+impl<S: Sweep, Q: Queue> SweepWithJobs<S, Q> {
+    /// `sweep`, then `queue`'s finished jobs older than `retention`.
+    pub fn new(sweep: S, queue: Q, retention: JobRetention) -> Self {
+        SweepWithJobs {
+            sweep,
+            queue,
+            retention,
+        }
+    }
+}
+
+impl<S: Sweep, Q: Queue> Sweep for SweepWithJobs<S, Q> {
+    async fn sweep(&self) -> Result<Swept> {
+        let mut swept = self.sweep.sweep().await?;
+        swept.jobs += self.queue.remove_finished(self.retention).await?;
+        Ok(swept)
+    }
+}
+
+/// `handlers` with the built-in `sweep` job: each one runs `sweep` under the sweeper lock
+/// as `owner` (a sweep job that finds the lock held by another process succeeds at once:
+/// that process is sweeping). Fire it on a schedule with [`Retention::install`] and
+/// [`run_scheduler`](crate::run_scheduler), and run the handlers in a
+/// [`JobRunner`](crate::JobRunner).
+pub fn with_sweep_job<L, S>(
+    handlers: JobHandlers,
+    lock: L,
+    sweep: S,
+    owner: impl Into<String>,
+    lease: Duration,
+) -> JobHandlers
+where
+    L: Lock + Clone + 'static,
+    S: Sweep + Clone + 'static,
+{
+    let owner: String = owner.into();
+    handlers.on(["sweep"], move |_job: Job, ctx: JobContext| {
+        let (lock, sweep, owner) = (lock.clone(), sweep.clone(), owner.clone());
+        async move {
+            match sweep_under_lock(&lock, &sweep, &owner, lease).await? {
+                Some(s) => info!(
+                    job = %ctx.id,
+                    outbox_rows = s.outbox_rows,
+                    events = s.events,
+                    log_rows = s.log_rows,
+                    tombstones = s.tombstones,
+                    jobs = s.jobs,
+                    first_available = s.first_available,
+                    "swept"
+                ),
+                None => info!(job = %ctx.id, "another process holds the sweeper lock"),
+            }
+            Ok::<(), crate::Error>(())
+        }
+    })
 }
 
 /// How the retention driver runs: its schedule, its lease and who it is.
@@ -116,6 +184,26 @@ impl Retention {
     #[must_use]
     pub fn schedule(&self) -> &Schedule {
         &self.schedule
+    }
+
+    /// Who it sweeps as.
+    #[must_use]
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The sweeper lock's lease.
+    #[must_use]
+    pub fn lease_time(&self) -> Duration {
+        self.lease
+    }
+
+    /// Stores the sweep schedule in `store` unless the same one is there (restarts and
+    /// other processes keep its anchor and last tick): the job path, where
+    /// [`run_scheduler`](crate::run_scheduler) enqueues a `sweep` job on each tick and a
+    /// runner with [`with_sweep_job`] runs it.
+    pub async fn install<T: ScheduleStore>(&self, store: &T) -> Result<()> {
+        ensure_schedule(store, &self.schedule).await
     }
 }
 
