@@ -15,7 +15,10 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tidemark::tidemark_core::Legs;
-use tidemark::{Queue, Retention, Shutdown, run_retention};
+use tidemark::{
+    DEFAULT_SWEEP_EVERY, Job, JobHandlers, JobRetention, JobRunner, Retention, Shutdown,
+    SweepWithJobs, run_scheduler, with_sweep_job,
+};
 use tidemark_sqlite::{Options, SqliteDb, Synchronous, Write};
 
 /// Writes per transaction: each write still gets its own seq and outbox row.
@@ -29,6 +32,7 @@ struct Args {
     retention: Vec<bool>,
     every: Option<Duration>,
     sync: Synchronous,
+    job_done: Duration,
 }
 
 fn args() -> Args {
@@ -55,6 +59,7 @@ fn args() -> Args {
             retention,
             every: Some(Duration::from_millis(20)),
             sync: Synchronous::Normal,
+            job_done: Duration::ZERO,
         };
     }
     Args {
@@ -67,6 +72,7 @@ fn args() -> Args {
             Some("full") => Synchronous::Full,
             _ => Synchronous::Normal,
         },
+        job_done: Duration::from_secs(num("--job-done-secs", 60)),
     }
 }
 
@@ -128,33 +134,43 @@ async fn run(args: &Args, retention_on: bool) {
         let stop = shutdown.signal();
         tokio::spawn(async move { relay.run(stop).await })
     };
-    // ...a consumer leases and acks the housekeeping jobs the announcements enqueue...
-    let consumer = {
-        let (q, mut stop) = (db.queue(), shutdown.signal());
-        tokio::spawn(async move {
-            loop {
-                match q.lease(Duration::from_secs(30)).await {
-                    Ok(Some(job)) => q.ack(&job).await.unwrap(),
-                    _ => {
-                        tokio::select! {
-                            biased;
-                            () = stop.stopped() => return,
-                            () = tokio::time::sleep(Duration::from_millis(5)) => {}
-                        }
-                    }
-                }
-            }
-        })
-    };
-    // ...and retention, on its default schedule under the lock.
-    let sweeper = retention_on.then(|| {
-        let (db, stop) = (db.clone(), shutdown.signal());
-        let mut retention = Retention::new("soak").unwrap();
+    // ...the job runner runs the housekeeping jobs the announcements enqueue (and, with
+    // retention on, the scheduled sweeps under the lock, which also remove finished jobs)...
+    let retention = {
+        let mut r = Retention::new("soak").unwrap();
         if let Some(every) = args.every {
-            retention = retention.every(every).unwrap();
+            r = r.every(every).unwrap();
         }
+        r
+    };
+    let mut handlers = JobHandlers::new().on(["pack_housekeeping"], |_: Job, _| async {
+        Ok::<(), std::io::Error>(())
+    });
+    if retention_on {
+        let sweep = SweepWithJobs::new(
+            db.sweeper(),
+            db.queue(),
+            JobRetention {
+                done: args.job_done,
+                ..JobRetention::default()
+            },
+        );
+        handlers = with_sweep_job(
+            handlers,
+            db.lock(),
+            sweep,
+            retention.owner(),
+            retention.lease_time(),
+        );
+    }
+    let runner = JobRunner::new("soak", db.queue(), handlers).spawn();
+    // ...and the scheduler fires the default sweep schedule into the queue.
+    let scheduler = retention_on.then(|| {
+        let (db, stop) = (db.clone(), shutdown.signal());
+        let retention = retention.clone();
         tokio::spawn(async move {
-            run_retention(&db.schedules(), &db.lock(), &db.sweeper(), retention, stop).await;
+            retention.install(&db.schedules()).await.unwrap();
+            run_scheduler(&db.schedules(), &db.queue(), DEFAULT_SWEEP_EVERY, stop).await;
         })
     });
 
@@ -226,8 +242,8 @@ async fn run(args: &Args, retention_on: bool) {
     );
     shutdown.trigger();
     relay_task.await.unwrap().unwrap();
-    consumer.await.unwrap();
-    if let Some(s) = sweeper {
+    runner.stop_within(Duration::from_secs(30)).await.unwrap();
+    if let Some(s) = scheduler {
         s.await.unwrap();
     }
 }
