@@ -168,12 +168,21 @@ impl MemorySource {
     /// Drops the change log below `seq` (tombstones and superseded puts): a reader whose
     /// watermark + 1 is below it must resync from a snapshot.
     pub fn compact_below(&self, seq: u64) {
+        self.compact_counting(seq);
+    }
+
+    /// [`compact_below`](Self::compact_below), returning how many log entries went and
+    /// the first seq served afterwards.
+    pub(crate) fn compact_counting(&self, seq: u64) -> (u64, u64) {
         let mut s = self.state();
         let upto = seq.min(s.seq + 1);
+        let mut removed = 0;
         while s.log_base < upto {
             s.log.pop_front();
             s.log_base += 1;
+            removed += 1;
         }
+        (removed, s.log_base)
     }
 
     /// Ends every open feed cleanly (as a server restart would); followers reopen.
