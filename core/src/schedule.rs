@@ -36,7 +36,8 @@ impl Eq for Cadence {}
 #[derive(Clone, Debug)]
 pub struct CronExpr {
     expr: String,
-    cron: croner::Cron,
+    // Boxed: a parsed expression is a few hundred bytes, an interval sixteen.
+    cron: Box<croner::Cron>,
 }
 
 impl CronExpr {
@@ -51,7 +52,7 @@ impl CronExpr {
         })?;
         Ok(CronExpr {
             expr: expr.to_owned(),
-            cron,
+            cron: Box::new(cron),
         })
     }
 

@@ -197,12 +197,12 @@ impl FeedStream for EventStream {
                 let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
                 // Records dropped by retention are passed over: the feed is sparse, and a
                 // follower finds what it missed by its seqs.
-                let skip = s.index_of(self.next_position);
-                let taken = s.records.iter().skip(skip).take(READ_BATCH);
-                if let Some(last) = taken.clone().last() {
+                let skip = s.index_of(self.next_position).min(s.records.len());
+                let taken = &s.records[skip..(skip + READ_BATCH).min(s.records.len())];
+                if let Some(last) = taken.last() {
                     self.next_position = last.position + 1;
                 }
-                self.buf.extend(taken.map(item));
+                self.buf.extend(taken.iter().map(item));
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;
