@@ -45,6 +45,16 @@ struct Args {
     /// Simulated milliseconds per simulation step (the grain of message delivery).
     #[arg(long, default_value_t = tidemark_sim::scenario::DEFAULT_TICK.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=20))]
     tick_ms: u64,
+    /// Hot keys: a few keys written and removed often (the rest are cold keys, each
+    /// written once and removed at most once).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    hot_keys: u64,
+    /// The share of writes that go to hot keys (key skew), 0 to 1.
+    #[arg(long, default_value_t = 0.6)]
+    hot_share: f64,
+    /// The share of cold-key writes that remove a cold key written earlier, 0 to 1.
+    #[arg(long, default_value_t = 0.35)]
+    cold_remove_share: f64,
     /// Relays draining the source's outbox (0 to 4; with none, every writer announces
     /// its own writes).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=4))]
@@ -65,6 +75,12 @@ impl Args {
             keep_trace,
             tick: Duration::from_millis(self.tick_ms),
             relays: self.relays as usize,
+            workload: tidemark_sim::scenario::Workload {
+                hot_keys: self.hot_keys,
+                hot_share: self.hot_share.clamp(0.0, 1.0),
+                cold_remove_share: self.cold_remove_share.clamp(0.0, 1.0),
+                ..tidemark_sim::scenario::Workload::default()
+            },
             ..Scenario::default()
         };
         if !self.faults.is_empty() {
@@ -85,6 +101,15 @@ impl Args {
             clap::ValueEnum::to_possible_value(&self.strategy)
                 .map_or_else(String::new, |v| v.get_name().to_owned()),
         );
+        let w = tidemark_sim::scenario::Workload::default();
+        if (self.hot_keys, self.hot_share, self.cold_remove_share)
+            != (w.hot_keys, w.hot_share, w.cold_remove_share)
+        {
+            cmd.push_str(&format!(
+                " --hot-keys {} --hot-share {} --cold-remove-share {}",
+                self.hot_keys, self.hot_share, self.cold_remove_share
+            ));
+        }
         if self.tick_ms != tidemark_sim::scenario::DEFAULT_TICK.as_millis() as u64 {
             cmd.push_str(&format!(" --tick-ms {}", self.tick_ms));
         }

@@ -126,7 +126,7 @@ pub enum Strategy {
 /// The default simulation step. Every step ticks every host's runtime and every link, and
 /// that fixed cost is most of a run's time, so the step is as coarse as message latencies
 /// (1–50 ms) allow.
-pub const DEFAULT_TICK: Duration = Duration::from_millis(2);
+pub const DEFAULT_TICK: Duration = Duration::from_millis(10);
 
 /// A run's shape.
 #[derive(Clone, Debug)]
