@@ -105,6 +105,8 @@ pub struct Outcome {
     /// Outbox rows published again by design: (by the same relay after a lost answer, by
     /// another relay after a lease ran out).
     pub relay_repeats: (u32, u32),
+    /// Outbox rows some relay published.
+    pub relayed: u32,
 }
 
 impl Outcome {
@@ -1145,5 +1147,6 @@ fn finish(
         warm_restarts,
         worker_restarts,
         relay_repeats: seen.ledger.repeats(),
+        relayed: u32::try_from(seen.ledger.published_seqs().len()).unwrap_or(u32::MAX),
     }
 }
