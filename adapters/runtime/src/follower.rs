@@ -281,6 +281,13 @@ where
                 info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, "resuming from the sink");
                 self.core.start_from(held.watermark, held.keys);
                 self.committed = self.core.watermark();
+                if F::FOLLOW == Follow::Announcements && held.keys > 0 {
+                    // Announcements run ahead of the source, and a sink keeps them with
+                    // their batch: a key held past the watermark may be a foreign event
+                    // no read has confirmed yet. Only a listing finds those keys, and the
+                    // core holds them unconfirmed until a read covers their seqs.
+                    self.complete_index().await?;
+                }
             }
         } else {
             // A restart: whatever waits out a backoff is tried now.

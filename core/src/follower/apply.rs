@@ -364,6 +364,14 @@ impl<D: Decode> Follower<D> {
                 Confirmation::Unexplained
             }
         });
+        if unexplained {
+            // An announcement the source never made overwrote a key this read does not
+            // name: only a snapshot says what that key holds. The watermark stays where
+            // it is until then: a commit past the forged change would claim a cache that
+            // still holds it (a durable sink would keep it across a restart).
+            self.resync();
+            return;
+        }
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
@@ -385,12 +393,6 @@ impl<D: Decode> Follower<D> {
             }
         }
         self.advance(top);
-        if unexplained {
-            // An announcement the source never made overwrote a key this read does not
-            // name: only a snapshot says what that key holds.
-            self.resync();
-            return;
-        }
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
         self.become_ready();

@@ -134,8 +134,13 @@ pub struct Follower<D: Decode> {
     /// The highest watermark the source itself reported (a reconcile, a snapshot).
     known_source: u64,
     /// Announcements applied above `known_source`, not yet confirmed by the source: key →
-    /// seq. The next read of the source that covers the seq confirms or replaces them.
-    ahead: std::collections::BTreeMap<String, u64>,
+    /// (seq, `reads` when applied). The next read of the source that covers the seq, or
+    /// that was asked for after it was applied, confirms or replaces them.
+    ahead: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Reads of the source (reconciles, snapshots) asked for so far.
+    reads: u64,
+    /// `reads` when the read now outstanding was asked for.
+    read_asked: u64,
     /// The time of the last input or timeout: when a value that expires was applied.
     now: Time,
     /// The prefixes every key it keeps begins with (none: every key).
@@ -192,6 +197,8 @@ impl<D: Decode> Follower<D> {
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
+            reads: 0,
+            read_asked: 0,
             now: Time::ZERO,
             prefixes: Vec::new(),
         };
@@ -373,7 +380,14 @@ impl<D: Decode> Follower<D> {
     /// higher of what it knew and what it is told; the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
         for (key, seq) in keys {
+            // Held past the watermark on an announcements stream: applied from an
+            // announcement no read of the source has covered (before a restart, maybe):
+            // unconfirmed until one does.
+            let ahead = self.note_ahead(&key, seq);
             self.index.learn(key, seq);
+            if let Some(key) = ahead {
+                self.remember_ahead(key);
+            }
         }
     }
 
@@ -459,6 +473,10 @@ impl<D: Decode> Follower<D> {
     }
 
     fn send(&mut self, request: Pending) {
+        if matches!(request, Pending::Reconcile | Pending::Snapshot) {
+            self.reads += 1;
+            self.read_asked = self.reads;
+        }
         let token = self.token();
         let output = match &request {
             Pending::Lookup => Request::LookupSource { token },
