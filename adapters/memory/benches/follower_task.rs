@@ -107,13 +107,21 @@ type Value = (u64, std::sync::Arc<Vec<u8>>);
 
 /// Secs to insert `keys` into a map built by `insert`, best of 3 (the map is dropped
 /// outside the clock).
-fn time_map<M>(keys: &[String], mut new: impl FnMut() -> M, insert: impl Fn(&mut M, String, Value)) -> f64 {
+fn time_map<M>(
+    keys: &[String],
+    mut new: impl FnMut() -> M,
+    insert: impl Fn(&mut M, String, Value),
+) -> f64 {
     let mut best = f64::MAX;
     for _ in 0..3 {
         let mut map = new();
         let started = Instant::now();
         for (i, k) in keys.iter().enumerate() {
-            insert(&mut map, k.clone(), (i as u64, std::sync::Arc::new(vec![b'x'; 32])));
+            insert(
+                &mut map,
+                k.clone(),
+                (i as u64, std::sync::Arc::new(vec![b'x'; 32])),
+            );
         }
         best = best.min(started.elapsed().as_secs_f64());
         drop(map);

@@ -65,7 +65,10 @@ async fn initial_sync_of_a_filled_bucket_then_ready_and_an_empty_bucket_is_ready
         Some("w5"),
         "the latest revision wins"
     );
-    assert_eq!(cache.get("k9999").as_deref().map(String::as_str), Some("v9999"));
+    assert_eq!(
+        cache.get("k9999").as_deref().map(String::as_str),
+        Some("v9999")
+    );
     assert_eq!(
         bucket.entries_read(),
         10_000,

@@ -523,7 +523,10 @@ async fn a_value_too_large_for_its_event_is_announced_as_a_marker_and_still_conv
         written.report
     );
     until("the follower fetched the value", || cache.len() == 1).await;
-    assert_eq!(cache.get("big").as_deref().map(Vec::as_slice), Some(big.as_slice()));
+    assert_eq!(
+        cache.get("big").as_deref().map(Vec::as_slice),
+        Some(big.as_slice())
+    );
     assert_eq!(h.status().counters.fetches, 1);
     h.stop();
 }

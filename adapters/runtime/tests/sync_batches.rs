@@ -170,7 +170,11 @@ async fn an_initial_sync_into_a_durable_sink_commits_in_big_batches() {
         "fewer commits than one per 256 entries: {}",
         seen.commits.len()
     );
-    assert_eq!(store.entries(), source_state(&m), "the store holds the source");
+    assert_eq!(
+        store.entries(),
+        source_state(&m),
+        "the store holds the source"
+    );
     assert!(seen.violations.is_empty(), "{:?}", seen.violations);
 }
 
