@@ -218,9 +218,11 @@ impl<V> CacheWriter<V> {
         }
     }
 
-    /// Applies the batch's changes under one write lock, then tells subscribers.
-    fn apply_pending(&mut self) {
+    /// Applies the batch's changes under one write lock and moves the watermark, then
+    /// tells subscribers (who thus never see a change above the watermark they read).
+    fn apply_pending(&mut self, watermark: u64) {
         if self.pending.is_empty() {
+            self.shared.watermark.store(watermark, Ordering::Release);
             return;
         }
         // receiver_count takes the channel's lock: ask once per batch.
@@ -247,6 +249,7 @@ impl<V> CacheWriter<V> {
                     }
                 }
             }
+            self.shared.watermark.store(watermark, Ordering::Release);
         }
         for change in changes {
             let _ = self.shared.changes.send(change);
@@ -276,15 +279,13 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     }
 
     fn ready(&mut self, watermark: u64) {
-        self.apply_pending();
-        self.shared.watermark.store(watermark, Ordering::Release);
+        self.apply_pending(watermark);
         self.ready.send_replace(true);
         self.announce(|| Change::Ready { watermark });
     }
 
     async fn commit(&mut self, watermark: u64) -> Result<()> {
-        self.apply_pending();
-        self.shared.watermark.store(watermark, Ordering::Release);
+        self.apply_pending(watermark);
         Ok(())
     }
 
