@@ -61,11 +61,14 @@ async fn initial_sync_of_a_filled_bucket_then_ready_and_an_empty_bucket_is_ready
     );
     assert_eq!(cache.len(), 10_000, "every key is loaded before ready");
     assert_eq!(
-        cache.get("k5").as_deref(),
+        cache.get("k5").as_deref().map(String::as_str),
         Some("w5"),
         "the latest revision wins"
     );
-    assert_eq!(cache.get("k9999").as_deref(), Some("v9999"));
+    assert_eq!(
+        cache.get("k9999").as_deref().map(String::as_str),
+        Some("v9999")
+    );
     assert_eq!(
         bucket.entries_read(),
         10_000,
@@ -98,7 +101,7 @@ async fn live_puts_deletes_purges_and_markers_are_mirrored() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(cache.get("gone").as_deref(), Some("x"));
+    assert_eq!(cache.get("gone").as_deref().map(String::as_str), Some("x"));
 
     let a = bucket.put("a", b"1".to_vec()).await.unwrap();
     bucket.put("b", b"2".to_vec()).await.unwrap();
@@ -146,7 +149,7 @@ async fn live_puts_deletes_purges_and_markers_are_mirrored() {
     let got: BTreeMap<String, String> = cache
         .snapshot()
         .into_iter()
-        .map(|(k, _, v)| (k, v))
+        .map(|(k, _, v)| (k, String::clone(&v)))
         .collect();
     let want: BTreeMap<String, String> = [("a", "11"), ("d", "4")]
         .into_iter()
@@ -660,7 +663,7 @@ async fn a_feed_that_keeps_failing_backs_off_and_leaves_no_consumers_behind() {
     })
     .await;
     wait_until(WAIT, "the follower converges after the outage", || {
-        cache.get("k1").as_deref() == Some("w")
+        cache.get("k1").as_deref().map(String::as_str) == Some("w")
     })
     .await;
     // A failed attempt's consumer is deleted when its reader drops, in the background:
@@ -786,7 +789,7 @@ async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
         WAIT,
         "the follower that heard the reconnect reopens and catches up, well within its \
          one-minute backoff",
-        || cache.get("after").as_deref() == Some("2"),
+        || cache.get("after").as_deref().map(String::as_str) == Some("2"),
     )
     .await;
     assert!(handle.status().counters.reopens >= 1);

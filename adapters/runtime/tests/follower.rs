@@ -37,7 +37,7 @@ async fn initial_sync_loads_every_entry_before_ready() {
         (99, 101),
         "ready must mean every current entry is loaded (the watch-from-empty defect)"
     );
-    assert_eq!(cache.get("k007").as_deref(), Some("v7"));
+    assert_eq!(cache.get("k007").as_deref().map(String::as_str), Some("v7"));
     assert!(
         cache.get("k050").is_none(),
         "a removed key is not in the cache"

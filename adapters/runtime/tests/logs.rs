@@ -52,7 +52,11 @@ fn a_decode_failure_is_logged_with_the_follower_the_key_and_the_error() {
             let config = FollowerConfig::builder("versions").seed(1).build().unwrap();
             let (cache, h) = spawn_cache(config, decoder, m.source.clone(), m.source.clone());
             cache.wait_ready().await.unwrap();
-            assert_eq!(cache.get("pkg/fine"), Some(7), "the follower goes on");
+            assert_eq!(
+                cache.get("pkg/fine").as_deref(),
+                Some(&7),
+                "the follower goes on"
+            );
             h.stop();
         });
     });

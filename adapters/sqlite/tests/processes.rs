@@ -95,7 +95,11 @@ async fn converge(cache: &Cache<Vec<u8>>, db: &SqliteDb, why: &str) {
     loop {
         let snap = src.snapshot().await.unwrap();
         if cache.watermark() == snap.watermark {
-            let mine: Vec<(String, u64, Vec<u8>)> = cache.snapshot();
+            let mine: Vec<(String, u64, Vec<u8>)> = cache
+                .snapshot()
+                .into_iter()
+                .map(|(k, s, v)| (k, s, Vec::clone(&v)))
+                .collect();
             let theirs: Vec<(String, u64, Vec<u8>)> = snap
                 .entries
                 .into_iter()

@@ -28,7 +28,7 @@ fn cached(cache: &Cache<String>) -> BTreeMap<String, String> {
     cache
         .snapshot()
         .into_iter()
-        .map(|(k, _, v)| (k, v))
+        .map(|(k, _, v)| (k, v.as_ref().clone()))
         .collect()
 }
 
@@ -219,7 +219,10 @@ where
     let held = reader.snapshot();
     let (mut writer, reader) = cache::<String>();
     for (key, seq, value) in &held {
-        writer.put(key.clone(), *seq, value.clone()).await.unwrap();
+        writer
+            .put(key.clone(), *seq, value.as_ref().clone())
+            .await
+            .unwrap();
     }
     writer.commit(before.watermark).await.unwrap();
     let core = Follower::resume(
