@@ -35,6 +35,11 @@ enum BuiltIn {
 /// The kinds tidemark itself defines; a user's job may not take one of them.
 pub const BUILT_IN_KINDS: [&str; 2] = ["pack_housekeeping", "sweep"];
 
+/// The kind a queue gives bytes that are no job at all (not JSON, or not tagged), so they
+/// can be kept and listed as a dead letter: `{"kind":"tidemark_undecodable","text":"..."}`
+/// with the bytes as (lossy) text. No user job may take it.
+pub const UNDECODABLE_KIND: &str = "tidemark_undecodable";
+
 /// A user-defined job: a JSON object whose `"kind"` is not a built-in one.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct CustomJob {
@@ -85,13 +90,27 @@ impl Job {
     pub fn custom<T: Serialize + ?Sized>(value: &T) -> Result<Job, JobError> {
         let value = serde_json::to_value(value)?;
         let kind = kind_of(&value).ok_or(JobError::NotTagged)?.to_owned();
-        if BUILT_IN_KINDS.contains(&kind.as_str()) {
+        if BUILT_IN_KINDS.contains(&kind.as_str()) || kind == UNDECODABLE_KIND {
             return Err(JobError::BuiltInKind(kind));
         }
         Ok(Job::Custom(CustomJob {
             kind,
             json: value.to_string(),
         }))
+    }
+
+    /// Stands for stored bytes that [`Job::decode`] refuses, so a queue can keep them as a
+    /// dead letter an operator can see (kind [`UNDECODABLE_KIND`], the bytes as lossy text).
+    #[must_use]
+    pub fn undecodable(bytes: &[u8]) -> Job {
+        let value = serde_json::json!({
+            "kind": UNDECODABLE_KIND,
+            "text": String::from_utf8_lossy(bytes),
+        });
+        Job::Custom(CustomJob {
+            kind: UNDECODABLE_KIND.to_owned(),
+            json: value.to_string(),
+        })
     }
 
     /// Its kind, as the `"kind"` field says.
@@ -259,5 +278,12 @@ mod tests {
             Job::custom(&serde_json::json!({"kind": "sweep"})),
             Err(JobError::BuiltInKind(_))
         ));
+        let kept = Job::undecodable(b"not json");
+        assert_eq!(kept.kind(), UNDECODABLE_KIND);
+        assert_eq!(
+            Job::decode(&kept.encode().unwrap()).unwrap(),
+            kept,
+            "bytes that are no job are kept as a job that round-trips"
+        );
     }
 }

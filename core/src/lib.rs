@@ -77,6 +77,7 @@ mod follower;
 pub mod fuzzing;
 mod job;
 mod limits;
+mod prefix;
 mod restart;
 mod rng;
 mod schedule;
@@ -93,8 +94,9 @@ pub use follower::{
     Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower, Input,
     InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
-pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId};
+pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
+pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
 pub use rng::Rng;
 pub use schedule::Schedule;

@@ -110,6 +110,9 @@ pub struct WireFeedInfo {
     pub head: u64,
     /// Gapless (true) or sparse.
     pub gapless: bool,
+    /// A change log read over a key prefix (neither gapless nor sparse).
+    #[serde(default)]
+    pub filtered: bool,
     /// Wants checkpoints.
     pub checkpoints: bool,
     /// A stream of announcements (true) or the source's own history.
@@ -122,6 +125,7 @@ impl From<FeedInfo> for WireFeedInfo {
             first_available: i.first_available,
             head: i.head,
             gapless: i.continuity == Continuity::Gapless,
+            filtered: i.continuity == Continuity::Filtered,
             checkpoints: i.checkpoints,
             announcements: i.follow == Follow::Announcements,
         }
@@ -133,10 +137,10 @@ impl From<WireFeedInfo> for FeedInfo {
         FeedInfo {
             first_available: w.first_available,
             head: w.head,
-            continuity: if w.gapless {
-                Continuity::Gapless
-            } else {
-                Continuity::Sparse
+            continuity: match (w.gapless, w.filtered) {
+                (true, _) => Continuity::Gapless,
+                (false, true) => Continuity::Filtered,
+                (false, false) => Continuity::Sparse,
             },
             checkpoints: w.checkpoints,
             follow: if w.announcements {

@@ -354,9 +354,16 @@ impl Queue for NatsQueue {
             let job = match Job::decode(&message.payload) {
                 Ok(job) => job,
                 Err(e) => {
-                    // Not a tagged JSON object: nothing can run it, and there is no job to
-                    // keep as a dead letter. Logged and dropped from the work queue.
-                    warn!(id, error = %e, "message on the job stream is not a job; terminated");
+                    // No handler could run it: kept as a dead letter an operator can see.
+                    warn!(id, error = %e, "message on the job stream is not a job; dead-lettered");
+                    let dead = Stored {
+                        job: Job::undecodable(&message.payload),
+                        state: Stage::Dead,
+                        attempts: attempt,
+                        last_error: Some(format!("not a job: {e}")),
+                        finished_ms: Some(now_ms()),
+                    };
+                    self.store(id, &dead).await?;
                     let _ = message.ack_with(AckKind::Term).await;
                     continue;
                 }

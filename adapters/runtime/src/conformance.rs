@@ -16,6 +16,10 @@
 //! quick against a real clock. Enabled by the `conformance` feature.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod prefix;
+
+pub use prefix::{prefix_follower_holds_exactly_its_keys, prefix_view_carries_only_its_keys};
+
 use std::time::Duration;
 
 use tidemark_core::{
@@ -401,6 +405,16 @@ pub async fn queue_renew_extends_a_lease<Q: Queue>(q: &Q, visibility: Duration) 
         ),
         "a finished job's lease cannot be renewed"
     );
+    q.enqueue(Job::Sweep).await.unwrap();
+    let lapsed = q.lease(visibility).await.unwrap().expect("a ready job");
+    tokio::time::sleep(visibility * 3 / 2).await;
+    assert!(
+        matches!(
+            q.renew(&lapsed, visibility).await,
+            Err(crate::Error::LeaseLost(_))
+        ),
+        "an expired lease cannot be renewed: its job may be someone else's"
+    );
 }
 
 /// Dead letters are listed in id order with their last error, page by page, and a
@@ -701,6 +715,59 @@ pub async fn runner_crash_redelivers_its_job<Q: Queue + Clone + 'static>(
         "the crashed attempt counts, and the job runs again"
     );
     assert_eq!(counters.acked, 1, "the new runner finished it");
+}
+
+/// A job of a kind no handler takes, or whose payload does not decode into its handler's
+/// type, is dead-lettered at its first attempt with an error that says so; the runner
+/// goes on with the next job.
+pub async fn runner_dead_letters_what_it_cannot_run<Q: Queue + Clone + 'static>(q: &Q) {
+    #[derive(serde::Serialize, serde::Deserialize)]
+    #[serde(tag = "kind", rename_all = "snake_case")]
+    enum Mine {
+        Resize { width: u32 },
+    }
+    let unknown = q
+        .enqueue(Job::decode(br#"{"kind":"reboot"}"#).unwrap())
+        .await
+        .unwrap();
+    let undecodable = q
+        .enqueue(Job::decode(br#"{"kind":"resize","width":"wide"}"#).unwrap())
+        .await
+        .unwrap();
+    let good = q
+        .enqueue(Job::custom(&Mine::Resize { width: 640 }).unwrap())
+        .await
+        .unwrap();
+    let handlers = JobHandlers::new().on(["resize"], |job: Mine, _| async move {
+        let Mine::Resize { width } = job;
+        if width == 640 {
+            Ok(())
+        } else {
+            Err(format!("width {width}"))
+        }
+    });
+    let runner = JobRunner::new("r", q.clone(), handlers)
+        .idle_poll(Duration::from_millis(20))
+        .spawn();
+    let within = Duration::from_secs(30);
+    assert_eq!(wait_for_state(q, good, JobState::Done, within).await, 1);
+    for (id, says) in [(unknown, "no handler"), (undecodable, "does not decode")] {
+        assert_eq!(
+            wait_for_state(q, id, JobState::DeadLettered, within).await,
+            1,
+            "no retry can help a job nothing can run: dead-lettered at once"
+        );
+        let error = q
+            .get(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .last_error
+            .unwrap_or_default();
+        assert!(error.contains(says), "the dead letter says why: {error}");
+    }
+    let counters = runner.stop_within(within).await.unwrap();
+    assert_eq!((counters.acked, counters.dead_lettered), (1, 2));
 }
 
 /// One holder at a time; an expired lease frees the lock with a higher fencing token, and
@@ -1028,4 +1095,63 @@ pub async fn source_lists_its_present_keys<S: Source>(s: &S) {
         "no key that was never written: {keys:?}"
     );
     assert!(present.watermark >= last, "{present:?}");
+}
+
+/// Typed writes: a serde value is stored as its JSON (what [`Json`](tidemark_core::Json)
+/// reads back), a compare-and-set of one is one; a value that does not serialize is an
+/// [`Error::Encode`](crate::Error::Encode) and one whose JSON is over [`MAX_VALUE_BYTES`]
+/// an [`Error::ValueTooLarge`](crate::Error::ValueTooLarge), both before anything is
+/// written.
+pub async fn source_puts_typed_values_as_json<S: Source>(s: &S) {
+    use crate::PutJson as _;
+    use tidemark_core::Decode as _;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Package {
+        version: String,
+        yanked: bool,
+    }
+    let v1 = Package {
+        version: "1.0.0".into(),
+        yanked: false,
+    };
+    let seq = s.put_json("pkg.a", &v1).await.unwrap();
+    let stored = s.get("pkg.a").await.unwrap().unwrap();
+    assert_eq!(stored.seq, seq);
+    let read: Package = tidemark_core::Json::new()
+        .decode("pkg.a", stored.value)
+        .unwrap();
+    assert_eq!(read, v1, "what a Json decoder reads back is what was put");
+    let v2 = Package {
+        version: "1.0.1".into(),
+        yanked: true,
+    };
+    let conflict = s.update_json("pkg.a", &v2, seq + 1_000).await;
+    assert!(
+        matches!(conflict, Err(crate::Error::Conflict { .. })),
+        "{conflict:?}"
+    );
+    let seq2 = s.update_json("pkg.a", &v2, seq).await.unwrap();
+    assert!(seq2 > seq);
+
+    let watermark = s.watermark().await.unwrap();
+    // A map with keys that are not strings has no JSON form.
+    let unencodable = std::collections::BTreeMap::from([((1u8, 2u8), 3u8)]);
+    let refused = s.put_json("pkg.b", &unencodable).await;
+    assert!(
+        matches!(&refused, Err(crate::Error::Encode { key, .. }) if key == "pkg.b"),
+        "a value with no JSON form is a typed error naming the key: {refused:?}"
+    );
+    let huge = "x".repeat(MAX_VALUE_BYTES);
+    let refused = s.put_json("pkg.c", &huge).await;
+    assert!(
+        matches!(refused, Err(crate::Error::ValueTooLarge { len, .. }) if len == MAX_VALUE_BYTES + 2),
+        "JSON over the followers' limit is refused before it is sent: {refused:?}"
+    );
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        watermark,
+        "a refused typed write uses no seq"
+    );
+    assert_eq!(s.get("pkg.b").await.unwrap(), None);
 }

@@ -494,11 +494,14 @@ impl<Q: Queue + 'static> RunJob<Q> {
             }
         };
         match outcome {
-            Ok(()) => match self.queue.ack(lease).await {
+            Ok(()) => match self.settle(|| self.queue.ack(lease)).await {
                 Ok(()) => Counts::bump(&self.counts.acked),
                 Err(e) => self.record_error(&e, "acking a job failed; it will be delivered again"),
             },
-            Err(error) => match self.queue.fail(lease, &error, self.retry_after).await {
+            Err(error) => match self
+                .settle(|| self.queue.fail(lease, &error, self.retry_after))
+                .await
+            {
                 Ok(JobState::DeadLettered) => {
                     Counts::bump(&self.counts.dead_lettered);
                     warn!(%error, "job failed its last attempt; dead-lettered");
@@ -514,9 +517,38 @@ impl<Q: Queue + 'static> RunJob<Q> {
 
     async fn bury(&self, lease: &Leased, error: &str) {
         warn!(%error, "job cannot run; dead-lettered");
-        match self.queue.dead_letter(lease, error).await {
+        match self.settle(|| self.queue.dead_letter(lease, error)).await {
             Ok(()) => Counts::bump(&self.counts.dead_lettered),
             Err(e) => self.record_error(&e, "dead-lettering a job failed"),
+        }
+    }
+
+    /// Makes a call that records a job's outcome, trying again while it fails retryably
+    /// (after the core's quick-reopen delays, 50 ms doubling) for up to a third of the
+    /// visibility, which the lease still has: a blip must not cost a finished job a second
+    /// run.
+    async fn settle<T, F, Fut>(&self, mut call: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T>>,
+    {
+        let policy = BackoffPolicy::fast_reopen();
+        let deadline = tokio::time::Instant::now() + self.visibility / 3;
+        let mut attempt = 0;
+        loop {
+            match call().await {
+                Err(e) if e.is_retryable() => {
+                    let delay = policy.base_delay(attempt);
+                    if tokio::time::Instant::now() + delay >= deadline {
+                        return Err(e);
+                    }
+                    Counts::bump(&self.counts.queue_errors);
+                    debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");
+                    tokio::time::sleep(delay).await;
+                    attempt += 1;
+                }
+                result => return result,
+            }
         }
     }
 

@@ -44,6 +44,7 @@ pub mod conformance;
 mod error;
 mod follower;
 mod jobs;
+mod json;
 mod noop;
 pub mod ports;
 mod reconnect;
@@ -58,12 +59,13 @@ mod worker;
 pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
-pub use error::{Error, Result, check_key, check_value};
+pub use error::{Error, Result, check_key, check_key_within, check_value, key_prefix};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
 pub use jobs::{
     DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
     JobCounters, JobHandlers, JobRunner, JobRunnerHandle,
 };
+pub use json::{PutJson, to_json};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
@@ -78,6 +80,7 @@ pub use tidemark_core;
 pub use tidemark_core::{
     AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
     Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
-    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, Utf8, decode_fn,
+    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, UNDECODABLE_KIND, Utf8,
+    decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

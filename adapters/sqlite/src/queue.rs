@@ -7,7 +7,6 @@ use std::time::Duration;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
-use tracing::warn;
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
@@ -87,27 +86,20 @@ impl SqliteQueue {
     }
 }
 
-/// A record from a row, or `None` (logged) for a job no build can read.
+/// A record from a row; bytes that are no job read as [`Job::undecodable`].
 fn record_of(
     id: i64,
     bytes: &[u8],
     state: i64,
     attempts: i64,
     last_error: Option<String>,
-) -> Option<JobRecord> {
-    let id = JobId(to_u64(id));
-    match Job::decode(bytes) {
-        Ok(job) => Some(JobRecord {
-            id,
-            job,
-            state: state_of(state),
-            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-            last_error,
-        }),
-        Err(e) => {
-            warn!(%id, error = %e, "job row holds no readable job; left in place");
-            None
-        }
+) -> JobRecord {
+    JobRecord {
+        id: JobId(to_u64(id)),
+        job: Job::decode(bytes).unwrap_or_else(|_| Job::undecodable(bytes)),
+        state: state_of(state),
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        last_error,
     }
 }
 
@@ -137,18 +129,8 @@ impl Queue for SqliteQueue {
                         .optional()
                     })
                     .map_err(sql)?;
-                let Some((bytes, state, attempts, last_error)) = row else {
-                    return Ok(None);
-                };
-                let job = Job::decode(&bytes).map_err(|e| {
-                    Error::unavailable("queue", format!("{id} holds an unreadable job: {e}"))
-                })?;
-                Ok(Some(JobRecord {
-                    id,
-                    job,
-                    state: state_of(state),
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    last_error,
+                Ok(row.map(|(bytes, state, attempts, last_error)| {
+                    record_of(to_i64(id.0), &bytes, state, attempts, last_error)
                 }))
             })
             .await
@@ -334,7 +316,7 @@ impl Queue for SqliteQueue {
                 let mut out = Vec::new();
                 for row in rows {
                     let (id, bytes, state, attempts, last_error) = row.map_err(sql)?;
-                    out.extend(record_of(id, &bytes, state, attempts, last_error));
+                    out.push(record_of(id, &bytes, state, attempts, last_error));
                 }
                 Ok(out)
             })

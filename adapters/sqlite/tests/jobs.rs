@@ -6,8 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use tidemark::tidemark_core::{Job, Schedule};
-use tidemark::{JobState, Lock, Queue, ScheduleStore};
+use tidemark::tidemark_core::{Job, JobId, Schedule};
+use tidemark::{
+    JobCounts, JobHandlers, JobRunner, JobState, Lock, Queue, ScheduleStore, UNDECODABLE_KIND,
+};
 use tidemark_sqlite::SqliteDb;
 
 /// Sleeps until halfway through the schedule's next interval: a new tick is due and the
@@ -161,4 +163,48 @@ async fn one_sweeper_at_a_time_across_handles() {
         .unwrap()
         .unwrap();
     assert!(b.fencing > a.fencing, "fencing survives release");
+}
+
+/// Rows written before user job kinds existed still run; a row that is no job at all is
+/// dead-lettered at its first lease and listed for an operator, with why; a runner goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_rows_run_and_rows_that_are_no_job_are_listed_as_dead_letters() {
+    let (_dir, path, db) = common::fresh().await;
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        for bytes in [&br#"{"kind":"sweep"}"#[..], b"\xff not json"] {
+            conn.execute("INSERT INTO jobs (job) VALUES (?1)", [bytes])
+                .unwrap();
+        }
+    }
+    let q = db.queue();
+    let handlers = JobHandlers::new().on(["sweep"], |_: Job, _| async { Ok::<(), String>(()) });
+    let runner = JobRunner::new("old", q.clone(), handlers)
+        .idle_poll(Duration::from_millis(20))
+        .spawn();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while q.counts().await.unwrap()
+        != (JobCounts {
+            done: 1,
+            dead: 1,
+            ..JobCounts::default()
+        })
+    {
+        assert!(tokio::time::Instant::now() < deadline, "both rows settled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    runner.stop_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(
+        q.get(JobId(1)).await.unwrap().unwrap().state,
+        JobState::Done,
+        "an old {{\"kind\":\"sweep\"}} row runs"
+    );
+    let dead = q.dead_letters(None, 10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].job.kind(), UNDECODABLE_KIND, "listed, not hidden");
+    let why = dead[0].last_error.as_deref().unwrap_or_default();
+    assert!(
+        why.contains("unreadable job"),
+        "the dead letter says why: {why}"
+    );
 }

@@ -23,6 +23,7 @@ use crate::backoff::Backoff;
 use crate::config::FollowerConfig;
 use crate::decode::Decode;
 use crate::entry::Entry;
+use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
 
@@ -137,6 +138,8 @@ pub struct Follower<D: Decode> {
     ahead: std::collections::BTreeMap<String, u64>,
     /// The time of the last input or timeout: when a value that expires was applied.
     now: Time,
+    /// The prefixes every key it keeps begins with (none: every key).
+    prefixes: Vec<KeyPrefix>,
 }
 
 impl<D: Decode> Follower<D> {
@@ -190,6 +193,7 @@ impl<D: Decode> Follower<D> {
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
             now: Time::ZERO,
+            prefixes: Vec::new(),
         };
         f.send(Pending::Lookup);
         f
@@ -226,6 +230,32 @@ impl<D: Decode> Follower<D> {
     #[must_use]
     pub fn following(mut self, follow: Follow) -> Self {
         self.follow = follow;
+        self
+    }
+
+    /// Limits the follower to keys under `prefix` (a driver takes it from its source, a
+    /// view over part of a bucket or registry). A key outside it never reaches the cache,
+    /// whatever brings it (the feed, an announcement, a reconcile, a snapshot): it is
+    /// counted in [`Counters::outside`] and passed, and the watermark still moves past it.
+    /// Keys a warm start named that are outside it are removed first. Given several
+    /// prefixes, the follower keeps the keys under all of them.
+    #[must_use]
+    pub fn within(mut self, prefix: KeyPrefix) -> Self {
+        let mut outside: Vec<(String, u64)> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(k, _)| !prefix.matches(k))
+            .map(|(k, s)| (k.clone(), *s))
+            .collect();
+        outside.sort_unstable();
+        for (key, seq) in outside {
+            self.index.remove(&key);
+            self.counters.outside += 1;
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq }));
+        }
+        self.prefixes.push(prefix);
         self
     }
 
@@ -301,6 +331,18 @@ impl<D: Decode> Follower<D> {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.index.len() == 0
+    }
+
+    /// The prefixes its keys begin with ([`within`](Self::within)); empty: every key.
+    #[must_use]
+    pub fn prefixes(&self) -> &[KeyPrefix] {
+        &self.prefixes
+    }
+
+    /// Whether `key` is one the follower keeps (under every prefix it was given).
+    #[must_use]
+    pub fn keeps(&self, key: &str) -> bool {
+        self.prefixes.iter().all(|p| p.matches(key))
     }
 
     /// The configuration.
