@@ -130,8 +130,14 @@ where
 
     /// A task around an existing core (one made with [`Follower::resume`], say). The core
     /// is set to follow the feed the way the feed says.
+    /// A source over a key prefix ([`Source::key_prefix`]) limits the core to it.
     pub fn from_core(core: Follower<D>, source: S, feed: F, sink: K) -> Self {
         let mut core = core.following(F::FOLLOW);
+        if let Some(prefix) = source.key_prefix()
+            && !core.prefixes().contains(prefix)
+        {
+            core = core.within(prefix.clone());
+        }
         if K::FALLIBLE {
             core.track_commits(true);
         }
@@ -338,6 +344,9 @@ where
                     }
                     self.core.handle_timeout(now);
                 }
+                Event::Wake(Ok(Received::Wake(payload))) if !self.wakes_for_us(&payload) => {
+                    self.wake_backoff.reset();
+                }
                 Event::Wake(Ok(Received::Wake(_) | Received::TimedOut)) => {
                     self.wake_backoff.reset();
                     self.core.handle_input(Input::Wake, now);
@@ -364,6 +373,17 @@ where
                 Event::Feed((token, item)) => self.on_feed(token, item).await?,
             }
         }
+    }
+
+    /// Whether a wake's payload may concern this follower's keys: an event about a key
+    /// outside its prefix announces a change it does not keep, so no catch-up is needed
+    /// for it (every change is announced on its own, and an empty or foreign payload
+    /// always catches up).
+    fn wakes_for_us(&self, payload: &[u8]) -> bool {
+        if self.core.prefixes().is_empty() || payload.is_empty() {
+            return true;
+        }
+        tidemark_core::Event::decode(payload).map_or(true, |e| self.core.keeps(e.key()))
     }
 
     /// Takes the items the feed has ready (up to a batch), tells a lazily resumed core
@@ -555,8 +575,11 @@ where
                     .await
                     .map(|found| match found {
                         Ok(head) => {
-                            // A fresh read of the source: it may be a new, shorter history.
-                            self.head = head;
+                            // Until a feed says how far it will deliver: a view over a
+                            // prefix never reaches the whole source's last seq.
+                            if self.source.key_prefix().is_none() {
+                                self.head = head;
+                            }
                             Input::SourceFound { token }
                         }
                         Err(e) => failed(token, &e),
@@ -569,8 +592,11 @@ where
                     None => None,
                     Some(Ok(opened)) => {
                         debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                        // The head the core becomes ready at: exactly what it can reach (a
+                        // sparse or filtered feed's last seq may be a message that is gone,
+                        // or another prefix's).
                         if opened.info.follow == Follow::Replay {
-                            self.learn_head(opened.info.head);
+                            self.head = opened.info.head;
                         }
                         self.stream = Some((token, opened.stream));
                         Some(Input::FeedOpened {
@@ -629,7 +655,6 @@ where
                     match or_stop(stop, self.source.present_keys()).await {
                         None => None,
                         Some(Ok(Some(present))) => {
-                            self.learn_head(present.watermark);
                             // The listing judges every cached key: a lazily resumed core must
                             // know them all first.
                             if let Err(e) = self.complete_index().await {
