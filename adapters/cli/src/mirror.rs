@@ -32,6 +32,9 @@ pub struct MirrorArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Follow only the keys under this prefix (on NATS, filtered by the server).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
     #[command(flatten)]
     pub auth: NatsAuth,
 }
@@ -42,7 +45,7 @@ pub async fn run(args: MirrorArgs, screen: &Screen) -> Result<(), CliError> {
     let name = args
         .name
         .clone()
-        .unwrap_or_else(|| spec.default_name("mirror"));
+        .unwrap_or_else(|| spec.default_name("mirror", args.prefix.as_deref()));
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
     // The local file first: a file that is not ours is refused before any server is asked.
     let db = SqliteDb::open(&args.into).await?;
@@ -54,7 +57,8 @@ pub async fn run(args: MirrorArgs, screen: &Screen) -> Result<(), CliError> {
         SourceSpec::Nats { bucket, .. } => bucket.clone(),
         SourceSpec::Sqlite(path) => path.display().to_string(),
     };
-    match open(&spec, &args.auth, &format!("tidemark-{name}")).await? {
+    let prefix = args.prefix.as_deref();
+    match open(&spec, &args.auth, &format!("tidemark-{name}"), prefix).await? {
         Opened::Nats(bucket) => {
             follow(config, bucket.clone(), bucket, cache, &spec, &label, screen).await
         }

@@ -23,6 +23,9 @@ pub struct WatchArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// Follow only the keys under this prefix (on NATS, filtered by the server).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
     #[command(flatten)]
     pub auth: NatsAuth,
 }
@@ -30,12 +33,13 @@ pub struct WatchArgs {
 /// Prints changes until a stop signal.
 pub async fn run(args: WatchArgs) -> Result<(), CliError> {
     let spec = SourceSpec::parse(&args.source)?;
-    let name = spec.default_name("watch");
+    let name = spec.default_name("watch", args.prefix.as_deref());
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
     if let Some(addr) = &args.metrics {
         serve_metrics(addr)?;
     }
-    match open(&spec, &args.auth, &format!("tidemark-{name}")).await? {
+    let prefix = args.prefix.as_deref();
+    match open(&spec, &args.auth, &format!("tidemark-{name}"), prefix).await? {
         Opened::Nats(b) => watch(config, b.clone(), b, &spec, args.all).await,
         Opened::Sqlite(s) => watch(config, s.clone(), s, &spec, args.all).await,
     }
