@@ -84,7 +84,7 @@ where
     let name = config.name().to_owned();
     let start = match cache.held().await? {
         Some(held) => format!(
-            "warm start from revision {} ({} keys)",
+            "warm start from revision {}, {} keys",
             held.watermark, held.keys
         ),
         None => "cold start".to_owned(),
@@ -101,6 +101,10 @@ where
         tokio::select! {
             biased;
             signal = &mut stop => {
+                // The bar goes first, or its last frame stays above the log lines.
+                if let Some(p) = progress.take() {
+                    p.finish();
+                }
                 info!(follower = %name, "{signal}: stopping");
                 break;
             }
