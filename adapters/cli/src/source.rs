@@ -65,6 +65,22 @@ pub struct NatsAuth {
     pub tls_key: Option<PathBuf>,
 }
 
+/// A source to follow, as `mirror` and `watch` take it.
+#[derive(Args, Debug)]
+pub struct FollowArgs {
+    /// `nats://host:port/BUCKET` (also `tls://`, several hosts comma-separated) or a
+    /// tidemark SQLite registry file.
+    pub source: String,
+    /// Follow only the keys under this prefix (on NATS, filtered by the server).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    #[command(flatten)]
+    pub auth: NatsAuth,
+}
+
 /// Where changes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceSpec {
