@@ -45,4 +45,12 @@ pub enum ConfigError {
         /// Which limit.
         field: &'static str,
     },
+    /// A cron expression that does not parse.
+    #[error("invalid cron expression {expr:?}: {reason}")]
+    InvalidCron {
+        /// The expression given.
+        expr: String,
+        /// Why it was refused.
+        reason: String,
+    },
 }

@@ -79,6 +79,7 @@ mod job;
 mod limits;
 mod prefix;
 mod restart;
+mod retention;
 mod rng;
 mod schedule;
 mod time;
@@ -98,6 +99,7 @@ pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND}
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
 pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
+pub use retention::{Mark, RetentionPolicy};
 pub use rng::Rng;
-pub use schedule::Schedule;
+pub use schedule::{Cadence, CronExpr, Schedule, ScheduleClock};
 pub use time::Time;

@@ -785,6 +785,42 @@ fn the_next_timeout_says_which_backoff_it_ends() {
     );
 }
 
+/// SPEC §15: followers seeded differently (a fleet whose members each draw a seed) choose
+/// different delays for the same failures, so they never retry in lockstep; the same seed
+/// chooses the same ones, so a run replays.
+#[test]
+fn followers_with_different_seeds_back_off_out_of_step() {
+    let delays = |seed: u64| {
+        let config = FollowerConfig::builder("fleet").seed(seed).build().unwrap();
+        let mut h = H::with(Follower::new(config, Utf8));
+        h.drain();
+        let mut delays = Vec::new();
+        for _ in 0..4 {
+            let outs = h.input(Input::RequestFailed {
+                token: h.request.unwrap(),
+                error: "unreachable".into(),
+            });
+            delays.extend(diagnostics(&outs).into_iter().filter_map(|d| match d {
+                Diagnostic::BackingOff { delay, .. } => Some(delay),
+                _ => None,
+            }));
+            h.run_to_timeout();
+        }
+        delays
+    };
+    let fleet: Vec<Vec<Duration>> = (1..=8).map(delays).collect();
+    for (i, a) in fleet.iter().enumerate() {
+        assert_eq!(a.len(), 4);
+        for b in &fleet[i + 1..] {
+            assert!(
+                a.iter().zip(b).all(|(x, y)| x != y),
+                "two seeds must never pick the same delay for the same attempt: {a:?} {b:?}"
+            );
+        }
+    }
+    assert_eq!(delays(3), fleet[2], "the same seed replays the same delays");
+}
+
 #[test]
 fn lookup_failure_retries_with_growing_backoff_and_keeps_trying() {
     let mut h = H::new();

@@ -25,6 +25,9 @@ pub struct Record {
 
 #[derive(Debug, Default)]
 struct State {
+    /// How many records retention dropped from the front: `records[i]` is at position
+    /// `dropped + i + 1`.
+    dropped: u64,
     records: Vec<Record>,
     held: Option<(String, Vec<u8>)>,
     cursors: BTreeMap<String, u64>,
@@ -88,8 +91,37 @@ impl MemoryEvents {
     }
 }
 
+impl State {
+    /// The position the next record gets.
+    fn next_position(&self) -> u64 {
+        self.dropped + self.records.len() as u64 + 1
+    }
+
+    /// Index into `records` of the first record at or after `position`.
+    fn index_of(&self, position: u64) -> usize {
+        usize::try_from(position.saturating_sub(self.dropped + 1)).unwrap_or(usize::MAX)
+    }
+}
+
+impl MemoryEvents {
+    /// Drops every record below `position` (retention); returns how many it dropped.
+    pub(crate) fn truncate_below(&self, position: u64) -> u64 {
+        let mut s = self.state();
+        let n = s.index_of(position).min(s.records.len());
+        s.records.drain(..n);
+        s.dropped += n as u64;
+        n as u64
+    }
+
+    /// The last position written (0 when nothing was) and the lowest durable cursor.
+    pub(crate) fn head_and_floor(&self) -> (u64, Option<u64>) {
+        let s = self.state();
+        (s.next_position() - 1, s.cursors.values().min().copied())
+    }
+}
+
 fn append(s: &mut State, key: String, payload: Vec<u8>) -> u64 {
-    let position = s.records.len() as u64 + 1;
+    let position = s.next_position();
     s.records.push(Record {
         position,
         key,
@@ -112,7 +144,7 @@ impl Publish for MemoryEvents {
                     }
                     p
                 }
-                Mangle::Drop => s.records.len() as u64 + 1,
+                Mangle::Drop => s.next_position(),
                 Mangle::Duplicate => {
                     let p = append(&mut s, key.to_owned(), payload.clone());
                     append(&mut s, key.to_owned(), payload);
@@ -122,7 +154,7 @@ impl Publish for MemoryEvents {
                     if let Some((k, v)) = s.held.replace((key.to_owned(), payload)) {
                         append(&mut s, k, v);
                     }
-                    s.records.len() as u64 + 1
+                    s.next_position()
                 }
             }
         };
@@ -163,11 +195,14 @@ impl FeedStream for EventStream {
             self.seen = self.inner.head.version();
             {
                 let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
-                let skip =
-                    usize::try_from(self.next_position.saturating_sub(1)).unwrap_or(usize::MAX);
-                self.buf
-                    .extend(s.records.iter().skip(skip).take(READ_BATCH).map(item));
-                self.next_position += self.buf.len() as u64;
+                // Records dropped by retention are passed over: the feed is sparse, and a
+                // follower finds what it missed by its seqs.
+                let skip = s.index_of(self.next_position).min(s.records.len());
+                let taken = &s.records[skip..(skip + READ_BATCH).min(s.records.len())];
+                if let Some(last) = taken.last() {
+                    self.next_position = last.position + 1;
+                }
+                self.buf.extend(taken.iter().map(item));
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;
@@ -188,7 +223,7 @@ impl Feed for MemoryEvents {
         let start = after_position.map_or(1, |p| p.saturating_add(1));
         let head = {
             let s = self.state();
-            let skip = usize::try_from(start.saturating_sub(1)).unwrap_or(usize::MAX);
+            let skip = s.index_of(start);
             s.records
                 .iter()
                 .skip(skip)

@@ -24,7 +24,7 @@ struct State {
     next_id: u64,
     /// Rows not done, by id: what claims scan.
     pending: BTreeMap<u64, Slot>,
-    /// Rows done, kept for oracles.
+    /// Rows done, kept for oracles until a sweep removes them.
     done: BTreeMap<u64, OutboxRow>,
 }
 
@@ -93,8 +93,16 @@ impl MemoryOutbox {
         self.inner.changed.bump();
     }
 
+    /// Removes every row the relay finished (retention); returns how many.
+    pub(crate) fn drop_done(&self) -> u64 {
+        let mut s = self.state();
+        let n = s.done.len() as u64;
+        s.done.clear();
+        n
+    }
+
     /// Every row, done or not, with whether it is done, in id order, without consulting
-    /// faults (for oracles).
+    /// faults (for oracles). Done rows a sweep removed are gone.
     #[must_use]
     pub fn rows(&self) -> Vec<(OutboxRow, bool)> {
         let s = self.state();

@@ -2,8 +2,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use tidemark::tidemark_core::Schedule;
+use tidemark::tidemark_core::{Schedule, ScheduleClock};
 use tidemark::{DueSchedule, Result, ScheduleStore};
 use tokio::time::Instant;
 
@@ -12,25 +13,54 @@ use crate::faults::{Faults, Port};
 #[derive(Debug)]
 struct Stored {
     schedule: Schedule,
-    anchor: Instant,
+    anchor: Duration,
     last_fired: Option<u64>,
 }
 
-/// In-process schedules; the store's clock (tokio's) is the one every runner shares.
-#[derive(Clone, Debug, Default)]
+/// In-process schedules. The store's clock, the one every runner in the process shares,
+/// is tokio's (so paused time drives it), placed on the calendar (for cron expressions) at
+/// the wall-clock time the store was made, or at an origin given in.
+#[derive(Clone, Debug)]
 pub struct MemorySchedules {
     state: Arc<Mutex<BTreeMap<String, Stored>>>,
     faults: Faults,
+    /// Tokio's instant that stands for `calendar` since the unix epoch.
+    origin: Instant,
+    calendar: Duration,
+}
+
+impl Default for MemorySchedules {
+    fn default() -> Self {
+        MemorySchedules::new(Faults::default())
+    }
 }
 
 impl MemorySchedules {
-    /// No schedules; calls consult `faults`.
+    /// No schedules; calls consult `faults`. Cron expressions are read on the wall-clock
+    /// calendar of now.
     #[must_use]
     pub fn new(faults: Faults) -> Self {
+        let calendar = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        MemorySchedules::with_calendar(faults, calendar)
+    }
+
+    /// No schedules; tokio's now stands for `calendar` (time since the unix epoch), so a
+    /// simulation or a test reads cron expressions on a calendar of its choosing.
+    #[must_use]
+    pub fn with_calendar(faults: Faults, calendar: Duration) -> Self {
         MemorySchedules {
             state: Arc::default(),
             faults,
+            origin: Instant::now(),
+            calendar,
         }
+    }
+
+    /// Now on the store's calendar.
+    fn now(&self) -> Duration {
+        self.calendar + Instant::now().saturating_duration_since(self.origin)
     }
 
     fn state(&self) -> MutexGuard<'_, BTreeMap<String, Stored>> {
@@ -45,7 +75,7 @@ impl ScheduleStore for MemorySchedules {
             schedule.name().to_owned(),
             Stored {
                 schedule,
-                anchor: Instant::now(),
+                anchor: self.now(),
                 last_fired: None,
             },
         );
@@ -59,14 +89,17 @@ impl ScheduleStore for MemorySchedules {
 
     async fn schedules(&self) -> Result<Vec<DueSchedule>> {
         self.faults.check(Port::Schedule)?;
-        let now = Instant::now();
+        let now = self.now();
         Ok(self
             .state()
             .values()
             .map(|s| DueSchedule {
                 schedule: s.schedule.clone(),
                 last_fired: s.last_fired,
-                since_anchor: now.saturating_duration_since(s.anchor),
+                clock: ScheduleClock {
+                    anchor: s.anchor,
+                    now,
+                },
             })
             .collect())
     }

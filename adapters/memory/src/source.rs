@@ -65,17 +65,7 @@ fn append_announcement(
     key: &str,
     value: Option<&[u8]>,
 ) {
-    let event = match value {
-        Some(v) => Event::Put {
-            seq,
-            key: key.to_owned(),
-            value: v.to_vec(),
-        },
-        None => Event::Removed {
-            seq,
-            key: key.to_owned(),
-        },
-    };
+    let event = Event::of_write(seq, key, value);
     match AnnouncePlan::new(&event, *legs) {
         Ok(plan) => outbox.append(seq, plan),
         Err(e) => tracing::warn!(key, seq, error = %e, "not announced"),
@@ -178,12 +168,21 @@ impl MemorySource {
     /// Drops the change log below `seq` (tombstones and superseded puts): a reader whose
     /// watermark + 1 is below it must resync from a snapshot.
     pub fn compact_below(&self, seq: u64) {
+        self.compact_counting(seq);
+    }
+
+    /// [`compact_below`](Self::compact_below), returning how many log entries went and
+    /// the first seq served afterwards.
+    pub(crate) fn compact_counting(&self, seq: u64) -> (u64, u64) {
         let mut s = self.state();
         let upto = seq.min(s.seq + 1);
+        let mut removed = 0;
         while s.log_base < upto {
             s.log.pop_front();
             s.log_base += 1;
+            removed += 1;
         }
+        (removed, s.log_base)
     }
 
     /// Ends every open feed cleanly (as a server restart would); followers reopen.

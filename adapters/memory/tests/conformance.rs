@@ -47,6 +47,7 @@ conformance! {
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
+    schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
 }
 
 #[tokio::test(start_paused = true)]

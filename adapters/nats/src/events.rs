@@ -14,6 +14,7 @@ use tokio::sync::Mutex;
 
 use crate::consumer::{PushReader, Seen};
 use crate::error::{check_key, check_name, unavailable};
+use crate::retention::StreamLimits;
 
 /// The durable events stream: [`tidemark_core::Event`] JSON published on
 /// `<prefix>.<key>`, replayed by followers, with cursors kept as durable consumers' ack
@@ -60,22 +61,38 @@ impl NatsEvents {
         })
     }
 
-    /// Creates the stream (file storage, `replicas` copies) unless it exists.
+    /// Creates the stream (file storage, `replicas` copies, the default
+    /// [`StreamLimits::EVENTS`]) unless it exists.
     ///
     /// # Errors
     /// [`tidemark::Error::Unavailable`] if the server cannot create it.
     pub async fn ensure(&self, replicas: usize) -> Result<()> {
+        self.ensure_with(replicas, StreamLimits::EVENTS).await
+    }
+
+    /// Creates the stream with `limits` unless it exists (an existing stream keeps its
+    /// own: a [`NatsSweep`](crate::NatsSweep) brings them in line).
+    ///
+    /// # Errors
+    /// [`tidemark::Error::Unavailable`] if the server cannot create it.
+    pub async fn ensure_with(&self, replicas: usize, limits: StreamLimits) -> Result<()> {
         self.inner
             .context
-            .get_or_create_stream(stream::Config {
+            .get_or_create_stream(limits.apply(stream::Config {
                 name: self.inner.stream.clone(),
                 subjects: vec![format!("{}.>", self.inner.prefix)],
                 num_replicas: replicas.max(1),
                 ..Default::default()
-            })
+            }))
             .await
             .map_err(|e| unavailable("events", e))?;
         Ok(())
+    }
+
+    /// The stream's name.
+    #[must_use]
+    pub fn stream_name(&self) -> &str {
+        &self.inner.stream
     }
 
     async fn stream(&self, port: &'static str) -> Result<Stream> {

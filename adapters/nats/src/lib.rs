@@ -11,6 +11,12 @@
 //! - [`NatsWake`]: wake channels over core NATS subjects.
 //! - [`NatsQueue`]: maintenance jobs on a work-queue stream (lease = ack wait, nak with
 //!   delay, dead letter after the maximum attempts, keeping the last error).
+//! - [`NatsLock`], [`NatsSchedules`]: named locks (owner, TTL, fencing) and durable
+//!   schedules on KV buckets, each change a revision compare-and-set, time by the
+//!   server's clock, so a NATS-only deployment runs one sweeper and fires each tick once.
+//! - [`NatsSweep`], [`StreamLimits`]: retention on the server: the events and work-queue
+//!   streams carry age, size and count limits (documented defaults) that the server
+//!   enforces; a sweep puts them on streams created without them.
 //! - [`NatsOptions`]: server URLs, credentials file, nkey, user/password, token, TLS (CA,
 //!   client certificate) and connection name, passed through to async-nats.
 //!
@@ -33,17 +39,24 @@
 #![warn(missing_docs)]
 
 mod consumer;
+mod coord;
 mod error;
 mod events;
 pub mod fuzzing;
 mod kv;
+mod lock;
 mod options;
 mod queue;
 mod reconnects;
+mod retention;
+mod schedule;
 mod wake;
 
 pub use events::{EventStream, NatsEvents};
 pub use kv::{KvBucket, KvStream};
+pub use lock::{DEFAULT_LOCK_BUCKET, NatsLock};
 pub use options::{ConnectError, DEFAULT_MAX_RECONNECT_DELAY, NatsOptions};
 pub use queue::NatsQueue;
+pub use retention::{NatsSweep, StreamLimits};
+pub use schedule::{DEFAULT_SCHEDULE_BUCKET, NatsSchedules};
 pub use wake::{NatsWake, NatsWakeListener};

@@ -846,6 +846,58 @@ pub async fn schedule_replace_and_remove<T: ScheduleStore>(t: &T) {
     );
 }
 
+/// A cron schedule fires each due tick once across racing runners, and a stretch of
+/// missed ticks fires once, for the latest of them: the same guarantees as an interval.
+///
+/// Runs a once-a-second expression on the store's clock, so it waits a few seconds of
+/// store time (tokio's under paused time, the wall clock or a server's otherwise).
+pub async fn schedule_cron_fires_each_tick_once<T: ScheduleStore, Q: Queue>(t: &T, q: &Q) {
+    let s = Schedule::cron("every-second", "* * * * * *", Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    let mut ticks = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let (a, b, c) = tokio::join!(
+            crate::fire_due(t, q),
+            crate::fire_due(t, q),
+            crate::fire_due(t, q)
+        );
+        for (fired, next) in [a.unwrap(), b.unwrap(), c.unwrap()] {
+            ticks.extend(fired.into_iter().map(|f| f.tick));
+            assert!(
+                next.is_some_and(|n| n <= Duration::from_secs(1)),
+                "the next tick of a once-a-second schedule is at most a second away: {next:?}"
+            );
+        }
+    }
+    let mut distinct = ticks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        ticks.len(),
+        "no tick fires twice across racing runners: {ticks:?}"
+    );
+    assert!(ticks.len() >= 3, "every round had a due tick: {ticks:?}");
+    let last = *distinct.last().unwrap();
+    // Nobody runs for four ticks: the next pass fires once, for the latest one.
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    let (fired, _) = crate::fire_due(t, q).await.unwrap();
+    assert_eq!(fired.len(), 1, "a missed stretch fires once: {fired:?}");
+    assert!(
+        fired[0].tick >= last + 4,
+        "it fires the latest due tick, not the first missed one: {} after {last}",
+        fired[0].tick
+    );
+    let due = t.schedules().await.unwrap();
+    assert_eq!(due[0].last_fired, Some(fired[0].tick));
+    assert_eq!(
+        due[0].schedule.cron_expr(),
+        Some("* * * * * *"),
+        "the expression is kept"
+    );
+}
+
 fn ids(rows: &[OutboxRow]) -> Vec<u64> {
     rows.iter().map(|r| r.id).collect()
 }

@@ -77,6 +77,9 @@ pub enum Error {
         /// The handler's error, displayed.
         reason: String,
     },
+    /// A value that cannot be a user job (not tagged by `"kind"`, or a built-in kind).
+    #[error(transparent)]
+    Job(#[from] tidemark_core::JobError),
     /// A configuration the core refused.
     #[error(transparent)]
     Config(#[from] tidemark_core::ConfigError),

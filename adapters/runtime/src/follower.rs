@@ -12,9 +12,8 @@ use tidemark_core::{
     Input, Notice, Output, Phase, Request, Rng, Status, Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::{Cache, CacheWriter, cache};
 use crate::clock::Clock;
@@ -22,6 +21,7 @@ use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
 use crate::reconnect::Reconnects;
+use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::Sink;
 use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
@@ -863,22 +863,20 @@ where
         D::Value: Send,
         K: 'static,
     {
-        let shutdown = Shutdown::new();
         let status = self.status.subscribe();
         let commands = self.commands_tx.clone();
         let name = self.core.config().name().to_owned();
         let span = tracing::info_span!("follower", name = %name);
-        let signal = shutdown.signal();
         let progress = self.progress();
         let mut task = self;
-        let task = tokio::spawn(async move { task.run(signal).await }.instrument(span));
+        let running = Running::spawn("follower", name, span, |stop| async move {
+            task.run(stop).await
+        });
         FollowerHandle {
-            name,
             progress,
             status,
             commands,
-            shutdown,
-            task,
+            running,
         }
     }
 }
@@ -970,12 +968,10 @@ async fn next_item<T: FeedStream>(
 /// A running follower task: its status, a reconcile on demand, and stop.
 #[derive(Debug)]
 pub struct FollowerHandle {
-    name: String,
     progress: Arc<Progress>,
     status: watch::Receiver<Status>,
     commands: mpsc::Sender<Command>,
-    shutdown: Shutdown,
-    task: JoinHandle<Result<Status>>,
+    running: Running<Status>,
 }
 
 impl std::fmt::Debug for Command {
@@ -988,7 +984,7 @@ impl FollowerHandle {
     /// The follower's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        self.running.name()
     }
 
     /// Its status now (phase, watermark, counters).
@@ -1039,7 +1035,7 @@ impl FollowerHandle {
     pub fn health(&self, stall_after: Duration) -> FollowerHealth {
         let status = self.status.borrow().clone();
         let mut health = self.progress.health(&status, stall_after, Instant::now());
-        if self.task.is_finished() && health.down.is_none() {
+        if self.running.is_finished() && health.down.is_none() {
             health.down = Some("its task ended".to_owned());
         }
         health
@@ -1058,49 +1054,29 @@ impl FollowerHandle {
 
     /// Asks it to stop (it closes its feed and drains its sink).
     pub fn stop(&self) {
-        self.shutdown.trigger();
+        self.running.stop();
     }
 
     /// A trigger that stops it, for sharing.
     #[must_use]
     pub fn shutdown(&self) -> Shutdown {
-        self.shutdown.clone()
+        self.running.shutdown()
     }
 
     /// Whether the task has ended.
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.running.is_finished()
     }
 
     /// Waits for the task to end; its final status, or why it failed.
     pub async fn join(self) -> Result<Status> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-        }
+        self.running.join().await
     }
 
     /// Stops it and waits at most `budget` for it to drain; aborts it after that.
-    pub async fn stop_within(mut self, budget: std::time::Duration) -> Result<Status> {
-        self.stop();
-        match tokio::time::timeout(budget, &mut self.task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-            Err(_) => {
-                self.task.abort();
-                Err(Error::Timeout {
-                    what: format!("follower {}", self.name),
-                    budget,
-                })
-            }
-        }
+    pub async fn stop_within(self, budget: std::time::Duration) -> Result<Status> {
+        self.running.stop_within(budget).await
     }
 }
 

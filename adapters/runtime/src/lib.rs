@@ -10,8 +10,10 @@
 //!   polls), the durable stream consumer ([`FollowerTask::with_cursor`]), reconcile
 //!   ([`FollowerHandle::reconcile`]), the [`AnnouncingRegistry`] and the outbox [`Relay`]
 //!   (both run the announce legs through one [`Announcer`]), the [`Supervisor`], and the
-//!   schedule runner ([`run_scheduler`]), and the [`JobRunner`] (leases, renews, acks,
-//!   retries and dead-letters the jobs of a [`Queue`] with the user's [`JobHandlers`]).
+//!   schedule runner ([`run_scheduler`]), the [`JobRunner`] (leases, renews, acks,
+//!   retries and dead-letters the jobs of a [`Queue`] with the user's [`JobHandlers`]),
+//!   and retention ([`run_retention`]: a durable schedule that runs each adapter's
+//!   [`Sweep`] under the sweeper lock).
 //!
 //! Drivers read tokio's clock only (so paused time and turmoil drive them), use biased
 //! `select!`, and iterate no `HashMap` into outputs.
@@ -49,6 +51,8 @@ mod noop;
 pub mod ports;
 mod reconnect;
 mod relay;
+mod retention;
+mod running;
 mod scheduler;
 mod shutdown;
 mod sink;
@@ -70,6 +74,10 @@ pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
 pub use relay::{DEFAULT_BATCH, DEFAULT_LEASE, Relay, RelayHandle, RelayReport};
+pub use retention::{
+    DEFAULT_SWEEP_EVERY, DEFAULT_SWEEP_LEASE, Retention, SWEEP_LOCK, SWEEP_SCHEDULE, SweepWithJobs,
+    run_retention, sweep_under_lock, with_sweep_job,
+};
 pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
 pub use sink::{CacheOp, Held, Sink};
@@ -80,7 +88,7 @@ pub use tidemark_core;
 pub use tidemark_core::{
     AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
     Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
-    Json, Legs, Op, Phase, RawBytes, RestartPolicy, Schedule, Status, UNDECODABLE_KIND, Utf8,
-    decode_fn,
+    Json, Legs, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule, ScheduleClock,
+    Status, UNDECODABLE_KIND, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

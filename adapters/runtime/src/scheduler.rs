@@ -23,6 +23,7 @@ pub struct Fired {
 /// Fires every due tick once: for each schedule, the latest due tick newer than its last
 /// fired one is claimed by a compare-and-set in the store (so of several runners exactly
 /// one wins it) and its job enqueued. A tick missed while no runner ran fires once.
+/// Interval and cron schedules alike: ticks are decided by the core from the store's clock.
 /// Returns what this runner fired and how long until the next tick is due.
 pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     store: &T,
@@ -32,11 +33,9 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     let mut next: Option<Duration> = None;
     for due in store.schedules().await? {
         let s = &due.schedule;
-        let mut last = due.last_fired;
-        if let Some(tick) = s.tick_to_fire(due.last_fired, due.since_anchor)
+        if let Some(tick) = s.tick_to_fire(due.last_fired, due.clock)
             && store.mark_fired(s.name(), due.last_fired, tick).await?
         {
-            last = Some(tick);
             match queue.enqueue(s.job().clone()).await {
                 Ok(job) => {
                     info!(schedule = s.name(), tick, %job, "schedule fired");
@@ -52,9 +51,9 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
                 }
             }
         }
-        let after = s.latest_tick(due.since_anchor).max(last).unwrap_or(0);
-        let wait = s.next_due(after).saturating_sub(due.since_anchor);
-        next = Some(next.map_or(wait, |n| n.min(wait)));
+        if let Some(wait) = s.until_next(due.clock) {
+            next = Some(next.map_or(wait, |n| n.min(wait)));
+        }
     }
     Ok((fired, next))
 }

@@ -6,27 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, until};
+use common::{config, registry, until};
 use tidemark::tidemark_core::{Event, Utf8};
-use tidemark::{AnnouncingRegistry, FollowerTask, Source, Wake, cache, spawn_wake_cache};
+use tidemark::{FollowerTask, Source, Wake, cache, spawn_wake_cache};
 use tidemark_memory::Memory;
-
-fn registry(
-    m: &Memory,
-) -> AnnouncingRegistry<
-    tidemark_memory::MemorySource,
-    tidemark_memory::MemoryEvents,
-    tidemark_memory::MemoryWake,
-    tidemark_memory::MemoryQueue,
-> {
-    AnnouncingRegistry::new(
-        m.source.clone(),
-        m.events.clone(),
-        m.wake.clone(),
-        m.queue.clone(),
-        "changes",
-    )
-}
 
 /// The events stream carries every key's announcements; the follower over the view
 /// takes the prefix from its source and passes the others, counted, without waiting for

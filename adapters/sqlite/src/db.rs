@@ -35,6 +35,13 @@ pub struct Options {
     pub max_attempts: u32,
     /// Run `PRAGMA quick_check` when opening (default off: it reads the whole file).
     pub verify: bool,
+    /// How long a [`sweep`](crate::SqliteSweep) keeps change-log history, tombstones and
+    /// events (default: at least a minute, and past what every durable cursor and
+    /// persisted follower on the file still needs until they are 7 days old).
+    pub retention: tidemark::RetentionPolicy,
+    /// Rows a sweep deletes per transaction (default 5000), so writers never wait long
+    /// for it.
+    pub sweep_batch: usize,
 }
 
 impl Default for Options {
@@ -45,6 +52,8 @@ impl Default for Options {
             synchronous: Synchronous::Full,
             max_attempts: 5,
             verify: false,
+            retention: tidemark::RetentionPolicy::default(),
+            sweep_batch: 5000,
         }
     }
 }

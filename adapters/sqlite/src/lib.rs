@@ -23,6 +23,10 @@
 //! - [`SqliteQueue`], [`SqliteLock`], [`SqliteSchedules`]: jobs with leases, retries and a
 //!   dead letter; named locks with owner, TTL and fencing; durable schedules whose ticks
 //!   enqueue exactly one job across processes.
+//! - [`SqliteSweep`]: retention ([`Sweep`](tidemark::Sweep)): relayed outbox rows,
+//!   change-log history and tombstones no durable cursor or persisted follower needs, old
+//!   events, within the limits of [`Options::retention`]; run on a schedule under the
+//!   lock by [`tidemark::run_retention`].
 //! - [`PersistedCache`]: a follower's cache and watermark kept in the file, a sink that
 //!   writes each applied batch and its watermark in one transaction, for a warm restart
 //!   that catches up only the delta — under any follower, over any source (a NATS bucket
@@ -43,6 +47,7 @@ mod lock;
 mod outbox;
 mod queue;
 mod report;
+mod retention;
 mod schedule;
 mod schema;
 mod source;
@@ -58,6 +63,7 @@ pub use queue::SqliteQueue;
 pub use report::{
     FollowerReport, LockReport, QueueReport, RegistryReport, Report, ScheduleReport, Start,
 };
+pub use retention::SqliteSweep;
 pub use schedule::SqliteSchedules;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};
 pub use source::{

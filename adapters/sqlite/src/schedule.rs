@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use rusqlite::{TransactionBehavior, params};
-use tidemark::tidemark_core::{Job, JobId, Schedule};
+use tidemark::tidemark_core::{Job, JobId, Schedule, ScheduleClock};
 use tidemark::{DueSchedule, Error, Result, ScheduleStore};
 
 use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
@@ -16,8 +16,8 @@ fn sql(e: rusqlite::Error) -> Error {
     unavailable("schedule", &e)
 }
 
-/// Durable named schedules in the database file. The store's clock is the machine's unix
-/// time, shared by every process.
+/// Durable named schedules (intervals and cron expressions) in the database file. The
+/// store's clock is the machine's unix time, shared by every process on the file.
 #[derive(Clone, Debug)]
 pub struct SqliteSchedules {
     db: SqliteDb,
@@ -43,8 +43,7 @@ impl SqliteSchedules {
                     .map_err(sql)?;
                 let mut fired = Vec::new();
                 for due in read_due(&tx)? {
-                    let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.since_anchor)
-                    else {
+                    let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.clock) else {
                         continue;
                     };
                     let name = due.schedule.name();
@@ -78,13 +77,17 @@ impl ScheduleStore for SqliteSchedules {
         self.db
             .write("schedule", move |conn| {
                 conn.execute(
-                    "INSERT INTO schedules (name, interval_ns, job, anchor, last_fired)
-                     VALUES (?1, ?2, ?3, ?4, NULL)
+                    "INSERT INTO schedules (name, interval_ns, cron, job, anchor, last_fired)
+                     VALUES (?1, ?2, ?3, ?4, ?5, NULL)
                      ON CONFLICT (name) DO UPDATE SET interval_ns = excluded.interval_ns,
-                     job = excluded.job, anchor = excluded.anchor, last_fired = NULL",
+                     cron = excluded.cron, job = excluded.job, anchor = excluded.anchor,
+                     last_fired = NULL",
                     params![
                         schedule.name(),
-                        i64::try_from(schedule.interval().as_nanos()).unwrap_or(i64::MAX),
+                        schedule
+                            .interval()
+                            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+                        schedule.cron_expr(),
                         job,
                         now_ms()
                     ],
@@ -124,7 +127,7 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
     let now = now_ms();
     let mut stmt = conn
         .prepare_cached(
-            "SELECT name, interval_ns, job, anchor, last_fired FROM schedules
+            "SELECT name, interval_ns, job, anchor, last_fired, cron FROM schedules
              ORDER BY name",
         )
         .map_err(sql)?;
@@ -136,23 +139,32 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
                 r.get::<_, Vec<u8>>(2)?,
                 r.get::<_, i64>(3)?,
                 r.get::<_, Option<i64>>(4)?,
+                r.get::<_, Option<String>>(5)?,
             ))
         })
         .map_err(sql)?;
     let mut out = Vec::new();
     for row in rows {
-        let (name, interval, job, anchor, last_fired) = row.map_err(sql)?;
+        let (name, interval, job, anchor, last_fired, cron) = row.map_err(sql)?;
         let parsed = Job::decode(&job)
             .map_err(|e| e.to_string())
             .and_then(|job| {
-                let interval = Duration::from_nanos(to_u64(interval));
-                Schedule::new(name.clone(), interval, job).map_err(|e| e.to_string())
+                match &cron {
+                    Some(expr) => Schedule::cron(name.clone(), expr, job),
+                    None => {
+                        Schedule::new(name.clone(), Duration::from_nanos(to_u64(interval)), job)
+                    }
+                }
+                .map_err(|e| e.to_string())
             });
         match parsed {
             Ok(schedule) => out.push(DueSchedule {
                 schedule,
                 last_fired: last_fired.map(to_u64),
-                since_anchor: Duration::from_millis(to_u64(now - anchor)),
+                clock: ScheduleClock {
+                    anchor: Duration::from_millis(to_u64(anchor)),
+                    now: Duration::from_millis(to_u64(now)),
+                },
             }),
             Err(reason) => {
                 tracing::warn!(schedule = name, reason, "skipping an unreadable schedule");

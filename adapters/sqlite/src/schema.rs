@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -132,6 +132,17 @@ const MIGRATIONS: &[&str] = &[
         warm_starts INTEGER NOT NULL,
         last_warm INTEGER NOT NULL,
         resumed_watermark INTEGER
+    ) WITHOUT ROWID;
+    ",
+    // 4 → 5: cron schedules (interval_ns 0, the expression here); and retention marks:
+    // the watermark and the events stream's last position at each sweep, by unix ms, which
+    // is how a sweep tells the age of history without a timestamp on every row.
+    "
+    ALTER TABLE schedules ADD COLUMN cron TEXT;
+    CREATE TABLE retention_marks (
+        at INTEGER PRIMARY KEY,
+        seq INTEGER NOT NULL,
+        position INTEGER NOT NULL
     ) WITHOUT ROWID;
     ",
 ];

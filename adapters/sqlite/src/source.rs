@@ -132,17 +132,7 @@ fn mutate(
         .execute(params![seq, key, deleted, value])?;
     let seq = to_u64(seq);
     if let Some(legs) = announce {
-        let event = match value {
-            Some(v) => Event::Put {
-                seq,
-                key: key.to_owned(),
-                value: v.to_vec(),
-            },
-            None => Event::Removed {
-                seq,
-                key: key.to_owned(),
-            },
-        };
+        let event = Event::of_write(seq, key, value);
         // An event that cannot be serialised yields an empty announcement: no row. (A
         // committed write's event always can: its seq is positive and its key checked.)
         match AnnouncePlan::new(&event, legs) {

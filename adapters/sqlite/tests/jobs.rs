@@ -15,7 +15,9 @@ use tidemark_sqlite::SqliteDb;
 /// Sleeps until halfway through the schedule's next interval: a new tick is due and the
 /// one after it is half an interval away.
 async fn to_mid_tick(db: &SqliteDb, every: Duration) {
-    let since = db.schedules().schedules().await.unwrap()[0].since_anchor;
+    let since = db.schedules().schedules().await.unwrap()[0]
+        .clock
+        .since_anchor();
     let ticks = since.as_nanos() / every.as_nanos();
     let target = every * u32::try_from(ticks + 1).unwrap() + every / 2;
     tokio::time::sleep(target - since).await;

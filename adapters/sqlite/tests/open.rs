@@ -163,7 +163,8 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         .unwrap();
     drop(db);
     // Back to the version 1 shape: an outbox with no claim columns, one row pending,
-    // follower states without their key count, and no record of follower starts.
+    // follower states without their key count, no record of follower starts, schedules
+    // without cron, no retention marks.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
@@ -171,6 +172,8 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
              ALTER TABLE outbox DROP COLUMN claim_until;
              ALTER TABLE follower_state DROP COLUMN keys;
              DROP TABLE follower_starts;
+             ALTER TABLE schedules DROP COLUMN cron;
+             DROP TABLE retention_marks;
              PRAGMA user_version = 1;",
         )
         .unwrap();

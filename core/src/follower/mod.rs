@@ -237,7 +237,8 @@ impl<D: Decode> Follower<D> {
     /// view over part of a bucket or registry). A key outside it never reaches the cache,
     /// whatever brings it (the feed, an announcement, a reconcile, a snapshot): it is
     /// counted in [`Counters::outside`] and passed, and the watermark still moves past it.
-    /// Keys a warm start named that are outside it are removed first. Given several
+    /// Keys a warm start named ([`resume`](Self::resume)) that are outside it are removed
+    /// first; a lazily resumed cache's are removed by the next resync. Given several
     /// prefixes, the follower keeps the keys under all of them.
     #[must_use]
     pub fn within(mut self, prefix: KeyPrefix) -> Self {

@@ -13,6 +13,7 @@ mod publish;
 mod queue;
 mod schedule;
 mod source;
+mod sweep;
 mod wake;
 
 pub use cursor::Cursors;
@@ -23,4 +24,5 @@ pub use publish::Publish;
 pub use queue::{JobCounts, JobRecord, JobRetention, JobState, Leased, Queue};
 pub use schedule::{DueSchedule, ScheduleStore};
 pub use source::{Changes, PresentKeys, Snapshot, Source, Versioned};
+pub use sweep::{Sweep, Swept};
 pub use wake::{Received, Wake, WakeListener};

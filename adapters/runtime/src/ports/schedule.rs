@@ -1,9 +1,8 @@
 //! Durable named schedules, and the compare-and-set that fires each tick once.
 
 use std::future::Future;
-use std::time::Duration;
 
-use tidemark_core::Schedule;
+use tidemark_core::{Schedule, ScheduleClock};
 
 use crate::error::Result;
 
@@ -14,9 +13,9 @@ pub struct DueSchedule {
     pub schedule: Schedule,
     /// The last tick fired, if any.
     pub last_fired: Option<u64>,
-    /// Time since the schedule's anchor (when it was stored), by the store's clock: the one
-    /// clock every runner shares.
-    pub since_anchor: Duration,
+    /// The schedule's anchor (when it was stored) and now, both by the store's clock: the
+    /// one clock every runner shares (a database's or a server's, never each process's).
+    pub clock: ScheduleClock,
 }
 
 /// Durable schedules.

@@ -1,0 +1,79 @@
+//! Retention in memory: the same semantics as SQLite's sweep, on tokio's clock.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tidemark::tidemark_core::{Mark, RetentionPolicy};
+use tidemark::{Result, Sweep, Swept};
+use tokio::time::Instant;
+
+use crate::faults::Port;
+use crate::{Memory, MemoryEvents, MemoryOutbox, MemorySource};
+
+/// The memory adapter's [`Sweep`]: removes finished outbox rows, change-log history no
+/// durable cursor needs once older than the policy's `keep` (and any older than its
+/// `max_age`), and events records likewise. Ages come from marks taken at each sweep, on
+/// tokio's clock, so paused time drives them.
+#[derive(Clone, Debug)]
+pub struct MemorySweep {
+    source: MemorySource,
+    events: MemoryEvents,
+    outbox: MemoryOutbox,
+    policy: RetentionPolicy,
+    origin: Instant,
+    /// (when, watermark, events head) at each sweep.
+    marks: Arc<Mutex<Vec<(Duration, u64, u64)>>>,
+}
+
+impl Memory {
+    /// A sweep of these ports under `policy`.
+    #[must_use]
+    pub fn sweeper(&self, policy: RetentionPolicy) -> MemorySweep {
+        MemorySweep {
+            source: self.source.clone(),
+            events: self.events.clone(),
+            outbox: self.outbox.clone(),
+            policy,
+            origin: Instant::now(),
+            marks: Arc::default(),
+        }
+    }
+}
+
+impl Sweep for MemorySweep {
+    async fn sweep(&self) -> Result<Swept> {
+        self.source.faults().check(Port::Source)?;
+        let now = Instant::now().saturating_duration_since(self.origin);
+        let watermark = self.source.current_watermark();
+        let (events_head, cursor_floor) = self.events.head_and_floor();
+        let cursor_floor = cursor_floor.map(|c| c.saturating_add(1));
+        let (log_marks, event_marks): (Vec<Mark>, Vec<Mark>) = {
+            let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            marks.push((now, watermark, events_head));
+            let log: Vec<Mark> = marks
+                .iter()
+                .map(|&(at, head, _)| Mark { at, head })
+                .collect();
+            if let Some(oldest) = self.policy.marks_to_keep(&log, now).first() {
+                marks.retain(|m| m.0 >= oldest.at);
+            }
+            marks
+                .iter()
+                .map(|&(at, seq, pos)| (Mark { at, head: seq }, Mark { at, head: pos }))
+                .unzip()
+        };
+        let horizon = self.policy.horizon(&log_marks, cursor_floor, now);
+        let (log_rows, first_available) = self.source.compact_counting(horizon);
+        let first_event = self.policy.horizon(&event_marks, cursor_floor, now);
+        let events = self.events.truncate_below(first_event);
+        Ok(Swept {
+            outbox_rows: self.outbox.drop_done(),
+            events,
+            log_rows,
+            tombstones: 0,
+            jobs: 0,
+            first_available,
+            first_event,
+        })
+    }
+}

@@ -1,0 +1,193 @@
+//! Named locks on a KV bucket: revision compare-and-set, expiry by the server's clock.
+
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use serde::{Deserialize, Serialize};
+use tidemark::{Error, Lock, LockLease, Result};
+
+use crate::coord::{self, live, server_now, since_epoch};
+use crate::error::unavailable;
+
+const PORT: &str = "lock";
+
+/// The default bucket of [`NatsLock::open`].
+pub const DEFAULT_LOCK_BUCKET: &str = "tidemark_locks";
+
+/// What a lock's key holds. A released lock keeps its record (owner `None`) so its fencing
+/// token keeps growing across holders.
+#[derive(Debug, Serialize, Deserialize)]
+struct Held {
+    owner: Option<String>,
+    fencing: u64,
+    ttl_ms: u64,
+}
+
+impl Held {
+    /// Whether the lease is still running at `now` (the server's time); it started when
+    /// the server stored `entry`.
+    fn running(&self, entry: &kv::Entry, now: Duration) -> bool {
+        self.owner.is_some() && since_epoch(entry) + Duration::from_millis(self.ttl_ms) > now
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// Named, expiring locks on a NATS KV bucket, for every process that talks to the server.
+///
+/// Each lock is one key; every change is a compare-and-set on the key's revision, so of
+/// several processes racing for a free lock exactly one wins. A lease runs from the
+/// server's timestamp of the write that took or renewed it, and expiry is judged by the
+/// server's clock too: processes whose own clocks disagree still agree on who holds it.
+#[derive(Clone, Debug)]
+pub struct NatsLock {
+    store: kv::Store,
+}
+
+impl NatsLock {
+    /// Opens (creating if absent) the lock bucket `bucket` with `replicas` copies.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a bad bucket name; [`Error::Unavailable`] if the server
+    /// cannot open or create it.
+    pub async fn open(client: async_nats::Client, bucket: &str, replicas: usize) -> Result<Self> {
+        Ok(NatsLock {
+            store: coord::bucket(client, bucket, replicas, PORT).await?,
+        })
+    }
+
+    async fn read(&self, key: &str) -> Result<Option<(kv::Entry, Held)>> {
+        let Some(entry) = live(&self.store, key, PORT).await? else {
+            return Ok(None);
+        };
+        match serde_json::from_slice::<Held>(&entry.value) {
+            Ok(held) => Ok(Some((entry, held))),
+            Err(e) => {
+                // Not ours (a foreign write): treated as a free lock whose next fencing
+                // token still starts above anything handed out.
+                tracing::warn!(key, error = %e, "lock record unreadable; treating it as free");
+                Ok(Some((
+                    entry,
+                    Held {
+                        owner: None,
+                        fencing: u64::from(u32::MAX),
+                        ttl_ms: 0,
+                    },
+                )))
+            }
+        }
+    }
+
+    async fn write(&self, key: &str, held: &Held, revision: Option<u64>) -> Result<bool> {
+        let value = serde_json::to_vec(held)
+            .map_err(|e| unavailable(PORT, e))?
+            .into();
+        let written = match revision {
+            None => self
+                .store
+                .create(key, value)
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    (e.kind() == kv::CreateErrorKind::AlreadyExists)
+                        .then_some(())
+                        .ok_or_else(|| unavailable(PORT, e))
+                }),
+            Some(rev) => self
+                .store
+                .update(key, value, rev)
+                .await
+                .map(|_| ())
+                .map_err(|e| {
+                    (e.kind() == kv::UpdateErrorKind::WrongLastRevision)
+                        .then_some(())
+                        .ok_or_else(|| unavailable(PORT, e))
+                }),
+        };
+        match written {
+            Ok(()) => Ok(true),
+            // Someone else wrote first.
+            Err(Ok(())) => Ok(false),
+            Err(Err(e)) => Err(e),
+        }
+    }
+}
+
+impl Lock for NatsLock {
+    async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
+        let key = coord::key("lock", name);
+        // A lost compare-and-set means someone else wrote meanwhile: look again, a few
+        // times, then report the lock as held.
+        for _ in 0..3 {
+            let (revision, fencing) = match self.read(&key).await? {
+                None => (None, 1),
+                Some((entry, held)) => {
+                    let now = server_now(&self.store, PORT).await?;
+                    let running = held.running(&entry, now);
+                    match held.owner.as_deref() {
+                        Some(o) if running && o != owner => return Ok(None),
+                        // The holder asking again keeps its lease and its fencing token.
+                        Some(_) if running => (Some(entry.revision), held.fencing),
+                        _ => (Some(entry.revision), held.fencing.saturating_add(1)),
+                    }
+                }
+            };
+            let held = Held {
+                owner: Some(owner.to_owned()),
+                fencing,
+                ttl_ms: ms(ttl),
+            };
+            if self.write(&key, &held, revision).await? {
+                return Ok(Some(LockLease {
+                    name: name.to_owned(),
+                    owner: owner.to_owned(),
+                    fencing,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    async fn renew(&self, lease: &LockLease, ttl: Duration) -> Result<()> {
+        let key = coord::key("lock", &lease.name);
+        let lost = || Error::LeaseLost(format!("lock {} (fencing {})", lease.name, lease.fencing));
+        let Some((entry, held)) = self.read(&key).await? else {
+            return Err(lost());
+        };
+        let now = server_now(&self.store, PORT).await?;
+        if held.owner.as_deref() != Some(lease.owner.as_str())
+            || held.fencing != lease.fencing
+            || !held.running(&entry, now)
+        {
+            return Err(lost());
+        }
+        let renewed = Held {
+            ttl_ms: ms(ttl),
+            ..held
+        };
+        if self.write(&key, &renewed, Some(entry.revision)).await? {
+            Ok(())
+        } else {
+            Err(lost())
+        }
+    }
+
+    async fn release(&self, lease: &LockLease) -> Result<()> {
+        let key = coord::key("lock", &lease.name);
+        if let Some((entry, held)) = self.read(&key).await?
+            && held.owner.as_deref() == Some(lease.owner.as_str())
+            && held.fencing == lease.fencing
+        {
+            let free = Held {
+                owner: None,
+                fencing: held.fencing,
+                ttl_ms: 0,
+            };
+            // A lost race means the lock changed hands already: nothing to release.
+            self.write(&key, &free, Some(entry.revision)).await?;
+        }
+        Ok(())
+    }
+}
