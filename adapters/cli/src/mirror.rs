@@ -11,7 +11,7 @@ use tracing::{info, warn};
 
 use crate::error::CliError;
 use crate::output::{Screen, SyncProgress};
-use crate::source::{NatsAuth, Opened, SourceSpec, open};
+use crate::source::{FollowArgs, Opened, SourceSpec, open};
 use crate::{serve_metrics, stop_signal};
 
 /// How long a stopping mirror may take to commit its last batch.
@@ -20,33 +20,27 @@ const STOP_BUDGET: Duration = Duration::from_secs(10);
 /// `tidemark mirror`'s arguments.
 #[derive(Args, Debug)]
 pub struct MirrorArgs {
-    /// `nats://host:port/BUCKET` (also `tls://`, several hosts comma-separated) or a
-    /// tidemark SQLite registry file.
-    pub source: String,
+    #[command(flatten)]
+    pub follow: FollowArgs,
     /// The SQLite file that keeps the cache and its watermark (created if absent).
     #[arg(long, value_name = "FILE")]
     pub into: PathBuf,
     /// The follower's name in the file (default: mirror-BUCKET). One name, one cache.
     #[arg(long)]
     pub name: Option<String>,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<String>,
-    #[command(flatten)]
-    pub auth: NatsAuth,
 }
 
 /// Runs the mirror until a stop signal.
 pub async fn run(args: MirrorArgs, screen: &Screen) -> Result<(), CliError> {
-    let spec = SourceSpec::parse(&args.source)?;
+    let spec = SourceSpec::parse(&args.follow.source)?;
     let name = args
         .name
         .clone()
-        .unwrap_or_else(|| spec.default_name("mirror"));
+        .unwrap_or_else(|| spec.default_name("mirror", args.follow.prefix.as_deref()));
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
     // The local file first: a file that is not ours is refused before any server is asked.
     let db = SqliteDb::open(&args.into).await?;
-    if let Some(addr) = &args.metrics {
+    if let Some(addr) = &args.follow.metrics {
         serve_metrics(addr)?;
     }
     let cache = db.follower_cache(name.as_str());
@@ -54,7 +48,15 @@ pub async fn run(args: MirrorArgs, screen: &Screen) -> Result<(), CliError> {
         SourceSpec::Nats { bucket, .. } => bucket.clone(),
         SourceSpec::Sqlite(path) => path.display().to_string(),
     };
-    match open(&spec, &args.auth, &format!("tidemark-{name}")).await? {
+    let prefix = args.follow.prefix.as_deref();
+    match open(
+        &spec,
+        &args.follow.auth,
+        &format!("tidemark-{name}"),
+        prefix,
+    )
+    .await?
+    {
         Opened::Nats(bucket) => {
             follow(config, bucket.clone(), bucket, cache, &spec, &label, screen).await
         }
@@ -80,7 +82,7 @@ where
     let name = config.name().to_owned();
     let start = match cache.held().await? {
         Some(held) => format!(
-            "warm start from revision {} ({} keys)",
+            "warm start from revision {}, {} keys",
             held.watermark, held.keys
         ),
         None => "cold start".to_owned(),
@@ -97,6 +99,10 @@ where
         tokio::select! {
             biased;
             signal = &mut stop => {
+                // The bar goes first, or its last frame stays above the log lines.
+                if let Some(p) = progress.take() {
+                    p.finish();
+                }
                 info!(follower = %name, "{signal}: stopping");
                 break;
             }

@@ -5,7 +5,7 @@ use std::io::{IsTerminal, Write};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressState, ProgressStyle};
 use tidemark::Status;
 use tracing::info;
 use tracing_subscriber::EnvFilter;
@@ -99,18 +99,23 @@ pub struct SyncProgress {
 impl SyncProgress {
     /// Starts showing progress (a bar when stderr is a terminal).
     pub fn new(screen: &Screen) -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
-            bar.set_style(
+        let bar =
+            std::io::stderr().is_terminal().then(|| {
+                let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+                bar.set_style(
                 ProgressStyle::with_template(
-                    "{spinner} syncing [{bar:40}] {pos}/{len} revisions, {per_sec}, ETA {eta} {msg}",
+                    "{spinner} syncing [{bar:40}] {pos}/{len} revisions, {rate}, ETA {eta} {msg}",
                 )
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
+                // On a bucket's initial sync each revision is one key: revisions/s is keys/s.
+                .with_key("rate", |state: &ProgressState, w: &mut dyn std::fmt::Write| {
+                    let _ = write!(w, "{:.0} keys/s", state.per_sec());
+                })
                 .progress_chars("=> "),
             );
-            bar.enable_steady_tick(Duration::from_millis(200));
-            bar
-        });
+                bar.enable_steady_tick(Duration::from_millis(200));
+                bar
+            });
         screen.set(bar.clone());
         SyncProgress {
             screen: screen.clone(),

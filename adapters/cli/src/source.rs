@@ -65,6 +65,22 @@ pub struct NatsAuth {
     pub tls_key: Option<PathBuf>,
 }
 
+/// A source to follow, as `mirror` and `watch` take it.
+#[derive(Args, Debug)]
+pub struct FollowArgs {
+    /// `nats://host:port/BUCKET` (also `tls://`, several hosts comma-separated) or a
+    /// tidemark SQLite registry file.
+    pub source: String,
+    /// Follow only the keys under this prefix (on NATS, filtered by the server).
+    #[arg(long, value_name = "PREFIX")]
+    pub prefix: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<String>,
+    #[command(flatten)]
+    pub auth: NatsAuth,
+}
+
 /// Where changes come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SourceSpec {
@@ -131,15 +147,20 @@ impl SourceSpec {
         })
     }
 
-    /// A name for a follower of this source.
-    pub fn default_name(&self, verb: &str) -> String {
-        match self {
+    /// A name for a follower of this source (of `prefix`'s keys only, if given: another
+    /// prefix is another cache).
+    pub fn default_name(&self, verb: &str, prefix: Option<&str>) -> String {
+        let name = match self {
             SourceSpec::Nats { bucket, .. } => format!("{verb}-{bucket}"),
             SourceSpec::Sqlite(path) => format!(
                 "{verb}-{}",
                 path.file_stem()
                     .map_or("registry".into(), |s| s.to_string_lossy())
             ),
+        };
+        match prefix {
+            Some(p) => format!("{name}[{p}]"),
+            None => name,
         }
     }
 
@@ -210,18 +231,30 @@ pub async fn connect(
 }
 
 /// Connects to the NATS servers, or opens the registry file (which must exist: a
-/// missing file is an error, not a new empty registry).
+/// missing file is an error, not a new empty registry); over `prefix`'s keys only, if
+/// given (filtered on the NATS server).
 pub async fn open(
     spec: &SourceSpec,
     auth: &NatsAuth,
     client_name: &str,
+    prefix: Option<&str>,
 ) -> Result<Opened, CliError> {
     match spec {
         SourceSpec::Nats { .. } => {
             let (client, bucket) = connect(spec, auth, client_name).await?;
-            Ok(Opened::Nats(KvBucket::new(client, bucket)?))
+            let bucket = KvBucket::new(client, bucket)?;
+            Ok(Opened::Nats(match prefix {
+                Some(p) => bucket.with_prefix(p)?,
+                None => bucket,
+            }))
         }
-        SourceSpec::Sqlite(path) => Ok(Opened::Sqlite(open_existing(path).await?.source())),
+        SourceSpec::Sqlite(path) => {
+            let source = open_existing(path).await?.source();
+            Ok(Opened::Sqlite(match prefix {
+                Some(p) => source.with_prefix(p)?,
+                None => source,
+            }))
+        }
     }
 }
 

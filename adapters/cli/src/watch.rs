@@ -9,33 +9,36 @@ use tokio::sync::broadcast::error::RecvError;
 use tracing::{info, warn};
 
 use crate::error::CliError;
-use crate::source::{NatsAuth, Opened, SourceSpec, open};
+use crate::source::{FollowArgs, Opened, SourceSpec, open};
 use crate::{serve_metrics, stop_signal};
 
 /// `tidemark watch`'s arguments.
 #[derive(Args, Debug)]
 pub struct WatchArgs {
-    /// `nats://host:port/BUCKET` (also `tls://`) or a tidemark SQLite registry file.
-    pub source: String,
+    #[command(flatten)]
+    pub follow: FollowArgs,
     /// Also print every key the initial sync loads (default: only a summary line).
     #[arg(long)]
     pub all: bool,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
-    #[arg(long, value_name = "ADDR")]
-    pub metrics: Option<String>,
-    #[command(flatten)]
-    pub auth: NatsAuth,
 }
 
 /// Prints changes until a stop signal.
 pub async fn run(args: WatchArgs) -> Result<(), CliError> {
-    let spec = SourceSpec::parse(&args.source)?;
-    let name = spec.default_name("watch");
+    let spec = SourceSpec::parse(&args.follow.source)?;
+    let name = spec.default_name("watch", args.follow.prefix.as_deref());
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
-    if let Some(addr) = &args.metrics {
+    if let Some(addr) = &args.follow.metrics {
         serve_metrics(addr)?;
     }
-    match open(&spec, &args.auth, &format!("tidemark-{name}")).await? {
+    let prefix = args.follow.prefix.as_deref();
+    match open(
+        &spec,
+        &args.follow.auth,
+        &format!("tidemark-{name}"),
+        prefix,
+    )
+    .await?
+    {
         Opened::Nats(b) => watch(config, b.clone(), b, &spec, args.all).await,
         Opened::Sqlite(s) => watch(config, s.clone(), s, &spec, args.all).await,
     }

@@ -68,3 +68,51 @@ async fn watch_mirror_and_status_over_a_sqlite_registry() {
         "no relay ran: every announced write waits in the outbox"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_mirrors_and_watches_only_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("reg.db");
+    let cache = dir.path().join("cache.db");
+    let source = SqliteDb::open(&reg).await.unwrap().source();
+    for key in ["pkg/a", "pkg/b", "doc/x"] {
+        source.put(key, b"1".to_vec()).await.unwrap();
+    }
+    let reg_arg = reg.to_str().unwrap();
+    let mut watch = Running::start(bin().args(["watch", reg_arg, "--prefix", "pkg/"]));
+    watch.wait_line("ready   2 keys", LIMIT);
+    let mut mirror = Running::start(bin().args([
+        "mirror",
+        reg_arg,
+        "--into",
+        cache.to_str().unwrap(),
+        "--prefix",
+        "pkg/",
+    ]));
+    mirror.wait_line("mirror ready", LIMIT);
+    source.put("doc/y", b"2".to_vec()).await.unwrap();
+    source.put("pkg/c", b"2".to_vec()).await.unwrap();
+    watch.wait_line("put     pkg/c @5 = 2", LIMIT);
+    eventually("the prefix mirror holds pkg/c", LIMIT, || {
+        follower(&status_json(&cache), "mirror-reg[pkg/]").and_then(|f| f["keys"].as_u64())
+            == Some(3)
+    });
+    let (_, printed) = watch.terminate(LIMIT);
+    assert!(
+        !printed.contains("doc/"),
+        "only the prefix's keys: {printed}"
+    );
+    mirror.terminate(LIMIT);
+
+    let out = run(&["watch", reg_arg, "--prefix", ""]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr
+            .lines()
+            .filter(|l| l.starts_with("tidemark: "))
+            .count(),
+        1,
+        "{stderr}"
+    );
+}

@@ -594,8 +594,11 @@ where
                     .await
                     .map(|found| match found {
                         Ok(head) => {
-                            // A fresh read of the source: it may be a new, shorter history.
-                            self.head = head;
+                            // Until a feed says how far it will deliver: a view over a
+                            // prefix never reaches the whole source's last seq.
+                            if self.source.key_prefix().is_none() {
+                                self.head = head;
+                            }
                             Input::SourceFound { token }
                         }
                         Err(e) => failed(token, &e),
@@ -608,8 +611,11 @@ where
                     None => None,
                     Some(Ok(opened)) => {
                         debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                        // The head the core becomes ready at: exactly what it can reach (a
+                        // sparse or filtered feed's last seq may be a message that is gone,
+                        // or another prefix's).
                         if opened.info.follow == Follow::Replay {
-                            self.learn_head(opened.info.head);
+                            self.head = opened.info.head;
                         }
                         self.stream = Some((token, opened.stream));
                         Some(Input::FeedOpened {
@@ -668,7 +674,6 @@ where
                     match or_stop(stop, self.source.present_keys()).await {
                         None => None,
                         Some(Ok(Some(present))) => {
-                            self.learn_head(present.watermark);
                             // The listing judges every cached key: a lazily resumed core must
                             // know them all first.
                             if let Err(e) = self.complete_index().await {

@@ -237,8 +237,9 @@ pub struct FollowerHealth {
     pub ready: bool,
     /// Its applied watermark.
     pub watermark: u64,
-    /// The source's head, as it last learned it (from opening its feed, the entries it
-    /// receives with the feed's pending count, reconciles and snapshots).
+    /// The source's head, as the follower can reach it: what its feed said it will deliver
+    /// up to when it opened, raised by the entries it receives (with the feed's pending
+    /// count) and by reconciles; a snapshot sets it anew.
     pub head: u64,
     /// How long it has been behind (backing off, syncing, or short of a head it knows)
     /// without its watermark moving, once that is at least the stall threshold.

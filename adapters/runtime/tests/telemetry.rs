@@ -157,6 +157,39 @@ async fn lag_is_the_source_head_minus_the_watermark_and_a_stuck_follower_is_stal
     .await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_follower_of_a_prefix_is_not_behind_when_other_keys_change() {
+    let m = Memory::new();
+    m.source.put("pkg/a", b"1".to_vec()).await.unwrap();
+    m.source.put("doc/x", b"1".to_vec()).await.unwrap();
+    let view = m.source.with_prefix("pkg/").unwrap();
+    let (cache, follower) = spawn_cache(config("pkgs"), Utf8, view.clone(), view);
+    cache.wait_ready().await.unwrap();
+    assert_eq!(
+        follower.lag(),
+        0,
+        "the source's last seq (doc/x) is not one this follower can reach"
+    );
+    for i in 0..5 {
+        m.source
+            .put(&format!("doc/{i}"), b"2".to_vec())
+            .await
+            .unwrap();
+    }
+    m.source.put("pkg/b", b"2".to_vec()).await.unwrap();
+    until("the prefix's new key arrives", || cache.len() == 2).await;
+    m.source.put("doc/last", b"3".to_vec()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let h = follower.health(Duration::from_secs(60));
+    assert_eq!(
+        h.lag(),
+        0,
+        "writes to other prefixes are nothing this follower could apply: {h}"
+    );
+    assert!(h.healthy(), "{h}");
+    follower.stop();
+}
+
 struct Quiet;
 
 impl Worker for Quiet {
