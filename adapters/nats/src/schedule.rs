@@ -128,15 +128,20 @@ impl ScheduleStore for NatsSchedules {
 
     async fn schedules(&self) -> Result<Vec<DueSchedule>> {
         let now = server_now(&self.store, PORT).await?;
+        // The stream's subject list, one request: a key-listing consumer can end early
+        // while other runners write the clock key of the same bucket.
+        let prefix = self.store.prefix.clone();
         let mut keys: Vec<String> = self
             .store
-            .keys()
+            .stream
+            .info_with_subjects(format!("{prefix}schedule.>"))
             .await
             .map_err(|e| unavailable(PORT, e))?
+            .map_ok(|(subject, _)| subject.strip_prefix(&prefix).unwrap_or(&subject).to_owned())
             .try_collect()
             .await
             .map_err(|e| unavailable(PORT, e))?;
-        keys.retain(|k| k.starts_with("schedule."));
+        keys.sort_unstable();
         let mut out = Vec::new();
         for key in keys {
             let Some((_, stored)) = self.read(&key).await? else {
