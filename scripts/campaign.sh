@@ -52,7 +52,7 @@ deadline=$((SECONDS + sim_secs))
 while [ $SECONDS -lt $deadline ]; do
   end=$((next + 200))
   out="$log/sim-$next.txt"
-  ./target/release/tidemark-sim --seeds "$next..$end" --jobs "$jobs" >"$out" 2>&1
+  "${CARGO_TARGET_DIR:-target}/release/tidemark-sim" --seeds "$next..$end" --jobs "$jobs" >"$out" 2>&1
   rc=$?
   line=$(grep -E '^failures: [0-9]+ of [0-9]+' "$out" | tail -n 1)
   ran=$(echo "$line" | sed -E 's/^failures: [0-9]+ of ([0-9]+).*/\1/')

@@ -70,6 +70,21 @@ pub enum EncodeError {
 }
 
 impl Event {
+    /// The event announcing a write committed at `seq`: a put of `value`, or a removal
+    /// when there is none (what a source's outbox row carries).
+    #[must_use]
+    pub fn of_write(seq: u64, key: &str, value: Option<&[u8]>) -> Event {
+        let key = key.to_owned();
+        match value {
+            Some(v) => Event::Put {
+                seq,
+                key,
+                value: v.to_vec(),
+            },
+            None => Event::Removed { seq, key },
+        }
+    }
+
     /// The entity key this event is about.
     #[must_use]
     pub fn key(&self) -> &str {
@@ -157,6 +172,18 @@ mod tests {
             key: key.into(),
             value: value.to_vec(),
         }
+    }
+
+    #[test]
+    fn a_write_is_announced_as_a_put_or_a_removal() {
+        assert_eq!(Event::of_write(3, "k", Some(b"v")), put(3, "k", b"v"));
+        assert_eq!(
+            Event::of_write(4, "k", None),
+            Event::Removed {
+                seq: 4,
+                key: "k".into()
+            }
+        );
     }
 
     #[test]

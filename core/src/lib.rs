@@ -77,6 +77,7 @@ mod follower;
 pub mod fuzzing;
 mod job;
 mod limits;
+mod prefix;
 mod restart;
 mod retention;
 mod rng;
@@ -96,6 +97,7 @@ pub use follower::{
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
+pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};
 pub use rng::Rng;

@@ -2,26 +2,7 @@
 //! stable toolchain without cargo-fuzz.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::PathBuf;
-
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/corpus")
-        .join(target);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {} must be checked in: {e}", dir.display()))
-        .map(|e| e.expect("readable corpus entry").path())
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 10,
-        "the {target} corpus is too small to mean anything"
-    );
-    files
-        .into_iter()
-        .map(|p| (p.clone(), std::fs::read(&p).expect("readable corpus file")))
-        .collect()
-}
+use tidemark_tests::fuzz_corpus as corpus;
 
 #[test]
 fn decode_event_corpus_replays_without_panics_and_valid_events_round_trip() {

@@ -444,3 +444,112 @@ fn a_late_older_announcement_does_not_displace_the_newer_one_awaiting_confirmati
         }
     )));
 }
+
+/// The simulator's foreign-events fault: a reconcile that could not explain a foreign
+/// announcement advanced the watermark past it before asking for its snapshot, so a
+/// durable sink committed the forged row under a watermark that claimed to cover it.
+#[test]
+fn a_read_that_cannot_explain_a_foreign_announcement_leaves_the_watermark_for_its_snapshot() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.put(8, "b", "foreign");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "c", "six")],
+        source_watermark: 9,
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "{outs:?}"
+    );
+    assert_eq!(
+        h.f.watermark(),
+        5,
+        "no watermark may cover the forged change before the snapshot replaces it"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(5, "a", "real"), Entry::put(6, "c", "six")],
+        source_watermark: 9,
+    });
+    assert_eq!(removes(&outs), [("b".into(), 9)], "the foreign key is gone");
+    assert_eq!(h.f.watermark(), 9);
+}
+
+/// The simulator's foreign-events fault: an announcement of a seq the source never
+/// reaches (another history, ahead of the head) waited for a read that covers its seq,
+/// and so stayed in the cache for good. A writer announces after it commits, so a read
+/// asked for after the announcement was applied must reach it.
+#[test]
+fn an_announcement_a_later_read_does_not_reach_is_not_kept_for_good() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.put(9, "b", "foreign");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 5,
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "a read asked for after the announcement does not have it: {outs:?}"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(5, "a", "real")],
+        source_watermark: 5,
+    });
+    assert_eq!(removes(&outs), [("b".into(), 5)], "the foreign key is gone");
+}
+
+/// A read already out when the announcement arrived may not reach it (the writer
+/// committed after the read): that is no reason to doubt it.
+#[test]
+fn an_announcement_newer_than_the_read_in_flight_stays_until_a_later_read() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.input(Input::Wake);
+    h.put(6, "b", "new");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 5,
+    });
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "{outs:?}"
+    );
+    assert_eq!(h.f.seq_of("b"), Some(6));
+}
+
+/// The simulator's foreign-events fault: a durable sink keeps announcements with their
+/// batch, and after a restart a key held past the watermark was taken as confirmed, so a
+/// forged row survived every later read.
+#[test]
+fn a_key_a_restarted_sink_holds_past_its_watermark_awaits_confirmation() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.f.start_from(5, 2);
+    h.f.remember([("a".to_owned(), 5), ("b".to_owned(), 9)]);
+    h.f.index_complete();
+    h.found();
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 7,
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "{outs:?}"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(5, "a", "real")],
+        source_watermark: 7,
+    });
+    assert_eq!(removes(&outs), [("b".into(), 7)], "the forged row is gone");
+}

@@ -5,11 +5,16 @@
 //! outlives their host, written by its sink at every batch boundary and read back by
 //! `Sink::resume` after a crash; the probe wraps that sink and only watches.
 //!
+//! Two relay hosts drain the source host's outbox with the runtime's `Relay`; a ledger
+//! on the source host checks that no row is published by two relays holding it at once
+//! and that none is lost.
+//!
 //! A run has two phases. In the safety phase the fault plan drawn from the seed is carried
 //! out (partitions, holds, latency, link failures, crashes of followers, the source and
 //! writers between commit and announce, lost, duplicated and reordered announcements,
 //! poison values, compaction, crashes in the middle of a persisted commit, slow and
-//! failing durable writes) and after every simulation step each follower's probe checks:
+//! failing durable writes, relay crashes, foreign and adversarial events, reconnect
+//! storms) and after every simulation step each follower's probe checks:
 //! watermark monotone, never-older per key, no seq applied twice, and at ready, at every
 //! committed watermark and at every warm restart that the committed cache holds exactly
 //! the source's state at that watermark. In the liveness

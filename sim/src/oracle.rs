@@ -39,6 +39,12 @@ impl History {
         lock(&self.inner).insert(seq, (key.to_owned(), value));
     }
 
+    /// Whether the source wrote `key` at `seq` (not so: a foreign event's claim).
+    #[must_use]
+    pub fn wrote(&self, key: &str, seq: u64) -> bool {
+        lock(&self.inner).get(&seq).is_some_and(|(k, _)| k == key)
+    }
+
     /// The highest seq committed.
     #[must_use]
     pub fn watermark(&self) -> u64 {
@@ -89,11 +95,9 @@ impl History {
         let mut out = Vec::new();
         for (key, (seq, value)) in cache {
             if *seq > watermark {
-                let recorded = history.get(seq);
-                if recorded.is_none_or(|(k, v)| k != key || v.as_deref() != Some(value.as_bytes()))
-                {
-                    out.push(format!("{key}: holds seq {seq} above the watermark that the source never wrote for it"));
-                }
+                // An announcement ahead of the source: a real change, or a foreign one the
+                // follower holds unconfirmed until a read of the source covers its seq
+                // (then it must be gone: checked below at that watermark, and at the end).
                 continue;
             }
             match state.get(key.as_str()) {
@@ -169,7 +173,8 @@ pub struct ProbeState {
     /// Whether the current incarnation reported ready.
     pub ready: bool,
     /// Seqs of puts committed to this cache (double-apply detection).
-    pub applied: BTreeSet<u64>,
+    /// (A seq with its key: a foreign event may claim a seq the source gave another key.)
+    pub applied: BTreeSet<(u64, String)>,
     /// The batch applied since the last commit, in order.
     pending: Vec<Pending>,
     /// Safety violations seen.
@@ -194,10 +199,10 @@ impl ProbeState {
         }
     }
 
-    fn pending_applied(&self, seq: u64) -> bool {
+    fn pending_applied(&self, key: &str, seq: u64) -> bool {
         self.pending
             .iter()
-            .any(|(_, s, v)| v.is_some() && *s == seq)
+            .any(|(k, s, v)| v.is_some() && *s == seq && k == key)
     }
 
     /// Folds the pending batch into the committed cache.
@@ -205,7 +210,7 @@ impl ProbeState {
         for (key, seq, value) in std::mem::take(&mut self.pending) {
             match value {
                 Some(v) => {
-                    self.applied.insert(seq);
+                    self.applied.insert((seq, key.clone()));
                     self.cache.insert(key, (seq, v));
                 }
                 None => {
@@ -239,6 +244,11 @@ impl Probe {
             history,
             trace,
         }
+    }
+
+    /// Adds a line to the run's trace.
+    pub fn trace_line(&self, line: String) {
+        self.trace.line(line);
     }
 
     /// The probe's state.
@@ -281,8 +291,12 @@ impl Probe {
         }
         if watermark > s.watermark {
             // The interrupted commit landed: its puts count as applied.
-            s.applied
-                .extend(pending.iter().filter(|p| p.2.is_some()).map(|p| p.1));
+            s.applied.extend(
+                pending
+                    .iter()
+                    .filter(|p| p.2.is_some())
+                    .map(|p| (p.1, p.0.clone())),
+            );
         }
         s.watermark = watermark;
         s.warm_restarts += u32::from(!store.is_empty());
@@ -327,15 +341,17 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         {
             let p = &self.probe;
             let mut s = lock(&p.state);
+            // A foreign event's seq is no real version: replacing it is no regression.
             if let Some(have) = s.working_seq(&key)
                 && have >= seq
+                && p.history.wrote(&key, have)
             {
                 p.violation(
                     &mut s,
                     format!("{key}: put at seq {seq} over newer-or-equal {have}"),
                 );
             }
-            if s.applied.contains(&seq) || s.pending_applied(seq) {
+            if s.applied.contains(&(seq, key.clone())) || s.pending_applied(&key, seq) {
                 p.violation(&mut s, format!("seq {seq} applied twice"));
             }
             p.trace.line(format!("{} put {key}@{seq}", p.name));
@@ -350,6 +366,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
             let mut s = lock(&p.state);
             if let Some(have) = s.working_seq(&key)
                 && have > seq
+                && p.history.wrote(&key, have)
             {
                 p.violation(
                     &mut s,
@@ -477,7 +494,7 @@ impl Probe {
             _ => {}
         }
         self.trace.line(format!("{} on_put {key}@{seq}", self.name));
-        s.applied.insert(seq);
+        s.applied.insert((seq, key.to_owned()));
         s.cache.insert(key.to_owned(), (seq, value.to_owned()));
     }
 
@@ -531,5 +548,137 @@ impl Probe {
         }
         s.watermark = watermark;
         s.ready = live;
+    }
+}
+
+/// One claim of an outbox row: who, when (simulated), for how long.
+#[derive(Clone, Debug)]
+struct ClaimMark {
+    owner: String,
+    at: std::time::Duration,
+    lease: std::time::Duration,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    /// Row id → the seq it announces.
+    seq_of: BTreeMap<u64, u64>,
+    /// Seq → every claim of its row, in order.
+    claims: BTreeMap<u64, Vec<ClaimMark>>,
+    /// Seq → every publish of it by a relay: (owner, the claim it held then).
+    publishes: BTreeMap<u64, Vec<(String, Option<ClaimMark>)>>,
+    /// Seqs (with the relay) whose publish landed but whose relay recorded it as not
+    /// landed: the answer was lost on the way back, so a second publish is by design.
+    lost_answers: BTreeSet<(u64, String)>,
+    /// Publishes of a row again by its own relay (a retried leg whose answer was lost).
+    pub_again_same: u32,
+    /// Publishes of a row by a second relay after the first one's lease ran out.
+    taken_over: u32,
+    violations: Vec<String>,
+}
+
+/// What the relays did with the outbox, as the source host saw it: every claim, every
+/// publish by a relay and every completion. It checks that a row is published by a second
+/// relay only when the first one's claim had run out (or its answer was lost and it said
+/// so): two relays never hold one row at once.
+#[derive(Clone, Debug, Default)]
+pub struct RelayLedger {
+    inner: Arc<Mutex<LedgerState>>,
+}
+
+impl RelayLedger {
+    /// `owner` claimed rows `(id, seq)` at `at` for `lease`.
+    pub fn claimed(
+        &self,
+        owner: &str,
+        rows: &[(u64, u64)],
+        at: std::time::Duration,
+        lease: std::time::Duration,
+    ) {
+        let mut s = lock(&self.inner);
+        for &(id, seq) in rows {
+            s.seq_of.insert(id, seq);
+            s.claims.entry(seq).or_default().push(ClaimMark {
+                owner: owner.to_owned(),
+                at,
+                lease,
+            });
+        }
+    }
+
+    /// `owner` published the event of `seq`.
+    pub fn published(&self, owner: &str, seq: u64) {
+        let mut s = lock(&self.inner);
+        let mine = s
+            .claims
+            .get(&seq)
+            .and_then(|c| c.iter().rev().find(|m| m.owner == owner))
+            .cloned();
+        let earlier = s.publishes.get(&seq).cloned().unwrap_or_default();
+        for (other, held) in &earlier {
+            if other == owner {
+                s.pub_again_same += 1;
+                continue;
+            }
+            if s.lost_answers.contains(&(seq, other.clone())) {
+                continue;
+            }
+            match (held, &mine) {
+                (Some(theirs), Some(m))
+                    if m.at < theirs.at + theirs.lease && theirs.at < m.at + m.lease =>
+                {
+                    s.violations.push(format!(
+                        "the row of seq {seq} was published by {other} (claimed at {:?} for {:?}) and by {owner} (claimed at {:?} for {:?}): two relays held one row at once",
+                        theirs.at, theirs.lease, m.at, m.lease
+                    ));
+                }
+                (_, None) => s.violations.push(format!(
+                    "{owner} published the row of seq {seq} without ever claiming it"
+                )),
+                _ => s.taken_over += 1,
+            }
+        }
+        s.publishes
+            .entry(seq)
+            .or_default()
+            .push((owner.to_owned(), mine));
+    }
+
+    /// `owner` recorded rows `(id, published)`: a row it says was not published although
+    /// its publish landed lost its answer.
+    pub fn completed(&self, owner: &str, rows: &[(u64, bool)]) {
+        let mut s = lock(&self.inner);
+        for &(id, published) in rows {
+            let Some(&seq) = s.seq_of.get(&id) else {
+                continue;
+            };
+            let landed = s
+                .publishes
+                .get(&seq)
+                .is_some_and(|p| p.iter().any(|(o, _)| o == owner));
+            if landed && !published {
+                s.lost_answers.insert((seq, owner.to_owned()));
+            }
+        }
+    }
+
+    /// Violations found so far.
+    #[must_use]
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.inner).violations.clone()
+    }
+
+    /// How many times a relay's publish of a row repeated by design: (by the same relay
+    /// after a lost answer, by another relay after a lease ran out).
+    #[must_use]
+    pub fn repeats(&self) -> (u32, u32) {
+        let s = lock(&self.inner);
+        (s.pub_again_same, s.taken_over)
+    }
+
+    /// Seqs some relay published.
+    #[must_use]
+    pub fn published_seqs(&self) -> BTreeSet<u64> {
+        lock(&self.inner).publishes.keys().copied().collect()
     }
 }

@@ -5,7 +5,10 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tidemark::tidemark_core::{Continuity, Entry, FeedInfo, Follow, Op};
+use tidemark::tidemark_core::{
+    AnnouncePlan, AnnounceReport, Continuity, Entry, FeedInfo, Follow, Job, JobId, Op,
+};
+use tidemark::{Claimed, OutboxRow, OutboxUpdate};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use turmoil::net::TcpStream;
 
@@ -16,16 +19,22 @@ const MAX_FRAME: u32 = 16 * 1024 * 1024;
 #[allow(missing_docs)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum Request {
-    /// Source::put.
-    Put { key: String, value: Vec<u8> },
+    /// Source::put; `announced`: through the announcing source, which writes an outbox
+    /// row in the same step as the write.
+    Put {
+        key: String,
+        value: Vec<u8>,
+        announced: bool,
+    },
     /// Source::update.
     Update {
         key: String,
         value: Vec<u8>,
         expected: u64,
+        announced: bool,
     },
     /// Source::remove.
-    Remove { key: String },
+    Remove { key: String, announced: bool },
     /// Source::watermark.
     Watermark,
     /// Source::changes_since.
@@ -41,8 +50,12 @@ pub enum Request {
     /// Open the events stream after `after` (a position); the connection then streams
     /// items.
     OpenEvents { after: Option<u64> },
-    /// Publish an announcement to the events stream.
-    Publish { key: String, payload: Vec<u8> },
+    /// Publish an announcement to the events stream (`by`: the relay publishing it).
+    Publish {
+        key: String,
+        payload: Vec<u8>,
+        by: Option<String>,
+    },
     /// Notify a wake channel.
     Notify { channel: String, payload: Vec<u8> },
     /// Listen on a wake channel; the connection then streams wakes.
@@ -51,6 +64,167 @@ pub enum Request {
     LoadCursor { name: String },
     /// Cursors::save: save `position` under `name` (monotone).
     SaveCursor { name: String, position: u64 },
+    /// Outbox::claim.
+    Claim {
+        owner: String,
+        after: u64,
+        max: usize,
+        lease: Duration,
+    },
+    /// Outbox::complete.
+    Complete {
+        owner: String,
+        updates: Vec<WireUpdate>,
+    },
+    /// Outbox::pending.
+    PendingRows,
+    /// Watch the outbox; the connection then streams `Changed` (or heartbeats).
+    WatchOutbox,
+}
+
+/// An announcement plan on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WirePlan {
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub publish: bool,
+    pub notify: bool,
+    pub job: Option<Job>,
+    pub as_marker: bool,
+}
+
+/// What an announcement achieved, on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireReport {
+    pub published: bool,
+    pub notified: bool,
+    pub enqueued: Option<JobId>,
+    pub as_marker: bool,
+}
+
+/// An outbox row on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireRow {
+    pub id: u64,
+    pub seq: u64,
+    pub plan: WirePlan,
+    pub landed: WireReport,
+}
+
+/// A relay's record of one row, on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireUpdate {
+    pub id: u64,
+    pub landed: WireReport,
+    pub done: bool,
+}
+
+impl From<AnnounceReport> for WireReport {
+    fn from(r: AnnounceReport) -> Self {
+        WireReport {
+            published: r.published,
+            notified: r.notified,
+            enqueued: r.enqueued,
+            as_marker: r.as_marker,
+        }
+    }
+}
+
+impl From<WireReport> for AnnounceReport {
+    fn from(w: WireReport) -> Self {
+        AnnounceReport {
+            published: w.published,
+            notified: w.notified,
+            enqueued: w.enqueued,
+            as_marker: w.as_marker,
+        }
+    }
+}
+
+impl From<OutboxRow> for WireRow {
+    fn from(r: OutboxRow) -> Self {
+        WireRow {
+            id: r.id,
+            seq: r.seq,
+            plan: WirePlan {
+                key: r.plan.key,
+                payload: r.plan.payload,
+                publish: r.plan.publish,
+                notify: r.plan.notify,
+                job: r.plan.job,
+                as_marker: r.plan.as_marker,
+            },
+            landed: r.landed.into(),
+        }
+    }
+}
+
+impl From<WireRow> for OutboxRow {
+    fn from(w: WireRow) -> Self {
+        OutboxRow {
+            id: w.id,
+            seq: w.seq,
+            plan: AnnouncePlan {
+                key: w.plan.key,
+                payload: w.plan.payload,
+                publish: w.plan.publish,
+                notify: w.plan.notify,
+                job: w.plan.job,
+                as_marker: w.plan.as_marker,
+            },
+            landed: w.landed.into(),
+        }
+    }
+}
+
+impl From<OutboxUpdate> for WireUpdate {
+    fn from(u: OutboxUpdate) -> Self {
+        WireUpdate {
+            id: u.id,
+            landed: u.landed.into(),
+            done: u.done,
+        }
+    }
+}
+
+impl From<WireUpdate> for OutboxUpdate {
+    fn from(w: WireUpdate) -> Self {
+        OutboxUpdate {
+            id: w.id,
+            landed: w.landed.into(),
+            done: w.done,
+        }
+    }
+}
+
+/// What a claim got, on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireClaimed {
+    pub rows: Vec<WireRow>,
+    pub held_by_others: Option<Duration>,
+}
+
+impl From<Claimed> for WireClaimed {
+    fn from(c: Claimed) -> Self {
+        WireClaimed {
+            rows: c.rows.into_iter().map(WireRow::from).collect(),
+            held_by_others: c.held_by_others,
+        }
+    }
+}
+
+impl From<WireClaimed> for Claimed {
+    fn from(w: WireClaimed) -> Self {
+        Claimed {
+            rows: w.rows.into_iter().map(OutboxRow::from).collect(),
+            held_by_others: w.held_by_others,
+        }
+    }
 }
 
 /// An entry on the wire.
@@ -110,6 +284,9 @@ pub struct WireFeedInfo {
     pub head: u64,
     /// Gapless (true) or sparse.
     pub gapless: bool,
+    /// A change log read over a key prefix (neither gapless nor sparse).
+    #[serde(default)]
+    pub filtered: bool,
     /// Wants checkpoints.
     pub checkpoints: bool,
     /// A stream of announcements (true) or the source's own history.
@@ -122,6 +299,7 @@ impl From<FeedInfo> for WireFeedInfo {
             first_available: i.first_available,
             head: i.head,
             gapless: i.continuity == Continuity::Gapless,
+            filtered: i.continuity == Continuity::Filtered,
             checkpoints: i.checkpoints,
             announcements: i.follow == Follow::Announcements,
         }
@@ -133,10 +311,10 @@ impl From<WireFeedInfo> for FeedInfo {
         FeedInfo {
             first_available: w.first_available,
             head: w.head,
-            continuity: if w.gapless {
-                Continuity::Gapless
-            } else {
-                Continuity::Sparse
+            continuity: match (w.gapless, w.filtered) {
+                (true, _) => Continuity::Gapless,
+                (false, true) => Continuity::Filtered,
+                (false, false) => Continuity::Sparse,
             },
             checkpoints: w.checkpoints,
             follow: if w.announcements {
@@ -191,6 +369,10 @@ pub enum Response {
     Failed(String),
     /// The stream ended cleanly.
     End,
+    /// Rows claimed from the outbox.
+    Claimed(WireClaimed),
+    /// The outbox changed (a watch's item).
+    Changed,
 }
 
 /// How often an idle streaming connection sends a heartbeat.

@@ -1,12 +1,16 @@
 //! The ports, implemented over the sim's wire protocol: what writers and followers on
 //! other hosts use to reach the source host through turmoil's network.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use tidemark::tidemark_core::{Entry, FeedInfo, Follow};
 use tidemark::{
-    Changes, Cursors, Error, Feed, FeedItem, FeedStream, Opened, Publish, Received, Result,
-    Snapshot, Source, Versioned, Wake, WakeListener,
+    Changes, Claimed, Cursors, Error, Feed, FeedItem, FeedStream, Opened, Outbox, OutboxUpdate,
+    OutboxWatch, Publish, Received, Result, Snapshot, Source, Versioned, Wake, WakeListener,
 };
 use turmoil::net::TcpStream;
 
@@ -20,6 +24,42 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 #[derive(Clone, Debug)]
 pub struct Remote {
     host: String,
+    /// Writes go through the announcing source (an outbox row in the same step).
+    announced: bool,
+    /// The relay publishing through this client, named to the source host's ledger.
+    by: Option<String>,
+    /// The client's view of its link, shared by its clones.
+    link: Arc<Link>,
+}
+
+/// What a client knows of its link to the source host: whether its last connection
+/// attempt failed, and how often it got through again after one did. Like a NATS client,
+/// it tells its followers of each reconnect ([`Source::reconnects`]).
+#[derive(Debug)]
+struct Link {
+    down: AtomicBool,
+    reconnects: watch::Sender<u64>,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Link {
+            down: AtomicBool::new(false),
+            reconnects: watch::Sender::new(0),
+        }
+    }
+}
+
+impl Link {
+    fn up(&self) {
+        if self.down.swap(false, Ordering::SeqCst) {
+            self.reconnects.send_modify(|n| *n += 1);
+        }
+    }
+
+    fn failed(&self) {
+        self.down.store(true, Ordering::SeqCst);
+    }
 }
 
 fn unavailable(port: &'static str, e: impl std::fmt::Display) -> Error {
@@ -30,7 +70,31 @@ impl Remote {
     /// A client of the source host called `host`.
     #[must_use]
     pub fn new(host: impl Into<String>) -> Self {
-        Remote { host: host.into() }
+        Remote {
+            host: host.into(),
+            announced: false,
+            by: None,
+            link: Arc::default(),
+        }
+    }
+
+    /// A client whose writes go through the source host's announcing source: each
+    /// commits an outbox row with it, which relays announce.
+    #[must_use]
+    pub fn announcing(host: impl Into<String>) -> Self {
+        Remote {
+            announced: true,
+            ..Remote::new(host)
+        }
+    }
+
+    /// A client that names the relay `owner` in what it publishes.
+    #[must_use]
+    pub fn relay(host: impl Into<String>, owner: impl Into<String>) -> Self {
+        Remote {
+            by: Some(owner.into()),
+            ..Remote::new(host)
+        }
     }
 
     async fn connect(&self, port: &'static str) -> Result<TcpStream> {
@@ -40,9 +104,18 @@ impl Remote {
         )
         .await
         {
-            Ok(Ok(stream)) => Ok(stream),
-            Ok(Err(e)) => Err(unavailable(port, e)),
-            Err(_) => Err(unavailable(port, "connect timed out")),
+            Ok(Ok(stream)) => {
+                self.link.up();
+                Ok(stream)
+            }
+            Ok(Err(e)) => {
+                self.link.failed();
+                Err(unavailable(port, e))
+            }
+            Err(_) => {
+                self.link.failed();
+                Err(unavailable(port, "connect timed out"))
+            }
         }
     }
 
@@ -74,6 +147,7 @@ impl Source for Remote {
                 Request::Put {
                     key: key.to_owned(),
                     value,
+                    announced: self.announced,
                 },
             )
             .await?
@@ -91,6 +165,7 @@ impl Source for Remote {
                     key: key.to_owned(),
                     value,
                     expected,
+                    announced: self.announced,
                 },
             )
             .await?
@@ -106,6 +181,7 @@ impl Source for Remote {
                 "source",
                 Request::Remove {
                     key: key.to_owned(),
+                    announced: self.announced,
                 },
             )
             .await?
@@ -169,6 +245,10 @@ impl Source for Remote {
             Response::Seq(s) => Ok(s),
             r => Err(unexpected("source", &r)),
         }
+    }
+
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        Some(self.link.reconnects.subscribe())
     }
 }
 
@@ -252,6 +332,10 @@ impl Feed for Remote {
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<RemoteStream>> {
         self.open_stream(Request::OpenFeed { from }).await
     }
+
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        Source::reconnects(self)
+    }
 }
 
 /// The events stream of announcements on the source host (a sparse feed with positions).
@@ -269,6 +353,10 @@ impl Feed for RemoteEvents {
             })
             .await
     }
+
+    fn reconnects(&self) -> Option<watch::Receiver<u64>> {
+        Source::reconnects(&self.0)
+    }
 }
 
 impl Publish for Remote {
@@ -279,6 +367,7 @@ impl Publish for Remote {
                 Request::Publish {
                     key: key.to_owned(),
                     payload,
+                    by: self.by.clone(),
                 },
             )
             .await?
@@ -372,6 +461,99 @@ impl Wake for Remote {
             Response::Ok => Ok(RemoteListener { frames }),
             Response::Failed(reason) => Err(Error::unavailable("listen", reason)),
             r => Err(unexpected("listen", &r)),
+        }
+    }
+}
+
+/// The source host's outbox, claimed and completed over the wire by relays on other hosts.
+impl Outbox for Remote {
+    type Watch = RemoteOutboxWatch;
+
+    async fn claim(&self, owner: &str, after: u64, max: usize, lease: Duration) -> Result<Claimed> {
+        let request = Request::Claim {
+            owner: owner.to_owned(),
+            after,
+            max,
+            lease,
+        };
+        match self.call("outbox", request).await? {
+            Response::Claimed(c) => Ok(c.into()),
+            r => Err(unexpected("outbox", &r)),
+        }
+    }
+
+    async fn complete(&self, owner: &str, updates: Vec<OutboxUpdate>) -> Result<u64> {
+        let request = Request::Complete {
+            owner: owner.to_owned(),
+            updates: updates.into_iter().map(Into::into).collect(),
+        };
+        match self.call("outbox", request).await? {
+            Response::Seq(n) => Ok(n),
+            r => Err(unexpected("outbox", &r)),
+        }
+    }
+
+    async fn pending(&self) -> Result<u64> {
+        match self.call("outbox", Request::PendingRows).await? {
+            Response::Seq(n) => Ok(n),
+            r => Err(unexpected("outbox", &r)),
+        }
+    }
+
+    fn watch(&self) -> RemoteOutboxWatch {
+        RemoteOutboxWatch {
+            remote: self.clone(),
+            frames: None,
+        }
+    }
+}
+
+/// How long a watch whose link failed waits before it says "something may have changed"
+/// (the relay then claims, and backs off if the source is still away).
+const WATCH_RETRY: Duration = Duration::from_millis(500);
+
+/// A watch of the source host's outbox over a streaming connection. A (re)connection
+/// counts as a change: what happened while it was away is unknown, so the relay claims.
+#[derive(Debug)]
+pub struct RemoteOutboxWatch {
+    remote: Remote,
+    frames: Option<FrameReader>,
+}
+
+impl RemoteOutboxWatch {
+    async fn connect(&self) -> Result<FrameReader> {
+        let mut frames = FrameReader::new(self.remote.connect("outbox").await?);
+        proto::write(frames.stream(), &Request::WatchOutbox)
+            .await
+            .map_err(|e| unavailable("outbox", e))?;
+        match frames.read::<Response>().await {
+            Ok(Response::Ok) => Ok(frames),
+            Ok(r) => Err(unexpected("outbox", &r)),
+            Err(e) => Err(unavailable("outbox", e)),
+        }
+    }
+}
+
+impl OutboxWatch for RemoteOutboxWatch {
+    async fn changed(&mut self) {
+        loop {
+            match &mut self.frames {
+                None => {
+                    match self.connect().await {
+                        Ok(frames) => self.frames = Some(frames),
+                        Err(_) => tokio::time::sleep(WATCH_RETRY).await,
+                    }
+                    return;
+                }
+                Some(frames) => match frames.read::<Response>().await {
+                    Ok(Response::Heartbeat) => {}
+                    Ok(Response::Changed) => return,
+                    Ok(_) | Err(_) => {
+                        self.frames = None;
+                        return;
+                    }
+                },
+            }
         }
     }
 }

@@ -47,11 +47,18 @@ pub enum FaultKind {
     FailCommit,
     /// A supervised worker's handler fails; its supervisor restarts it.
     HandlerFailure,
+    /// A relay's host crashes (in the middle of a batch, its claims held) and restarts.
+    RelayCrash,
+    /// Foreign and adversarial events on the events stream: JSON that is not an event,
+    /// seqs near `u64::MAX`, seqs from another history.
+    ForeignEvents,
+    /// A client's link to the source flaps many times in a row (a reconnect storm).
+    ReconnectStorm,
 }
 
 impl FaultKind {
     /// Every kind.
-    pub const ALL: [FaultKind; 18] = [
+    pub const ALL: [FaultKind; 21] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -70,6 +77,9 @@ impl FaultKind {
         FaultKind::SlowCommit,
         FaultKind::FailCommit,
         FaultKind::HandlerFailure,
+        FaultKind::RelayCrash,
+        FaultKind::ForeignEvents,
+        FaultKind::ReconnectStorm,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -113,6 +123,11 @@ pub enum Strategy {
     WatermarkBeforeRows,
 }
 
+/// The default simulation step. Every step ticks every host's runtime and every link, and
+/// that fixed cost is most of a run's time, so the step is as coarse as message latencies
+/// (1–50 ms) allow.
+pub const DEFAULT_TICK: Duration = Duration::from_millis(10);
+
 /// A run's shape.
 #[derive(Clone, Debug)]
 pub struct Scenario {
@@ -128,10 +143,16 @@ pub struct Scenario {
     pub faults: BTreeSet<FaultKind>,
     /// How followers are built.
     pub strategy: Strategy,
+    /// Relays draining the source's outbox, each on its own host (0: no writer writes
+    /// through the outbox).
+    pub relays: usize,
     /// Keep the trace's lines (for printing one run).
     pub keep_trace: bool,
     /// What the writers write.
     pub workload: Workload,
+    /// How far simulated time moves per simulation step: the grain of message delivery
+    /// between hosts (timers inside a host fire at their own instants).
+    pub tick: Duration,
 }
 
 /// What the writers write: a few hot keys written and removed often, and cold keys each
@@ -166,6 +187,13 @@ impl Scenario {
     pub fn persisted(&self, i: usize) -> bool {
         i % 4 != 0
     }
+
+    /// Whether writer `i` writes through the source's outbox (every second one, when
+    /// there are relays) rather than announcing its writes itself.
+    #[must_use]
+    pub fn relayed(&self, i: usize) -> bool {
+        self.relays > 0 && i % 2 == 1
+    }
 }
 
 impl Default for Scenario {
@@ -177,8 +205,10 @@ impl Default for Scenario {
             liveness_bound: Duration::from_secs(60),
             faults: FaultKind::ALL.into_iter().collect(),
             strategy: Strategy::Correct,
+            relays: 2,
             keep_trace: false,
             workload: Workload::default(),
+            tick: DEFAULT_TICK,
         }
     }
 }
@@ -233,6 +263,15 @@ pub enum Action {
     FailCommits(usize, u32),
     /// Fail supervised follower `i`'s next `n` handler calls.
     FailHandler(usize, u32),
+    /// Crash relay `i`'s host.
+    CrashRelay(usize),
+    /// Restart relay `i`'s host.
+    RestartRelay(usize),
+    /// Publish foreign and adversarial events on the events stream (drawn from the value).
+    Foreign(u64),
+    /// Flap the link between the source and a host: partitioned, then repaired, this many
+    /// times, this long each way.
+    Storm(String, u32, Duration),
 }
 
 impl Action {
@@ -258,6 +297,9 @@ impl Action {
             Action::SlowCommits(_, d) if !d.is_zero() => FaultKind::SlowCommit,
             Action::FailCommits(..) => FaultKind::FailCommit,
             Action::FailHandler(..) => FaultKind::HandlerFailure,
+            Action::CrashRelay(_) => FaultKind::RelayCrash,
+            Action::Foreign(_) => FaultKind::ForeignEvents,
+            Action::Storm(..) => FaultKind::ReconnectStorm,
             _ => return None,
         })
     }
@@ -281,6 +323,12 @@ pub fn writer_host(i: usize) -> String {
     format!("writer-{i}")
 }
 
+/// The name of relay `i`'s host (and its owner name on the outbox).
+#[must_use]
+pub fn relay_host(i: usize) -> String {
+    format!("relay-{i}")
+}
+
 /// The source host's name.
 pub const SOURCE: &str = "source";
 
@@ -298,6 +346,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         .copied()
         .filter(|k| !k.needs_persisted() || !persisted.is_empty())
         .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
+        .filter(|k| *k != FaultKind::RelayCrash || s.relays > 0)
         .collect();
     let mut plan = Vec::new();
     if kinds.is_empty() {
@@ -324,12 +373,14 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
             let later = t + Duration::from_millis(300 + rng.next_u64() % 4000);
             let heal_at = later.min(end);
             let other = |rng: &mut Rng| {
-                let hosts = s.followers + s.writers;
+                let hosts = s.followers + s.writers + s.relays;
                 let i = pick(rng, hosts);
                 if i < s.followers {
                     follower_host(i)
-                } else {
+                } else if i < s.followers + s.writers {
                     writer_host(i - s.followers)
+                } else {
+                    relay_host(i - s.followers - s.writers)
                 }
             };
             match kind {
@@ -408,6 +459,18 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     let i = volatile[pick(&mut rng, volatile.len())];
                     let n = 1 + (rng.next_u64() % 3) as u32;
                     plan.push((t, Action::FailHandler(i, n)));
+                }
+                FaultKind::RelayCrash => {
+                    let i = pick(&mut rng, s.relays);
+                    plan.push((t, Action::CrashRelay(i)));
+                    plan.push((heal_at, Action::RestartRelay(i)));
+                }
+                FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
+                FaultKind::ReconnectStorm => {
+                    let h = other(&mut rng);
+                    let flaps = 5 + (rng.next_u64() % 16) as u32;
+                    let each = Duration::from_millis(20 + rng.next_u64() % 180);
+                    plan.push((t, Action::Storm(h, flaps, each)));
                 }
             }
         }

@@ -4,32 +4,43 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
+use tidemark::tidemark_core::{Event, Legs};
 use tidemark::{
-    Changes, Cursors, Feed, FeedItem, FeedStream, Publish, Received, Source, Wake, WakeListener,
+    Changes, Cursors, Feed, FeedItem, FeedStream, Outbox, OutboxWatch, Publish, Received, Source,
+    Wake, WakeListener,
 };
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
 
-use crate::oracle::History;
+use crate::oracle::{History, RelayLedger};
 use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
+
+/// The legs of a write through the announcing source: relays publish it and wake the
+/// followers (no job queue in the simulated world).
+pub const RELAYED_LEGS: Legs = Legs {
+    publish: true,
+    notify: true,
+    enqueue: false,
+};
 
 /// The port the source host listens on.
 pub const PORT: u16 = 7000;
 
 /// Runs the source host until the simulation ends or the host crashes. Every commit is
 /// also recorded in `history`, for the oracle.
-pub async fn serve(memory: Memory, history: History) -> turmoil::Result {
+pub async fn serve(memory: Memory, history: History, ledger: RelayLedger) -> turmoil::Result {
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         let memory = memory.clone();
         let history = history.clone();
+        let ledger = ledger.clone();
         // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
         // runtime list is sharded by a process-wide task id, so its drop order (and the
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, stream).await;
+            let _ = connection(memory, history, ledger, stream).await;
         });
     }
 }
@@ -41,12 +52,20 @@ fn failed(e: impl std::fmt::Display) -> Response {
 async fn connection(
     memory: Memory,
     history: History,
+    ledger: RelayLedger,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
-    let source = &memory.source;
+    let announced = memory.announced_source(RELAYED_LEGS);
+    let source = |relayed: bool| {
+        if relayed { &announced } else { &memory.source }
+    };
     let response = match request {
-        Request::Put { key, value } => match source.put(&key, value.clone()).await {
+        Request::Put {
+            key,
+            value,
+            announced,
+        } => match source(announced).put(&key, value.clone()).await {
             Ok(seq) => {
                 history.record(seq, &key, Some(value));
                 Response::Seq(seq)
@@ -57,14 +76,18 @@ async fn connection(
             key,
             value,
             expected,
-        } => match source.update(&key, value.clone(), expected).await {
+            announced,
+        } => match source(announced)
+            .update(&key, value.clone(), expected)
+            .await
+        {
             Ok(seq) => {
                 history.record(seq, &key, Some(value));
                 Response::Seq(seq)
             }
             Err(e) => failed(e),
         },
-        Request::Remove { key } => match source.remove(&key).await {
+        Request::Remove { key, announced } => match source(announced).remove(&key).await {
             Ok(seq) => {
                 if let Some(seq) = seq {
                     history.record(seq, &key, None);
@@ -73,12 +96,17 @@ async fn connection(
             }
             Err(e) => failed(e),
         },
-        Request::Watermark => source.watermark().await.map_or_else(failed, Response::Seq),
-        Request::FirstAvailable => source
+        Request::Watermark => memory
+            .source
+            .watermark()
+            .await
+            .map_or_else(failed, Response::Seq),
+        Request::FirstAvailable => memory
+            .source
             .first_available()
             .await
             .map_or_else(failed, Response::Seq),
-        Request::ChangesSince { since } => match source.changes_since(since).await {
+        Request::ChangesSince { since } => match memory.source.changes_since(since).await {
             Ok(Changes::Since { entries, watermark }) => Response::Changes {
                 entries: entries.into_iter().map(WireEntry::from).collect(),
                 watermark,
@@ -86,22 +114,29 @@ async fn connection(
             Ok(Changes::Compacted { first_available }) => Response::Compacted { first_available },
             Err(e) => failed(e),
         },
-        Request::Snapshot => match source.snapshot().await {
+        Request::Snapshot => match memory.source.snapshot().await {
             Ok(s) => Response::Snapshot {
                 entries: s.entries.into_iter().map(WireEntry::from).collect(),
                 watermark: s.watermark,
             },
             Err(e) => failed(e),
         },
-        Request::Get { key } => match source.get(&key).await {
+        Request::Get { key } => match memory.source.get(&key).await {
             Ok(v) => Response::Value(v.map(|v| (v.seq, v.value))),
             Err(e) => failed(e),
         },
-        Request::Publish { key, payload } => memory
-            .events
-            .publish(&key, payload)
-            .await
-            .map_or_else(failed, Response::Seq),
+        Request::Publish { key, payload, by } => {
+            let seq = Event::decode(&payload).ok().map(|e| e.seq());
+            match memory.events.publish(&key, payload).await {
+                Ok(position) => {
+                    if let (Some(owner), Some(seq)) = (by, seq) {
+                        ledger.published(&owner, seq);
+                    }
+                    Response::Seq(position)
+                }
+                Err(e) => failed(e),
+            }
+        }
         Request::Notify { channel, payload } => memory
             .wake
             .notify(&channel, payload)
@@ -122,6 +157,36 @@ async fn connection(
         Request::SaveCursor { name, position } => Cursors::save(&memory.events, &name, position)
             .await
             .map_or_else(failed, Response::Seq),
+        Request::Claim {
+            owner,
+            after,
+            max,
+            lease,
+        } => match memory.outbox.claim(&owner, after, max, lease).await {
+            Ok(claimed) => {
+                let rows: Vec<(u64, u64)> = claimed.rows.iter().map(|r| (r.id, r.seq)).collect();
+                let now = turmoil::sim_elapsed().unwrap_or_default();
+                ledger.claimed(&owner, &rows, now, lease);
+                Response::Claimed(claimed.into())
+            }
+            Err(e) => failed(e),
+        },
+        Request::Complete { owner, updates } => {
+            let rows: Vec<(u64, bool)> =
+                updates.iter().map(|u| (u.id, u.landed.published)).collect();
+            ledger.completed(&owner, &rows);
+            memory
+                .outbox
+                .complete(&owner, updates.into_iter().map(Into::into).collect())
+                .await
+                .map_or_else(failed, Response::Seq)
+        }
+        Request::PendingRows => memory
+            .outbox
+            .pending()
+            .await
+            .map_or_else(failed, Response::Seq),
+        Request::WatchOutbox => return stream_outbox(&memory, stream).await,
     };
     proto::write(&mut stream, &response).await
 }
@@ -187,5 +252,18 @@ async fn stream_wakes(
         if last {
             return Ok(());
         }
+    }
+}
+
+async fn stream_outbox(memory: &Memory, mut stream: TcpStream) -> std::io::Result<()> {
+    let mut watch = memory.outbox.watch();
+    proto::write(&mut stream, &Response::Ok).await?;
+    loop {
+        let response = tokio::select! {
+            biased;
+            () = watch.changed() => Response::Changed,
+            () = tokio::time::sleep(HEARTBEAT) => Response::Heartbeat,
+        };
+        proto::write(&mut stream, &response).await?;
     }
 }

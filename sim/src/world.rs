@@ -8,17 +8,18 @@ use std::time::Duration;
 
 use tidemark::tidemark_core::{Event, FollowerConfig, Phase, RestartPolicy, Rng, Utf8};
 use tidemark::{
-    AnnouncingRegistry, Cursors, FollowerTask, NoFeed, Sink, Source, StopSignal, Supervisor,
-    Worker, WorkerPhase, WorkerSink,
+    Announcer, AnnouncingRegistry, Cursors, FollowerTask, NoFeed, Outbox, Publish, Relay, Sink,
+    Source, StopSignal, Supervisor, Worker, WorkerPhase, WorkerSink,
 };
-use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryQueue, Port};
+use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryOutbox, MemoryQueue, Port};
 
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
-use crate::oracle::{Expect, History, Probe, Volatile, differences};
+use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
-    Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, writer_host,
+    Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, relay_host,
+    writer_host,
 };
 use crate::server;
 use crate::trace::Trace;
@@ -101,6 +102,11 @@ pub struct Outcome {
     pub warm_restarts: u32,
     /// Restarts of supervised workers by their supervisor after a handler failed.
     pub worker_restarts: u32,
+    /// Outbox rows published again by design: (by the same relay after a lost answer, by
+    /// another relay after a lease ran out).
+    pub relay_repeats: (u32, u32),
+    /// Outbox rows some relay published.
+    pub relayed: u32,
 }
 
 impl Outcome {
@@ -184,13 +190,19 @@ async fn writer(
     i: usize,
     seed: u64,
     workload: Workload,
+    relayed: bool,
     control: Arc<WriterControl>,
     trace: Trace,
 ) -> turmoil::Result {
     let start = control.starts.fetch_add(1, Ordering::SeqCst);
     let remote = Remote::new(SOURCE);
+    // A relayed writer's commits carry their outbox row; the relays announce them.
     let source = CrashAfterCommit {
-        remote: remote.clone(),
+        remote: if relayed {
+            Remote::announcing(SOURCE)
+        } else {
+            remote.clone()
+        },
         control: Arc::clone(&control),
     };
     let registry = AnnouncingRegistry::new(
@@ -228,6 +240,30 @@ async fn writer(
                 (key, false)
             }
         };
+        if relayed {
+            let value = if control.poison_next.swap(false, Ordering::SeqCst) {
+                vec![0xff, 0xfe, b'!']
+            } else {
+                format!("v{}", rng.next_u64() % 1_000_000).into_bytes()
+            };
+            let source = registry.source();
+            let done = if remove {
+                source
+                    .remove(&key)
+                    .await
+                    .map(|seq| seq.map(|s| ("removed", s)))
+            } else {
+                source.put(&key, value).await.map(|s| Some(("put", s)))
+            };
+            match done {
+                Ok(Some((what, seq))) => {
+                    trace.line(format!("writer-{i} {what} {key}@{seq} through the outbox"));
+                }
+                Ok(None) => {}
+                Err(e) => trace.line(format!("writer-{i} write failed: {e}")),
+            }
+            continue;
+        }
         if remove {
             match registry.remove(&key).await {
                 Ok(Some(w)) => {
@@ -265,6 +301,34 @@ async fn writer(
             }
         }
     }
+}
+
+/// How long a relay's claim on outbox rows lasts in the simulated world: short, so a
+/// crashed or partitioned relay's rows are taken over within the run.
+pub const RELAY_LEASE: Duration = Duration::from_secs(2);
+
+/// Rows a relay claims at a time: few, so relays interleave and leases lapse mid-drain.
+const RELAY_BATCH: usize = 4;
+
+/// A relay on its own host: the runtime's `Relay` draining the source host's outbox into
+/// its events stream and wake channel, claiming rows under its host's name.
+async fn relay(i: usize, seed: u64, trace: Trace) -> turmoil::Result {
+    let owner = relay_host(i);
+    let remote = Remote::relay(SOURCE, owner.clone());
+    let announcer = Announcer::new(
+        remote.clone(),
+        remote.clone(),
+        MemoryQueue::default(),
+        CHANNEL,
+    );
+    let relay = Relay::new(remote, announcer, owner.clone())
+        .with_lease(RELAY_LEASE)
+        .with_batch(RELAY_BATCH)
+        .with_seed(seed ^ (i as u64 + 1));
+    trace.line(format!("{owner} starts"));
+    let report = relay.run(StopSignal::never()).await?;
+    trace.line(format!("{owner} ended: {report:?}"));
+    Ok(())
 }
 
 async fn follower(
@@ -393,10 +457,15 @@ async fn supervised(
     )
     .with_wake(ReconnectingListener::new(remote.clone(), CHANNEL));
     supervisor.supervise(task, RestartPolicy::with_backoff())?;
+    let mut phase = None;
     loop {
         tokio::time::sleep(Duration::from_millis(10)).await;
         if let Some(info) = supervisor.get(&spec.name) {
             let live = info.phase == WorkerPhase::Running(Phase::Live);
+            if phase.as_ref() != Some(&info.phase) {
+                probe.trace_line(format!("{} worker phase {:?}", spec.name, info.phase));
+                phase = Some(info.phase.clone());
+            }
             probe.observe(info.watermark, live, info.restarts);
         }
     }
@@ -496,32 +565,47 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let trace = Trace::new(scenario.keep_trace);
     let history = History::default();
-    let memory = Memory::new();
+    let ledger = RelayLedger::default();
+    let mut memory = Memory::new();
+    // Outbox leases on the simulation's clock: a source host that restarts gets a new
+    // runtime, whose `Instant`s would not compare with the leases taken before.
+    let base = tokio::time::Instant::now();
+    memory.outbox = MemoryOutbox::with_clock(memory.faults.clone(), move || {
+        base + turmoil::sim_elapsed().unwrap_or_default()
+    });
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(
             scenario.fault_phase + scenario.liveness_bound + Duration::from_secs(30),
         )
-        .tick_duration(Duration::from_millis(2))
+        .tick_duration(scenario.tick)
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(50))
         .build();
 
     {
-        let (memory, history) = (memory.clone(), history.clone());
+        let (memory, history, ledger) = (memory.clone(), history.clone(), ledger.clone());
         sim.host(SOURCE, move || {
-            server::serve(memory.clone(), history.clone())
+            server::serve(memory.clone(), history.clone(), ledger.clone())
+        });
+    }
+    for i in 0..scenario.relays {
+        let trace = trace.clone();
+        sim.host(relay_host(i).as_str(), move || {
+            relay(i, seed, trace.clone())
         });
     }
     let controls: Vec<Arc<WriterControl>> = (0..scenario.writers).map(|_| Arc::default()).collect();
     for (i, control) in controls.iter().enumerate() {
         let (control, trace) = (Arc::clone(control), trace.clone());
         let workload = scenario.workload.clone();
+        let relayed = scenario.relayed(i);
         sim.host(writer_host(i).as_str(), move || {
             writer(
                 i,
                 seed,
                 workload.clone(),
+                relayed,
                 Arc::clone(&control),
                 trace.clone(),
             )
@@ -566,7 +650,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .iter()
         .map(|f| f.name.clone())
         .chain((0..scenario.writers).map(writer_host))
+        .chain((0..scenario.relays).map(relay_host))
         .collect();
+    // The flaps of reconnect storms still to come: (when, host, partition or repair).
+    let mut flaps: Vec<(Duration, String, bool)> = Vec::new();
 
     // Safety phase: faults on, invariants checked after every step.
     let step = |sim: &mut turmoil::Sim<'_>, failures: &mut Vec<String>| -> bool {
@@ -580,6 +667,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 failures.push(format!("{}: {v}", spec.name));
                 return false;
             }
+        }
+        if let Some(v) = ledger.violations().first() {
+            failures.push(format!("relays: {v}"));
+            return false;
         }
         true
     };
@@ -602,10 +693,28 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 stores: &stores,
                 handler_faults: &handler_faults,
             };
+            if let Action::Storm(h, n, each) = &action {
+                let now = sim.elapsed();
+                for k in 0..*n {
+                    flaps.push((now + *each * (2 * k), h.clone(), true));
+                    flaps.push((now + *each * (2 * k + 1), h.clone(), false));
+                }
+                continue;
+            }
             apply(&mut sim, &action, &world, &mut crashed, &mut commit_crashes);
         }
+        let now = sim.elapsed();
+        for (_, h, cut) in flaps.iter().filter(|(at, _, _)| *at <= now) {
+            if *cut {
+                sim.partition(SOURCE, h.as_str());
+            } else {
+                sim.repair(SOURCE, h.as_str());
+            }
+        }
+        flaps.retain(|(at, _, _)| *at > now);
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
+                ledger: &ledger,
                 trace: &trace,
                 history: &history,
                 probes: &probes,
@@ -682,6 +791,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
+                ledger: &ledger,
                 trace: &trace,
                 history: &history,
                 probes: &probes,
@@ -689,12 +799,29 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             };
             return finish(seed, failures, faults, None, &seen);
         }
-        if woke && converged(&probes, &history, &mut expected) {
+        if woke && drained(&memory) && converged(&probes, &history, &mut expected) {
             converged_after = Some(sim.elapsed() - healed_at);
             break;
         }
     }
     if converged_after.is_some() {
+        // Every row of the outbox is done, and a relay published each (the stream itself
+        // may have lost one to an injected fault; that is the followers' to survive).
+        let published = ledger.published_seqs();
+        let unpublished: Vec<u64> = memory
+            .outbox
+            .rows()
+            .into_iter()
+            .filter(|(row, _)| row.plan.publish && !published.contains(&row.seq))
+            .map(|(row, _)| row.seq)
+            .collect();
+        if !unpublished.is_empty() {
+            failures.push(format!(
+                "relays: {} outbox rows done but never published (seqs {:?})",
+                unpublished.len(),
+                &unpublished[..unpublished.len().min(5)]
+            ));
+        }
         // What a restart would find: every durable store holds what its follower
         // committed, the probe's view is no model of its own.
         for ((spec, probe), store) in specs.iter().zip(&probes).zip(&stores) {
@@ -726,6 +853,13 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
     } else {
+        if !drained(&memory) {
+            failures.push(format!(
+                "relays did not drain the outbox within {:?}: {:?} rows pending",
+                scenario.liveness_bound,
+                poll_once(memory.outbox.pending())
+            ));
+        }
         let wm = history.watermark();
         let expected = history.expected_at(wm);
         for (spec, probe) in specs.iter().zip(&probes) {
@@ -746,12 +880,18 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
     }
     let seen = Seen {
+        ledger: &ledger,
         trace: &trace,
         history: &history,
         probes: &probes,
         commit_crashes: landed,
     };
     finish(seed, failures, faults, converged_after, &seen)
+}
+
+/// Whether every outbox row is done.
+fn drained(memory: &Memory) -> bool {
+    matches!(poll_once(memory.outbox.pending()), Some(Ok(0)))
 }
 
 fn wake_all(memory: &Memory) {
@@ -903,11 +1043,77 @@ fn apply(
             let wm = memory.source.current_watermark();
             memory.source.compact_below(wm.saturating_sub(3));
         }
+        Action::CrashRelay(i) => {
+            let h = relay_host(*i);
+            if crashed.insert(h.clone()) {
+                sim.crash(h.as_str());
+            }
+        }
+        Action::RestartRelay(i) => {
+            let h = relay_host(*i);
+            if crashed.remove(&h) {
+                sim.bounce(h.as_str());
+            }
+        }
+        Action::Foreign(draw) => publish_foreign(memory, *draw),
+        // Carried out by the orchestrator, flap by flap.
+        Action::Storm(..) => {}
+    }
+}
+
+/// Publishes foreign and adversarial payloads on the events stream, straight into the
+/// source host's stream as another producer would: JSON that is not an event, bytes that
+/// are not JSON, events with seqs near `u64::MAX`, and events of another history (a seq
+/// the source has, with another value or key).
+fn publish_foreign(memory: &Memory, draw: u64) {
+    let head = memory.source.current_watermark();
+    let key = format!("hot-{}", draw % 8);
+    let near_max = u64::MAX - draw % 3;
+    let other_seq = 1 + draw % head.max(1);
+    let payloads: Vec<(String, Vec<u8>)> = vec![
+        (key.clone(), br#"{"hello":"world"}"#.to_vec()),
+        (key.clone(), b"\"just a string\"".to_vec()),
+        (key.clone(), br#"{"kind":"put","seq":7,"key":"#.to_vec()),
+        (key.clone(), vec![0xff, 0x00, 0x13]),
+        (
+            key.clone(),
+            format!(r#"{{"kind":"put","seq":"{head}","key":"{key}","value":"eA=="}}"#).into_bytes(),
+        ),
+        (
+            key.clone(),
+            format!(r#"{{"kind":"put","seq":{near_max},"key":"{key}","value":"Zm9yZWlnbg=="}}"#)
+                .into_bytes(),
+        ),
+        (
+            key.clone(),
+            format!(r#"{{"kind":"removed","seq":{near_max},"key":"{key}"}}"#).into_bytes(),
+        ),
+        (
+            "cold-x".into(),
+            format!(r#"{{"kind":"mutation","seq":{},"key":"cold-x"}}"#, u64::MAX).into_bytes(),
+        ),
+        (
+            key.clone(),
+            format!(r#"{{"kind":"put","seq":{other_seq},"key":"{key}","value":"b3RoZXI="}}"#)
+                .into_bytes(),
+        ),
+        (
+            format!("foreign-{draw}"),
+            format!(
+                r#"{{"kind":"put","seq":{},"key":"foreign-{draw}","value":"b3RoZXI="}}"#,
+                head + 1 + draw % 5
+            )
+            .into_bytes(),
+        ),
+    ];
+    for (key, payload) in payloads {
+        let _ = poll_once(Publish::publish(&memory.events, &key, payload));
     }
 }
 
 /// What a run saw besides its failures.
 struct Seen<'a> {
+    ledger: &'a RelayLedger,
     trace: &'a Trace,
     history: &'a History,
     probes: &'a [Probe],
@@ -940,5 +1146,7 @@ fn finish(
         failed_commits,
         warm_restarts,
         worker_restarts,
+        relay_repeats: seen.ledger.repeats(),
+        relayed: u32::try_from(seen.ledger.published_seqs().len()).unwrap_or(u32::MAX),
     }
 }

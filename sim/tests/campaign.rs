@@ -2,7 +2,7 @@
 //! converges, and the persisted followers' crash, failure and warm-restart paths are
 //! actually run; and the deliberately naive strategies are caught diverging.
 
-use tidemark_sim::scenario::{Scenario, Strategy};
+use tidemark_sim::scenario::{FaultKind, Scenario, Strategy};
 use tidemark_sim::world::run;
 
 /// Seeds checked on every CI run. Wider ranges are the campaign CLI's job.
@@ -14,9 +14,13 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     let mut failures = Vec::new();
     let mut watermarks = 0;
     let (mut commit_crashes, mut failed_commits, mut warm_restarts) = (0, 0, 0);
-    let mut worker_restarts = 0;
+    let (mut worker_restarts, mut relayed, mut taken_over) = (0, 0, 0);
+    let mut kinds = std::collections::BTreeSet::new();
     for seed in SEEDS {
         let o = run(seed, &scenario);
+        relayed += o.relayed;
+        taken_over += o.relay_repeats.1;
+        kinds.extend(o.faults.keys().copied());
         watermarks += o.watermark;
         commit_crashes += o.commit_crashes;
         failed_commits += o.failed_commits;
@@ -51,6 +55,21 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
         u64::from(warm_restarts) >= seeds,
         "only {warm_restarts} warm restarts in {seeds} seeds: persisted followers rarely resume from their store"
     );
+    assert!(
+        relayed > 50 * 32,
+        "relays published only {relayed} outbox rows: the relayed writers barely write"
+    );
+    assert!(
+        taken_over > 0,
+        "no relay ever took over a row whose lease ran out: the takeover path is never run"
+    );
+    for kind in [
+        FaultKind::RelayCrash,
+        FaultKind::ForeignEvents,
+        FaultKind::ReconnectStorm,
+    ] {
+        assert!(kinds.contains(&kind), "{kind:?} was never injected");
+    }
     assert!(
         failures.is_empty(),
         "replay with `cargo run -p tidemark-sim --release -- --seed N`:\n{}",

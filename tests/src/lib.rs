@@ -10,10 +10,14 @@
 //! project-local `.tools/nats/bin/nats-server` that `bash scripts/provision-nats.sh`
 //! installs, then `PATH`. A missing server or one older than [`MIN_VERSION`] is an error
 //! that says how to get a good one; tests must fail on it, never skip.
+//!
+//! [`fuzz_corpus`] hands the checked-in fuzz corpus to the tests that replay it.
 
+mod corpus;
 mod nats_bin;
 mod nats_server;
 
+pub use corpus::fuzz_corpus;
 pub use nats_bin::{MIN_VERSION, NatsServerBin, NatsVersion, PROVISION_HINT};
 pub use nats_server::{
     HarnessError, NatsCluster, NatsServer, NatsServerOptions, wait_jetstream_ready,

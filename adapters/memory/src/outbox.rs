@@ -28,12 +28,26 @@ struct State {
     done: BTreeMap<u64, OutboxRow>,
 }
 
-#[derive(Debug)]
+/// Where leases are measured: tokio's clock, or the caller's.
+type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
 struct Inner {
     state: Mutex<State>,
     /// Bumped when a row is appended or released.
     changed: Signal,
     faults: Faults,
+    clock: Option<Clock>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("state", &self.state)
+            .field("changed", &self.changed)
+            .field("faults", &self.faults)
+            .field("clock", &self.clock.as_ref().map(|_| "caller's"))
+            .finish()
+    }
 }
 
 /// An in-process [`Outbox`] with the same claim semantics as SQLite's: leases in tokio
@@ -57,13 +71,36 @@ impl MemoryOutbox {
     /// An empty outbox whose calls consult `faults`.
     #[must_use]
     pub fn new(faults: Faults) -> Self {
+        Self::build(faults, None)
+    }
+
+    /// An empty outbox whose leases are measured on `clock` instead of tokio's.
+    ///
+    /// The rows outlive the runtime that claimed them (a simulated host that crashes and
+    /// comes back runs on a new runtime, whose `Instant`s start from a new base): a clock
+    /// that outlives every runtime keeps a lease taken before a restart comparable with
+    /// the time after it, as SQLite's wall-clock `claim_until` is.
+    #[must_use]
+    pub fn with_clock(faults: Faults, clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
+        Self::build(faults, Some(Arc::new(clock)))
+    }
+
+    fn build(faults: Faults, clock: Option<Clock>) -> Self {
         MemoryOutbox {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 changed: Signal::default(),
                 faults,
+                clock,
             }),
         }
+    }
+
+    fn now(&self) -> Instant {
+        self.inner
+            .clock
+            .as_ref()
+            .map_or_else(Instant::now, |clock| clock())
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -122,7 +159,7 @@ impl Outbox for MemoryOutbox {
 
     async fn claim(&self, owner: &str, after: u64, max: usize, lease: Duration) -> Result<Claimed> {
         self.inner.faults.check(Port::Outbox)?;
-        let now = Instant::now();
+        let now = self.now();
         let until = now + lease;
         let mut s = self.state();
         let mut claimed = Claimed::default();

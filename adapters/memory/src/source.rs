@@ -4,10 +4,10 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, Legs, Op};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
-    check_key, check_value,
+    check_key_within, check_value,
 };
 
 use crate::faults::{Faults, Port};
@@ -47,6 +47,7 @@ struct Inner {
 pub struct MemorySource {
     inner: Arc<Inner>,
     announce: Option<(Legs, MemoryOutbox)>,
+    prefix: Option<KeyPrefix>,
 }
 
 impl Default for MemorySource {
@@ -64,17 +65,7 @@ fn append_announcement(
     key: &str,
     value: Option<&[u8]>,
 ) {
-    let event = match value {
-        Some(v) => Event::Put {
-            seq,
-            key: key.to_owned(),
-            value: v.to_vec(),
-        },
-        None => Event::Removed {
-            seq,
-            key: key.to_owned(),
-        },
-    };
+    let event = Event::of_write(seq, key, value);
     match AnnouncePlan::new(&event, *legs) {
         Ok(plan) => outbox.append(seq, plan),
         Err(e) => tracing::warn!(key, seq, error = %e, "not announced"),
@@ -96,7 +87,38 @@ impl MemorySource {
                 faults,
             }),
             announce: None,
+            prefix: None,
         }
+    }
+
+    /// A view of the same source over the keys that begin with `prefix` (byte for byte):
+    /// its reads, listings, changes, snapshots and feed carry only those keys, and a
+    /// follower over it keeps only those ([`Source::key_prefix`]). Its feed is
+    /// [`Continuity::Filtered`](tidemark::tidemark_core::Continuity::Filtered) (the other
+    /// keys' seqs are skipped). Writes outside the prefix are refused.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a prefix no key could begin with (empty, too long,
+    /// control characters).
+    pub fn with_prefix(&self, prefix: &str) -> Result<MemorySource> {
+        Ok(MemorySource {
+            prefix: Some(tidemark::key_prefix(prefix)?),
+            ..self.clone()
+        })
+    }
+
+    /// Whether this view carries `key`.
+    fn holds(&self, key: &str) -> bool {
+        self.prefix.as_ref().is_none_or(|p| p.matches(key))
+    }
+
+    /// The current entries this view carries, in key order.
+    fn current<'s>(&self, s: &'s State) -> impl Iterator<Item = (&'s String, &'s Versioned)> {
+        let from = self.prefix.as_ref().map_or("", KeyPrefix::as_str);
+        let prefix = self.prefix.clone();
+        s.entries
+            .range::<str, _>((std::ops::Bound::Included(from), std::ops::Bound::Unbounded))
+            .take_while(move |(k, _)| prefix.as_ref().is_none_or(|p| p.matches(k)))
     }
 
     /// A handle on the same source whose every write also appends a row to `outbox`,
@@ -108,6 +130,7 @@ impl MemorySource {
         MemorySource {
             inner: Arc::clone(&self.inner),
             announce: Some((legs, outbox)),
+            prefix: self.prefix.clone(),
         }
     }
 
@@ -190,14 +213,14 @@ impl MemorySource {
 impl Source for MemorySource {
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
         self.inner.faults.check(Port::Source)?;
-        check_key(key)?;
+        check_key_within(key, self.prefix.as_ref())?;
         check_value(&value)?;
         Ok(self.commit(key, Op::Put, value))
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
         self.inner.faults.check(Port::Source)?;
-        check_key(key)?;
+        check_key_within(key, self.prefix.as_ref())?;
         check_value(&value)?;
         let seq = {
             let mut s = self.state();
@@ -230,7 +253,7 @@ impl Source for MemorySource {
 
     async fn remove(&self, key: &str) -> Result<Option<u64>> {
         self.inner.faults.check(Port::Source)?;
-        check_key(key)?;
+        check_key_within(key, self.prefix.as_ref())?;
         if !self.state().entries.contains_key(key) {
             return Ok(None);
         }
@@ -253,7 +276,7 @@ impl Source for MemorySource {
         let skip = usize::try_from(since.saturating_add(1) - s.log_base).unwrap_or(usize::MAX);
         // Only the latest mutation per key: the cost is what changed, once per key.
         let mut latest: BTreeMap<&str, &Entry> = BTreeMap::new();
-        for e in s.log.iter().skip(skip) {
+        for e in s.log.iter().skip(skip).filter(|e| self.holds(&e.key)) {
             latest.insert(e.key.as_str(), e);
         }
         let mut entries: Vec<Entry> = latest.into_values().cloned().collect();
@@ -268,7 +291,7 @@ impl Source for MemorySource {
         self.inner.faults.check(Port::Source)?;
         let state = self.state();
         Ok(Some(tidemark::PresentKeys {
-            keys: state.entries.keys().cloned().collect(),
+            keys: self.current(&state).map(|(k, _)| k.clone()).collect(),
             watermark: state.seq,
         }))
     }
@@ -277,18 +300,25 @@ impl Source for MemorySource {
         self.inner.faults.check(Port::Source)?;
         let s = self.state();
         Ok(Snapshot {
-            entries: s
-                .entries
-                .iter()
+            entries: self
+                .current(&s)
                 .map(|(k, v)| Entry::put(v.seq, k.clone(), v.value.clone()))
                 .collect(),
             watermark: s.seq,
         })
     }
 
+    /// `None` for a key outside this view's prefix.
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
         self.inner.faults.check(Port::Source)?;
+        if !self.holds(key) {
+            return Ok(None);
+        }
         Ok(self.state().entries.get(key).cloned())
+    }
+
+    fn key_prefix(&self) -> Option<&KeyPrefix> {
+        self.prefix.as_ref()
     }
 
     async fn first_available(&self) -> Result<u64> {
@@ -301,6 +331,7 @@ impl Source for MemorySource {
 #[derive(Debug)]
 pub struct LogStream {
     inner: Arc<Inner>,
+    prefix: Option<KeyPrefix>,
     seen: u64,
     next_seq: u64,
     generation: u64,
@@ -329,9 +360,14 @@ impl FeedStream for LogStream {
                     )));
                 }
                 let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
-                self.buf
-                    .extend(s.log.iter().skip(skip).take(READ_BATCH).cloned());
-                self.next_seq += self.buf.len() as u64;
+                let read: Vec<&Entry> = s.log.iter().skip(skip).take(READ_BATCH).collect();
+                self.next_seq += read.len() as u64;
+                let prefix = self.prefix.as_ref();
+                self.buf.extend(
+                    read.into_iter()
+                        .filter(|e| prefix.is_none_or(|p| p.matches(&e.key)))
+                        .cloned(),
+                );
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;
@@ -346,16 +382,31 @@ impl Feed for MemorySource {
 
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<LogStream>> {
         self.inner.faults.check(Port::Feed)?;
-        let (first_available, head) = {
+        let from = from.max(1);
+        let info = {
             let s = self.state();
-            (s.log_base, s.seq)
+            match &self.prefix {
+                None => FeedInfo::change_log(s.log_base, s.seq),
+                Some(p) => {
+                    // The last entry of the prefix this feed will deliver.
+                    let last = s
+                        .log
+                        .iter()
+                        .rev()
+                        .take_while(|e| e.seq >= from)
+                        .find(|e| p.matches(&e.key))
+                        .map_or(0, |e| e.seq);
+                    FeedInfo::filtered_log(s.log_base, FeedInfo::filtered_head(last, s.seq, from))
+                }
+            }
         };
         Ok(Opened {
-            info: FeedInfo::change_log(first_available, head),
+            info,
             stream: LogStream {
                 inner: Arc::clone(&self.inner),
+                prefix: self.prefix.clone(),
                 seen: self.inner.head.version(),
-                next_seq: from.max(1),
+                next_seq: from,
                 generation: self.inner.generation.load(Ordering::Acquire),
                 buf: VecDeque::new(),
             },

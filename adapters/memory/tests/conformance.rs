@@ -18,6 +18,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    source_puts_typed_values_as_json => MemorySource::default();
     source_seqs_increase => MemorySource::default();
     source_get_returns_value_and_seq => MemorySource::default();
     source_update_is_compare_and_set => MemorySource::default();
@@ -55,4 +56,22 @@ async fn outbox_claims_are_exclusive_and_expire() {
     let announced = m.announced_source(Legs::default());
     c::outbox_claims_are_exclusive_and_expire(&m.outbox, &announced, Duration::from_millis(100))
         .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefix_view_carries_only_its_keys() {
+    let whole = MemorySource::default();
+    let view = whole.with_prefix("orders.").unwrap();
+    c::prefix_view_carries_only_its_keys(&whole, &view).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn prefix_follower_holds_exactly_its_keys() {
+    let whole = MemorySource::default();
+    let view = whole.with_prefix("orders.").unwrap();
+    let compacted = whole.clone();
+    c::prefix_follower_holds_exactly_its_keys(whole, view, |seq| async move {
+        compacted.compact_below(seq);
+    })
+    .await;
 }

@@ -33,6 +33,22 @@ pub(crate) fn check_key(key: &str) -> Result<(), Error> {
     Ok(())
 }
 
+/// `prefix` as the [`KeyPrefix`](tidemark::tidemark_core::KeyPrefix) of a bucket view:
+/// whole subject tokens (`orders` or `orders.eu`, a trailing `.` allowed), so the server
+/// can filter on `orders.eu.>`. The view holds the keys that begin with the tokens and a
+/// `.`. Empty tokens, wildcards and characters no KV key holds are refused.
+pub(crate) fn check_prefix(prefix: &str) -> Result<tidemark::tidemark_core::KeyPrefix, Error> {
+    let tokens = prefix.strip_suffix('.').unwrap_or(prefix);
+    check_key(tokens).map_err(|e| match e {
+        Error::InvalidKey { reason, .. } => Error::InvalidKey {
+            key: tidemark::tidemark_core::shorten(prefix, 128),
+            reason,
+        },
+        other => other,
+    })?;
+    tidemark::key_prefix(&format!("{tokens}."))
+}
+
 /// Why a name cannot be a stream, consumer or bucket name, if it cannot.
 pub(crate) fn check_name(name: &str) -> Result<(), Error> {
     if name.is_empty()
@@ -69,6 +85,33 @@ mod tests {
             assert!(check_key(good).is_ok(), "{good:?} is a valid KV key");
         }
         assert!(check_name("consumer_1-a").is_ok());
+    }
+
+    #[test]
+    fn prefixes_are_whole_tokens_without_wildcards() {
+        for bad in [
+            "",
+            ".",
+            "orders..eu",
+            ".orders",
+            "orders.*",
+            "orders.>",
+            "*",
+            ">",
+            "a b",
+            "orders..",
+        ] {
+            assert!(
+                matches!(check_prefix(bad), Err(Error::InvalidKey { .. })),
+                "{bad:?} cannot be filtered on the server as a key prefix"
+            );
+        }
+        assert_eq!(check_prefix("orders.eu").unwrap().as_str(), "orders.eu.");
+        assert_eq!(
+            check_prefix("orders.eu.").unwrap().as_str(),
+            "orders.eu.",
+            "a trailing dot names the same tokens"
+        );
         assert!(check_name("a.b").is_err(), "dots split subjects");
     }
 }

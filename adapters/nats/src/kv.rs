@@ -11,7 +11,7 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKin
 use async_nats::jetstream::stream::State;
 use async_nats::{Client, HeaderMap, jetstream};
 use bytes::Bytes;
-use tidemark::tidemark_core::{Entry, FeedInfo, Op};
+use tidemark::tidemark_core::{Entry, FeedInfo, KeyPrefix, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
 };
@@ -19,7 +19,7 @@ use tokio::sync::Mutex;
 use tracing::debug;
 
 use crate::consumer::{Delivered, PushReader, Seen};
-use crate::error::{check_key, check_name, unavailable};
+use crate::error::{check_key, check_name, check_prefix, unavailable};
 
 const KV_OPERATION: &str = "KV-Operation";
 const MARKER_REASON: &str = "Nats-Marker-Reason";
@@ -39,9 +39,13 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// The bucket is looked up lazily: while it does not exist, every call fails with
 /// [`Error::Unavailable`] and the follower's lookup backoff retries until it appears.
 /// Cheap to clone.
+///
+/// [`with_prefix`](Self::with_prefix) makes a view over part of the bucket: the server
+/// filters every consumer, replay and listing on the prefix's subjects.
 #[derive(Clone)]
 pub struct KvBucket {
     inner: Arc<Inner>,
+    prefix: Option<KeyPrefix>,
 }
 
 struct Inner {
@@ -56,6 +60,7 @@ impl std::fmt::Debug for KvBucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KvBucket")
             .field("bucket", &self.inner.bucket)
+            .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
@@ -90,7 +95,37 @@ impl KvBucket {
                 store: Mutex::new(None),
                 read: AtomicU64::new(0),
             }),
+            prefix: None,
         })
+    }
+
+    /// A view of the same bucket over the keys under `prefix`, given as whole subject
+    /// tokens: `"orders.eu"` (or `"orders.eu."`) holds `orders.eu.1` and `orders.eu.x.2`,
+    /// not `orders.eu` itself nor `orders.europe.1`. Every consumer, replay, head and
+    /// listing is filtered on the server (`$KV.<bucket>.orders.eu.>`), so the rest of the
+    /// bucket is never sent; a follower over the view keeps only its keys
+    /// ([`Source::key_prefix`]). Writes outside the prefix are refused. The view shares
+    /// the bucket's lookup and its [`entries_read`](Self::entries_read) count.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a prefix the server cannot filter on: empty tokens
+    /// (`""`, `"a..b"`, `".a"`), wildcards (`*`, `>`), or characters no KV key holds.
+    pub fn with_prefix(&self, prefix: &str) -> Result<KvBucket> {
+        Ok(KvBucket {
+            inner: Arc::clone(&self.inner),
+            prefix: Some(check_prefix(prefix)?),
+        })
+    }
+
+    /// Whether this view holds `key`.
+    fn holds(&self, key: &str) -> bool {
+        self.prefix.as_ref().is_none_or(|p| p.matches(key))
+    }
+
+    /// [`check_key`], and a key this view does not hold.
+    fn check_write(&self, key: &str) -> Result<()> {
+        check_key(key)?;
+        tidemark::check_key_within(key, self.prefix.as_ref())
     }
 
     /// The bucket's name.
@@ -147,8 +182,10 @@ impl KvBucket {
         }
     }
 
-    fn filter(store: &kv::Store) -> String {
-        format!("{}>", store.prefix)
+    /// The subjects this view reads: the bucket's, or the prefix's.
+    fn filter(&self, store: &kv::Store) -> String {
+        let within = self.prefix.as_ref().map_or("", KeyPrefix::as_str);
+        format!("{}{within}>", store.prefix)
     }
 
     /// The seq of the last message still in the stream (0 if none): every replay delivers
@@ -160,7 +197,7 @@ impl KvBucket {
         }
         match store
             .stream
-            .get_last_raw_message_by_subject(&Self::filter(store))
+            .get_last_raw_message_by_subject(&self.filter(store))
             .await
         {
             Ok(message) => Ok(message.sequence),
@@ -195,7 +232,7 @@ impl KvBucket {
             &self.inner.client,
             &self.inner.context,
             &store.stream,
-            Self::filter(store),
+            self.filter(store),
             deliver,
             port,
         )
@@ -356,7 +393,7 @@ fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
 
 impl Source for KvBucket {
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
-        check_key(key)?;
+        self.check_write(key)?;
         let store = self.store("source").await?;
         self.check_value(&store, &value)?;
         store
@@ -366,7 +403,7 @@ impl Source for KvBucket {
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
-        check_key(key)?;
+        self.check_write(key)?;
         let store = self.store("source").await?;
         self.check_value(&store, &value)?;
         if expected == 0 {
@@ -400,7 +437,7 @@ impl Source for KvBucket {
     }
 
     async fn remove(&self, key: &str) -> Result<Option<u64>> {
-        check_key(key)?;
+        self.check_write(key)?;
         let store = self.store("source").await?;
         let subject = format!(
             "{}{key}",
@@ -490,7 +527,7 @@ impl Source for KvBucket {
         let watermark = state.last_sequence;
         let subjects = store
             .stream
-            .info_with_subjects(Self::filter(&store))
+            .info_with_subjects(self.filter(&store))
             .await
             .map_err(|e| unavailable("source", e))?;
         let keys = subjects
@@ -525,8 +562,12 @@ impl Source for KvBucket {
         })
     }
 
+    /// `None` for a key outside this view's prefix.
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
         check_key(key)?;
+        if !self.holds(key) {
+            return Ok(None);
+        }
         Ok(self.entry(key).await?.and_then(|e| {
             (e.operation == Operation::Put).then(|| Versioned {
                 seq: e.revision,
@@ -537,6 +578,10 @@ impl Source for KvBucket {
 
     async fn first_available(&self) -> Result<u64> {
         Ok(first_available(&self.state("source").await?.1))
+    }
+
+    fn key_prefix(&self) -> Option<&KeyPrefix> {
+        self.prefix.as_ref()
     }
 
     /// The reconnects of the client, if [`NatsOptions::connect`](crate::NatsOptions::connect)
@@ -612,13 +657,17 @@ impl Feed for KvBucket {
             &self.inner.client,
             &self.inner.context,
             &store.stream,
-            Self::filter(&store),
+            self.filter(&store),
             deliver,
             "feed",
         )
         .await?;
         let (store, state) = self.state("feed").await?;
-        let head = feed_head(self.head(&store, &state, "feed").await?, &state, from);
+        let head = FeedInfo::filtered_head(
+            self.head(&store, &state, "feed").await?,
+            state.last_sequence,
+            from,
+        );
         Ok(Opened {
             info: FeedInfo::kv(first_available(&state), head),
             stream: KvStream {
@@ -637,15 +686,6 @@ impl Feed for KvBucket {
     fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         crate::reconnects::of(&self.inner.client)
     }
-}
-
-/// The head a feed opened `from` reports. The last message present can be below the
-/// stream's last sequence (the newest messages expired, a trailing delete marker purged):
-/// then the feed is caught up at `from - 1`, and reporting the lower seq would read as a
-/// source behind the follower's watermark and resync it on every open. Only a stream whose
-/// own sequence is behind `from - 1` (a bucket deleted and made again) reports less.
-fn feed_head(last_present: u64, state: &State, from: u64) -> u64 {
-    last_present.max(state.last_sequence.min(from.saturating_sub(1)))
 }
 
 #[cfg(test)]

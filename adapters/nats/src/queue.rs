@@ -206,6 +206,7 @@ impl NatsQueue {
     /// The message of a lease this handle still holds, or [`Error::LeaseLost`].
     async fn held(&self, lease: &Leased) -> Result<jetstream::Message> {
         let mut leases = self.inner.leases.lock().await;
+        Self::forget_expired(&mut leases, Instant::now());
         match leases.get(&lease.id.0) {
             Some(held) if held.attempt == lease.attempt => {}
             _ => {

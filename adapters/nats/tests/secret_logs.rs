@@ -5,50 +5,14 @@
 //! call sites cached as silent, and this test would then capture nothing.
 #![allow(clippy::unwrap_used)]
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tidemark_nats::NatsOptions;
 
-const PASSWORD: &str = "pa55-w0rd-secret";
-const TOKEN: &str = "t0ken-secret";
+#[path = "common/secrets.rs"]
+mod secrets;
 
-fn assert_no_secret(what: &str, text: &str) {
-    for secret in [PASSWORD, TOKEN] {
-        assert!(
-            !text.contains(secret),
-            "{what} must not show the secret {secret:?}: {text}"
-        );
-    }
-}
-
-/// A loopback port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-fn urls(port: u16) -> [String; 2] {
-    [
-        format!("nats://mirror:{PASSWORD}@127.0.0.1:{port}"),
-        format!("nats://{TOKEN}@127.0.0.1:{port}"),
-    ]
-}
-
-/// Collects everything logged, at every level, by any crate (async-nats included).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
+use secrets::{Captured, assert_no_secret, closed_port, urls};
 
 #[test]
 fn logs_of_a_failed_connect_never_show_a_password() {

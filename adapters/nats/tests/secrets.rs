@@ -7,30 +7,10 @@ use std::time::Duration;
 
 use tidemark_nats::NatsOptions;
 
-const PASSWORD: &str = "pa55-w0rd-secret";
-const TOKEN: &str = "t0ken-secret";
+#[path = "common/secrets.rs"]
+mod secrets;
 
-fn assert_no_secret(what: &str, text: &str) {
-    for secret in [PASSWORD, TOKEN] {
-        assert!(
-            !text.contains(secret),
-            "{what} must not show the secret {secret:?}: {text}"
-        );
-    }
-}
-
-/// A loopback port nothing listens on (bound, then released).
-fn closed_port() -> u16 {
-    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
-    listener.local_addr().unwrap().port()
-}
-
-fn urls(port: u16) -> [String; 2] {
-    [
-        format!("nats://mirror:{PASSWORD}@127.0.0.1:{port}"),
-        format!("nats://{TOKEN}@127.0.0.1:{port}"),
-    ]
-}
+use secrets::{assert_no_secret, closed_port, urls};
 
 #[test]
 fn debug_of_options_hides_passwords_and_tokens_in_urls() {

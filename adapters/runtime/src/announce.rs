@@ -125,6 +125,27 @@ impl<S: Source, P: Publish, W: Wake, Q: Queue> AnnouncingRegistry<S, P, W, Q> {
         Ok(self.announce_put(seq, key, value).await)
     }
 
+    /// Writes `value` as JSON under `key`, then announces it (see
+    /// [`to_json`](crate::to_json) for a value that cannot be written).
+    pub async fn put_json<T: serde::Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+    ) -> Result<Written> {
+        self.put(key, crate::json::to_json(key, value)?).await
+    }
+
+    /// Compare-and-set write of `value` as JSON, then announces it.
+    pub async fn update_json<T: serde::Serialize + ?Sized>(
+        &self,
+        key: &str,
+        value: &T,
+        expected: u64,
+    ) -> Result<Written> {
+        self.update(key, crate::json::to_json(key, value)?, expected)
+            .await
+    }
+
     /// Compare-and-set write (see [`Source::update`]), then announces it.
     pub async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<Written> {
         let seq = self.source.update(key, value.clone(), expected).await?;

@@ -16,6 +16,10 @@
 //! quick against a real clock. Enabled by the `conformance` feature.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+mod prefix;
+
+pub use prefix::{prefix_follower_holds_exactly_its_keys, prefix_view_carries_only_its_keys};
+
 use std::time::Duration;
 
 use tidemark_core::{
@@ -1143,4 +1147,63 @@ pub async fn source_lists_its_present_keys<S: Source>(s: &S) {
         "no key that was never written: {keys:?}"
     );
     assert!(present.watermark >= last, "{present:?}");
+}
+
+/// Typed writes: a serde value is stored as its JSON (what [`Json`](tidemark_core::Json)
+/// reads back), a compare-and-set of one is one; a value that does not serialize is an
+/// [`Error::Encode`](crate::Error::Encode) and one whose JSON is over [`MAX_VALUE_BYTES`]
+/// an [`Error::ValueTooLarge`](crate::Error::ValueTooLarge), both before anything is
+/// written.
+pub async fn source_puts_typed_values_as_json<S: Source>(s: &S) {
+    use crate::PutJson as _;
+    use tidemark_core::Decode as _;
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Package {
+        version: String,
+        yanked: bool,
+    }
+    let v1 = Package {
+        version: "1.0.0".into(),
+        yanked: false,
+    };
+    let seq = s.put_json("pkg.a", &v1).await.unwrap();
+    let stored = s.get("pkg.a").await.unwrap().unwrap();
+    assert_eq!(stored.seq, seq);
+    let read: Package = tidemark_core::Json::new()
+        .decode("pkg.a", stored.value)
+        .unwrap();
+    assert_eq!(read, v1, "what a Json decoder reads back is what was put");
+    let v2 = Package {
+        version: "1.0.1".into(),
+        yanked: true,
+    };
+    let conflict = s.update_json("pkg.a", &v2, seq + 1_000).await;
+    assert!(
+        matches!(conflict, Err(crate::Error::Conflict { .. })),
+        "{conflict:?}"
+    );
+    let seq2 = s.update_json("pkg.a", &v2, seq).await.unwrap();
+    assert!(seq2 > seq);
+
+    let watermark = s.watermark().await.unwrap();
+    // A map with keys that are not strings has no JSON form.
+    let unencodable = std::collections::BTreeMap::from([((1u8, 2u8), 3u8)]);
+    let refused = s.put_json("pkg.b", &unencodable).await;
+    assert!(
+        matches!(&refused, Err(crate::Error::Encode { key, .. }) if key == "pkg.b"),
+        "a value with no JSON form is a typed error naming the key: {refused:?}"
+    );
+    let huge = "x".repeat(MAX_VALUE_BYTES);
+    let refused = s.put_json("pkg.c", &huge).await;
+    assert!(
+        matches!(refused, Err(crate::Error::ValueTooLarge { len, .. }) if len == MAX_VALUE_BYTES + 2),
+        "JSON over the followers' limit is refused before it is sent: {refused:?}"
+    );
+    assert_eq!(
+        s.watermark().await.unwrap(),
+        watermark,
+        "a refused typed write uses no seq"
+    );
+    assert_eq!(s.get("pkg.b").await.unwrap(), None);
 }

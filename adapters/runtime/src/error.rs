@@ -43,6 +43,14 @@ pub enum Error {
         /// The limit.
         max: usize,
     },
+    /// A typed value that could not be encoded for a write (see [`to_json`](crate::to_json)).
+    #[error("value for {key:?} cannot be encoded: {reason}")]
+    Encode {
+        /// The key written, possibly shortened.
+        key: String,
+        /// The encoder's explanation.
+        reason: String,
+    },
     /// A queue lease or a lock lease is no longer held (it expired and was handed to
     /// someone else, or was already completed).
     #[error("lease lost: {0}")]
@@ -69,6 +77,9 @@ pub enum Error {
         /// The handler's error, displayed.
         reason: String,
     },
+    /// A value that cannot be a user job (not tagged by `"kind"`, or a built-in kind).
+    #[error(transparent)]
+    Job(#[from] tidemark_core::JobError),
     /// A configuration the core refused.
     #[error(transparent)]
     Config(#[from] tidemark_core::ConfigError),
@@ -98,6 +109,29 @@ pub fn check_key(key: &str) -> Result<()> {
         key: tidemark_core::shorten(key, 64),
         reason: p.describe(),
     })
+}
+
+/// `prefix` as a [`KeyPrefix`](tidemark_core::KeyPrefix) for a source view over part of
+/// its keys; [`Error::InvalidKey`] for one no key could begin with (empty, too long,
+/// control characters).
+pub fn key_prefix(prefix: &str) -> Result<tidemark_core::KeyPrefix> {
+    tidemark_core::KeyPrefix::new(prefix).map_err(|p| Error::InvalidKey {
+        key: tidemark_core::shorten(prefix, 64),
+        reason: p.describe(),
+    })
+}
+
+/// [`check_key`], and for a source view over `prefix`, [`Error::InvalidKey`] for a key
+/// outside it: what a view refuses to write.
+pub fn check_key_within(key: &str, prefix: Option<&tidemark_core::KeyPrefix>) -> Result<()> {
+    check_key(key)?;
+    match prefix {
+        Some(p) if !p.matches(key) => Err(Error::InvalidKey {
+            key: tidemark_core::shorten(key, 64),
+            reason: "outside the source's key prefix",
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Refuses a value larger than [`MAX_VALUE_BYTES`](tidemark_core::MAX_VALUE_BYTES) with

@@ -4,15 +4,16 @@
 //! durable consumers and supervised workers.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
+use std::time::Duration;
 
 use tidemark_core::{
-    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follower, FollowerConfig, Input,
-    Notice, Output, Phase, Request, Rng, Status, Token,
+    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
+    Input, Notice, Output, Phase, Request, Rng, Status, Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
-use tracing::{Instrument, debug, info, warn};
+use tracing::{debug, info, warn};
 
 use crate::cache::{Cache, CacheWriter, cache};
 use crate::clock::Clock;
@@ -20,8 +21,10 @@ use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
 use crate::reconnect::Reconnects;
+use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::Sink;
+use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
 
 /// What one reconcile caught up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -102,6 +105,11 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// The watermark the sink last committed.
     committed: u64,
     runs: u32,
+    /// The source's head as last learned: what lag is measured against.
+    head: u64,
+    /// Its series, registered when it first runs (with the recorder installed then).
+    metrics: Option<FollowerMetrics>,
+    progress: Arc<Progress>,
 }
 
 impl<S, F, D, K> FollowerTask<S, F, NoCursors, NoWake, D, K>
@@ -122,8 +130,14 @@ where
 
     /// A task around an existing core (one made with [`Follower::resume`], say). The core
     /// is set to follow the feed the way the feed says.
+    /// A source over a key prefix ([`Source::key_prefix`]) limits the core to it.
     pub fn from_core(core: Follower<D>, source: S, feed: F, sink: K) -> Self {
         let mut core = core.following(F::FOLLOW);
+        if let Some(prefix) = source.key_prefix()
+            && !core.prefixes().contains(prefix)
+        {
+            core = core.within(prefix.clone());
+        }
         if K::FALLIBLE {
             core.track_commits(true);
         }
@@ -154,6 +168,9 @@ where
             commands_tx,
             batch: Batch::default(),
             runs: 0,
+            head: 0,
+            metrics: None,
+            progress: Arc::default(),
         }
     }
 }
@@ -203,6 +220,9 @@ where
             batch: self.batch,
             committed: self.committed,
             runs: self.runs,
+            head: self.head,
+            metrics: self.metrics,
+            progress: self.progress,
         }
     }
 
@@ -250,11 +270,24 @@ where
     }
 
     async fn run_loop(&mut self, mut stop: StopSignal) -> Result<()> {
+        if self.metrics.is_none() {
+            self.metrics = Some(FollowerMetrics::new(
+                self.core.config().name(),
+                &self.source_name,
+            ));
+        }
         if self.runs == 0 {
             if let Some(held) = self.sink.resume().await? {
                 info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, "resuming from the sink");
                 self.core.start_from(held.watermark, held.keys);
                 self.committed = self.core.watermark();
+                if F::FOLLOW == Follow::Announcements && held.keys > 0 {
+                    // Announcements run ahead of the source, and a sink keeps them with
+                    // their batch: a key held past the watermark may be a foreign event
+                    // no read has confirmed yet. Only a listing finds those keys, and the
+                    // core holds them unconfirmed until a read covers their seqs.
+                    self.complete_index().await?;
+                }
             }
         } else {
             // A restart: whatever waits out a backoff is tried now.
@@ -318,6 +351,9 @@ where
                     }
                     self.core.handle_timeout(now);
                 }
+                Event::Wake(Ok(Received::Wake(payload))) if !self.wakes_for_us(&payload) => {
+                    self.wake_backoff.reset();
+                }
                 Event::Wake(Ok(Received::Wake(_) | Received::TimedOut)) => {
                     self.wake_backoff.reset();
                     self.core.handle_input(Input::Wake, now);
@@ -346,6 +382,17 @@ where
         }
     }
 
+    /// Whether a wake's payload may concern this follower's keys: an event about a key
+    /// outside its prefix announces a change it does not keep, so no catch-up is needed
+    /// for it (every change is announced on its own, and an empty or foreign payload
+    /// always catches up).
+    fn wakes_for_us(&self, payload: &[u8]) -> bool {
+        if self.core.prefixes().is_empty() || payload.is_empty() {
+            return true;
+        }
+        tidemark_core::Event::decode(payload).map_or(true, |e| self.core.keeps(e.key()))
+    }
+
     /// Takes the items the feed has ready (up to a batch), tells a lazily resumed core
     /// what the sink holds for their keys, and hands them to the core.
     async fn on_feed(&mut self, token: Token, first: Option<Result<FeedItem>>) -> Result<()> {
@@ -370,6 +417,17 @@ where
             if let Err(e) = self.learn(keys).await {
                 // The items are dropped with the feed; it redelivers them after the rewind.
                 return self.sink_failed(e).await;
+            }
+        }
+        for item in &items {
+            match item {
+                // A replayed feed's pending count says how much of the source follows.
+                Some(Ok(FeedItem::Entry(e))) if F::FOLLOW == Follow::Replay => {
+                    self.learn_head(e.seq.saturating_add(e.pending.unwrap_or(0)));
+                }
+                Some(Ok(FeedItem::Entry(e))) => self.learn_head(e.seq),
+                Some(Ok(FeedItem::Undecodable { seq: Some(seq), .. })) => self.learn_head(*seq),
+                _ => {}
             }
         }
         let now = self.clock.now();
@@ -523,7 +581,11 @@ where
                 Request::LookupSource { token } => or_stop(stop, self.source.watermark())
                     .await
                     .map(|found| match found {
-                        Ok(_) => Input::SourceFound { token },
+                        Ok(head) => {
+                            // A fresh read of the source: it may be a new, shorter history.
+                            self.head = head;
+                            Input::SourceFound { token }
+                        }
                         Err(e) => failed(token, &e),
                     }),
                 Request::OpenFeed {
@@ -534,6 +596,9 @@ where
                     None => None,
                     Some(Ok(opened)) => {
                         debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                        if opened.info.follow == Follow::Replay {
+                            self.learn_head(opened.info.head);
+                        }
                         self.stream = Some((token, opened.stream));
                         Some(Input::FeedOpened {
                             token,
@@ -549,6 +614,7 @@ where
                     match or_stop(stop, self.source.changes_since(since)).await {
                         None => None,
                         Some(Ok(Changes::Since { entries, watermark })) => {
+                            self.learn_head(watermark);
                             let keys = entries.iter().map(|e| e.key.clone()).collect();
                             if let Err(e) = self.learn(keys).await {
                                 self.sink_failed(e).await?;
@@ -572,6 +638,8 @@ where
                 Request::Snapshot { token } => match or_stop(stop, self.source.snapshot()).await {
                     None => None,
                     Some(Ok(snap)) => {
+                        // A snapshot reads the source whole: its head now, even a lower one.
+                        self.head = snap.watermark;
                         if let Err(e) = self.complete_index().await {
                             self.sink_failed(e).await?;
                             continue;
@@ -588,6 +656,7 @@ where
                     match or_stop(stop, self.source.present_keys()).await {
                         None => None,
                         Some(Ok(Some(present))) => {
+                            self.learn_head(present.watermark);
                             // The listing judges every cached key: a lazily resumed core must
                             // know them all first.
                             if let Err(e) = self.complete_index().await {
@@ -755,6 +824,11 @@ where
         }
     }
 
+    /// The source has reached at least `head`.
+    fn learn_head(&mut self, head: u64) {
+        self.head = self.head.max(head);
+    }
+
     fn publish_status(&self) {
         let core = &self.core;
         self.status.send_if_modified(|s| {
@@ -768,6 +842,16 @@ where
             // .poison > 0)` must not hang on a counter-only change.
             before != (s.phase, s.ready, s.watermark, s.keys, s.counters)
         });
+        let status = self.status.borrow();
+        self.progress.observe(&status, self.head, Instant::now());
+        if let Some(m) = &self.metrics {
+            m.record(&status, self.head);
+        }
+    }
+
+    /// What the follower's health is judged from, shared with its handle.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
     }
 
     /// Spawns the task on the current tokio runtime.
@@ -781,20 +865,20 @@ where
         D::Value: Send,
         K: 'static,
     {
-        let shutdown = Shutdown::new();
         let status = self.status.subscribe();
         let commands = self.commands_tx.clone();
         let name = self.core.config().name().to_owned();
         let span = tracing::info_span!("follower", name = %name);
-        let signal = shutdown.signal();
+        let progress = self.progress();
         let mut task = self;
-        let task = tokio::spawn(async move { task.run(signal).await }.instrument(span));
+        let running = Running::spawn("follower", name, span, |stop| async move {
+            task.run(stop).await
+        });
         FollowerHandle {
-            name,
+            progress,
             status,
             commands,
-            shutdown,
-            task,
+            running,
         }
     }
 }
@@ -886,11 +970,10 @@ async fn next_item<T: FeedStream>(
 /// A running follower task: its status, a reconcile on demand, and stop.
 #[derive(Debug)]
 pub struct FollowerHandle {
-    name: String,
+    progress: Arc<Progress>,
     status: watch::Receiver<Status>,
     commands: mpsc::Sender<Command>,
-    shutdown: Shutdown,
-    task: JoinHandle<Result<Status>>,
+    running: Running<Status>,
 }
 
 impl std::fmt::Debug for Command {
@@ -903,7 +986,7 @@ impl FollowerHandle {
     /// The follower's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        self.running.name()
     }
 
     /// Its status now (phase, watermark, counters).
@@ -933,6 +1016,33 @@ impl FollowerHandle {
         self.status.borrow().watermark
     }
 
+    /// The source's head as the follower last learned it (opening its feed, the entries
+    /// and pending counts it receives, reconciles, snapshots).
+    #[must_use]
+    pub fn head(&self) -> u64 {
+        self.progress.head().max(self.watermark())
+    }
+
+    /// How far behind the source's head it is: [`head`](Self::head) − watermark.
+    #[must_use]
+    pub fn lag(&self) -> u64 {
+        self.head().saturating_sub(self.watermark())
+    }
+
+    /// Its health for a readiness probe: ready, running, and not stalled (behind —
+    /// backing off, syncing, or short of a head it knows — with its watermark unmoved for
+    /// `stall_after` or more; [`DEFAULT_STALL_AFTER`](crate::DEFAULT_STALL_AFTER) is a
+    /// fair default). Judged on tokio's clock.
+    #[must_use]
+    pub fn health(&self, stall_after: Duration) -> FollowerHealth {
+        let status = self.status.borrow().clone();
+        let mut health = self.progress.health(&status, stall_after, Instant::now());
+        if self.running.is_finished() && health.down.is_none() {
+            health.down = Some("its task ended".to_owned());
+        }
+        health
+    }
+
     /// Reads the source's changes since the watermark and applies them; returns what it
     /// caught up. Closes the window of an announcement that was lost after its commit.
     pub async fn reconcile(&self) -> Result<Reconciled> {
@@ -946,49 +1056,29 @@ impl FollowerHandle {
 
     /// Asks it to stop (it closes its feed and drains its sink).
     pub fn stop(&self) {
-        self.shutdown.trigger();
+        self.running.stop();
     }
 
     /// A trigger that stops it, for sharing.
     #[must_use]
     pub fn shutdown(&self) -> Shutdown {
-        self.shutdown.clone()
+        self.running.shutdown()
     }
 
     /// Whether the task has ended.
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.running.is_finished()
     }
 
     /// Waits for the task to end; its final status, or why it failed.
     pub async fn join(self) -> Result<Status> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-        }
+        self.running.join().await
     }
 
     /// Stops it and waits at most `budget` for it to drain; aborts it after that.
-    pub async fn stop_within(mut self, budget: std::time::Duration) -> Result<Status> {
-        self.stop();
-        match tokio::time::timeout(budget, &mut self.task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-            Err(_) => {
-                self.task.abort();
-                Err(Error::Timeout {
-                    what: format!("follower {}", self.name),
-                    budget,
-                })
-            }
-        }
+    pub async fn stop_within(self, budget: std::time::Duration) -> Result<Status> {
+        self.running.stop_within(budget).await
     }
 }
 

@@ -18,7 +18,10 @@ use tracing::{Instrument, debug, warn};
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::ports::{JobState, Leased, Queue};
+// A stable seed from the name: runners with different names do not retry in step.
+use crate::relay::seed_of;
 use crate::shutdown::{Shutdown, StopSignal};
+use crate::telemetry::{JobMetrics, QUEUE_COUNT_EVERY};
 
 /// How long a lease lasts before the job is delivered again, by default. The runner
 /// renews it every third of that while the handler runs.
@@ -29,7 +32,7 @@ pub const DEFAULT_JOB_CONCURRENCY: usize = 4;
 pub const DEFAULT_JOB_IDLE_POLL: Duration = Duration::from_millis(250);
 
 /// What a handler is told about the job it runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct JobContext {
     /// The job's id.
@@ -38,6 +41,10 @@ pub struct JobContext {
     pub attempt: u32,
     /// The job's kind.
     pub kind: String,
+    /// Fires when the runner is asked to stop. A long handler may watch it and end early
+    /// (returning an error retries the job later); otherwise it runs on within the
+    /// drain budget.
+    pub stopping: StopSignal,
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = std::result::Result<(), String>> + Send>>;
@@ -200,7 +207,6 @@ impl Counts {
 ///
 /// On stop it leases nothing more and lets the jobs in flight finish (still renewing
 /// their leases); [`JobRunnerHandle::stop_within`] bounds that wait.
-#[derive(Clone)]
 pub struct JobRunner<Q> {
     name: String,
     queue: Q,
@@ -224,13 +230,6 @@ impl<Q> std::fmt::Debug for JobRunner<Q> {
             .field("seed", &self.seed)
             .finish_non_exhaustive()
     }
-}
-
-/// A stable seed from a name (FNV-1a): runners with different names do not retry in step.
-fn seed_of(name: &str) -> u64 {
-    name.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 impl<Q: Queue + Clone + 'static> JobRunner<Q> {
@@ -326,8 +325,18 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         let mut backoff = Backoff::new(self.backoff);
         let mut in_flight: JoinSet<()> = JoinSet::new();
         let mut fatal = None;
+        let metrics = JobMetrics::new(&self.name);
+        let mut counted: Option<tokio::time::Instant> = None;
         while !stop.is_stopped() {
             while in_flight.try_join_next().is_some() {}
+            metrics.counters(&self.counts.snapshot());
+            if counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY) {
+                counted = Some(tokio::time::Instant::now());
+                match self.queue.counts().await {
+                    Ok(c) => metrics.counts(&c),
+                    Err(e) => debug!(runner = %self.name, error = %e, "could not count the queue"),
+                }
+            }
             if in_flight.len() >= self.concurrency {
                 tokio::select! {
                     biased;
@@ -343,6 +352,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                     // Drawn here, in lease order, so a seed replays the same delays.
                     let retry_after = self.retry.delay(lease.attempt.saturating_sub(1), &mut rng);
                     let job = RunJob {
+                        stopping: stop.clone(),
                         queue: self.queue.clone(),
                         handlers: Arc::clone(&self.handlers),
                         counts: Arc::clone(&self.counts),
@@ -383,6 +393,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
             debug!(runner = %self.name, draining, "waiting for jobs in flight");
         }
         while in_flight.join_next().await.is_some() {}
+        metrics.counters(&self.counts.snapshot());
         match fatal {
             Some(e) => Err(e),
             None => Ok(self.counts.snapshot()),
@@ -420,6 +431,7 @@ impl<T> Drop for AbortOnDrop<T> {
 
 /// One leased job's run: handler, renewals, and the outcome recorded in the queue.
 struct RunJob<Q> {
+    stopping: StopSignal,
     queue: Q,
     handlers: Arc<JobHandlers>,
     counts: Arc<Counts>,
@@ -440,6 +452,7 @@ impl<Q: Queue + 'static> RunJob<Q> {
             id: lease.id,
             attempt: lease.attempt,
             kind: kind.clone(),
+            stopping: self.stopping.clone(),
         };
         let Some(handler) = self.handlers.by_kind.get(&kind) else {
             return self

@@ -46,26 +46,30 @@ pub mod conformance;
 mod error;
 mod follower;
 mod jobs;
+mod json;
 mod noop;
 pub mod ports;
 mod reconnect;
 mod relay;
 mod retention;
+mod running;
 mod scheduler;
 mod shutdown;
 mod sink;
 mod supervisor;
+pub mod telemetry;
 mod worker;
 
 pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::Clock;
-pub use error::{Error, Result, check_key, check_value};
+pub use error::{Error, Result, check_key, check_key_within, check_value, key_prefix};
 pub use follower::{FollowerHandle, FollowerTask, Reconciled, spawn_cache, spawn_wake_cache};
 pub use jobs::{
     DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
     JobCounters, JobHandlers, JobRunner, JobRunnerHandle,
 };
+pub use json::{PutJson, to_json};
 pub use noop::{NoCursors, NoFeed, NoStream, NoWake};
 pub use ports::*;
 pub use reconnect::{RECONNECT_GAP, RECONNECT_SETTLE};
@@ -78,6 +82,7 @@ pub use scheduler::{Fired, fire_due, run_scheduler};
 pub use shutdown::{Shutdown, StopSignal};
 pub use sink::{CacheOp, Held, Sink};
 pub use supervisor::{Supervisor, WorkerFailure, WorkerInfo, WorkerPhase};
+pub use telemetry::{DEFAULT_STALL_AFTER, FollowerHealth, Health};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{

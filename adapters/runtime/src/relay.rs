@@ -5,14 +5,15 @@
 use std::time::Duration;
 
 use tidemark_core::{Backoff, BackoffPolicy, Rng};
-use tokio::task::JoinHandle;
-use tracing::{Instrument, debug, warn};
+use tracing::{debug, warn};
 
 use crate::announce::Announcer;
 use crate::clock::Clock;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ports::{Outbox, OutboxUpdate, OutboxWatch, Publish, Queue, Wake};
+use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
+use crate::telemetry::RelayMetrics;
 
 /// Rows a relay claims at a time, by default.
 pub const DEFAULT_BATCH: usize = 256;
@@ -67,7 +68,7 @@ pub struct Relay<O, P, W, Q> {
 
 /// A stable seed from the owner's name (FNV-1a): relays with different owners do not back
 /// off in step, and one owner's run replays.
-fn seed_of(owner: &str) -> u64 {
+pub(crate) fn seed_of(owner: &str) -> u64 {
     owner.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
@@ -240,8 +241,20 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
         let mut backoff = Backoff::new(self.backoff);
         let mut watch = self.outbox.watch();
         let mut report = RelayReport::default();
+        let metrics = RelayMetrics::new(&self.owner);
         while !stop.is_stopped() {
-            let pass = match self.pass(&mut report, Some(&stop)).await {
+            let before = report;
+            let pass = self.pass(&mut report, Some(&stop)).await;
+            metrics.done.increment(report.done - before.done);
+            metrics
+                .failures
+                .increment(report.failures - before.failures);
+            // One count per pass, not per row: what an operator graphs.
+            match self.outbox.pending().await {
+                Ok(rows) => metrics.pending(rows),
+                Err(e) => debug!(owner = %self.owner, error = %e, "could not count the outbox"),
+            }
+            let pass = match pass {
                 Ok(pass) => pass,
                 Err(e) if e.is_retryable() => {
                     warn!(owner = %self.owner, error = %e, "outbox relay failed; will retry");
@@ -291,35 +304,31 @@ where
     /// Runs it as a task (inside a `relay` span naming its owner) until stopped through
     /// the handle.
     pub fn spawn(self) -> RelayHandle {
-        let shutdown = Shutdown::new();
-        let stop = shutdown.signal();
         let owner = self.owner.clone();
         let seed = self.seed;
         let span = tracing::info_span!("relay", owner = %owner);
-        let task = tokio::spawn(async move { self.run(stop).await }.instrument(span));
-        RelayHandle {
+        let running = Running::spawn(
+            "relay",
             owner,
-            seed,
-            shutdown,
-            task,
-        }
+            span,
+            |stop| async move { self.run(stop).await },
+        );
+        RelayHandle { seed, running }
     }
 }
 
 /// A running relay's handle: stop it, wait for it.
 #[derive(Debug)]
 pub struct RelayHandle {
-    owner: String,
     seed: u64,
-    shutdown: Shutdown,
-    task: JoinHandle<Result<RelayReport>>,
+    running: Running<RelayReport>,
 }
 
 impl RelayHandle {
     /// The relay's owner name.
     #[must_use]
     pub fn owner(&self) -> &str {
-        &self.owner
+        self.running.name()
     }
 
     /// The seed of its backoff jitter, so a run can be replayed.
@@ -330,49 +339,29 @@ impl RelayHandle {
 
     /// Asks it to stop (after the batch in hand).
     pub fn stop(&self) {
-        self.shutdown.trigger();
+        self.running.stop();
     }
 
     /// A trigger that stops it, for sharing.
     #[must_use]
     pub fn shutdown(&self) -> Shutdown {
-        self.shutdown.clone()
+        self.running.shutdown()
     }
 
     /// Whether the task has ended.
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.running.is_finished()
     }
 
     /// Waits for the task to end; what it did, or why it failed.
     pub async fn join(self) -> Result<RelayReport> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Worker {
-                worker: self.owner,
-                reason: e.to_string(),
-            }),
-        }
+        self.running.join().await
     }
 
     /// Stops it and waits at most `budget` for it to finish its batch; aborts it after
     /// that (its claimed rows wait out their lease, then another relay takes them).
-    pub async fn stop_within(mut self, budget: Duration) -> Result<RelayReport> {
-        self.stop();
-        match tokio::time::timeout(budget, &mut self.task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(Error::Worker {
-                worker: self.owner,
-                reason: e.to_string(),
-            }),
-            Err(_) => {
-                self.task.abort();
-                Err(Error::Timeout {
-                    what: format!("relay {}", self.owner),
-                    budget,
-                })
-            }
-        }
+    pub async fn stop_within(self, budget: Duration) -> Result<RelayReport> {
+        self.running.stop_within(budget).await
     }
 }

@@ -16,6 +16,7 @@ use crate::follower::FollowerTask;
 use crate::noop::NoFeed;
 use crate::ports::{Cursors, Feed, Source, WakeListener};
 use crate::shutdown::Shutdown;
+use crate::telemetry::{FollowerHealth, Health, Progress};
 use crate::worker::{Worker, WorkerSink};
 
 /// Where a supervised worker is.
@@ -67,6 +68,7 @@ struct Entry {
     /// The running follower's status, read when the worker is listed: it changes with
     /// every batch, far too often to copy on each change.
     live: watch::Receiver<Status>,
+    progress: Arc<Progress>,
     task: JoinHandle<()>,
 }
 
@@ -80,6 +82,18 @@ impl Entry {
         info.watermark = s.watermark;
         info.counters = s.counters;
         info
+    }
+
+    fn health(&self, stall_after: Duration, now: tokio::time::Instant) -> FollowerHealth {
+        let status = self.live.borrow().clone();
+        let mut health = self.progress.health(&status, stall_after, now);
+        health.down = match &lock(&self.info).phase {
+            WorkerPhase::Running(_) => health.down,
+            WorkerPhase::Restarting => Some("waiting to restart".to_owned()),
+            WorkerPhase::Stopped => Some("stopped".to_owned()),
+            WorkerPhase::Failed(reason) => Some(format!("failed: {reason}")),
+        };
+        health
     }
 }
 
@@ -195,6 +209,7 @@ impl Supervisor {
         let source = worker.source().to_owned();
         let task = task.source_name(source);
         let live = task.status();
+        let progress = task.progress();
         let seed = self.seed ^ (workers.len() as u64).wrapping_mul(0x9E37_79B9);
         let run = run_supervised(
             task,
@@ -211,6 +226,7 @@ impl Supervisor {
             Entry {
                 info,
                 live,
+                progress,
                 task: handle,
             },
         );
@@ -227,6 +243,20 @@ impl Supervisor {
     #[must_use]
     pub fn get(&self, name: &str) -> Option<WorkerInfo> {
         lock(&self.workers).get(name).map(Entry::info)
+    }
+
+    /// Whether every worker is ready, running and not stalled (behind with its watermark
+    /// unmoved for `stall_after` or more): the answer for a readiness probe, with each
+    /// worker's health to say why not. Judged on tokio's clock.
+    #[must_use]
+    pub fn health(&self, stall_after: Duration) -> Health {
+        let now = tokio::time::Instant::now();
+        Health {
+            followers: lock(&self.workers)
+                .values()
+                .map(|e| e.health(stall_after, now))
+                .collect(),
+        }
     }
 
     /// Waits until a worker exits for good (its restart policy allowed no other start)

@@ -6,25 +6,13 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{config, until};
+use common::{config, registry, until};
 use tidemark::tidemark_core::{AnnounceReport, Event, FollowerConfig, Job, Status, Utf8};
 use tidemark::{
-    AnnouncingRegistry, Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake,
-    WakeListener, cache, spawn_wake_cache,
+    Cursors, FollowerTask, JobState, Publish, Queue, Received, Source, Wake, WakeListener, cache,
+    spawn_wake_cache,
 };
-use tidemark_memory::{Mangle, Memory, MemoryEvents, MemoryQueue, MemorySource, MemoryWake, Port};
-
-type Registry = AnnouncingRegistry<MemorySource, MemoryEvents, MemoryWake, MemoryQueue>;
-
-fn registry(m: &Memory) -> Registry {
-    AnnouncingRegistry::new(
-        m.source.clone(),
-        m.events.clone(),
-        m.wake.clone(),
-        m.queue.clone(),
-        "changes",
-    )
-}
+use tidemark_memory::{Mangle, Memory, MemoryEvents, Port};
 
 fn wake_config(name: &str) -> FollowerConfig {
     FollowerConfig::builder(name).seed(2).build().unwrap()
@@ -526,4 +514,95 @@ async fn a_value_too_large_for_its_event_is_announced_as_a_marker_and_still_conv
     assert_eq!(cache.get("big").as_deref(), Some(big.as_slice()));
     assert_eq!(h.status().counters.fetches, 1);
     h.stop();
+}
+
+/// SPEC §5: the durable write comes first and only a committed write is announced. A
+/// write the source refuses (unreachable, an invalid key) fails with its error and runs no
+/// leg: no event, no wake, no job.
+#[tokio::test(start_paused = true)]
+async fn a_write_the_source_refuses_is_not_announced() {
+    let m = Memory::new();
+    let r = registry(&m);
+    let mut listener = m.wake.listen("changes").await.unwrap();
+    m.faults.fail_next(Port::Source, 1);
+    let refused = r.put("a", b"1".to_vec()).await;
+    assert!(
+        matches!(refused, Err(tidemark::Error::Unavailable { .. })),
+        "{refused:?}"
+    );
+    let invalid = r.put("", b"1".to_vec()).await;
+    assert!(
+        matches!(invalid, Err(tidemark::Error::InvalidKey { .. })),
+        "{invalid:?}"
+    );
+    m.faults.fail_next(Port::Source, 1);
+    assert!(r.update("a", b"1".to_vec(), 0).await.is_err());
+    assert!(
+        m.events.records().is_empty(),
+        "nothing was committed, so nothing may be published"
+    );
+    assert_eq!(
+        listener
+            .recv_timeout(Duration::from_millis(100))
+            .await
+            .unwrap(),
+        Received::TimedOut,
+        "nor notified"
+    );
+    assert_eq!(
+        m.queue.lease(Duration::from_secs(1)).await.unwrap(),
+        None,
+        "nor enqueued"
+    );
+    assert_eq!(m.source.watermark().await.unwrap(), 0);
+    let w = r.put("a", b"1".to_vec()).await.unwrap();
+    assert_eq!(w.seq, 1, "the first committed write is the first announced");
+    assert_eq!(m.events.records().len(), 1);
+}
+
+/// SPEC §8: every consumer that converged through the feed (a second, fresh one on the
+/// same stream included: it replays from the stream's head) finds its next reconcile empty.
+#[tokio::test(start_paused = true)]
+async fn a_second_consumer_that_converged_through_the_feed_finds_reconcile_empty() {
+    let m = Memory::new();
+    let r = registry(&m);
+    let consumer = |name: &'static str| {
+        let (writer, cache) = cache::<String>();
+        let h = FollowerTask::new(
+            config(name),
+            Utf8,
+            m.source.clone(),
+            m.events.clone(),
+            writer,
+        )
+        .with_cursor(m.events.clone(), name)
+        .spawn();
+        (cache, h)
+    };
+    let (first, h1) = consumer("first");
+    first.wait_ready().await.unwrap();
+    r.put("a", b"1".to_vec()).await.unwrap();
+    r.put("b", b"2".to_vec()).await.unwrap();
+    r.remove("a").await.unwrap();
+    let last = r.put("c", b"3".to_vec()).await.unwrap().seq;
+    let (second, h2) = consumer("second");
+    for (cache, h) in [(&first, &h1), (&second, &h2)] {
+        until("the consumer converges through the feed", || {
+            cache.get_versioned("c").map(|(s, _)| s) == Some(last)
+        })
+        .await;
+        assert_eq!(cache.keys(), ["b", "c"]);
+        let rec = h.reconcile().await.unwrap();
+        assert_eq!(
+            (rec.applied, rec.removed, rec.watermark),
+            (0, 0, last),
+            "{}: converged through the feed, so reconcile finds nothing",
+            h.name()
+        );
+    }
+    assert_eq!(
+        m.events.load("second").await.unwrap(),
+        m.events.load("first").await.unwrap(),
+        "both cursors reached the stream's end"
+    );
 }

@@ -322,3 +322,34 @@ async fn a_queue_that_is_away_is_backed_off_and_jobs_run_once_it_is_back() {
     wait_for(&q, id, JobState::Done).await;
     runner.stop_within(Duration::from_secs(5)).await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_long_handler_hears_the_stop_and_its_job_comes_back_later() {
+    let q = MemoryQueue::default();
+    let handlers = JobHandlers::new().on(
+        ["sweep"],
+        |_: Job, mut ctx: tidemark::JobContext| async move {
+            tokio::select! {
+                biased;
+                () = ctx.stopping.stopped() => Err("stopped before the end; later".to_owned()),
+                () = tokio::time::sleep(Duration::from_secs(3_600)) => Ok(()),
+            }
+        },
+    );
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let runner = JobRunner::new("long", q.clone(), handlers)
+        .idle_poll(POLL)
+        .spawn();
+    wait_for(&q, id, JobState::Leased).await;
+    let counters = runner.stop_within(Duration::from_secs(1)).await.unwrap();
+    assert_eq!(
+        counters.failed, 1,
+        "the handler ended early, within the budget"
+    );
+    let rec = q.jobs().into_iter().find(|r| r.id == id).unwrap();
+    assert_eq!(
+        (rec.state, rec.last_error.as_deref()),
+        (JobState::Ready, Some("stopped before the end; later")),
+        "its job is ready again for the next runner"
+    );
+}

@@ -227,6 +227,27 @@ impl PersistedCache {
             .await
     }
 
+    /// Records that the follower started, warm from `resumed` (its persisted watermark)
+    /// or cold (`None`): what [`SqliteDb::report`] shows an operator.
+    async fn record_start(&self, resumed: Option<u64>) -> Result<()> {
+        let name = self.name.clone();
+        let warm = i64::from(resumed.is_some());
+        self.db
+            .write("cache", move |conn| {
+                conn.execute(
+                    "INSERT INTO follower_starts (name, starts, warm_starts, last_warm, resumed_watermark)
+                     VALUES (?1, 1, ?2, ?2, ?3)
+                     ON CONFLICT (name) DO UPDATE SET starts = starts + 1,
+                     warm_starts = warm_starts + excluded.warm_starts,
+                     last_warm = excluded.last_warm, resumed_watermark = excluded.resumed_watermark",
+                    params![name, warm, resumed.map(to_i64)],
+                )
+                .map(drop)
+                .map_err(sql)
+            })
+            .await
+    }
+
     /// Applies `ops` and records `watermark`, in one transaction. The follower decides
     /// what is newer: the watermark is set as given (a resync after the source was
     /// restored from an older backup lowers it) and each op lands as it is.
@@ -330,7 +351,9 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
     }
 
     async fn resume(&mut self) -> Result<Option<Held>> {
-        self.held().await
+        let held = self.held().await?;
+        self.record_start(held.map(|h| h.watermark)).await?;
+        Ok(held)
     }
 
     async fn seqs_of(&mut self, keys: Vec<String>) -> Result<Vec<(String, u64)>> {

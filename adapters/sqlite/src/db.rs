@@ -136,6 +136,8 @@ impl SqliteDb {
         let sql = |e| Error::from_sqlite(path, e);
         schema::check_header(path)?;
         let mut conn = connect(path, &options)?;
+        // Before the journal mode: switching a foreign file to WAL would change it.
+        schema::refuse_foreign(&conn, path)?;
         let mode: String = conn
             .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
             .map_err(sql)?;

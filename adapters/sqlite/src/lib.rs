@@ -46,6 +46,7 @@ pub mod fuzzing;
 mod lock;
 mod outbox;
 mod queue;
+mod report;
 mod retention;
 mod schedule;
 mod schema;
@@ -59,6 +60,9 @@ pub use events::{EventStream, Record, SqliteEvents};
 pub use lock::SqliteLock;
 pub use outbox::{SqliteOutbox, SqliteOutboxWatch};
 pub use queue::SqliteQueue;
+pub use report::{
+    FollowerReport, LockReport, QueueReport, RegistryReport, Report, ScheduleReport, Start,
+};
 pub use retention::SqliteSweep;
 pub use schedule::SqliteSchedules;
 pub use schema::{APPLICATION_ID, SCHEMA_VERSION};

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -123,7 +123,18 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE follower_state ADD COLUMN keys INTEGER;
     ",
-    // 3 → 4: cron schedules (interval_ns 0, the expression here); and retention marks:
+    // 3 → 4: how each persisted follower started, so an operator can see whether a
+    // restart was warm (resumed from its persisted watermark) or cold.
+    "
+    CREATE TABLE follower_starts (
+        name TEXT PRIMARY KEY,
+        starts INTEGER NOT NULL,
+        warm_starts INTEGER NOT NULL,
+        last_warm INTEGER NOT NULL,
+        resumed_watermark INTEGER
+    ) WITHOUT ROWID;
+    ",
+    // 4 → 5: cron schedules (interval_ns 0, the expression here); and retention marks:
     // the watermark and the events stream's last position at each sweep, by unix ms, which
     // is how a sweep tells the age of history without a timestamp on every row.
     "
@@ -213,18 +224,15 @@ pub(crate) fn check_header(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Brings the schema to [`SCHEMA_VERSION`], or refuses the file. Idempotent and safe when
-/// several processes open the same file at once: the version is re-read under the write
-/// lock.
-pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+/// Refuses a file that is not ours (another application's, or tables without our id) or
+/// that carries a newer schema. Reads only: run before anything is written to the file,
+/// even a journal mode, and again under the write lock before migrating.
+pub(crate) fn refuse_foreign(conn: &Connection, path: &Path) -> Result<()> {
     let sql = |e| Error::from_sqlite(path, e);
-    let tx = conn
-        .transaction_with_behavior(TransactionBehavior::Immediate)
-        .map_err(sql)?;
-    let app: i32 = tx
+    let app: i32 = conn
         .pragma_query_value(None, "application_id", |r| r.get(0))
         .map_err(sql)?;
-    let version: i64 = tx
+    let version: i64 = conn
         .pragma_query_value(None, "user_version", |r| r.get(0))
         .map_err(sql)?;
     if app != APPLICATION_ID {
@@ -235,7 +243,7 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             });
         }
         let tables: Vec<String> = {
-            let mut stmt = tx
+            let mut stmt = conn
                 .prepare(
                     "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name LIMIT 5",
                 )
@@ -266,6 +274,21 @@ pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
             reason: format!("negative schema version {version}"),
         });
     }
+    Ok(())
+}
+
+/// Brings the schema to [`SCHEMA_VERSION`], or refuses the file. Idempotent and safe when
+/// several processes open the same file at once: the version is re-read under the write
+/// lock.
+pub(crate) fn migrate(conn: &mut Connection, path: &Path) -> Result<()> {
+    let sql = |e| Error::from_sqlite(path, e);
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(sql)?;
+    refuse_foreign(&tx, path)?;
+    let version: i64 = tx
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(sql)?;
     for (from, step) in MIGRATIONS
         .iter()
         .enumerate()

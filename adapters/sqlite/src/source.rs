@@ -5,10 +5,10 @@
 use std::collections::VecDeque;
 
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
-use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, Legs};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
-    check_key, check_value,
+    check_key_within, check_value,
 };
 use tokio::sync::watch;
 
@@ -49,16 +49,43 @@ pub struct Compaction {
 pub struct SqliteSource {
     db: SqliteDb,
     announce: Option<Legs>,
+    prefix: Option<KeyPrefix>,
 }
 
-fn check_write(w: &Write) -> Result<()> {
+fn check_write(w: &Write, prefix: Option<&KeyPrefix>) -> Result<()> {
     match w {
         Write::Put(k, v) => {
-            check_key(k)?;
+            check_key_within(k, prefix)?;
             check_value(v)
         }
-        Write::Remove(k) => check_key(k),
+        Write::Remove(k) => check_key_within(k, prefix),
     }
+}
+
+impl Write {
+    /// A put of `value` as JSON (see [`tidemark::to_json`] for what cannot be written).
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if `value` does not serialize, [`Error::ValueTooLarge`] if its JSON
+    /// is too large.
+    pub fn put_json<T: serde::Serialize + ?Sized>(
+        key: impl Into<String>,
+        value: &T,
+    ) -> Result<Write> {
+        let key = key.into();
+        let bytes = tidemark::to_json(&key, value)?;
+        Ok(Write::Put(key, bytes))
+    }
+}
+
+/// Whether `key` is under `prefix` (every key is, without one).
+fn within(prefix: Option<&KeyPrefix>, key: &str) -> bool {
+    prefix.is_none_or(|p| p.matches(key))
+}
+
+/// The lowest key under `prefix`, where a walk of the registry in key order starts.
+fn lowest(prefix: Option<&KeyPrefix>) -> &str {
+    prefix.map_or("", KeyPrefix::as_str)
 }
 
 const PORT: &str = "source";
@@ -105,17 +132,7 @@ fn mutate(
         .execute(params![seq, key, deleted, value])?;
     let seq = to_u64(seq);
     if let Some(legs) = announce {
-        let event = match value {
-            Some(v) => Event::Put {
-                seq,
-                key: key.to_owned(),
-                value: v.to_vec(),
-            },
-            None => Event::Removed {
-                seq,
-                key: key.to_owned(),
-            },
-        };
+        let event = Event::of_write(seq, key, value);
         // An event that cannot be serialised yields an empty announcement: no row. (A
         // committed write's event always can: its seq is positive and its key checked.)
         match AnnouncePlan::new(&event, legs) {
@@ -162,7 +179,27 @@ fn read_entry(
 
 impl SqliteSource {
     pub(crate) fn new(db: SqliteDb, announce: Option<Legs>) -> Self {
-        SqliteSource { db, announce }
+        SqliteSource {
+            db,
+            announce,
+            prefix: None,
+        }
+    }
+
+    /// A view of the same registry over the keys that begin with `prefix` (byte for
+    /// byte): its reads, listings, changes, snapshots and change-log feed carry only those
+    /// keys, and a follower over it keeps only those ([`Source::key_prefix`]). Its feed is
+    /// [`Continuity::Filtered`](tidemark::tidemark_core::Continuity::Filtered) (the other
+    /// keys' seqs are skipped). Writes outside the prefix are refused, a batch as a whole.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] for a prefix no key could begin with (empty, too long,
+    /// control characters).
+    pub fn with_prefix(&self, prefix: &str) -> Result<SqliteSource> {
+        Ok(SqliteSource {
+            prefix: Some(tidemark::key_prefix(prefix)?),
+            ..self.clone()
+        })
     }
 
     /// The database this source lives in.
@@ -175,7 +212,7 @@ impl SqliteSource {
     /// for a removal of an absent key). All or nothing: an invalid key refuses the batch.
     pub async fn write_batch(&self, writes: Vec<Write>) -> Result<Vec<Option<u64>>> {
         for w in &writes {
-            check_write(w)?;
+            check_write(w, self.prefix.as_ref())?;
         }
         let announce = self.announce;
         self.db
@@ -238,7 +275,11 @@ impl SqliteSource {
 
     /// Entries changed after `since` and the watermark, or `None` when compacted; run on a
     /// connection already in a read transaction.
-    pub(crate) fn changes_blocking(conn: &Connection, since: u64) -> rusqlite::Result<Changes> {
+    pub(crate) fn changes_blocking(
+        conn: &Connection,
+        since: u64,
+        prefix: Option<&KeyPrefix>,
+    ) -> rusqlite::Result<Changes> {
         let first_available = meta(conn, "first_available")?;
         if since.saturating_add(1) < first_available {
             return Ok(Changes::Compacted { first_available });
@@ -251,7 +292,8 @@ impl SqliteSource {
         let mut entries = Vec::new();
         while let Some(row) = rows.next()? {
             match read_entry(row.get_ref(0)?, row.get(1)?, row.get(2)?, row.get(3)?) {
-                Ok(e) => entries.push(e),
+                Ok(e) if within(prefix, &e.key) => entries.push(e),
+                Ok(_) => {}
                 Err((seq, reason)) => {
                     tracing::warn!(seq, reason, "skipping a registry row no reader can carry");
                 }
@@ -273,7 +315,7 @@ impl Source for SqliteSource {
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
-        check_key(key)?;
+        check_key_within(key, self.prefix.as_ref())?;
         check_value(&value)?;
         let key = key.to_owned();
         let announce = self.announce;
@@ -319,10 +361,12 @@ impl Source for SqliteSource {
     }
 
     async fn changes_since(&self, since: u64) -> Result<Changes> {
+        let prefix = self.prefix.clone();
         self.db
             .call(PORT, move |conn| {
                 let tx = conn.transaction().map_err(sql)?;
-                let changes = SqliteSource::changes_blocking(&tx, since).map_err(sql)?;
+                let changes =
+                    SqliteSource::changes_blocking(&tx, since, prefix.as_ref()).map_err(sql)?;
                 tx.finish().map_err(sql)?;
                 Ok(changes)
             })
@@ -330,17 +374,27 @@ impl Source for SqliteSource {
     }
 
     async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
+        let prefix = self.prefix.clone();
         self.db
-            .call(PORT, |conn| {
+            .call(PORT, move |conn| {
                 let tx = conn.transaction().map_err(sql)?;
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
+                let prefix = prefix.as_ref();
                 let keys = {
+                    // In key order from the prefix on: its keys are the first ones.
                     let mut stmt = tx
-                        .prepare_cached("SELECT key FROM registry WHERE deleted = 0")
+                        .prepare_cached(
+                            "SELECT key FROM registry WHERE deleted = 0 AND key >= ?1
+                             ORDER BY key",
+                        )
                         .map_err(sql)?;
-                    let rows = stmt.query_map([], |r| r.get::<_, String>(0)).map_err(sql)?;
+                    let rows = stmt
+                        .query_map([lowest(prefix)], |r| r.get::<_, String>(0))
+                        .map_err(sql)?;
                     // A key that is not UTF-8 is no key a follower holds: skip it.
-                    rows.filter_map(std::result::Result::ok).collect()
+                    rows.filter_map(std::result::Result::ok)
+                        .take_while(|k| within(prefix, k))
+                        .collect()
                 };
                 tx.finish().map_err(sql)?;
                 Ok(Some(tidemark::PresentKeys { keys, watermark }))
@@ -349,19 +403,21 @@ impl Source for SqliteSource {
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
+        let prefix = self.prefix.clone();
         self.db
-            .call(PORT, |conn| {
+            .call(PORT, move |conn| {
                 let tx = conn.transaction().map_err(sql)?;
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
+                let prefix = prefix.as_ref();
                 let mut entries = Vec::new();
                 {
                     let mut stmt = tx
                         .prepare_cached(
-                            "SELECT key, value, seq, deleted FROM registry WHERE deleted = 0
-                             ORDER BY key",
+                            "SELECT key, value, seq, deleted FROM registry
+                             WHERE deleted = 0 AND key >= ?1 ORDER BY key",
                         )
                         .map_err(sql)?;
-                    let mut rows = stmt.query([]).map_err(sql)?;
+                    let mut rows = stmt.query([lowest(prefix)]).map_err(sql)?;
                     while let Some(row) = rows.next().map_err(sql)? {
                         let e = read_entry(
                             row.get_ref(0).map_err(sql)?,
@@ -370,7 +426,9 @@ impl Source for SqliteSource {
                             false,
                         );
                         match e {
-                            Ok(e) => entries.push(e),
+                            Ok(e) if within(prefix, &e.key) => entries.push(e),
+                            // Past the prefix's keys, which come first in key order.
+                            Ok(_) => break,
                             Err((seq, reason)) => {
                                 tracing::warn!(seq, reason, "skipping a registry row");
                             }
@@ -383,7 +441,11 @@ impl Source for SqliteSource {
             .await
     }
 
+    /// `None` for a key outside this view's prefix.
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
+        if !within(self.prefix.as_ref(), key) {
+            return Ok(None);
+        }
         let key = key.to_owned();
         self.db
             .call(PORT, move |conn| {
@@ -409,12 +471,33 @@ impl Source for SqliteSource {
             .call(PORT, |conn| meta(conn, "first_available").map_err(sql))
             .await
     }
+
+    fn key_prefix(&self) -> Option<&KeyPrefix> {
+        self.prefix.as_ref()
+    }
+}
+
+/// The seq of the last mutation of a key under `prefix` at or after `from` (0 if none):
+/// the registry's row of each key is its last mutation, walked down the seq index.
+fn last_within(conn: &Connection, prefix: &KeyPrefix, from: u64) -> rusqlite::Result<u64> {
+    let mut stmt =
+        conn.prepare_cached("SELECT key, seq FROM registry WHERE seq >= ?1 ORDER BY seq DESC")?;
+    let mut rows = stmt.query([to_i64(from)])?;
+    while let Some(row) = rows.next()? {
+        if let rusqlite::types::ValueRef::Text(key) = row.get_ref(0)?
+            && key.starts_with(prefix.as_str().as_bytes())
+        {
+            return Ok(to_u64(row.get(1)?));
+        }
+    }
+    Ok(0)
 }
 
 /// The change log read from a seq on; waits for commits (by any process) when caught up.
 #[derive(Debug)]
 pub struct ChangeLogStream {
     db: SqliteDb,
+    prefix: Option<KeyPrefix>,
     commits: watch::Receiver<u64>,
     next_seq: u64,
     buf: VecDeque<FeedItem>,
@@ -428,6 +511,7 @@ impl FeedStream for ChangeLogStream {
             }
             self.commits.borrow_and_update();
             let from = self.next_seq;
+            let prefix = self.prefix.clone();
             let read = self
                 .db
                 .call("feed", move |conn| {
@@ -440,6 +524,7 @@ impl FeedStream for ChangeLogStream {
                         ));
                     }
                     let mut items = Vec::new();
+                    let mut last = None;
                     {
                         let mut stmt = tx
                             .prepare_cached(
@@ -456,8 +541,14 @@ impl FeedStream for ChangeLogStream {
                                 row.get(2).map_err(sql)?,
                                 row.get(3).map_err(sql)?,
                             );
+                            last = Some(match &e {
+                                Ok(e) => e.seq,
+                                Err((seq, _)) => *seq,
+                            });
                             items.push(match e {
-                                Ok(e) => FeedItem::Entry(e),
+                                Ok(e) if within(prefix.as_ref(), &e.key) => FeedItem::Entry(e),
+                                // Another part of the registry: read past, not delivered.
+                                Ok(_) => continue,
                                 Err((seq, reason)) => FeedItem::Undecodable {
                                     position: seq,
                                     seq: Some(seq),
@@ -467,17 +558,14 @@ impl FeedStream for ChangeLogStream {
                         }
                     }
                     tx.finish().map_err(sql)?;
-                    Ok(items)
+                    Ok((items, last))
                 })
                 .await;
             match read {
                 Err(e) => return Some(Err(e)),
-                Ok(items) => {
-                    if let Some(last) = items.last() {
-                        self.next_seq = match last {
-                            FeedItem::Entry(e) => e.seq + 1,
-                            FeedItem::Undecodable { position, .. } => position + 1,
-                        };
+                Ok((items, last)) => {
+                    if let Some(last) = last {
+                        self.next_seq = last + 1;
                     }
                     self.buf.extend(items);
                 }
@@ -498,24 +586,35 @@ impl Feed for SqliteSource {
         from: u64,
         _after_position: Option<u64>,
     ) -> Result<Opened<ChangeLogStream>> {
-        let (first_available, head) = self
+        let from = from.max(1);
+        let prefix = self.prefix.clone();
+        let info = self
             .db
-            .call("feed", |conn| {
+            .call("feed", move |conn| {
                 let tx = conn.transaction().map_err(sql)?;
-                let out = (
-                    meta(&tx, "first_available").map_err(sql)?,
-                    meta(&tx, "watermark").map_err(sql)?,
-                );
+                let first_available = meta(&tx, "first_available").map_err(sql)?;
+                let head = meta(&tx, "watermark").map_err(sql)?;
+                let info = match &prefix {
+                    None => FeedInfo::change_log(first_available, head),
+                    Some(p) => {
+                        let last = last_within(&tx, p, from).map_err(sql)?;
+                        FeedInfo::filtered_log(
+                            first_available,
+                            FeedInfo::filtered_head(last, head, from),
+                        )
+                    }
+                };
                 tx.finish().map_err(sql)?;
-                Ok(out)
+                Ok(info)
             })
             .await?;
         Ok(Opened {
-            info: FeedInfo::change_log(first_available, head),
+            info,
             stream: ChangeLogStream {
                 commits: self.db.commits(),
                 db: self.db.clone(),
-                next_seq: from.max(1),
+                prefix: self.prefix.clone(),
+                next_seq: from,
                 buf: VecDeque::new(),
             },
         })

@@ -25,6 +25,7 @@ macro_rules! conformance {
 }
 
 conformance! {
+    source_puts_typed_values_as_json => |db| db.source();
     source_seqs_increase => |db| db.source();
     source_get_returns_value_and_seq => |db| db.source();
     source_update_is_compare_and_set => |db| db.source();
@@ -62,4 +63,22 @@ async fn queue_dead_letters_after_max_attempts() {
     let (_dir, _path, db) = common::fresh().await;
     let max = db.options().max_attempts;
     c::queue_dead_letters_after_max_attempts(&db.queue(), max).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_view_carries_only_its_keys() {
+    let (_dir, _path, db) = common::fresh().await;
+    let view = db.source().with_prefix("orders.").unwrap();
+    c::prefix_view_carries_only_its_keys(&db.source(), &view).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_follower_holds_exactly_its_keys() {
+    let (_dir, _path, db) = common::fresh().await;
+    let view = db.source().with_prefix("orders.").unwrap();
+    let compacted = db.source();
+    c::prefix_follower_holds_exactly_its_keys(db.source(), view, |seq| async move {
+        compacted.compact_below(seq).await.unwrap();
+    })
+    .await;
 }

@@ -1,21 +1,9 @@
 //! Replays the `sqlite_rows` fuzz target's body over its checked-in corpus, so CI runs it
 //! on the stable toolchain without cargo-fuzz.
-#![allow(clippy::unwrap_used)]
 
 #[test]
 fn foreign_rows_corpus_reads_back_without_panics() {
-    let dir =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus/sqlite_rows");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("corpus {} must be checked in: {e}", dir.display()))
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(
-        files.len() >= 10,
-        "the corpus is too small to mean anything"
-    );
-    for file in files {
-        tidemark_sqlite::fuzzing::foreign_rows(&std::fs::read(&file).unwrap());
+    for (_, data) in tidemark_tests::fuzz_corpus("sqlite_rows") {
+        tidemark_sqlite::fuzzing::foreign_rows(&data);
     }
 }

@@ -109,8 +109,13 @@ async fn a_foreign_database_is_refused_and_left_alone() {
         c.execute_batch("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT);")
             .unwrap();
     }
+    let before = std::fs::read(&path).unwrap();
     let err = SqliteDb::open(&path).await.unwrap_err();
     assert!(matches!(err, Error::Foreign { .. }), "{err}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "refusing a foreign file leaves it byte for byte as it was (not even switched to WAL)"
+    );
     let c = rusqlite::Connection::open(&path).unwrap();
     let tables: i64 = c
         .query_row(
@@ -158,13 +163,15 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         .unwrap();
     drop(db);
     // Back to the version 1 shape: an outbox with no claim columns, one row pending,
-    // follower states without their key count, schedules without cron, no retention marks.
+    // follower states without their key count, no record of follower starts, schedules
+    // without cron, no retention marks.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "ALTER TABLE outbox DROP COLUMN claimed_by;
              ALTER TABLE outbox DROP COLUMN claim_until;
              ALTER TABLE follower_state DROP COLUMN keys;
+             DROP TABLE follower_starts;
              ALTER TABLE schedules DROP COLUMN cron;
              DROP TABLE retention_marks;
              PRAGMA user_version = 1;",

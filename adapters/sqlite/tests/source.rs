@@ -270,3 +270,48 @@ async fn a_row_with_a_key_that_is_not_utf8_is_skipped_not_a_wedge() {
     let snapshot = src.snapshot().await.unwrap();
     assert_eq!(snapshot.entries.len(), 2);
 }
+
+/// A batch can carry typed values (stored as JSON) and, through a view over a prefix,
+/// refuses as a whole a write outside it.
+#[tokio::test]
+async fn a_batch_carries_typed_values_and_a_view_refuses_a_batch_reaching_outside_it() {
+    let (_dir, _path, db) = common::fresh().await;
+    let src = db.source();
+    let seqs = src
+        .write_batch(vec![
+            Write::put_json("orders.1", &serde_json::json!({"qty": 2})).unwrap(),
+            Write::Put("orders.2".into(), b"raw".to_vec()),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(seqs, [Some(1), Some(2)]);
+    assert_eq!(
+        src.get("orders.1").await.unwrap().unwrap().value,
+        br#"{"qty":2}"#
+    );
+    let unencodable = std::collections::BTreeMap::from([((1u8, 2u8), 3u8)]);
+    assert!(matches!(
+        Write::put_json("orders.3", &unencodable),
+        Err(Error::Encode { .. })
+    ));
+    let view = src.with_prefix("orders.").unwrap();
+    let refused = view
+        .write_batch(vec![
+            Write::Put("orders.3".into(), b"c".to_vec()),
+            Write::Remove("users.1".into()),
+        ])
+        .await;
+    assert!(
+        matches!(refused, Err(Error::InvalidKey { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(
+        src.get("orders.3").await.unwrap(),
+        None,
+        "all or nothing: the batch's write inside the prefix is not made either"
+    );
+    assert!(
+        matches!(src.with_prefix(""), Err(Error::InvalidKey { .. })),
+        "an empty prefix is no view"
+    );
+}

@@ -110,6 +110,15 @@ impl<D: Decode> Follower<D> {
             self.gap(seq);
             return;
         }
+        if !self.keeps(&key) {
+            // Not ours (an announcement of another part of the source, an unfiltered
+            // feed): passed like a stale entry, and the watermark moves past it.
+            self.counters.outside += 1;
+            self.advance_on_feed(seq);
+            self.checkpoint(position);
+            self.check_ready(head);
+            return;
+        }
         if self.follow == Follow::Announcements {
             let known = self.known_source.max(self.watermark);
             if seq.saturating_sub(known) > self.config.max_ahead {
@@ -195,6 +204,10 @@ impl<D: Decode> Follower<D> {
         value: Vec<u8>,
         expires_in: Option<Duration>,
     ) -> (usize, usize) {
+        if !self.keeps(&key) {
+            self.counters.outside += 1;
+            return (0, 0);
+        }
         if let Err(reason) = self.check_key(&key) {
             self.invalid(seq, key, reason);
             return (0, 0);
@@ -351,6 +364,14 @@ impl<D: Decode> Follower<D> {
                 Confirmation::Unexplained
             }
         });
+        if unexplained {
+            // An announcement the source never made overwrote a key this read does not
+            // name: only a snapshot says what that key holds. The watermark stays where
+            // it is until then: a commit past the forged change would claim a cache that
+            // still holds it (a durable sink would keep it across a restart).
+            self.resync();
+            return;
+        }
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
@@ -372,12 +393,6 @@ impl<D: Decode> Follower<D> {
             }
         }
         self.advance(top);
-        if unexplained {
-            // An announcement the source never made overwrote a key this read does not
-            // name: only a snapshot says what that key holds.
-            self.resync();
-            return;
-        }
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
         self.become_ready();

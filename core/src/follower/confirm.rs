@@ -13,8 +13,9 @@ impl<D: Decode> Follower<D> {
         if let Some(seq) = self.index.newest(&key)
             && seq > self.known_source.max(self.watermark)
         {
-            let held = self.ahead.entry(key).or_insert(seq);
-            *held = (*held).max(seq);
+            let reads = self.reads;
+            let held = self.ahead.entry(key).or_insert((seq, reads));
+            *held = (held.0.max(seq), reads);
         }
     }
 
@@ -39,11 +40,16 @@ impl<D: Decode> Follower<D> {
         if self.ahead.is_empty() {
             return false;
         }
+        // Due: what the read covers, and what it should have covered. A writer announces
+        // after it commits, so a read asked for after an announcement was applied reaches
+        // its seq, unless the source never made it (a foreign producer, another history):
+        // then no read ever would, and it must not stay in the cache for good.
+        let asked = self.read_asked;
         let due: Vec<(String, u64)> = self
             .ahead
             .iter()
-            .filter(|(_, seq)| **seq <= source_watermark)
-            .map(|(k, s)| (k.clone(), *s))
+            .filter(|(_, (seq, applied_at))| *seq <= source_watermark || *applied_at < asked)
+            .map(|(k, (s, _))| (k.clone(), *s))
             .collect();
         let mut unexplained = false;
         for (key, seq) in due {

@@ -50,8 +50,13 @@ pub enum Continuity {
     /// watermark+1 is a gap, and the follower reconciles from its watermark.
     Gapless,
     /// Seqs may be skipped (a KV bucket keeping only the latest revision per key): the
-    /// server's ordered delivery and head make it complete.
+    /// server's ordered delivery and head make it complete, and a replay from the start
+    /// holds the latest entry of every key, however much history was compacted.
     Sparse,
+    /// Every seq of the part of the source the feed carries appears in order, the rest
+    /// are skipped (a change log read over a key prefix): no gap can be seen, and a replay
+    /// from a compacted start misses keys, so it resyncs like a gapless feed.
+    Filtered,
 }
 
 /// What a feed reported when it opened.
@@ -118,6 +123,28 @@ impl FeedInfo {
     pub fn with_checkpoints(mut self) -> Self {
         self.checkpoints = true;
         self
+    }
+
+    /// A source's change log read over a key prefix: only the prefix's entries, in seq
+    /// order ([`Continuity::Filtered`]); `head` from [`FeedInfo::filtered_head`].
+    #[must_use]
+    pub fn filtered_log(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            continuity: Continuity::Filtered,
+            ..FeedInfo::change_log(first_available, head)
+        }
+    }
+
+    /// The head a feed that delivers only part of a source's entries (a key prefix, the
+    /// latest revision per key) reports when opened at `from`: the seq of the last entry
+    /// it will deliver (`last_delivered`), or, when none at or past `from` is its,
+    /// `from - 1` capped by the source's own last seq. A follower already caught up is then
+    /// ready at once (the source's last seq may belong to another key, or name a message
+    /// that is gone: an expired value, a purged delete marker), and one whose source went
+    /// back (a last seq below `from - 1`) still sees a head behind its watermark.
+    #[must_use]
+    pub fn filtered_head(last_delivered: u64, source_last: u64, from: u64) -> u64 {
+        last_delivered.max(source_last.min(from.saturating_sub(1)))
     }
 }
 

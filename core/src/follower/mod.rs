@@ -23,6 +23,7 @@ use crate::backoff::Backoff;
 use crate::config::FollowerConfig;
 use crate::decode::Decode;
 use crate::entry::Entry;
+use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
 
@@ -133,10 +134,17 @@ pub struct Follower<D: Decode> {
     /// The highest watermark the source itself reported (a reconcile, a snapshot).
     known_source: u64,
     /// Announcements applied above `known_source`, not yet confirmed by the source: key →
-    /// seq. The next read of the source that covers the seq confirms or replaces them.
-    ahead: std::collections::BTreeMap<String, u64>,
+    /// (seq, `reads` when applied). The next read of the source that covers the seq, or
+    /// that was asked for after it was applied, confirms or replaces them.
+    ahead: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Reads of the source (reconciles, snapshots) asked for so far.
+    reads: u64,
+    /// `reads` when the read now outstanding was asked for.
+    read_asked: u64,
     /// The time of the last input or timeout: when a value that expires was applied.
     now: Time,
+    /// The prefixes every key it keeps begins with (none: every key).
+    prefixes: Vec<KeyPrefix>,
 }
 
 impl<D: Decode> Follower<D> {
@@ -189,7 +197,10 @@ impl<D: Decode> Follower<D> {
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
+            reads: 0,
+            read_asked: 0,
             now: Time::ZERO,
+            prefixes: Vec::new(),
         };
         f.send(Pending::Lookup);
         f
@@ -226,6 +237,33 @@ impl<D: Decode> Follower<D> {
     #[must_use]
     pub fn following(mut self, follow: Follow) -> Self {
         self.follow = follow;
+        self
+    }
+
+    /// Limits the follower to keys under `prefix` (a driver takes it from its source, a
+    /// view over part of a bucket or registry). A key outside it never reaches the cache,
+    /// whatever brings it (the feed, an announcement, a reconcile, a snapshot): it is
+    /// counted in [`Counters::outside`] and passed, and the watermark still moves past it.
+    /// Keys a warm start named ([`resume`](Self::resume)) that are outside it are removed
+    /// first; a lazily resumed cache's are removed by the next resync. Given several
+    /// prefixes, the follower keeps the keys under all of them.
+    #[must_use]
+    pub fn within(mut self, prefix: KeyPrefix) -> Self {
+        let mut outside: Vec<(String, u64)> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(k, _)| !prefix.matches(k))
+            .map(|(k, s)| (k.clone(), *s))
+            .collect();
+        outside.sort_unstable();
+        for (key, seq) in outside {
+            self.index.remove(&key);
+            self.counters.outside += 1;
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq }));
+        }
+        self.prefixes.push(prefix);
         self
     }
 
@@ -303,6 +341,18 @@ impl<D: Decode> Follower<D> {
         self.index.len() == 0
     }
 
+    /// The prefixes its keys begin with ([`within`](Self::within)); empty: every key.
+    #[must_use]
+    pub fn prefixes(&self) -> &[KeyPrefix] {
+        &self.prefixes
+    }
+
+    /// Whether `key` is one the follower keeps (under every prefix it was given).
+    #[must_use]
+    pub fn keeps(&self, key: &str) -> bool {
+        self.prefixes.iter().all(|p| p.matches(key))
+    }
+
     /// The configuration.
     #[must_use]
     pub fn config(&self) -> &FollowerConfig {
@@ -330,7 +380,14 @@ impl<D: Decode> Follower<D> {
     /// higher of what it knew and what it is told; the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
         for (key, seq) in keys {
+            // Held past the watermark on an announcements stream: applied from an
+            // announcement no read of the source has covered (before a restart, maybe):
+            // unconfirmed until one does.
+            let ahead = self.note_ahead(&key, seq);
             self.index.learn(key, seq);
+            if let Some(key) = ahead {
+                self.remember_ahead(key);
+            }
         }
     }
 
@@ -416,6 +473,10 @@ impl<D: Decode> Follower<D> {
     }
 
     fn send(&mut self, request: Pending) {
+        if matches!(request, Pending::Reconcile | Pending::Snapshot) {
+            self.reads += 1;
+            self.read_asked = self.reads;
+        }
         let token = self.token();
         let output = match &request {
             Pending::Lookup => Request::LookupSource { token },

@@ -53,6 +53,9 @@ pub struct Counters {
     pub expired: u64,
     /// Keys removed because a listing of the source no longer had them.
     pub vanished: u64,
+    /// Entries (and warm-start keys) passed because their key is outside the follower's
+    /// prefix ([`Follower::within`](crate::Follower::within)).
+    pub outside: u64,
 }
 
 /// Everything an operator wants to see of one follower.

@@ -87,6 +87,19 @@ pub trait Queue: Send + Sync {
     /// Enqueues `job`; returns its id.
     fn enqueue(&self, job: Job) -> impl Future<Output = Result<JobId>> + Send;
 
+    /// Enqueues a user job of any serde type tagged by `"kind"` (see [`Job::custom`]);
+    /// [`Error::Job`](crate::Error::Job) if it is not tagged or takes a built-in kind.
+    fn enqueue_typed<T: serde::Serialize + ?Sized>(
+        &self,
+        job: &T,
+    ) -> impl Future<Output = Result<JobId>> + Send
+    where
+        Self: Sized,
+    {
+        let job = Job::custom(job);
+        async move { self.enqueue(job?).await }
+    }
+
     /// Reads a job back by id.
     fn get(&self, id: JobId) -> impl Future<Output = Result<Option<JobRecord>>> + Send;
 
@@ -128,9 +141,9 @@ pub trait Queue: Send + Sync {
         limit: usize,
     ) -> impl Future<Output = Result<Vec<JobRecord>>> + Send;
 
-    /// Makes a dead letter ready again with fresh attempts (its last error is kept until
-    /// it next fails or completes). Returns the id it now has: the same on memory and
-    /// SQLite, a new one on NATS (where a job's id is its message's sequence).
+    /// Makes a dead letter ready again with fresh attempts. Returns the id it now has: the
+    /// same on memory and SQLite (which keep its last error until it next fails), a new one
+    /// on NATS (where a job's id is its message's sequence; the old id is gone).
     /// [`Error::NotFound`](crate::Error::NotFound) if `id` is not a dead letter.
     fn requeue(&self, id: JobId) -> impl Future<Output = Result<JobId>> + Send;
 

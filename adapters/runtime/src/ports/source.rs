@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use tidemark_core::Entry;
+use tidemark_core::{Entry, KeyPrefix};
 use tokio::sync::watch;
 
 use crate::error::Result;
@@ -94,6 +94,15 @@ pub trait Source: Send + Sync {
     /// message. Cheaper than a snapshot (no values). `Ok(None)`: this source cannot list.
     fn present_keys(&self) -> impl Future<Output = Result<Option<PresentKeys>>> + Send {
         async { Ok(None) }
+    }
+
+    /// The prefix this source is a view over, if it serves only part of its keys (a
+    /// bucket or registry followed over a key prefix): its reads, listings and feed then
+    /// carry only keys under it, and a follower task over it keeps only those keys, even
+    /// from announcements ([`Follower::within`](tidemark_core::Follower::within)). `None`
+    /// (the default): every key.
+    fn key_prefix(&self) -> Option<&KeyPrefix> {
+        None
     }
 
     /// The first seq [`changes_since`](Self::changes_since) can still serve from

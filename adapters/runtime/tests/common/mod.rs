@@ -22,3 +22,22 @@ pub fn config(name: &str) -> tidemark::tidemark_core::FollowerConfig {
         .build()
         .unwrap()
 }
+
+/// The announcing registry over `m`'s memory ports, announcing on channel `"changes"`.
+pub type Registry = tidemark::AnnouncingRegistry<
+    tidemark_memory::MemorySource,
+    tidemark_memory::MemoryEvents,
+    tidemark_memory::MemoryWake,
+    tidemark_memory::MemoryQueue,
+>;
+
+/// An announcing registry over `m`'s memory ports, on wake channel `"changes"`.
+pub fn registry(m: &tidemark_memory::Memory) -> Registry {
+    tidemark::AnnouncingRegistry::new(
+        m.source.clone(),
+        m.events.clone(),
+        m.wake.clone(),
+        m.queue.clone(),
+        "changes",
+    )
+}

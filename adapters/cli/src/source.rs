@@ -1,0 +1,282 @@
+//! What a SOURCE argument names: a NATS KV bucket (`nats://host:port/BUCKET`) or a SQLite
+//! registry file, and how to reach it.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use tidemark_nats::{KvBucket, NatsOptions};
+use tidemark_sqlite::{SqliteDb, SqliteSource};
+
+use crate::error::CliError;
+
+/// How to authenticate to NATS. Secrets may come from the environment instead of the
+/// command line (where other users of the machine could read them), and never appear in
+/// logs or errors.
+#[derive(Args, Debug, Clone, Default)]
+pub struct NatsAuth {
+    /// A `.creds` file (JWT and nkey seed, as `nsc` writes it).
+    #[arg(long, env = "TIDEMARK_NATS_CREDS", value_name = "FILE")]
+    pub creds: Option<PathBuf>,
+    /// An nkey user seed (`SU...`).
+    #[arg(
+        long,
+        env = "TIDEMARK_NATS_NKEY",
+        hide_env_values = true,
+        value_name = "SEED"
+    )]
+    pub nkey: Option<String>,
+    /// A user name (with --password or TIDEMARK_NATS_PASSWORD).
+    #[arg(long, env = "TIDEMARK_NATS_USER", value_name = "USER")]
+    pub user: Option<String>,
+    /// The user's password (prefer the TIDEMARK_NATS_PASSWORD variable).
+    #[arg(
+        long,
+        env = "TIDEMARK_NATS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    pub password: Option<String>,
+    /// A token (prefer the TIDEMARK_NATS_TOKEN variable).
+    #[arg(
+        long,
+        env = "TIDEMARK_NATS_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// A CA certificate (PEM) to trust the server's TLS certificate with.
+    #[arg(long, env = "TIDEMARK_NATS_TLS_CA", value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// A client certificate (PEM) for mutual TLS, with --tls-key.
+    #[arg(
+        long,
+        env = "TIDEMARK_NATS_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "TIDEMARK_NATS_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+}
+
+/// Where changes come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    /// A KV bucket on these servers.
+    Nats {
+        /// Server URLs, without credentials.
+        servers: Vec<String>,
+        /// Credentials written in the URL (`user:password@` or `token@`).
+        user_password: Option<(String, String)>,
+        /// A token written in the URL.
+        token: Option<String>,
+        /// The bucket.
+        bucket: String,
+    },
+    /// A tidemark SQLite registry file.
+    Sqlite(PathBuf),
+}
+
+impl SourceSpec {
+    /// Reads a SOURCE argument.
+    pub fn parse(arg: &str) -> Result<Self, CliError> {
+        let Some((scheme, rest)) = arg.split_once("://") else {
+            return Ok(SourceSpec::Sqlite(PathBuf::from(arg)));
+        };
+        if !matches!(scheme, "nats" | "tls") {
+            return Err(CliError::Usage(format!(
+                "unknown source scheme {scheme:?}: use nats://host:port/BUCKET, tls://host:port/BUCKET or a SQLite file"
+            )));
+        }
+        let (authority, bucket) = rest.split_once('/').unwrap_or((rest, ""));
+        let bucket = bucket.trim_end_matches('/');
+        if bucket.is_empty() || bucket.contains('/') {
+            return Err(CliError::Usage(format!(
+                "a NATS source names one bucket: {scheme}://host:port/BUCKET"
+            )));
+        }
+        let (userinfo, hosts) = match authority.rsplit_once('@') {
+            Some((u, h)) => (Some(u), h),
+            None => (None, authority),
+        };
+        let (mut user_password, mut token) = (None, None);
+        match userinfo.map(|u| u.split_once(':')) {
+            None => {}
+            Some(Some((user, password))) => {
+                user_password = Some((user.to_owned(), password.to_owned()));
+            }
+            Some(None) => token = userinfo.map(str::to_owned),
+        }
+        let servers: Vec<String> = hosts
+            .split(',')
+            .filter(|h| !h.is_empty())
+            .map(|h| format!("{scheme}://{h}"))
+            .collect();
+        if servers.is_empty() {
+            return Err(CliError::Usage(format!(
+                "no server in the source: {scheme}://host:port/BUCKET"
+            )));
+        }
+        Ok(SourceSpec::Nats {
+            servers,
+            user_password,
+            token,
+            bucket: bucket.to_owned(),
+        })
+    }
+
+    /// A name for a follower of this source.
+    pub fn default_name(&self, verb: &str) -> String {
+        match self {
+            SourceSpec::Nats { bucket, .. } => format!("{verb}-{bucket}"),
+            SourceSpec::Sqlite(path) => format!(
+                "{verb}-{}",
+                path.file_stem()
+                    .map_or("registry".into(), |s| s.to_string_lossy())
+            ),
+        }
+    }
+
+    /// Where it is, for logs (no credentials).
+    pub fn shown(&self) -> String {
+        match self {
+            SourceSpec::Nats {
+                servers, bucket, ..
+            } => format!("bucket {bucket} on {}", servers.join(",")),
+            SourceSpec::Sqlite(path) => format!("registry {}", path.display()),
+        }
+    }
+}
+
+/// A source opened and ready to follow.
+pub enum Opened {
+    /// A NATS KV bucket (source and feed).
+    Nats(KvBucket),
+    /// A SQLite registry (its change log is the feed).
+    Sqlite(SqliteSource),
+}
+
+/// Connects to the NATS servers a source names; the client and the name after the
+/// servers (a bucket, a queue).
+pub async fn connect(
+    spec: &SourceSpec,
+    auth: &NatsAuth,
+    client_name: &str,
+) -> Result<(async_nats::Client, String), CliError> {
+    let SourceSpec::Nats {
+        servers,
+        user_password,
+        token,
+        bucket,
+    } = spec
+    else {
+        return Err(CliError::Usage("not a NATS source".into()));
+    };
+    let mut options = NatsOptions::new(servers.iter().map(String::as_str)).name(client_name);
+    if let Some(path) = &auth.creds {
+        options = options.credentials_file(path);
+    }
+    if let Some(seed) = &auth.nkey {
+        options = options.nkey(seed);
+    }
+    match (&auth.user, &auth.password, user_password) {
+        (Some(user), password, _) => {
+            options = options.user_password(user, password.clone().unwrap_or_default());
+        }
+        (None, Some(_), _) => {
+            return Err(CliError::Usage("--password needs --user".into()));
+        }
+        (None, None, Some((user, password))) => {
+            options = options.user_password(user, password);
+        }
+        (None, None, None) => {}
+    }
+    if let Some(t) = auth.token.as_ref().or(token.as_ref()) {
+        options = options.token(t);
+    }
+    if let Some(ca) = &auth.tls_ca {
+        options = options.ca_certificate(ca);
+    }
+    if let (Some(cert), Some(key)) = (&auth.tls_cert, &auth.tls_key) {
+        options = options.client_certificate(cert, key);
+    }
+    Ok((options.connect().await?, bucket.clone()))
+}
+
+/// Connects to the NATS servers, or opens the registry file (which must exist: a
+/// missing file is an error, not a new empty registry).
+pub async fn open(
+    spec: &SourceSpec,
+    auth: &NatsAuth,
+    client_name: &str,
+) -> Result<Opened, CliError> {
+    match spec {
+        SourceSpec::Nats { .. } => {
+            let (client, bucket) = connect(spec, auth, client_name).await?;
+            Ok(Opened::Nats(KvBucket::new(client, bucket)?))
+        }
+        SourceSpec::Sqlite(path) => Ok(Opened::Sqlite(open_existing(path).await?.source())),
+    }
+}
+
+/// Opens a tidemark file that must already exist.
+pub async fn open_existing(path: &Path) -> Result<SqliteDb, CliError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() > 0 => Ok(SqliteDb::open(path).await?),
+        Ok(m) if m.is_file() => Err(CliError::NotTidemark(path.to_path_buf())),
+        Ok(_) => Err(CliError::Usage(format!("{} is not a file", path.display()))),
+        Err(e) => Err(CliError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_nats_source_names_servers_bucket_and_credentials_apart() {
+        let spec = SourceSpec::parse("nats://u:secret@h1:4222,h2:4223/packages").ok();
+        assert_eq!(
+            spec,
+            Some(SourceSpec::Nats {
+                servers: vec!["nats://h1:4222".into(), "nats://h2:4223".into()],
+                user_password: Some(("u".into(), "secret".into())),
+                token: None,
+                bucket: "packages".into(),
+            })
+        );
+        assert!(
+            !spec.is_some_and(|s| s.shown().contains("secret")),
+            "a password in the URL is never shown"
+        );
+    }
+
+    #[test]
+    fn anything_without_a_scheme_is_a_file_and_a_bad_url_is_a_usage_error() {
+        assert_eq!(
+            SourceSpec::parse("reg.db").ok(),
+            Some(SourceSpec::Sqlite("reg.db".into()))
+        );
+        for bad in [
+            "nats://h:4222",
+            "nats://h:4222/",
+            "nats://h/a/b",
+            "http://h/b",
+            "nats:///b",
+        ] {
+            assert!(
+                matches!(SourceSpec::parse(bad), Err(CliError::Usage(_))),
+                "{bad} is refused"
+            );
+        }
+    }
+}
