@@ -20,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::ports::{JobState, Leased, Queue};
 // A stable seed from the name: runners with different names do not retry in step.
 use crate::relay::seed_of;
+use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::telemetry::{JobMetrics, QUEUE_COUNT_EVERY};
 
@@ -403,19 +404,16 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
     /// Runs it as a task (inside a `job_runner` span naming it) until stopped through the
     /// handle.
     pub fn spawn(self) -> JobRunnerHandle {
-        let shutdown = Shutdown::new();
-        let stop = shutdown.signal();
-        let name = self.name.clone();
         let seed = self.seed;
         let counts = Arc::clone(&self.counts);
-        let span = tracing::info_span!("job_runner", name = %name);
-        let task = tokio::spawn(async move { self.run(stop).await }.instrument(span));
+        let span = tracing::info_span!("job_runner", name = %self.name);
+        let running = Running::spawn("job runner", self.name.clone(), span, |stop| async move {
+            self.run(stop).await
+        });
         JobRunnerHandle {
-            name,
             seed,
             counts,
-            shutdown,
-            task,
+            running,
         }
     }
 }
@@ -575,18 +573,16 @@ fn panic_message(e: tokio::task::JoinError) -> String {
 /// A running [`JobRunner`]'s handle: read its counters, stop it, wait for it.
 #[derive(Debug)]
 pub struct JobRunnerHandle {
-    name: String,
     seed: u64,
     counts: Arc<Counts>,
-    shutdown: Shutdown,
-    task: JoinHandle<Result<JobCounters>>,
+    running: Running<JobCounters>,
 }
 
 impl JobRunnerHandle {
     /// The runner's name.
     #[must_use]
     pub fn name(&self) -> &str {
-        &self.name
+        self.running.name()
     }
 
     /// The seed of its jitter, so a run can be replayed.
@@ -609,55 +605,35 @@ impl JobRunnerHandle {
 
     /// Asks it to stop: it leases nothing more and finishes the jobs in flight.
     pub fn stop(&self) {
-        self.shutdown.trigger();
+        self.running.stop();
     }
 
     /// A trigger that stops it, for sharing.
     #[must_use]
     pub fn shutdown(&self) -> Shutdown {
-        self.shutdown.clone()
+        self.running.shutdown()
     }
 
     /// Whether the task has ended.
     #[must_use]
     pub fn is_finished(&self) -> bool {
-        self.task.is_finished()
+        self.running.is_finished()
     }
 
     /// Ends it now, handlers and all, as a crash would: the jobs in flight are neither
     /// acked nor failed and are delivered again when their leases expire.
     pub fn abort(self) {
-        self.task.abort();
+        self.running.abort();
     }
 
     /// Waits for the task to end; its counters, or why it failed.
     pub async fn join(self) -> Result<JobCounters> {
-        match self.task.await {
-            Ok(result) => result,
-            Err(e) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-        }
+        self.running.join().await
     }
 
     /// Stops it and waits at most `budget` for the jobs in flight to finish; aborts it
     /// after that (those jobs are delivered again when their leases expire).
-    pub async fn stop_within(mut self, budget: Duration) -> Result<JobCounters> {
-        self.stop();
-        match tokio::time::timeout(budget, &mut self.task).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(Error::Worker {
-                worker: self.name,
-                reason: e.to_string(),
-            }),
-            Err(_) => {
-                self.task.abort();
-                Err(Error::Timeout {
-                    what: format!("job runner {}", self.name),
-                    budget,
-                })
-            }
-        }
+    pub async fn stop_within(self, budget: Duration) -> Result<JobCounters> {
+        self.running.stop_within(budget).await
     }
 }

@@ -59,6 +59,11 @@ impl<T> Running<T> {
         self.task.is_finished()
     }
 
+    /// Ends the task now, as a crash would.
+    pub(crate) fn abort(self) {
+        self.task.abort();
+    }
+
     /// Waits for the task to end: its result, or [`Error::Worker`] if it panicked.
     pub(crate) async fn join(self) -> Result<T> {
         match self.task.await {
