@@ -10,7 +10,11 @@ const SEEDS: std::ops::Range<u64> = 1000..1032;
 
 #[test]
 fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
-    let scenario = Scenario::default();
+    // Every kind, forged events included (off by default: see `FaultKind::default_kinds`).
+    let scenario = Scenario {
+        faults: FaultKind::ALL.into_iter().collect(),
+        ..Scenario::default()
+    };
     let mut failures = Vec::new();
     let mut watermarks = 0;
     let (mut commit_crashes, mut failed_commits, mut warm_restarts) = (0, 0, 0);
