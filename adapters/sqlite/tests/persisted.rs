@@ -4,41 +4,12 @@
 #![allow(clippy::unwrap_used)]
 
 mod common;
+
+use common::{config, mirror, source_contents, until};
 use std::time::Duration;
 
-use tidemark::{
-    FollowerConfig, FollowerHandle, FollowerTask, NoFeed, RawBytes, Sink, Source, Status, Wake,
-};
-use tidemark_sqlite::{PersistedCache, SqliteDb, SqliteSource, Write};
-
-async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
-    db.source()
-        .snapshot()
-        .await
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|e| (e.key, e.seq, e.value))
-        .collect()
-}
-
-fn config(name: &str) -> FollowerConfig {
-    FollowerConfig::builder(name).seed(1).build().unwrap()
-}
-
-/// Follows `source`'s change log into `cache`.
-fn mirror(name: &str, source: SqliteSource, cache: PersistedCache) -> FollowerHandle {
-    FollowerTask::new(config(name), RawBytes, source.clone(), source, cache).spawn()
-}
-
-/// Waits until the follower's status satisfies `cond`.
-async fn until(h: &FollowerHandle, what: &str, cond: impl Fn(&Status) -> bool) -> Status {
-    let mut rx = h.watch_status();
-    let waited = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| cond(s))).await;
-    let status = h.status();
-    assert!(waited.is_ok(), "timed out waiting until {what}: {status:?}");
-    status
-}
+use tidemark::{FollowerTask, NoFeed, RawBytes, Sink, Source, Wake};
+use tidemark_sqlite::{PersistedCache, SqliteDb, Write};
 
 /// Waits until the persisted cache equals the source.
 async fn converged(cache: &PersistedCache, db: &SqliteDb, what: &str) {

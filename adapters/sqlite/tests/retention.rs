@@ -6,44 +6,19 @@
 
 mod common;
 
+use common::{mirror, source_contents, until};
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tidemark::tidemark_core::{Legs, RetentionPolicy};
-use tidemark::{
-    Cursors, FollowerConfig, FollowerHandle, FollowerTask, Publish, RawBytes, Source, Status,
-    Sweep, Swept, sweep_under_lock,
-};
-use tidemark_sqlite::{PersistedCache, SqliteDb, SqliteSource, Write};
+use tidemark::{Cursors, Publish, Source, Sweep, Swept, sweep_under_lock};
+use tidemark_sqlite::{SqliteDb, SqliteSource, Write};
 
 /// Keeps nothing for unknown readers; never forces out what a known one needs.
 fn needed_only() -> RetentionPolicy {
     RetentionPolicy::new(Duration::ZERO, None).unwrap()
-}
-
-fn mirror(name: &str, source: SqliteSource, cache: PersistedCache) -> FollowerHandle {
-    let config = FollowerConfig::builder(name).seed(1).build().unwrap();
-    FollowerTask::new(config, RawBytes, source.clone(), source, cache).spawn()
-}
-
-async fn until(h: &FollowerHandle, what: &str, cond: impl Fn(&Status) -> bool) -> Status {
-    let mut rx = h.watch_status();
-    let waited = tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|s| cond(s))).await;
-    let status = h.status();
-    assert!(waited.is_ok(), "timed out waiting until {what}: {status:?}");
-    status
-}
-
-async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
-    db.source()
-        .snapshot()
-        .await
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|e| (e.key, e.seq, e.value))
-        .collect()
 }
 
 async fn count(db: &SqliteDb, table: &str) -> i64 {

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use tidemark_sqlite::SqliteDb;
+use tidemark::{FollowerConfig, FollowerHandle, FollowerTask, RawBytes, Source, Status};
+use tidemark_sqlite::{PersistedCache, SqliteDb, SqliteSource};
 
 /// A fresh database in its own temporary directory (kept alive by the returned guard).
 pub async fn fresh() -> (tempfile::TempDir, PathBuf, SqliteDb) {
@@ -28,4 +29,39 @@ where
         );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
+}
+
+/// Every entry of `db`'s registry: key, seq, value.
+pub async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
+    db.source()
+        .snapshot()
+        .await
+        .expect("snapshot of the registry")
+        .entries
+        .into_iter()
+        .map(|e| (e.key, e.seq, e.value))
+        .collect()
+}
+
+/// A follower's configuration with a fixed seed.
+pub fn config(name: &str) -> FollowerConfig {
+    FollowerConfig::builder(name)
+        .seed(1)
+        .build()
+        .expect("a valid follower config")
+}
+
+/// Follows `source`'s change log into `cache`.
+pub fn mirror(name: &str, source: SqliteSource, cache: PersistedCache) -> FollowerHandle {
+    FollowerTask::new(config(name), RawBytes, source.clone(), source, cache).spawn()
+}
+
+/// Waits until the follower's status satisfies `cond`; panics with `what` after 30 s.
+pub async fn until(h: &FollowerHandle, what: &str, cond: impl Fn(&Status) -> bool) -> Status {
+    let mut rx = h.watch_status();
+    let waited =
+        tokio::time::timeout(std::time::Duration::from_secs(30), rx.wait_for(|s| cond(s))).await;
+    let status = h.status();
+    assert!(waited.is_ok(), "timed out waiting until {what}: {status:?}");
+    status
 }
