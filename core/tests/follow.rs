@@ -257,6 +257,22 @@ fn the_status_shows_the_seed_that_drives_the_jitter() {
 
 // ---- Issue: announcements that lie, lag or come from elsewhere ----
 
+/// Whether `outs` ask for a snapshot of the source.
+fn asks_snapshot<V>(outs: &[Output<V>]) -> bool {
+    outs.iter()
+        .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
+}
+
+/// A wake whose reconcile finds no change up to `source_watermark`: what the core does.
+fn wake_and_read_nothing(h: &mut H, source_watermark: u64) -> Vec<Output<String>> {
+    h.input(Input::Wake);
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark,
+    })
+}
+
 /// An announcements follower that read the source up to `w` and opened its stream.
 fn announcements_at(w: u64, changes: Vec<Entry>) -> H {
     let config = config().max_ahead(1000).build().unwrap();
@@ -368,17 +384,8 @@ fn an_announcement_the_source_does_not_confirm_is_replaced_by_its_answer() {
     );
     // Unconfirmed and not named by the read: only a snapshot says what the key holds.
     h.put(11, "b", "foreign");
-    h.input(Input::Wake);
-    let outs = h.input(Input::Changes {
-        token: h.request.unwrap(),
-        changes: vec![],
-        source_watermark: 12,
-    });
-    assert!(
-        outs.iter()
-            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
-        "{outs:?}"
-    );
+    let outs = wake_and_read_nothing(&mut h, 12);
+    assert!(asks_snapshot(&outs), "{outs:?}");
     let outs = h.input(Input::Snapshot {
         token: h.request.unwrap(),
         entries: vec![Entry::put(7, "a", "seven")],
@@ -458,11 +465,7 @@ fn a_read_that_cannot_explain_a_foreign_announcement_leaves_the_watermark_for_it
         changes: vec![Entry::put(6, "c", "six")],
         source_watermark: 9,
     });
-    assert!(
-        outs.iter()
-            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
-        "{outs:?}"
-    );
+    assert!(asks_snapshot(&outs), "{outs:?}");
     assert_eq!(
         h.f.watermark(),
         5,
@@ -485,15 +488,9 @@ fn a_read_that_cannot_explain_a_foreign_announcement_leaves_the_watermark_for_it
 fn an_announcement_a_later_read_does_not_reach_is_not_kept_for_good() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
     h.put(9, "b", "foreign");
-    h.input(Input::Wake);
-    let outs = h.input(Input::Changes {
-        token: h.request.unwrap(),
-        changes: vec![],
-        source_watermark: 5,
-    });
+    let outs = wake_and_read_nothing(&mut h, 5);
     assert!(
-        outs.iter()
-            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        asks_snapshot(&outs),
         "a read asked for after the announcement does not have it: {outs:?}"
     );
     let outs = h.input(Input::Snapshot {
@@ -541,11 +538,7 @@ fn a_key_a_restarted_sink_holds_past_its_watermark_awaits_confirmation() {
         changes: vec![],
         source_watermark: 7,
     });
-    assert!(
-        outs.iter()
-            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
-        "{outs:?}"
-    );
+    assert!(asks_snapshot(&outs), "{outs:?}");
     let outs = h.input(Input::Snapshot {
         token: h.request.unwrap(),
         entries: vec![Entry::put(5, "a", "real")],
