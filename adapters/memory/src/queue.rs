@@ -28,6 +28,9 @@ struct State {
     next_id: u64,
     next_receipt: u64,
     jobs: BTreeMap<JobId, Slot>,
+    /// The job each coalesce key last went to; it absorbs later enqueues while it is
+    /// still ready and never leased.
+    coalesce: BTreeMap<String, JobId>,
 }
 
 impl State {
@@ -115,8 +118,22 @@ impl Queue for MemoryQueue {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
         self.faults.check(Port::Queue)?;
         let mut s = self.state();
+        let coalesce = job.coalesce_key();
+        if let Some(key) = &coalesce {
+            let pending = s.coalesce.get(key).copied().filter(|id| {
+                s.jobs.get(id).is_some_and(|slot| {
+                    slot.record.state == JobState::Ready && slot.record.attempts == 0
+                })
+            });
+            if let Some(id) = pending {
+                return Ok(id);
+            }
+        }
         s.next_id += 1;
         let id = JobId(s.next_id);
+        if let Some(key) = coalesce {
+            s.coalesce.insert(key, id);
+        }
         s.jobs.insert(
             id,
             Slot {
@@ -150,11 +167,15 @@ impl Queue for MemoryQueue {
         s.expire(now, self.max_attempts);
         s.next_receipt += 1;
         let receipt = s.next_receipt;
-        let Some(slot) = s
+        let ready = |slot: &Slot| slot.record.state == JobState::Ready && slot.visible_at <= now;
+        // Priority jobs (sweeps) first, then the oldest.
+        let first = s
             .jobs
-            .values_mut()
-            .find(|slot| slot.record.state == JobState::Ready && slot.visible_at <= now)
-        else {
+            .values()
+            .find(|slot| ready(slot) && slot.record.job.is_priority())
+            .or_else(|| s.jobs.values().find(|slot| ready(slot)))
+            .map(|slot| slot.record.id);
+        let Some(slot) = first.and_then(|id| s.jobs.get_mut(&id)) else {
             return Ok(None);
         };
         slot.record.attempts += 1;
@@ -280,6 +301,8 @@ impl Queue for MemoryQueue {
             };
             !matches!((age, keep_for), (Some(age), Some(keep)) if age >= keep)
         });
+        let State { jobs, coalesce, .. } = &mut *s;
+        coalesce.retain(|_, id| jobs.contains_key(id));
         Ok((before - s.jobs.len()) as u64)
     }
 }

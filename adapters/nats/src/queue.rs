@@ -241,6 +241,9 @@ impl NatsQueue {
         let mut ids = Vec::new();
         while let Some(key) = keys.next().await {
             let key = key.map_err(|e| unavailable("queue", e))?;
+            if key.starts_with(PENDING) {
+                continue;
+            }
             match key.parse::<u64>() {
                 Ok(id) => ids.push(id),
                 Err(_) => warn!(key, "state key that names no job; left alone"),
@@ -277,8 +280,76 @@ impl NatsQueue {
     }
 }
 
+/// The state key that names the pending (ready, never leased) job of a coalesce key: the
+/// key's bytes in hex, so any key makes a valid KV key.
+fn pending_key(coalesce: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(PENDING.len() + coalesce.len() * 2);
+    out.push_str(PENDING);
+    for b in coalesce.bytes() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The prefix of pending-job keys in the state bucket (job ids are bare numbers).
+const PENDING: &str = "pending.";
+
+impl NatsQueue {
+    /// The pending job a coalesce key names, if any.
+    async fn pending_job(&self, key: &str) -> Result<Option<u64>> {
+        let entry = self
+            .inner
+            .state
+            .entry(key)
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse().ok()))
+    }
+
+    /// Ends the pending state of job `id` under its coalesce key before its handler runs,
+    /// so an enqueue that found it pending is covered by this run; a later enqueue makes a
+    /// new job. Only the key still naming `id` is removed.
+    async fn unpend(&self, id: u64, job: &Job) -> Result<()> {
+        let Some(coalesce) = job.coalesce_key() else {
+            return Ok(());
+        };
+        let key = pending_key(&coalesce);
+        let entry = self
+            .inner
+            .state
+            .entry(key.as_str())
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        let Some(entry) = entry.filter(|e| {
+            e.operation == kv::Operation::Put && e.value[..] == *id.to_string().as_bytes()
+        }) else {
+            return Ok(());
+        };
+        match self
+            .inner
+            .state
+            .delete_expect_revision(key.as_str(), Some(entry.revision))
+            .await
+        {
+            Ok(()) => Ok(()),
+            // Changed meanwhile: it names another job now, which stays pending.
+            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
+            Err(e) => Err(unavailable("queue", e)),
+        }
+    }
+}
+
 impl Queue for NatsQueue {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
+        let pending = job.coalesce_key().map(|k| pending_key(&k));
+        if let Some(key) = &pending
+            && let Some(id) = self.pending_job(key).await?
+        {
+            return Ok(JobId(id));
+        }
         let payload = job.encode().map_err(|e| unavailable("queue", e))?;
         let ack = self
             .inner
@@ -306,6 +377,20 @@ impl Queue for NatsQueue {
             Ok(_) => {}
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
             Err(e) => return Err(unavailable("queue", e)),
+        }
+        if let Some(key) = pending {
+            // Created, not put: an enqueue that raced this one made its own job, which
+            // stays pending under the key; this one still runs (at least once).
+            match self
+                .inner
+                .state
+                .create(key, ack.sequence.to_string().into())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => return Err(unavailable("queue", e)),
+            }
         }
         Ok(JobId(ack.sequence))
     }
@@ -391,6 +476,9 @@ impl Queue for NatsQueue {
                 self.store(id, &dead).await?;
                 continue;
             }
+            // Before the handler can run: an enqueue that still finds the job pending
+            // is then covered by this run.
+            self.unpend(id, &job).await?;
             let stored = Stored {
                 job: job.clone(),
                 state: Stage::Leased,

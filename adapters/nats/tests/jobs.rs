@@ -28,6 +28,10 @@ async fn queue_additions_pass_the_conformance_suite() {
     c::queue_dead_letters_list_and_requeue(&q).await;
     let q = NatsQueue::open(client.clone(), "COUNTS", 3).await.unwrap();
     c::queue_counts_by_state(&q).await;
+    let q = NatsQueue::open(client.clone(), "COALESCE", 3)
+        .await
+        .unwrap();
+    c::queue_coalesces_pending_jobs_per_key(&q).await;
     let q = NatsQueue::open(client.clone(), "RETAIN", 3).await.unwrap();
     c::queue_removes_finished_jobs_past_retention(&q, Duration::from_millis(500)).await;
 }

@@ -25,6 +25,9 @@ async fn events_stream_and_cursors_pass_the_conformance_suite() {
     events.ensure(1).await.unwrap();
     tidemark::conformance::events_deliver_published_in_order(&events).await;
     tidemark::conformance::cursors_are_monotone(&events).await;
+    let batched = NatsEvents::new(client.clone(), "BATCHED", "batched").unwrap();
+    batched.ensure(1).await.unwrap();
+    tidemark::conformance::events_publish_batch_in_order(&batched).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

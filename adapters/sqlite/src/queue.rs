@@ -43,15 +43,44 @@ pub struct SqliteQueue {
     db: SqliteDb,
 }
 
-/// Enqueues `job` on `conn` (inside the caller's transaction, if any).
+/// Enqueues `job` on `conn` (inside the caller's transaction, if any). A job with a
+/// coalesce key that a ready, never-leased job already has is that job: its id comes back
+/// and nothing is written (the unique index on pending keys decides, across processes).
 pub(crate) fn enqueue_on(conn: &Connection, job: &Job) -> Result<JobId> {
     let bytes = job
         .encode()
         .map_err(|e| Error::unavailable("queue", format!("job could not be encoded: {e}")))?;
-    conn.prepare_cached("INSERT INTO jobs (job) VALUES (?1) RETURNING id")
-        .and_then(|mut s| s.query_row([bytes], |r| r.get::<_, i64>(0)))
-        .map(|id| JobId(to_u64(id)))
-        .map_err(sql)
+    let dedupe = job.coalesce_key();
+    let pending = |conn: &Connection, key: &str| {
+        conn.prepare_cached("SELECT id FROM jobs WHERE dedupe = ?1 AND state = 0 AND attempts = 0")
+            .and_then(|mut s| s.query_row([key], |r| r.get::<_, i64>(0)).optional())
+            .map_err(sql)
+    };
+    if let Some(key) = &dedupe
+        && let Some(id) = pending(conn, key)?
+    {
+        return Ok(JobId(to_u64(id)));
+    }
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO jobs (job, dedupe, priority) VALUES (?1, ?2, ?3)
+             ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![bytes, dedupe, job.is_priority()], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+        })
+        .map_err(sql)?;
+    match (inserted, &dedupe) {
+        (Some(id), _) => Ok(JobId(to_u64(id))),
+        // Another process enqueued the same key between the look and the insert.
+        (None, Some(key)) => pending(conn, key)?
+            .map(|id| JobId(to_u64(id)))
+            .ok_or_else(|| Error::unavailable("queue", "coalesced job vanished; retry")),
+        (None, None) => Err(Error::unavailable("queue", "job insert ignored; retry")),
+    }
 }
 
 impl SqliteQueue {
@@ -110,6 +139,32 @@ impl Queue for SqliteQueue {
             .await
     }
 
+    /// One transaction for the whole batch: all enqueued, or all failed with its error.
+    async fn enqueue_batch(&self, jobs: Vec<Job>) -> Vec<Result<JobId>> {
+        let n = jobs.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let done = self
+            .db
+            .write("queue", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let ids = jobs
+                    .iter()
+                    .map(|job| enqueue_on(&tx, job))
+                    .collect::<Result<Vec<_>>>()?;
+                tx.commit().map_err(sql)?;
+                Ok(ids)
+            })
+            .await;
+        match done {
+            Ok(ids) => ids.into_iter().map(Ok).collect(),
+            Err(e) => e.for_each_of(n),
+        }
+    }
+
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
         self.db
             .call("queue", move |conn| {
@@ -144,14 +199,8 @@ impl Queue for SqliteQueue {
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
                 let now = now_ms();
-                let leased = loop {
-                    let row = tx
-                        .prepare_cached(
-                            "SELECT id, job, state, attempts FROM jobs
-                             WHERE (state = 0 AND not_before <= ?1)
-                                OR (state = 1 AND lease_until <= ?1)
-                             ORDER BY id LIMIT 1",
-                        )
+                let next = |query: &str| {
+                    tx.prepare_cached(query)
                         .and_then(|mut s| {
                             s.query_row([now], |r| {
                                 Ok((
@@ -163,7 +212,23 @@ impl Queue for SqliteQueue {
                             })
                             .optional()
                         })
-                        .map_err(sql)?;
+                        .map_err(sql)
+                };
+                let leased = loop {
+                    // Priority jobs (sweeps) first, then the oldest ready or expired job.
+                    let row = match next(
+                        "SELECT id, job, state, attempts FROM jobs
+                         WHERE state = 0 AND priority = 1 AND not_before <= ?1
+                         ORDER BY id LIMIT 1",
+                    )? {
+                        Some(row) => Some(row),
+                        None => next(
+                            "SELECT id, job, state, attempts FROM jobs
+                             WHERE (state = 0 AND not_before <= ?1)
+                                OR (state = 1 AND lease_until <= ?1)
+                             ORDER BY id LIMIT 1",
+                        )?,
+                    };
                     let Some((id, bytes, state, attempts)) = row else {
                         break None;
                     };
@@ -328,8 +393,8 @@ impl Queue for SqliteQueue {
             .write("queue", move |conn| {
                 let n = conn
                     .prepare_cached(
-                        "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0
-                         WHERE id = ?1 AND state = 3",
+                        "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0,
+                         dedupe = NULL WHERE id = ?1 AND state = 3",
                     )
                     .and_then(|mut s| s.execute([to_i64(id.0)]))
                     .map_err(sql)?;
