@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark::{
+    Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+};
 use tokio::time::Instant;
 
 use crate::faults::{Faults, Port};
@@ -73,6 +75,8 @@ impl State {
 #[derive(Clone, Debug)]
 pub struct MemoryQueue {
     state: Arc<Mutex<State>>,
+    /// Bumped when a job becomes ready (enqueued, failed back, requeued).
+    ready: Arc<tokio::sync::watch::Sender<u64>>,
     max_attempts: u32,
     faults: Faults,
 }
@@ -89,6 +93,7 @@ impl MemoryQueue {
     pub fn new(faults: Faults) -> Self {
         MemoryQueue {
             state: Arc::default(),
+            ready: Arc::new(tokio::sync::watch::Sender::new(0)),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             faults,
         }
@@ -99,6 +104,10 @@ impl MemoryQueue {
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts.max(1);
         self
+    }
+
+    fn readied(&self) {
+        self.ready.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -150,7 +159,13 @@ impl Queue for MemoryQueue {
                 finished_at: None,
             },
         );
+        drop(s);
+        self.readied();
         Ok(id)
+    }
+
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        Some(ReadySignal::new(self.ready.subscribe()))
     }
 
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
@@ -216,7 +231,12 @@ impl Queue for MemoryQueue {
             slot.visible_at = now + retry_after;
             JobState::Ready
         };
-        Ok(slot.record.state)
+        let state = slot.record.state;
+        drop(s);
+        if state == JobState::Ready {
+            self.readied();
+        }
+        Ok(state)
     }
 
     async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
@@ -264,6 +284,8 @@ impl Queue for MemoryQueue {
                 slot.record.attempts = 0;
                 slot.visible_at = now;
                 slot.finished_at = None;
+                drop(s);
+                self.readied();
                 Ok(id)
             }
             _ => Err(Error::NotFound(format!("dead letter {id}"))),

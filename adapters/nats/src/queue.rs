@@ -20,6 +20,9 @@ use tracing::warn;
 
 use crate::error::{check_name, unavailable};
 
+/// How long a scan of the state bucket waits for its next entry before it ends.
+const SCAN_IDLE: Duration = Duration::from_secs(5);
+
 /// How long a lease waits for a job before answering "none ready".
 const LEASE_WAIT: Duration = Duration::from_millis(300);
 
@@ -40,8 +43,9 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
 /// key, with the time they finished, until [`Queue::remove_finished`] purges it (the
 /// key's messages are purged from the bucket's stream, leaving no delete marker behind).
-/// Listing dead letters, counting and retention read every state key: their cost grows
-/// with the jobs retention keeps. A requeued dead letter is published again under a new
+/// Listing dead letters, counting and retention read the state bucket in one streamed pass
+/// (the last value of each key): their cost grows with the jobs retention keeps, but not
+/// by a round trip per job. A requeued dead letter is published again under a new
 /// id, and its old state key is purged.
 #[derive(Clone)]
 pub struct NatsQueue {
@@ -230,36 +234,49 @@ impl NatsQueue {
             .ok_or_else(|| Error::LeaseLost(lease.id.to_string()))
     }
 
-    /// Every job's state, in id order (a read of each state key).
+    /// Every job's state, in id order: one pass over the state bucket's stream (the last
+    /// message of each key, streamed by one consumer), not a request per key.
     async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
-        let mut keys = self
+        let held = self
+            .inner
+            .state_stream
+            .get_info()
+            .await
+            .map_err(|e| unavailable("queue", e))?
+            .state
+            .messages;
+        if held == 0 {
+            return Ok(Vec::new());
+        }
+        let mut entries = self
             .inner
             .state
-            .keys()
+            .watch_with_history(">")
             .await
             .map_err(|e| unavailable("queue", e))?;
-        let mut ids = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| unavailable("queue", e))?;
-            if key.starts_with(PENDING) {
-                continue;
-            }
-            match key.parse::<u64>() {
-                Ok(id) => ids.push(id),
-                Err(_) => warn!(key, "state key that names no job; left alone"),
-            }
-        }
-        ids.sort_unstable();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(bytes) = self.load_bytes(id).await? else {
-                continue;
+        let mut out = Vec::new();
+        loop {
+            // The pass ends at the entry with nothing after it; a bucket emptied since
+            // the count above sends nothing at all.
+            let entry = match tokio::time::timeout(SCAN_IDLE, entries.next()).await {
+                Ok(Some(entry)) => entry.map_err(|e| unavailable("queue", e))?,
+                Ok(None) | Err(_) => break,
             };
-            match decode_state(id, &bytes) {
-                Ok(stored) => out.push((id, stored)),
-                Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+            let last = entry.delta == 0;
+            if entry.operation == kv::Operation::Put && !entry.key.starts_with(PENDING) {
+                match entry.key.parse::<u64>() {
+                    Ok(id) => match decode_state(id, &entry.value) {
+                        Ok(stored) => out.push((id, stored)),
+                        Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+                    },
+                    Err(_) => warn!(key = entry.key, "state key that names no job; left alone"),
+                }
+            }
+            if last {
+                break;
             }
         }
+        out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
     }
 

@@ -1324,3 +1324,41 @@ pub async fn events_publish_batch_in_order<P: Publish + Feed>(events: &P) {
         );
     }
 }
+
+/// A runner waiting on an empty queue that signals readiness
+/// ([`Queue::ready_signal`]) runs a job enqueued meanwhile at once, not after its idle
+/// poll, which here is an hour: the poll is only the backstop.
+pub async fn runner_wakes_on_enqueue<Q: Queue + Clone + 'static>(q: &Q) {
+    const POLL: Duration = Duration::from_secs(3600);
+    assert!(
+        q.ready_signal().is_some(),
+        "this queue says it can tell a runner when jobs are ready"
+    );
+    let ran = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handlers = {
+        let ran = std::sync::Arc::clone(&ran);
+        JobHandlers::new().on(["sweep"], move |_: Job, _| {
+            let ran = std::sync::Arc::clone(&ran);
+            async move {
+                ran.notify_one();
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let runner = JobRunner::new("woken", q.clone(), handlers)
+        .idle_poll(POLL)
+        .spawn();
+    // Long enough for the runner to find the queue empty and wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let enqueued = tokio::time::Instant::now();
+    q.enqueue(Job::Sweep).await.unwrap();
+    tokio::time::timeout(POLL / 2, ran.notified())
+        .await
+        .expect("the enqueue wakes the waiting runner before its idle poll");
+    assert!(
+        enqueued.elapsed() < Duration::from_secs(30),
+        "woken by the enqueue, not by the poll: {:?}",
+        enqueued.elapsed()
+    );
+    runner.stop_within(Duration::from_secs(10)).await.unwrap();
+}

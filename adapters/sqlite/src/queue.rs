@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark::{
+    Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+};
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
@@ -191,10 +193,17 @@ impl Queue for SqliteQueue {
             .await
     }
 
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        Some(ReadySignal::new(self.db.commits()))
+    }
+
     async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
         let max_attempts = i64::from(self.db.options().max_attempts);
-        self.db
-            .write("queue", move |conn| {
+        // Not a `write`: an empty lease changes nothing, and must not wake the runners
+        // that wait on commits (the one asking among them).
+        let (leased, changed) = self
+            .db
+            .call("queue", move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
@@ -214,6 +223,7 @@ impl Queue for SqliteQueue {
                         })
                         .map_err(sql)
                 };
+                let mut changed = false;
                 let leased = loop {
                     // Priority jobs (sweeps) first, then the oldest ready or expired job.
                     let row = match next(
@@ -248,6 +258,7 @@ impl Queue for SqliteQueue {
                                 params![id, DEAD, error, now],
                             )
                             .map_err(sql)?;
+                            changed = true;
                             continue;
                         }
                     };
@@ -265,6 +276,7 @@ impl Queue for SqliteQueue {
                         ],
                     )
                     .map_err(sql)?;
+                    changed = true;
                     break Some(Leased {
                         id: JobId(to_u64(id)),
                         job,
@@ -273,9 +285,13 @@ impl Queue for SqliteQueue {
                     });
                 };
                 tx.commit().map_err(sql)?;
-                Ok(leased)
+                Ok((leased, changed))
             })
-            .await
+            .await?;
+        if changed {
+            self.db.committed();
+        }
+        Ok(leased)
     }
 
     async fn ack(&self, lease: &Leased) -> Result<()> {

@@ -84,8 +84,37 @@ pub struct Leased {
     pub receipt: u64,
 }
 
+/// Tells a job runner that jobs may have become ready (an enqueue, a failed job back, a
+/// commit by another process), so it leases at once instead of waiting out its idle
+/// poll, which stays as the backstop. "May have": the runner leases to find out.
+#[derive(Clone, Debug)]
+pub struct ReadySignal(tokio::sync::watch::Receiver<u64>);
+
+impl ReadySignal {
+    /// A signal that fires whenever `changes` changes.
+    #[must_use]
+    pub fn new(changes: tokio::sync::watch::Receiver<u64>) -> Self {
+        ReadySignal(changes)
+    }
+
+    /// Resolves at the next change after the last one seen; never, once the queue is gone.
+    /// Cancel-safe.
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// A durable queue of maintenance jobs.
 pub trait Queue: Send + Sync {
+    /// A signal of jobs that may have become ready, where the queue can tell (memory: its
+    /// enqueues; SQLite: commits to the file by any process). `None` (the default, and
+    /// NATS): runners poll an empty queue every idle poll.
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        None
+    }
+
     /// Enqueues `job`; returns its id. A job with a [`coalesce_key`](Job::coalesce_key)
     /// (`pack_housekeeping`, per key) is absorbed by a ready, never-leased job with the
     /// same key, whose id comes back: pending jobs are bounded by the keys written, not by
