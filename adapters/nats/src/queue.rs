@@ -340,22 +340,22 @@ impl NatsQueue {
             .entry(key.as_str())
             .await
             .map_err(|e| unavailable("queue", e))?;
-        let Some(entry) = entry.filter(|e| {
+        if !entry.is_some_and(|e| {
             e.operation == kv::Operation::Put && e.value[..] == *id.to_string().as_bytes()
-        }) else {
+        }) {
+            // It names another job now (or none), which stays as it is.
             return Ok(());
-        };
-        match self
-            .inner
-            .state
-            .delete_expect_revision(key.as_str(), Some(entry.revision))
-            .await
-        {
-            Ok(()) => Ok(()),
-            // Changed meanwhile: it names another job now, which stays pending.
-            Err(e) if e.kind() == kv::DeleteErrorKind::WrongLastRevision => Ok(()),
-            Err(e) => Err(unavailable("queue", e)),
         }
+        // Purged, not deleted: no marker is left behind, so the bucket's stream holds a
+        // message per pending key and no more. Only this job's lease gets here; the key
+        // can only have gone since, and a purge of an absent key changes nothing.
+        self.inner
+            .state_stream
+            .purge()
+            .filter(format!("{}{key}", self.inner.state_prefix))
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        Ok(())
     }
 }
 
