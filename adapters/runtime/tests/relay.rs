@@ -28,6 +28,19 @@ fn relay_with<P: Publish>(m: &Memory, events: P, owner: &str) -> MemoryRelay<P> 
     )
 }
 
+/// The seqs on the events stream, in stream order.
+fn published_seqs(m: &Memory) -> Vec<u64> {
+    m.events
+        .records()
+        .iter()
+        .map(|r| {
+            tidemark::tidemark_core::Event::decode(&r.payload)
+                .unwrap()
+                .seq()
+        })
+        .collect()
+}
+
 fn fail_legs(m: &Memory, mask: u8) {
     m.faults.set_failing(Port::Publish, mask & 1 != 0);
     m.faults.set_failing(Port::Notify, mask & 2 != 0);
@@ -227,16 +240,7 @@ async fn a_batch_slower_than_the_lease_is_not_taken_over_midway() {
     .await;
     let ra = a.stop_within(Duration::from_secs(5)).await.unwrap();
     let rb = b.stop_within(Duration::from_secs(5)).await.unwrap();
-    let mut seqs: Vec<u64> = m
-        .events
-        .records()
-        .iter()
-        .map(|r| {
-            tidemark::tidemark_core::Event::decode(&r.payload)
-                .unwrap()
-                .seq()
-        })
-        .collect();
+    let mut seqs = published_seqs(&m);
     seqs.sort_unstable();
     assert_eq!(
         seqs,
@@ -301,16 +305,7 @@ async fn a_relay_that_dies_mid_batch_has_its_rows_relayed_again_after_its_lease(
         "the rows were held until the dead relay's lease ran out"
     );
     let report = other.stop_within(Duration::from_secs(5)).await.unwrap();
-    let seqs: Vec<u64> = m
-        .events
-        .records()
-        .iter()
-        .map(|r| {
-            tidemark::tidemark_core::Event::decode(&r.payload)
-                .unwrap()
-                .seq()
-        })
-        .collect();
+    let seqs = published_seqs(&m);
     let distinct: BTreeSet<u64> = seqs.iter().copied().collect();
     assert_eq!(
         distinct,
