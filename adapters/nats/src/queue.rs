@@ -43,6 +43,11 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
 /// key, with the time they finished, until [`Queue::remove_finished`] purges it (the
 /// key's messages are purged from the bucket's stream, leaving no delete marker behind).
+/// A `pack_housekeeping` job waiting to be leased is named by a `pending.<key in hex>`
+/// entry in the state bucket, created if absent on enqueue: a later enqueue for the key
+/// finds it and returns that job's id (coalescing); the lease purges it before the handler
+/// runs. Sweeps are not leased ahead of other jobs here (one consumer, in stream order).
+///
 /// Listing dead letters, counting and retention read the state bucket in one streamed pass
 /// (the last value of each key): their cost grows with the jobs retention keeps, but not
 /// by a round trip per job. A requeued dead letter is published again under a new

@@ -38,6 +38,11 @@ fn state_of(code: i64) -> JobState {
 /// it is dead-lettered instead. Receipts are attempt numbers: acking or failing with an
 /// older attempt's receipt is [`Error::LeaseLost`].
 ///
+/// A `pack_housekeeping` job still ready and never leased absorbs later enqueues for its
+/// key (a unique partial index on `dedupe` decides, across processes), and sweeps are
+/// leased before other ready jobs (`priority`). [`Queue::ready_signal`] fires on every
+/// commit to the file.
+///
 /// For a done or dead-lettered job, `lease_until` holds when it finished: retention
 /// ([`Queue::remove_finished`]) measures ages from it.
 #[derive(Clone, Debug)]
