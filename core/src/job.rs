@@ -123,6 +123,27 @@ impl Job {
         }
     }
 
+    /// What a pending copy of it is known by, for coalescing: a queue that still holds a
+    /// job with this key, not yet leased, returns that job's id instead of enqueueing
+    /// another, so pending housekeeping is bounded by the keys written, not by the writes.
+    /// `pack_housekeeping` coalesces per key (the job reads the key's current state when
+    /// it runs, so one run after the last write does the work of all); sweeps (one per
+    /// scheduled tick) and a user's kinds never do.
+    #[must_use]
+    pub fn coalesce_key(&self) -> Option<String> {
+        match self {
+            Job::PackHousekeeping { key } => Some(format!("pack_housekeeping/{key}")),
+            Job::Sweep | Job::Custom(_) => None,
+        }
+    }
+
+    /// Whether it goes before every other ready job: sweeps do, so a backlog of
+    /// housekeeping never delays retention.
+    #[must_use]
+    pub fn is_priority(&self) -> bool {
+        matches!(self, Job::Sweep)
+    }
+
     /// The JSON form.
     pub fn encode(&self) -> Result<Vec<u8>, serde_json::Error> {
         match self {

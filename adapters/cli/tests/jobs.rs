@@ -92,7 +92,10 @@ async fn jobs_on_a_sqlite_file() {
     let q = db.queue();
     let key = "pkg/a".to_owned();
     let id = q.enqueue(Job::PackHousekeeping { key }).await.unwrap();
-    q.enqueue(Job::Sweep).await.unwrap();
+    // A job of the user's beside it (a sweep would be leased first).
+    q.enqueue(Job::decode(br#"{"kind":"reindex"}"#).unwrap())
+        .await
+        .unwrap();
     kill_next(&q).await;
     drop(db);
     list_dead_requeue(path.to_str().unwrap(), &[], id.0);
@@ -115,7 +118,10 @@ async fn jobs_on_a_nats_queue() {
     let q = NatsQueue::open(client, "maintenance", 1).await.unwrap();
     let key = "pkg/a".to_owned();
     let id = q.enqueue(Job::PackHousekeeping { key }).await.unwrap();
-    q.enqueue(Job::Sweep).await.unwrap();
+    // A job of the user's beside it (a sweep would be leased first).
+    q.enqueue(Job::decode(br#"{"kind":"reindex"}"#).unwrap())
+        .await
+        .unwrap();
     kill_next(&q).await;
     let target = format!("{}/maintenance", server.url());
     list_dead_requeue(&target, &["--max-attempts", "1"], id.0);

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark::{
+    Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+};
 use tokio::time::Instant;
 
 use crate::faults::{Faults, Port};
@@ -28,6 +30,9 @@ struct State {
     next_id: u64,
     next_receipt: u64,
     jobs: BTreeMap<JobId, Slot>,
+    /// The job each coalesce key last went to; it absorbs later enqueues while it is
+    /// still ready and never leased.
+    coalesce: BTreeMap<String, JobId>,
 }
 
 impl State {
@@ -70,6 +75,8 @@ impl State {
 #[derive(Clone, Debug)]
 pub struct MemoryQueue {
     state: Arc<Mutex<State>>,
+    /// Bumped when a job becomes ready (enqueued, failed back, requeued).
+    ready: Arc<tokio::sync::watch::Sender<u64>>,
     max_attempts: u32,
     faults: Faults,
 }
@@ -86,6 +93,7 @@ impl MemoryQueue {
     pub fn new(faults: Faults) -> Self {
         MemoryQueue {
             state: Arc::default(),
+            ready: Arc::new(tokio::sync::watch::Sender::new(0)),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             faults,
         }
@@ -96,6 +104,10 @@ impl MemoryQueue {
     pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
         self.max_attempts = max_attempts.max(1);
         self
+    }
+
+    fn readied(&self) {
+        self.ready.send_modify(|n| *n = n.wrapping_add(1));
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -115,8 +127,22 @@ impl Queue for MemoryQueue {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
         self.faults.check(Port::Queue)?;
         let mut s = self.state();
+        let coalesce = job.coalesce_key();
+        if let Some(key) = &coalesce {
+            let pending = s.coalesce.get(key).copied().filter(|id| {
+                s.jobs.get(id).is_some_and(|slot| {
+                    slot.record.state == JobState::Ready && slot.record.attempts == 0
+                })
+            });
+            if let Some(id) = pending {
+                return Ok(id);
+            }
+        }
         s.next_id += 1;
         let id = JobId(s.next_id);
+        if let Some(key) = coalesce {
+            s.coalesce.insert(key, id);
+        }
         s.jobs.insert(
             id,
             Slot {
@@ -133,7 +159,13 @@ impl Queue for MemoryQueue {
                 finished_at: None,
             },
         );
+        drop(s);
+        self.readied();
         Ok(id)
+    }
+
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        Some(ReadySignal::new(self.ready.subscribe()))
     }
 
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
@@ -150,11 +182,15 @@ impl Queue for MemoryQueue {
         s.expire(now, self.max_attempts);
         s.next_receipt += 1;
         let receipt = s.next_receipt;
-        let Some(slot) = s
+        let ready = |slot: &Slot| slot.record.state == JobState::Ready && slot.visible_at <= now;
+        // Priority jobs (sweeps) first, then the oldest.
+        let first = s
             .jobs
-            .values_mut()
-            .find(|slot| slot.record.state == JobState::Ready && slot.visible_at <= now)
-        else {
+            .values()
+            .find(|slot| ready(slot) && slot.record.job.is_priority())
+            .or_else(|| s.jobs.values().find(|slot| ready(slot)))
+            .map(|slot| slot.record.id);
+        let Some(slot) = first.and_then(|id| s.jobs.get_mut(&id)) else {
             return Ok(None);
         };
         slot.record.attempts += 1;
@@ -195,7 +231,12 @@ impl Queue for MemoryQueue {
             slot.visible_at = now + retry_after;
             JobState::Ready
         };
-        Ok(slot.record.state)
+        let state = slot.record.state;
+        drop(s);
+        if state == JobState::Ready {
+            self.readied();
+        }
+        Ok(state)
     }
 
     async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
@@ -243,6 +284,8 @@ impl Queue for MemoryQueue {
                 slot.record.attempts = 0;
                 slot.visible_at = now;
                 slot.finished_at = None;
+                drop(s);
+                self.readied();
                 Ok(id)
             }
             _ => Err(Error::NotFound(format!("dead letter {id}"))),
@@ -280,6 +323,8 @@ impl Queue for MemoryQueue {
             };
             !matches!((age, keep_for), (Some(age), Some(keep)) if age >= keep)
         });
+        let State { jobs, coalesce, .. } = &mut *s;
+        coalesce.retain(|_, id| jobs.contains_key(id));
         Ok((before - s.jobs.len()) as u64)
     }
 }

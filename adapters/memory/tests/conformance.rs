@@ -40,6 +40,10 @@ conformance! {
     queue_renew_extends_a_lease => MemoryQueue::default(), Duration::from_millis(100);
     queue_dead_letters_list_and_requeue => MemoryQueue::default();
     queue_counts_by_state => MemoryQueue::default();
+    queue_coalesces_pending_jobs_per_key => MemoryQueue::default();
+    queue_leases_sweeps_first => MemoryQueue::default();
+    runner_wakes_on_enqueue => MemoryQueue::default();
+    events_publish_batch_in_order => MemoryEvents::default();
     queue_removes_finished_jobs_past_retention => MemoryQueue::default(), Duration::from_secs(60);
     runner_renews_a_slow_jobs_lease => MemoryQueue::default(), Duration::from_millis(300);
     runner_dead_letters_what_it_cannot_run => MemoryQueue::default();

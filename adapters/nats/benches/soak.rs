@@ -6,8 +6,10 @@
 //! size. No assertions: figures.
 //!
 //! `cargo bench -p tidemark-nats --bench soak -- --writes N --keys K --mode on|off|both
-//! --events-mib M` (default 1,000,000 over 10,000 keys, both modes, the default 256 MiB cap
-//! on the events stream). Needs nats-server (the test harness finds it).
+//! --events-mib M --rate R --tail-secs S --samples N --concurrency C` (default 1,000,000
+//! over 10,000 keys, both modes, the default 256 MiB cap on the events stream, unpaced, no
+//! tail, the runner's default concurrency). `queued` is the work queue's backlog (jobs not
+//! yet acked). Needs nats-server (the test harness finds it).
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -31,6 +33,10 @@ struct Args {
     modes: Vec<bool>,
     events_cap: i64,
     job_done: Duration,
+    rate: u64,
+    tail: Duration,
+    samples: u64,
+    concurrency: Option<usize>,
 }
 
 fn args() -> Option<Args> {
@@ -57,7 +63,13 @@ fn args() -> Option<Args> {
         events_cap: get("--events-mib").map_or(StreamLimits::EVENTS.max_bytes, |m| {
             m.parse::<i64>().unwrap() * 1024 * 1024
         }),
-        job_done: Duration::from_secs(num("--job-done-secs", 60)),
+        job_done: get("--job-done-secs").map_or(JobRetention::default().done, |v| {
+            Duration::from_secs(v.parse().unwrap())
+        }),
+        rate: num("--rate", 0),
+        tail: Duration::from_secs(num("--tail-secs", 0)),
+        samples: num("--samples", 10).max(1),
+        concurrency: get("--concurrency").map(|v| v.parse().unwrap()),
     })
 }
 
@@ -68,6 +80,14 @@ fn mib(b: u64) -> f64 {
 async fn bytes(js: &jetstream::Context, name: &str) -> u64 {
     match js.get_stream(name).await {
         Ok(mut s) => s.info().await.map_or(0, |i| i.state.bytes),
+        Err(_) => 0,
+    }
+}
+
+/// Messages on a stream: the work queue's backlog of jobs not yet acked.
+async fn messages(js: &jetstream::Context, name: &str) -> u64 {
+    match js.get_stream(name).await {
+        Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages),
         Err(_) => 0,
     }
 }
@@ -150,23 +170,54 @@ async fn run(server: &NatsServer, args: &Args, on: bool, round: usize) {
             run_scheduler(&schedules, &q, DEFAULT_SWEEP_EVERY, stop).await;
         }));
     }
-    let runner = JobRunner::new("soak", queue.clone(), handlers)
-        .concurrency(16)
-        .spawn();
+    let mut runner = JobRunner::new("soak", queue.clone(), handlers);
+    if let Some(n) = args.concurrency {
+        runner = runner.concurrency(n);
+    }
+    let runner = runner.spawn();
 
     println!(
-        "\nretention {}: {} announced writes over {} keys, {VALUE}-byte values",
+        "\nretention {}: {} announced writes over {} keys, {VALUE}-byte values, {}",
         if on { "ON" } else { "OFF" },
         args.writes,
-        args.keys
+        args.keys,
+        if args.rate == 0 {
+            "unpaced".to_owned()
+        } else {
+            format!("paced at {} writes/s", args.rate)
+        }
     );
     println!(
-        "{:>9} {:>7} {:>10} {:>11} {:>10} {:>11} {:>9}",
-        "writes", "secs", "bucket MiB", "events MiB", "queue MiB", "jobs state", "live MiB"
+        "{:>9} {:>7} {:>10} {:>11} {:>10} {:>11} {:>8} {:>9}",
+        "writes",
+        "secs",
+        "bucket MiB",
+        "events MiB",
+        "queue MiB",
+        "jobs state",
+        "queued",
+        "live MiB"
     );
     let started = Instant::now();
-    let step = (args.writes / 10).max(1);
+    let step = (args.writes / args.samples).max(1);
     let live = args.keys.min(args.writes) * (VALUE as u64 + 10);
+    let sample = |done: u64| {
+        let js = &js;
+        let (bucket_name, events_name, queue_name) = (&bucket_name, &events_name, &queue_name);
+        async move {
+            println!(
+                "{:>9} {:>7.1} {:>10.1} {:>11.1} {:>10.1} {:>11.1} {:>8} {:>9.2}",
+                done,
+                started.elapsed().as_secs_f64(),
+                mib(bytes(js, &format!("KV_{bucket_name}")).await),
+                mib(bytes(js, events_name).await),
+                mib(bytes(js, queue_name).await),
+                mib(bytes(js, &format!("KV_{queue_name}_state")).await),
+                messages(js, queue_name).await,
+                mib(live)
+            );
+        }
+    };
     let mut done = 0u64;
     while done < args.writes {
         let upto = (done + step).min(args.writes);
@@ -174,6 +225,11 @@ async fn run(server: &NatsServer, args: &Args, on: bool, round: usize) {
             .map(|i| {
                 let registry = &registry;
                 async move {
+                    if args.rate > 0 {
+                        // Paced: write i is due at i / rate seconds into the run.
+                        let due = Duration::from_secs_f64(i as f64 / args.rate as f64);
+                        tokio::time::sleep_until((started + due).into()).await;
+                    }
                     registry
                         .put(&format!("key.{:05}", i % args.keys), vec![b'x'; VALUE])
                         .await
@@ -184,22 +240,19 @@ async fn run(server: &NatsServer, args: &Args, on: bool, round: usize) {
             r.unwrap();
         }
         done = upto;
-        println!(
-            "{:>9} {:>7.1} {:>10.1} {:>11.1} {:>10.1} {:>11.1} {:>9.2}",
-            done,
-            started.elapsed().as_secs_f64(),
-            mib(bytes(&js, &format!("KV_{bucket_name}")).await),
-            mib(bytes(&js, &events_name).await),
-            mib(bytes(&js, &queue_name).await),
-            mib(bytes(&js, &format!("KV_{queue_name}_state")).await),
-            mib(live)
-        );
+        sample(done).await;
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
         "{done} writes in {secs:.1} s: {:.0} writes/s",
         done as f64 / secs
     );
+    // Then no writes: the runner works off its backlog, and sweeps go on.
+    let tail_started = Instant::now();
+    while tail_started.elapsed() < args.tail {
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        sample(done).await;
+    }
     shutdown.trigger();
     if let Some(s) = scheduler {
         s.await.unwrap();

@@ -20,6 +20,9 @@ use tracing::warn;
 
 use crate::error::{check_name, unavailable};
 
+/// How long a scan of the state bucket waits for its next entry before it ends.
+const SCAN_IDLE: Duration = Duration::from_secs(5);
+
 /// How long a lease waits for a job before answering "none ready".
 const LEASE_WAIT: Duration = Duration::from_millis(300);
 
@@ -40,8 +43,14 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
 /// key, with the time they finished, until [`Queue::remove_finished`] purges it (the
 /// key's messages are purged from the bucket's stream, leaving no delete marker behind).
-/// Listing dead letters, counting and retention read every state key: their cost grows
-/// with the jobs retention keeps. A requeued dead letter is published again under a new
+/// A `pack_housekeeping` job waiting to be leased is named by a `pending.<key in hex>`
+/// entry in the state bucket, created if absent on enqueue: a later enqueue for the key
+/// finds it and returns that job's id (coalescing); the lease purges it before the handler
+/// runs. Sweeps are not leased ahead of other jobs here (one consumer, in stream order).
+///
+/// Listing dead letters, counting and retention read the state bucket in one streamed pass
+/// (the last value of each key): their cost grows with the jobs retention keeps, but not
+/// by a round trip per job. A requeued dead letter is published again under a new
 /// id, and its old state key is purged.
 #[derive(Clone)]
 pub struct NatsQueue {
@@ -230,33 +239,49 @@ impl NatsQueue {
             .ok_or_else(|| Error::LeaseLost(lease.id.to_string()))
     }
 
-    /// Every job's state, in id order (a read of each state key).
+    /// Every job's state, in id order: one pass over the state bucket's stream (the last
+    /// message of each key, streamed by one consumer), not a request per key.
     async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
-        let mut keys = self
+        let held = self
+            .inner
+            .state_stream
+            .get_info()
+            .await
+            .map_err(|e| unavailable("queue", e))?
+            .state
+            .messages;
+        if held == 0 {
+            return Ok(Vec::new());
+        }
+        let mut entries = self
             .inner
             .state
-            .keys()
+            .watch_with_history(">")
             .await
             .map_err(|e| unavailable("queue", e))?;
-        let mut ids = Vec::new();
-        while let Some(key) = keys.next().await {
-            let key = key.map_err(|e| unavailable("queue", e))?;
-            match key.parse::<u64>() {
-                Ok(id) => ids.push(id),
-                Err(_) => warn!(key, "state key that names no job; left alone"),
-            }
-        }
-        ids.sort_unstable();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            let Some(bytes) = self.load_bytes(id).await? else {
-                continue;
+        let mut out = Vec::new();
+        loop {
+            // The pass ends at the entry with nothing after it; a bucket emptied since
+            // the count above sends nothing at all.
+            let entry = match tokio::time::timeout(SCAN_IDLE, entries.next()).await {
+                Ok(Some(entry)) => entry.map_err(|e| unavailable("queue", e))?,
+                Ok(None) | Err(_) => break,
             };
-            match decode_state(id, &bytes) {
-                Ok(stored) => out.push((id, stored)),
-                Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+            let last = entry.delta == 0;
+            if entry.operation == kv::Operation::Put && !entry.key.starts_with(PENDING) {
+                match entry.key.parse::<u64>() {
+                    Ok(id) => match decode_state(id, &entry.value) {
+                        Ok(stored) => out.push((id, stored)),
+                        Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+                    },
+                    Err(_) => warn!(key = entry.key, "state key that names no job; left alone"),
+                }
+            }
+            if last {
+                break;
             }
         }
+        out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
     }
 
@@ -277,8 +302,76 @@ impl NatsQueue {
     }
 }
 
+/// The state key that names the pending (ready, never leased) job of a coalesce key: the
+/// key's bytes in hex, so any key makes a valid KV key.
+fn pending_key(coalesce: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(PENDING.len() + coalesce.len() * 2);
+    out.push_str(PENDING);
+    for b in coalesce.bytes() {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// The prefix of pending-job keys in the state bucket (job ids are bare numbers).
+const PENDING: &str = "pending.";
+
+impl NatsQueue {
+    /// The pending job a coalesce key names, if any.
+    async fn pending_job(&self, key: &str) -> Result<Option<u64>> {
+        let entry = self
+            .inner
+            .state
+            .entry(key)
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        Ok(entry
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse().ok()))
+    }
+
+    /// Ends the pending state of job `id` under its coalesce key before its handler runs,
+    /// so an enqueue that found it pending is covered by this run; a later enqueue makes a
+    /// new job. Only the key still naming `id` is removed.
+    async fn unpend(&self, id: u64, job: &Job) -> Result<()> {
+        let Some(coalesce) = job.coalesce_key() else {
+            return Ok(());
+        };
+        let key = pending_key(&coalesce);
+        let entry = self
+            .inner
+            .state
+            .entry(key.as_str())
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        if !entry.is_some_and(|e| {
+            e.operation == kv::Operation::Put && e.value[..] == *id.to_string().as_bytes()
+        }) {
+            // It names another job now (or none), which stays as it is.
+            return Ok(());
+        }
+        // Purged, not deleted: no marker is left behind, so the bucket's stream holds a
+        // message per pending key and no more. Only this job's lease gets here; the key
+        // can only have gone since, and a purge of an absent key changes nothing.
+        self.inner
+            .state_stream
+            .purge()
+            .filter(format!("{}{key}", self.inner.state_prefix))
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        Ok(())
+    }
+}
+
 impl Queue for NatsQueue {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
+        let pending = job.coalesce_key().map(|k| pending_key(&k));
+        if let Some(key) = &pending
+            && let Some(id) = self.pending_job(key).await?
+        {
+            return Ok(JobId(id));
+        }
         let payload = job.encode().map_err(|e| unavailable("queue", e))?;
         let ack = self
             .inner
@@ -306,6 +399,20 @@ impl Queue for NatsQueue {
             Ok(_) => {}
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
             Err(e) => return Err(unavailable("queue", e)),
+        }
+        if let Some(key) = pending {
+            // Created, not put: an enqueue that raced this one made its own job, which
+            // stays pending under the key; this one still runs (at least once).
+            match self
+                .inner
+                .state
+                .create(key, ack.sequence.to_string().into())
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => return Err(unavailable("queue", e)),
+            }
         }
         Ok(JobId(ack.sequence))
     }
@@ -391,6 +498,9 @@ impl Queue for NatsQueue {
                 self.store(id, &dead).await?;
                 continue;
             }
+            // Before the handler can run: an enqueue that still finds the job pending
+            // is then covered by this run.
+            self.unpend(id, &job).await?;
             let stored = Stored {
                 job: job.clone(),
                 state: Stage::Leased,

@@ -61,6 +61,33 @@ impl Wake for NatsWake {
             .map_err(|e| unavailable("wake", e))
     }
 
+    /// Publishes every payload, then flushes once.
+    async fn notify_batch(&self, channel: &str, payloads: Vec<Vec<u8>>) -> Vec<Result<()>> {
+        let n = payloads.len();
+        let subject = match self.subject(channel) {
+            Ok(subject) => subject,
+            Err(e) => return e.for_each_of(n),
+        };
+        let mut out = Vec::with_capacity(n);
+        for payload in payloads {
+            out.push(
+                self.client
+                    .publish(subject.clone(), payload.into())
+                    .await
+                    .map_err(|e| unavailable("wake", e)),
+            );
+        }
+        if let Err(e) = self.client.flush().await {
+            let reason = e.to_string();
+            for r in &mut out {
+                if r.is_ok() {
+                    *r = Err(unavailable("wake", reason.clone()));
+                }
+            }
+        }
+        out
+    }
+
     async fn listen(&self, channel: &str) -> Result<NatsWakeListener> {
         let subject = self.subject(channel)?;
         let subscriber = self

@@ -28,6 +28,10 @@ async fn queue_additions_pass_the_conformance_suite() {
     c::queue_dead_letters_list_and_requeue(&q).await;
     let q = NatsQueue::open(client.clone(), "COUNTS", 3).await.unwrap();
     c::queue_counts_by_state(&q).await;
+    let q = NatsQueue::open(client.clone(), "COALESCE", 3)
+        .await
+        .unwrap();
+    c::queue_coalesces_pending_jobs_per_key(&q).await;
     let q = NatsQueue::open(client.clone(), "RETAIN", 3).await.unwrap();
     c::queue_removes_finished_jobs_past_retention(&q, Duration::from_millis(500)).await;
 }
@@ -67,7 +71,12 @@ async fn retention_leaves_no_state_behind_on_the_stream() {
         let mut stream = js.get_stream("KV_BOUNDED_state").await.unwrap();
         stream.info().await.unwrap().state.messages
     };
-    assert_eq!(messages().await, 20, "one state message per job");
+    assert_eq!(
+        messages().await,
+        21,
+        "one state message per job, and one pending key for the job not yet leased \
+         (a leased job's pending key is purged, leaving no marker)"
+    );
     let removed = q
         .remove_finished(JobRetention {
             done: Duration::ZERO,
@@ -78,8 +87,9 @@ async fn retention_leaves_no_state_behind_on_the_stream() {
     assert_eq!(removed, 19);
     assert_eq!(
         messages().await,
-        1,
-        "only the job still to run keeps state; purged keys leave no marker"
+        2,
+        "only the job still to run keeps state (and its pending key); purged keys leave \
+         no marker"
     );
     let counts = q.counts().await.unwrap();
     assert_eq!((counts.ready, counts.done), (1, 0));

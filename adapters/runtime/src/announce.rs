@@ -70,6 +70,77 @@ impl<P: Publish, W: Wake, Q: Queue> Announcer<P, W, Q> {
         }
         report
     }
+
+    /// Runs the legs of a batch of announcements, as [`run_legs`](Self::run_legs) does for
+    /// each `(seq, plan, already)`, but leg by leg for the whole batch: one
+    /// [`Publish::publish_batch`], one [`Wake::notify_batch`], one [`Queue::enqueue_batch`].
+    /// A backend that batches pays one commit or round trip per leg instead of one per
+    /// row. Every row's legs keep their order (publish, then notify, then enqueue) and
+    /// stay independent: an item that fails affects only its own row's leg.
+    pub async fn run_legs_batch(
+        &self,
+        rows: &[(u64, &AnnouncePlan, AnnounceReport)],
+    ) -> Vec<AnnounceReport> {
+        let mut reports: Vec<AnnounceReport> = rows
+            .iter()
+            .map(|(_, plan, already)| AnnounceReport {
+                as_marker: plan.as_marker,
+                ..*already
+            })
+            .collect();
+        let publish: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].1.publish && !reports[i].published)
+            .collect();
+        if !publish.is_empty() {
+            let items = publish
+                .iter()
+                .map(|&i| (rows[i].1.key.clone(), rows[i].1.payload.clone()))
+                .collect();
+            let results = self.events.publish_batch(items).await;
+            for (&i, result) in publish.iter().zip(results) {
+                match result {
+                    Ok(_) => reports[i].published = true,
+                    Err(e) => {
+                        warn!(key = rows[i].1.key, seq = rows[i].0, error = %e, "announce: publish failed");
+                    }
+                }
+            }
+        }
+        let notify: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].1.notify && !reports[i].notified)
+            .collect();
+        if !notify.is_empty() {
+            let payloads = notify.iter().map(|&i| rows[i].1.payload.clone()).collect();
+            let results = self.wake.notify_batch(&self.channel, payloads).await;
+            for (&i, result) in notify.iter().zip(results) {
+                match result {
+                    Ok(()) => reports[i].notified = true,
+                    Err(e) => {
+                        warn!(key = rows[i].1.key, seq = rows[i].0, error = %e, "announce: notify failed");
+                    }
+                }
+            }
+        }
+        let enqueue: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].1.job.is_some() && reports[i].enqueued.is_none())
+            .collect();
+        if !enqueue.is_empty() {
+            let jobs = enqueue
+                .iter()
+                .filter_map(|&i| rows[i].1.job.clone())
+                .collect();
+            let results = self.queue.enqueue_batch(jobs).await;
+            for (&i, result) in enqueue.iter().zip(results) {
+                match result {
+                    Ok(id) => reports[i].enqueued = Some(id),
+                    Err(e) => {
+                        warn!(key = rows[i].1.key, seq = rows[i].0, error = %e, "announce: enqueue failed");
+                    }
+                }
+            }
+        }
+        reports
+    }
 }
 
 /// A committed write: its durable seq, and what its announcement achieved.

@@ -1207,3 +1207,158 @@ pub async fn source_puts_typed_values_as_json<S: Source>(s: &S) {
     );
     assert_eq!(s.get("pkg.b").await.unwrap(), None);
 }
+
+/// A ready, never-leased `pack_housekeeping` job absorbs later enqueues for its key (the
+/// enqueue returns its id), so pending housekeeping is bounded by the keys written, not by
+/// the writes; once it is leased, the next enqueue makes a new job (the running one may
+/// have read the key already). Other keys, sweeps and a user's kinds never coalesce.
+pub async fn queue_coalesces_pending_jobs_per_key<Q: Queue>(q: &Q) {
+    let visibility = Duration::from_secs(30);
+    let pack = |key: &str| Job::PackHousekeeping { key: key.into() };
+    let a = q.enqueue(pack("a")).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(
+            q.enqueue(pack("a")).await.unwrap(),
+            a,
+            "a pending job for the key absorbs the enqueue and says which job holds it"
+        );
+    }
+    let b = q.enqueue(pack("b")).await.unwrap();
+    assert_ne!(a, b, "another key is another job");
+    let batch = q.enqueue_batch(vec![pack("a"), pack("b"), pack("c")]).await;
+    let batch: Vec<JobId> = batch.into_iter().map(Result::unwrap).collect();
+    assert_eq!(
+        &batch[..2],
+        &[a, b],
+        "a batch enqueue coalesces like a single one"
+    );
+    let c = batch[2];
+    assert!(c != a && c != b);
+    let custom = Job::decode(br#"{"kind":"reindex","key":"a"}"#).unwrap();
+    let c1 = q.enqueue(custom.clone()).await.unwrap();
+    let c2 = q.enqueue(custom).await.unwrap();
+    assert_ne!(c1, c2, "a user's jobs never coalesce");
+    let counts = q.counts().await.unwrap();
+    assert_eq!(
+        counts.ready, 5,
+        "three pending housekeeping jobs and two user jobs, whatever the enqueues: {counts:?}"
+    );
+
+    let lease = q.lease(visibility).await.unwrap().expect("a ready job");
+    assert_eq!(lease.id, a, "oldest first");
+    let again = q.enqueue(pack("a")).await.unwrap();
+    assert_ne!(
+        again, a,
+        "a leased job absorbs nothing: a write after its handler read the key needs a new run"
+    );
+    assert_eq!(
+        q.enqueue(pack("a")).await.unwrap(),
+        again,
+        "the new job is the pending one now"
+    );
+    q.ack(&lease).await.unwrap();
+    assert_eq!(q.get(a).await.unwrap().unwrap().state, JobState::Done);
+    assert_eq!(
+        q.get(again).await.unwrap().unwrap().job,
+        pack("a"),
+        "the absorbing job reads back by the id the enqueue returned"
+    );
+}
+
+/// Sweeps are leased before every other ready job, however many were enqueued first, so a
+/// backlog of housekeeping never delays retention.
+pub async fn queue_leases_sweeps_first<Q: Queue>(q: &Q) {
+    let visibility = Duration::from_secs(30);
+    for key in ["a", "b", "c"] {
+        q.enqueue(Job::PackHousekeeping { key: key.into() })
+            .await
+            .unwrap();
+    }
+    let sweep = q.enqueue(Job::Sweep).await.unwrap();
+    let first = q.lease(visibility).await.unwrap().expect("ready jobs");
+    assert_eq!(
+        (first.id, first.job.clone()),
+        (sweep, Job::Sweep),
+        "the sweep goes before the housekeeping enqueued ahead of it"
+    );
+    q.ack(&first).await.unwrap();
+    let next = q.lease(visibility).await.unwrap().expect("ready jobs");
+    assert_eq!(
+        next.job,
+        Job::PackHousekeeping { key: "a".into() },
+        "then the oldest"
+    );
+    q.ack(&next).await.unwrap();
+}
+
+/// A batch publish appends every item in order, as single publishes would, and reports
+/// each item's position: what the relay's batched publish leg relies on.
+pub async fn events_publish_batch_in_order<P: Publish + Feed>(events: &P) {
+    let items: Vec<(String, Vec<u8>)> = (1..=5u64)
+        .map(|seq| {
+            let event = Event::Put {
+                seq,
+                key: format!("k{seq}"),
+                value: vec![b'v'],
+            };
+            (format!("k{seq}"), event.encode().unwrap())
+        })
+        .collect();
+    let positions: Vec<u64> = events
+        .publish_batch(items)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "positions increase in batch order: {positions:?}"
+    );
+    let mut stream = events.open(1, None).await.unwrap().stream;
+    for (seq, position) in (1..=5u64).zip(positions) {
+        let got = entry(next_item(&mut stream).await);
+        assert_eq!(
+            (got.position, got.seq, got.key.as_str()),
+            (position, seq, format!("k{seq}").as_str()),
+            "every item of the batch arrives, in order, where its result said"
+        );
+    }
+}
+
+/// A runner waiting on an empty queue that signals readiness
+/// ([`Queue::ready_signal`]) runs a job enqueued meanwhile at once, not after its idle
+/// poll, which here is an hour: the poll is only the backstop.
+pub async fn runner_wakes_on_enqueue<Q: Queue + Clone + 'static>(q: &Q) {
+    const POLL: Duration = Duration::from_secs(3600);
+    assert!(
+        q.ready_signal().is_some(),
+        "this queue says it can tell a runner when jobs are ready"
+    );
+    let ran = std::sync::Arc::new(tokio::sync::Notify::new());
+    let handlers = {
+        let ran = std::sync::Arc::clone(&ran);
+        JobHandlers::new().on(["sweep"], move |_: Job, _| {
+            let ran = std::sync::Arc::clone(&ran);
+            async move {
+                ran.notify_one();
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let runner = JobRunner::new("woken", q.clone(), handlers)
+        .idle_poll(POLL)
+        .spawn();
+    // Long enough for the runner to find the queue empty and wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let enqueued = tokio::time::Instant::now();
+    q.enqueue(Job::Sweep).await.unwrap();
+    tokio::time::timeout(POLL / 2, ran.notified())
+        .await
+        .expect("the enqueue wakes the waiting runner before its idle poll");
+    assert!(
+        enqueued.elapsed() < Duration::from_secs(30),
+        "woken by the enqueue, not by the poll: {:?}",
+        enqueued.elapsed()
+    );
+    runner.stop_within(Duration::from_secs(10)).await.unwrap();
+}

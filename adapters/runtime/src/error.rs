@@ -94,6 +94,23 @@ impl Error {
         }
     }
 
+    /// One failure for each of `n` items of a batch that failed as a whole: this error
+    /// first, then its description under the same port (every item failed alike).
+    #[must_use]
+    pub fn for_each_of<T>(self, n: usize) -> Vec<std::result::Result<T, Error>> {
+        let port = match &self {
+            Error::Unavailable { port, .. } => *port,
+            _ => "batch",
+        };
+        let reason = self.to_string();
+        let mut out = Vec::with_capacity(n);
+        if n > 0 {
+            out.push(Err(self));
+        }
+        out.extend((1..n).map(|_| Err(Error::unavailable(port, reason.clone()))));
+        out
+    }
+
     /// Whether trying again later may succeed.
     #[must_use]
     pub fn is_retryable(&self) -> bool {

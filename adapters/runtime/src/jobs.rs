@@ -17,7 +17,7 @@ use tracing::{Instrument, debug, warn};
 
 use crate::clock::Clock;
 use crate::error::{Error, Result};
-use crate::ports::{JobState, Leased, Queue};
+use crate::ports::{JobCounts, JobState, Leased, Queue};
 // A stable seed from the name: runners with different names do not retry in step.
 use crate::relay::seed_of;
 use crate::running::Running;
@@ -271,7 +271,9 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         self
     }
 
-    /// Waits `interval` before asking an empty queue again.
+    /// Waits `interval` before asking an empty queue again, unless the queue's
+    /// [`ready_signal`](Queue::ready_signal) says jobs may be ready sooner (then this is
+    /// only the backstop).
     #[must_use]
     pub fn idle_poll(mut self, interval: Duration) -> Self {
         self.idle_poll = interval;
@@ -328,15 +330,27 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         let mut fatal = None;
         let metrics = JobMetrics::new(&self.name);
         let mut counted: Option<tokio::time::Instant> = None;
+        let mut counting: Option<tokio::task::JoinHandle<Result<JobCounts>>> = None;
+        // Made before the first lease, so an enqueue during it is not missed.
+        let mut ready = self.queue.ready_signal();
         while !stop.is_stopped() {
             while in_flight.try_join_next().is_some() {}
             metrics.counters(&self.counts.snapshot());
-            if counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY) {
-                counted = Some(tokio::time::Instant::now());
-                match self.queue.counts().await {
-                    Ok(c) => metrics.counts(&c),
-                    Err(e) => debug!(runner = %self.name, error = %e, "could not count the queue"),
+            // Counted beside the leasing, never in its way: a count can be slow (NATS
+            // reads the state bucket), and the gauges can wait for it.
+            if let Some(done) = counting.take_if(|c| c.is_finished()) {
+                match done.await {
+                    Ok(Ok(c)) => metrics.counts(&c),
+                    Ok(Err(e)) => {
+                        debug!(runner = %self.name, error = %e, "could not count the queue");
+                    }
+                    Err(e) => debug!(runner = %self.name, error = %e, "queue count task failed"),
                 }
+            }
+            if counting.is_none() && counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY) {
+                counted = Some(tokio::time::Instant::now());
+                let queue = self.queue.clone();
+                counting = Some(tokio::spawn(async move { queue.counts().await }));
             }
             if in_flight.len() >= self.concurrency {
                 tokio::select! {
@@ -365,9 +379,16 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                 }
                 Ok(None) => {
                     backoff.healthy(clock.now());
+                    let woken = async {
+                        match ready.as_mut() {
+                            Some(signal) => signal.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         biased;
                         () = stop.stopped() => break,
+                        () = woken => {}
                         () = tokio::time::sleep(self.idle_poll) => {}
                     }
                 }
@@ -394,6 +415,9 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
             debug!(runner = %self.name, draining, "waiting for jobs in flight");
         }
         while in_flight.join_next().await.is_some() {}
+        if let Some(counting) = counting {
+            counting.abort();
+        }
         metrics.counters(&self.counts.snapshot());
         match fatal {
             Some(e) => Err(e),

@@ -17,6 +17,9 @@ use crate::telemetry::RelayMetrics;
 
 /// Rows a relay claims at a time, by default.
 pub const DEFAULT_BATCH: usize = 256;
+/// The most rows whose legs run as one batch (one publish batch, one notify batch, one
+/// enqueue batch); the lease is checked between such chunks.
+const LEGS_CHUNK: usize = 64;
 /// How long a relay's claim on its rows lasts, by default: its legs for a batch must run
 /// within it, or another relay takes the rows over and runs them again.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(30);
@@ -49,6 +52,14 @@ pub struct RelayReport {
 /// fail-soft rule, as the [`AnnouncingRegistry`](crate::AnnouncingRegistry): a failing leg
 /// affects no other leg of the row and no other row — then records what landed. A row is
 /// done when all its legs landed; a retry redoes only the failed legs.
+///
+/// The legs of a claimed batch run chunk by chunk, leg by leg
+/// ([`Announcer::run_legs_batch`]): one publish batch, one notify batch and one enqueue
+/// batch per chunk, so a backend that batches (SQLite: one transaction; NATS: publish
+/// acks awaited together) pays per chunk, not per row. A chunk starts at one row and
+/// doubles up to 64 while the time per row so far says it ends within half the lease.
+/// With the claim and the completion (one transaction each), relaying a batch of 256 rows
+/// on SQLite takes about 20 commits instead of about 770.
 ///
 /// Delivery is at least once: a relay that dies after a leg landed but before it
 /// completed the row, or whose lease ran out, has that leg run again. Readers are
@@ -166,6 +177,8 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
     async fn pass(&self, report: &mut RelayReport, stop: Option<&StopSignal>) -> Result<Pass> {
         let failures = report.failures;
         let mut after = 0;
+        // The chunk size and the time a row's legs took, carried from claim to claim.
+        let (mut chunk, mut per_row) = (1, None);
         loop {
             let claimed_at = tokio::time::Instant::now();
             let claimed = self
@@ -181,33 +194,57 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
             let mut full = claimed.rows.len() >= self.batch;
             let held_by_others = claimed.held_by_others;
             let mut updates = Vec::with_capacity(claimed.rows.len());
-            for (i, row) in claimed.rows.into_iter().enumerate() {
-                let before = row.landed;
+            let rows = claimed.rows;
+            let mut at = 0;
+            while at < rows.len() {
+                let elapsed = claimed_at.elapsed();
                 // Legs that would run into the lease's second half are left for a fresh
                 // claim: past the lease another relay may take the rows and run them too.
-                if i > 0 && claimed_at.elapsed() >= self.lease / 2 {
+                if at > 0 && elapsed >= self.lease / 2 {
+                    updates.extend(rows[at..].iter().map(|row| OutboxUpdate {
+                        id: row.id,
+                        landed: row.landed,
+                        done: false,
+                    }));
+                    full = true;
+                    break;
+                }
+                // A chunk grows from one row while the legs are fast, and is cut to what
+                // the time per row so far says fits in the lease's first half.
+                let mut size = chunk.min(rows.len() - at);
+                if let Some(per_row) = per_row.filter(|d: &Duration| !d.is_zero()) {
+                    let left = (self.lease / 2).saturating_sub(elapsed);
+                    let fit = left.as_nanos() / per_row.as_nanos();
+                    size = size.min(usize::try_from(fit).unwrap_or(usize::MAX)).max(1);
+                }
+                let legs_started = tokio::time::Instant::now();
+                let part = &rows[at..at + size];
+                let legs: Vec<_> = part
+                    .iter()
+                    .map(|row| (row.seq, &row.plan, row.landed))
+                    .collect();
+                let landed = self.announcer.run_legs_batch(&legs).await;
+                for (row, landed) in part.iter().zip(landed) {
+                    let before = row.landed;
+                    after = row.id;
+                    report.published += u64::from(landed.published && !before.published);
+                    report.notified += u64::from(landed.notified && !before.notified);
+                    report.enqueued +=
+                        u64::from(landed.enqueued.is_some() && before.enqueued.is_none());
+                    let missing = landed.missing(&row.plan);
+                    report.failures += u64::from(missing);
+                    report.done += u64::from(missing == 0);
                     updates.push(OutboxUpdate {
                         id: row.id,
-                        landed: before,
-                        done: false,
+                        landed,
+                        done: missing == 0,
                     });
-                    full = true;
-                    continue;
                 }
-                after = row.id;
-                let landed = self.announcer.run_legs(row.seq, &row.plan, before).await;
-                report.published += u64::from(landed.published && !before.published);
-                report.notified += u64::from(landed.notified && !before.notified);
-                report.enqueued +=
-                    u64::from(landed.enqueued.is_some() && before.enqueued.is_none());
-                let missing = landed.missing(&row.plan);
-                report.failures += u64::from(missing);
-                report.done += u64::from(missing == 0);
-                updates.push(OutboxUpdate {
-                    id: row.id,
-                    landed,
-                    done: missing == 0,
-                });
+                at += size;
+                per_row = legs_started
+                    .elapsed()
+                    .checked_div(u32::try_from(size).unwrap_or(u32::MAX));
+                chunk = (chunk * 2).min(LEGS_CHUNK);
             }
             let claimed = updates.len() as u64;
             let recorded = self.outbox.complete(&self.owner, updates).await?;

@@ -44,6 +44,28 @@ async fn an_announced_write_lands_all_three_legs() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_keys_writes_share_its_pending_housekeeping_job_and_each_report_names_it() {
+    let m = Memory::new();
+    let r = registry(&m);
+    let first = r.put("pkg", b"v1".to_vec()).await.unwrap().report.enqueued;
+    let second = r.put("pkg", b"v2".to_vec()).await.unwrap().report.enqueued;
+    let removed = r.remove("pkg").await.unwrap().unwrap().report.enqueued;
+    assert!(first.is_some());
+    assert_eq!(
+        (second, removed),
+        (first, first),
+        "later writes to a key whose job still waits are announced with that job's id"
+    );
+    let other = r.put("other", b"v".to_vec()).await.unwrap().report.enqueued;
+    assert_ne!(other, first, "another key gets its own job");
+    assert_eq!(
+        m.queue.counts().await.unwrap().ready,
+        2,
+        "one pending job per key, not per write"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_event_that_cannot_be_serialised_yields_an_empty_report_and_runs_no_leg() {
     let m = Memory::new();
     let r = registry(&m);

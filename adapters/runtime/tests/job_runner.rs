@@ -265,11 +265,12 @@ async fn typed_user_jobs_reach_their_handler_beside_the_built_in_ones() {
     assert_eq!(
         *seen.lock().unwrap(),
         vec![
-            r#"welcome: Welcome { to: "ann" }"#.to_owned(),
             "Sweep".to_owned(),
+            r#"welcome: Welcome { to: "ann" }"#.to_owned(),
             r#"digest: Digest { to: "bo", day: 3 }"#.to_owned(),
         ],
-        "each job reaches the handler of its kind, decoded as the type registered"
+        "each job reaches the handler of its kind, decoded as the type registered (the \
+         sweep first: sweeps go before other ready jobs)"
     );
 }
 

@@ -28,6 +28,19 @@ fn relay_with<P: Publish>(m: &Memory, events: P, owner: &str) -> MemoryRelay<P> 
     )
 }
 
+/// The seqs on the events stream, in stream order.
+fn published_seqs(m: &Memory) -> Vec<u64> {
+    m.events
+        .records()
+        .iter()
+        .map(|r| {
+            tidemark::tidemark_core::Event::decode(&r.payload)
+                .unwrap()
+                .seq()
+        })
+        .collect()
+}
+
 fn fail_legs(m: &Memory, mask: u8) {
     m.faults.set_failing(Port::Publish, mask & 1 != 0);
     m.faults.set_failing(Port::Notify, mask & 2 != 0);
@@ -227,16 +240,7 @@ async fn a_batch_slower_than_the_lease_is_not_taken_over_midway() {
     .await;
     let ra = a.stop_within(Duration::from_secs(5)).await.unwrap();
     let rb = b.stop_within(Duration::from_secs(5)).await.unwrap();
-    let mut seqs: Vec<u64> = m
-        .events
-        .records()
-        .iter()
-        .map(|r| {
-            tidemark::tidemark_core::Event::decode(&r.payload)
-                .unwrap()
-                .seq()
-        })
-        .collect();
+    let mut seqs = published_seqs(&m);
     seqs.sort_unstable();
     assert_eq!(
         seqs,
@@ -246,4 +250,74 @@ async fn a_batch_slower_than_the_lease_is_not_taken_over_midway() {
     );
     assert_eq!((ra.lost, rb.lost), (0, 0), "no claim was taken over");
     assert_eq!(ra.published + rb.published, 6);
+}
+
+/// The events stream of a relay that dies in the middle of a batch: its publishes land,
+/// then it never returns (the process is gone before it completes the rows).
+#[derive(Clone, Debug)]
+struct DiesAfterPublishing {
+    inner: MemoryEvents,
+    died: Arc<tokio::sync::Notify>,
+}
+
+impl Publish for DiesAfterPublishing {
+    async fn publish(&self, key: &str, payload: Vec<u8>) -> tidemark::Result<u64> {
+        self.inner.publish(key, payload).await
+    }
+
+    async fn publish_batch(&self, items: Vec<(String, Vec<u8>)>) -> Vec<tidemark::Result<u64>> {
+        let _landed = self.inner.publish_batch(items).await;
+        self.died.notify_one();
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_that_dies_mid_batch_has_its_rows_relayed_again_after_its_lease() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..10 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    let lease = Duration::from_secs(2);
+    let died = Arc::new(tokio::sync::Notify::new());
+    let events = DiesAfterPublishing {
+        inner: m.events.clone(),
+        died: Arc::clone(&died),
+    };
+    let dying = relay_with(&m, events, "dying").with_lease(lease).spawn();
+    died.notified().await;
+    let died_at = Instant::now();
+    let published_before = m.events.records().len();
+    assert!(
+        published_before > 0,
+        "the dying relay's batch landed on the stream"
+    );
+    dying.stop_within(Duration::from_millis(1)).await.ok();
+
+    let other = relay(&m, "other").with_lease(lease).spawn();
+    until("every row is done", || {
+        m.outbox.rows().iter().all(|(_, done)| *done)
+    })
+    .await;
+    assert!(
+        died_at.elapsed() >= lease - Duration::from_millis(10),
+        "the rows were held until the dead relay's lease ran out"
+    );
+    let report = other.stop_within(Duration::from_secs(5)).await.unwrap();
+    let seqs = published_seqs(&m);
+    let distinct: BTreeSet<u64> = seqs.iter().copied().collect();
+    assert_eq!(
+        distinct,
+        (1..=10).collect(),
+        "no row is lost: every write is on the stream"
+    );
+    assert_eq!(
+        seqs.len(),
+        10 + published_before,
+        "the rows the dead relay published but never completed go out again (at least \
+         once), and only those"
+    );
+    assert_eq!(report.done, 10, "the survivor finished every row");
+    assert_eq!(report.lost, 0);
 }

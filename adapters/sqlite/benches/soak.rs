@@ -4,7 +4,9 @@
 //! size every tenth of the run beside the live data's size. No assertions: figures.
 //!
 //! `cargo bench -p tidemark-sqlite --bench soak` runs 1,000,000 writes over 10,000 keys
-//! per mode (`-- --writes N --keys K --rate R --mode on|off|both`). Retention's limits are
+//! per mode (`-- --writes N --keys K --rate R --mode on|off|both --tail-secs S`; the tail
+//! keeps sampling S seconds after the last write, while the relay and runner work off
+//! their backlog and sweeps go on; `ready` is that backlog of jobs, `pending` the relay's). Retention's limits are
 //! times (history is kept a minute for unknown readers, sweeps run every minute), so the
 //! retention run writes at a steady `--rate` (default 2,500 writes/s: 400 s for 1M) while
 //! the run without retention writes as fast as it can (its growth is per write, not per
@@ -33,6 +35,9 @@ struct Args {
     every: Option<Duration>,
     sync: Synchronous,
     job_done: Duration,
+    tail: Duration,
+    tail_every: Duration,
+    samples: u64,
 }
 
 fn args() -> Args {
@@ -60,6 +65,9 @@ fn args() -> Args {
             every: Some(Duration::from_millis(20)),
             sync: Synchronous::Normal,
             job_done: Duration::ZERO,
+            tail: Duration::ZERO,
+            tail_every: Duration::from_secs(1),
+            samples: 10,
         };
     }
     Args {
@@ -72,7 +80,12 @@ fn args() -> Args {
             Some("full") => Synchronous::Full,
             _ => Synchronous::Normal,
         },
-        job_done: Duration::from_secs(num("--job-done-secs", 60)),
+        tail: Duration::from_secs(num("--tail-secs", 0)),
+        tail_every: Duration::from_secs(num("--tail-every-secs", 15)),
+        samples: num("--samples", 10).max(1),
+        job_done: get("--job-done-secs").map_or(JobRetention::default().done, |v| {
+            Duration::from_secs(v.parse().unwrap())
+        }),
     }
 }
 
@@ -97,6 +110,7 @@ fn census(path: &Path) -> (Vec<(&'static str, i64)>, u64) {
         ("pending", "outbox WHERE done = 0"),
         ("events", "events"),
         ("jobs", "jobs"),
+        ("ready", "jobs WHERE state = 0"),
     ]
     .into_iter()
     .map(|(name, from)| {
@@ -115,6 +129,28 @@ fn census(path: &Path) -> (Vec<(&'static str, i64)>, u64) {
         )
         .unwrap();
     (rows, u64::try_from(live).unwrap_or(0))
+}
+
+/// One line of the table: sizes and row counts now.
+fn sample(path: &Path, written: u64, started: Instant) {
+    let (file, wal) = file_bytes(path);
+    let (rows, live) = census(path);
+    let n = |t: &str| rows.iter().find(|(name, _)| *name == t).map_or(0, |r| r.1);
+    println!(
+        "{:>9} {:>7.1} {:>9.1} {:>8.1} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9.2} {:>8.0}x",
+        written,
+        started.elapsed().as_secs_f64(),
+        mib(file),
+        mib(wal),
+        n("changelog"),
+        n("outbox"),
+        n("pending"),
+        n("events"),
+        n("jobs"),
+        n("ready"),
+        mib(live),
+        (file + wal) as f64 / live.max(1) as f64
+    );
 }
 
 async fn run(args: &Args, retention_on: bool) {
@@ -186,7 +222,7 @@ async fn run(args: &Args, retention_on: bool) {
         }
     );
     println!(
-        "{:>9} {:>7} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
+        "{:>9} {:>7} {:>9} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}",
         "writes",
         "secs",
         "file MiB",
@@ -196,11 +232,12 @@ async fn run(args: &Args, retention_on: bool) {
         "pending",
         "events",
         "jobs",
+        "ready",
         "live MiB",
         "file/live"
     );
     let started = Instant::now();
-    let step = (args.writes / 10).max(BATCH);
+    let step = (args.writes / args.samples / BATCH * BATCH).max(BATCH);
     let value = vec![b'x'; VALUE];
     let mut written = 0u64;
     while written < args.writes {
@@ -216,23 +253,7 @@ async fn run(args: &Args, retention_on: bool) {
             }
         }
         if written % step == 0 {
-            let (file, wal) = file_bytes(&path);
-            let (rows, live) = census(&path);
-            let n = |t: &str| rows.iter().find(|(name, _)| *name == t).map_or(0, |r| r.1);
-            println!(
-                "{:>9} {:>7.1} {:>9.1} {:>8.1} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9.2} {:>8.0}x",
-                written,
-                started.elapsed().as_secs_f64(),
-                mib(file),
-                mib(wal),
-                n("changelog"),
-                n("outbox"),
-                n("pending"),
-                n("events"),
-                n("jobs"),
-                mib(live),
-                (file + wal) as f64 / live.max(1) as f64
-            );
+            sample(&path, written, started);
         }
     }
     let secs = started.elapsed().as_secs_f64();
@@ -240,6 +261,12 @@ async fn run(args: &Args, retention_on: bool) {
         "{written} writes in {secs:.1} s: {:.0} writes/s",
         written as f64 / secs
     );
+    // Then no writes: the relay and runner work off any backlog, and sweeps go on.
+    let tail_started = Instant::now();
+    while tail_started.elapsed() < args.tail {
+        tokio::time::sleep(args.tail_every).await;
+        sample(&path, written, started);
+    }
     shutdown.trigger();
     relay_task.await.unwrap().unwrap();
     runner.stop_within(Duration::from_secs(30)).await.unwrap();

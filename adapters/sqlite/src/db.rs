@@ -215,6 +215,11 @@ impl SqliteDb {
         Ok(out)
     }
 
+    /// Tells this process's waiters about a commit made through [`call`](Self::call).
+    pub(crate) fn committed(&self) {
+        self.shared.commits.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// A receiver that changes after every commit to the file by anyone.
     pub(crate) fn commits(&self) -> watch::Receiver<u64> {
         self.shared.commits.subscribe()

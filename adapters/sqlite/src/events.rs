@@ -102,6 +102,31 @@ impl Publish for SqliteEvents {
             })
             .await
     }
+
+    /// One transaction for the whole batch: all appended in order, or none.
+    async fn publish_batch(&self, items: Vec<(String, Vec<u8>)>) -> Vec<Result<u64>> {
+        let n = items.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let done = self
+            .db
+            .write("publish", move |conn| {
+                let tx = conn.transaction().map_err(sql("publish"))?;
+                let positions = items
+                    .iter()
+                    .map(|(key, payload)| append(&tx, key, payload))
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                    .map_err(sql("publish"))?;
+                tx.commit().map_err(sql("publish"))?;
+                Ok(positions)
+            })
+            .await;
+        match done {
+            Ok(positions) => positions.into_iter().map(Ok).collect(),
+            Err(e) => e.for_each_of(n),
+        }
+    }
 }
 
 /// The events stream read from a position on; waits for commits when caught up.

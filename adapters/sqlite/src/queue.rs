@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark::{
+    Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+};
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
@@ -36,6 +38,11 @@ fn state_of(code: i64) -> JobState {
 /// it is dead-lettered instead. Receipts are attempt numbers: acking or failing with an
 /// older attempt's receipt is [`Error::LeaseLost`].
 ///
+/// A `pack_housekeeping` job still ready and never leased absorbs later enqueues for its
+/// key (a unique partial index on `dedupe` decides, across processes), and sweeps are
+/// leased before other ready jobs (`priority`). [`Queue::ready_signal`] fires on every
+/// commit to the file.
+///
 /// For a done or dead-lettered job, `lease_until` holds when it finished: retention
 /// ([`Queue::remove_finished`]) measures ages from it.
 #[derive(Clone, Debug)]
@@ -43,15 +50,44 @@ pub struct SqliteQueue {
     db: SqliteDb,
 }
 
-/// Enqueues `job` on `conn` (inside the caller's transaction, if any).
+/// Enqueues `job` on `conn` (inside the caller's transaction, if any). A job with a
+/// coalesce key that a ready, never-leased job already has is that job: its id comes back
+/// and nothing is written (the unique index on pending keys decides, across processes).
 pub(crate) fn enqueue_on(conn: &Connection, job: &Job) -> Result<JobId> {
     let bytes = job
         .encode()
         .map_err(|e| Error::unavailable("queue", format!("job could not be encoded: {e}")))?;
-    conn.prepare_cached("INSERT INTO jobs (job) VALUES (?1) RETURNING id")
-        .and_then(|mut s| s.query_row([bytes], |r| r.get::<_, i64>(0)))
-        .map(|id| JobId(to_u64(id)))
-        .map_err(sql)
+    let dedupe = job.coalesce_key();
+    let pending = |conn: &Connection, key: &str| {
+        conn.prepare_cached("SELECT id FROM jobs WHERE dedupe = ?1 AND state = 0 AND attempts = 0")
+            .and_then(|mut s| s.query_row([key], |r| r.get::<_, i64>(0)).optional())
+            .map_err(sql)
+    };
+    if let Some(key) = &dedupe
+        && let Some(id) = pending(conn, key)?
+    {
+        return Ok(JobId(to_u64(id)));
+    }
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO jobs (job, dedupe, priority) VALUES (?1, ?2, ?3)
+             ON CONFLICT DO NOTHING RETURNING id",
+        )
+        .and_then(|mut s| {
+            s.query_row(params![bytes, dedupe, job.is_priority()], |r| {
+                r.get::<_, i64>(0)
+            })
+            .optional()
+        })
+        .map_err(sql)?;
+    match (inserted, &dedupe) {
+        (Some(id), _) => Ok(JobId(to_u64(id))),
+        // Another process enqueued the same key between the look and the insert.
+        (None, Some(key)) => pending(conn, key)?
+            .map(|id| JobId(to_u64(id)))
+            .ok_or_else(|| Error::unavailable("queue", "coalesced job vanished; retry")),
+        (None, None) => Err(Error::unavailable("queue", "job insert ignored; retry")),
+    }
 }
 
 impl SqliteQueue {
@@ -110,6 +146,32 @@ impl Queue for SqliteQueue {
             .await
     }
 
+    /// One transaction for the whole batch: all enqueued, or all failed with its error.
+    async fn enqueue_batch(&self, jobs: Vec<Job>) -> Vec<Result<JobId>> {
+        let n = jobs.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let done = self
+            .db
+            .write("queue", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let ids = jobs
+                    .iter()
+                    .map(|job| enqueue_on(&tx, job))
+                    .collect::<Result<Vec<_>>>()?;
+                tx.commit().map_err(sql)?;
+                Ok(ids)
+            })
+            .await;
+        match done {
+            Ok(ids) => ids.into_iter().map(Ok).collect(),
+            Err(e) => e.for_each_of(n),
+        }
+    }
+
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
         self.db
             .call("queue", move |conn| {
@@ -136,22 +198,23 @@ impl Queue for SqliteQueue {
             .await
     }
 
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        Some(ReadySignal::new(self.db.commits()))
+    }
+
     async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
         let max_attempts = i64::from(self.db.options().max_attempts);
-        self.db
-            .write("queue", move |conn| {
+        // Not a `write`: an empty lease changes nothing, and must not wake the runners
+        // that wait on commits (the one asking among them).
+        let (leased, changed) = self
+            .db
+            .call("queue", move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
                 let now = now_ms();
-                let leased = loop {
-                    let row = tx
-                        .prepare_cached(
-                            "SELECT id, job, state, attempts FROM jobs
-                             WHERE (state = 0 AND not_before <= ?1)
-                                OR (state = 1 AND lease_until <= ?1)
-                             ORDER BY id LIMIT 1",
-                        )
+                let next = |query: &str| {
+                    tx.prepare_cached(query)
                         .and_then(|mut s| {
                             s.query_row([now], |r| {
                                 Ok((
@@ -163,7 +226,24 @@ impl Queue for SqliteQueue {
                             })
                             .optional()
                         })
-                        .map_err(sql)?;
+                        .map_err(sql)
+                };
+                let mut changed = false;
+                let leased = loop {
+                    // Priority jobs (sweeps) first, then the oldest ready or expired job.
+                    let row = match next(
+                        "SELECT id, job, state, attempts FROM jobs
+                         WHERE state = 0 AND priority = 1 AND not_before <= ?1
+                         ORDER BY id LIMIT 1",
+                    )? {
+                        Some(row) => Some(row),
+                        None => next(
+                            "SELECT id, job, state, attempts FROM jobs
+                             WHERE (state = 0 AND not_before <= ?1)
+                                OR (state = 1 AND lease_until <= ?1)
+                             ORDER BY id LIMIT 1",
+                        )?,
+                    };
                     let Some((id, bytes, state, attempts)) = row else {
                         break None;
                     };
@@ -183,6 +263,7 @@ impl Queue for SqliteQueue {
                                 params![id, DEAD, error, now],
                             )
                             .map_err(sql)?;
+                            changed = true;
                             continue;
                         }
                     };
@@ -200,6 +281,7 @@ impl Queue for SqliteQueue {
                         ],
                     )
                     .map_err(sql)?;
+                    changed = true;
                     break Some(Leased {
                         id: JobId(to_u64(id)),
                         job,
@@ -208,9 +290,13 @@ impl Queue for SqliteQueue {
                     });
                 };
                 tx.commit().map_err(sql)?;
-                Ok(leased)
+                Ok((leased, changed))
             })
-            .await
+            .await?;
+        if changed {
+            self.db.committed();
+        }
+        Ok(leased)
     }
 
     async fn ack(&self, lease: &Leased) -> Result<()> {
@@ -328,8 +414,8 @@ impl Queue for SqliteQueue {
             .write("queue", move |conn| {
                 let n = conn
                     .prepare_cached(
-                        "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0
-                         WHERE id = ?1 AND state = 3",
+                        "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0,
+                         dedupe = NULL WHERE id = ?1 AND state = 3",
                     )
                     .and_then(|mut s| s.execute([to_i64(id.0)]))
                     .map_err(sql)?;

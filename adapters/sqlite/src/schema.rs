@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -144,6 +144,17 @@ const MIGRATIONS: &[&str] = &[
         seq INTEGER NOT NULL,
         position INTEGER NOT NULL
     ) WITHOUT ROWID;
+    ",
+    // 5 → 6: a ready job never leased absorbs later enqueues with its coalesce key (one
+    // pending housekeeping job per key, however many writes), and priority jobs (sweeps)
+    // are leased before the rest, so a housekeeping backlog never delays retention.
+    "
+    ALTER TABLE jobs ADD COLUMN dedupe TEXT;
+    ALTER TABLE jobs ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+    CREATE UNIQUE INDEX jobs_dedupe ON jobs (dedupe) WHERE state = 0 AND attempts = 0;
+    CREATE INDEX jobs_priority ON jobs (id) WHERE state = 0 AND priority = 1;
+    UPDATE jobs SET priority = 1 WHERE state < 2 AND json_valid(job)
+        AND json_extract(job, '$.kind') = 'sweep';
     ",
 ];
 

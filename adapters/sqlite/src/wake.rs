@@ -105,27 +105,52 @@ impl WakeListener for SqliteListener {
     }
 }
 
+/// Writes one wake row on `conn` (inside the caller's transaction, if any), pruning old
+/// rows now and then.
+fn notify_on(conn: &rusqlite::Connection, channel: &str, payload: &[u8]) -> Result<()> {
+    let id: i64 = conn
+        .prepare_cached("INSERT INTO wakes (channel, payload) VALUES (?1, ?2) RETURNING id")
+        .and_then(|mut s| s.query_row(params![channel, payload], |r| r.get(0)))
+        .map_err(sql)?;
+    if id % 256 == 0 {
+        conn.prepare_cached("DELETE FROM wakes WHERE id <= ?1")
+            .and_then(|mut s| s.execute([id - KEEP]))
+            .map_err(sql)?;
+    }
+    Ok(())
+}
+
 impl Wake for SqliteWake {
     type Listener = SqliteListener;
 
     async fn notify(&self, channel: &str, payload: Vec<u8>) -> Result<()> {
         let channel = channel.to_owned();
         self.db
-            .write("wake", move |conn| {
-                let id: i64 = conn
-                    .prepare_cached(
-                        "INSERT INTO wakes (channel, payload) VALUES (?1, ?2) RETURNING id",
-                    )
-                    .and_then(|mut s| s.query_row(params![channel, payload], |r| r.get(0)))
-                    .map_err(sql)?;
-                if id % 256 == 0 {
-                    conn.prepare_cached("DELETE FROM wakes WHERE id <= ?1")
-                        .and_then(|mut s| s.execute([id - KEEP]))
-                        .map_err(sql)?;
-                }
-                Ok(())
-            })
+            .write("wake", move |conn| notify_on(conn, &channel, &payload))
             .await
+    }
+
+    /// One transaction for the whole batch: all notified, or all failed.
+    async fn notify_batch(&self, channel: &str, payloads: Vec<Vec<u8>>) -> Vec<Result<()>> {
+        let n = payloads.len();
+        if n == 0 {
+            return Vec::new();
+        }
+        let channel = channel.to_owned();
+        let done = self
+            .db
+            .write("wake", move |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                for payload in &payloads {
+                    notify_on(&tx, &channel, payload)?;
+                }
+                tx.commit().map_err(sql)
+            })
+            .await;
+        match done {
+            Ok(()) => (0..n).map(|_| Ok(())).collect(),
+            Err(e) => e.for_each_of(n),
+        }
     }
 
     async fn listen(&self, channel: &str) -> Result<SqliteListener> {

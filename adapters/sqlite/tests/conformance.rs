@@ -46,6 +46,10 @@ conformance! {
     queue_renew_extends_a_lease => |db| db.queue(), REAL_LEASE;
     queue_dead_letters_list_and_requeue => |db| db.queue();
     queue_counts_by_state => |db| db.queue();
+    queue_coalesces_pending_jobs_per_key => |db| db.queue();
+    queue_leases_sweeps_first => |db| db.queue();
+    runner_wakes_on_enqueue => |db| db.queue();
+    events_publish_batch_in_order => |db| db.events();
     queue_removes_finished_jobs_past_retention => |db| db.queue(), Duration::from_millis(300);
     runner_renews_a_slow_jobs_lease => |db| db.queue(), REAL_LEASE;
     runner_dead_letters_what_it_cannot_run => |db| db.queue();

@@ -164,7 +164,7 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
     drop(db);
     // Back to the version 1 shape: an outbox with no claim columns, one row pending,
     // follower states without their key count, no record of follower starts, schedules
-    // without cron, no retention marks.
+    // without cron, no retention marks, jobs without coalesce keys or priorities.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
@@ -174,6 +174,10 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
              DROP TABLE follower_starts;
              ALTER TABLE schedules DROP COLUMN cron;
              DROP TABLE retention_marks;
+             DROP INDEX jobs_dedupe;
+             DROP INDEX jobs_priority;
+             ALTER TABLE jobs DROP COLUMN dedupe;
+             ALTER TABLE jobs DROP COLUMN priority;
              PRAGMA user_version = 1;",
         )
         .unwrap();

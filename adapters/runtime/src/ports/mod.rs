@@ -21,7 +21,7 @@ pub use feed::{Feed, FeedItem, FeedStream, Opened};
 pub use lock::{Lock, LockLease};
 pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
-pub use queue::{JobCounts, JobRecord, JobRetention, JobState, Leased, Queue};
+pub use queue::{JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal};
 pub use schedule::{DueSchedule, ScheduleStore};
 pub use source::{Changes, PresentKeys, Snapshot, Source, Versioned};
 pub use sweep::{Sweep, Swept};

@@ -52,7 +52,9 @@ pub struct JobCounts {
 /// How long finished jobs are kept before [`Queue::remove_finished`] removes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobRetention {
-    /// Done jobs are removed this long after they finished (default 1 hour).
+    /// Done jobs are removed this long after they finished (default 1 minute: a done job
+    /// is kept only to be seen; as Oban's pruner does, it goes soon, or a busy queue's
+    /// history outgrows its data).
     pub done: Duration,
     /// Dead letters are removed this long after they died; `None` keeps them until
     /// requeued (default 7 days: long enough for an operator to look).
@@ -62,7 +64,7 @@ pub struct JobRetention {
 impl Default for JobRetention {
     fn default() -> Self {
         JobRetention {
-            done: Duration::from_secs(60 * 60),
+            done: Duration::from_secs(60),
             dead: Some(Duration::from_secs(7 * 24 * 60 * 60)),
         }
     }
@@ -82,10 +84,56 @@ pub struct Leased {
     pub receipt: u64,
 }
 
+/// Tells a job runner that jobs may have become ready (an enqueue, a failed job back, a
+/// commit by another process), so it leases at once instead of waiting out its idle
+/// poll, which stays as the backstop. "May have": the runner leases to find out.
+#[derive(Clone, Debug)]
+pub struct ReadySignal(tokio::sync::watch::Receiver<u64>);
+
+impl ReadySignal {
+    /// A signal that fires whenever `changes` changes.
+    #[must_use]
+    pub fn new(changes: tokio::sync::watch::Receiver<u64>) -> Self {
+        ReadySignal(changes)
+    }
+
+    /// Resolves at the next change after the last one seen; never, once the queue is gone.
+    /// Cancel-safe.
+    pub async fn changed(&mut self) {
+        if self.0.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// A durable queue of maintenance jobs.
 pub trait Queue: Send + Sync {
-    /// Enqueues `job`; returns its id.
+    /// A signal of jobs that may have become ready, where the queue can tell (memory: its
+    /// enqueues; SQLite: commits to the file by any process). `None` (the default, and
+    /// NATS): runners poll an empty queue every idle poll.
+    fn ready_signal(&self) -> Option<ReadySignal> {
+        None
+    }
+
+    /// Enqueues `job`; returns its id. A job with a [`coalesce_key`](Job::coalesce_key)
+    /// (`pack_housekeeping`, per key) is absorbed by a ready, never-leased job with the
+    /// same key, whose id comes back: pending jobs are bounded by the keys written, not by
+    /// the writes. A job already leased absorbs nothing (it may have read the key already).
     fn enqueue(&self, job: Job) -> impl Future<Output = Result<JobId>> + Send;
+
+    /// Enqueues every job in order; one result per job, in the same order. A job with a
+    /// [`coalesce_key`](Job::coalesce_key) that a ready, never-leased job already has is
+    /// absorbed by it and gets its id (as with [`enqueue`](Self::enqueue)). The default
+    /// enqueues one at a time; SQLite overrides it with one transaction.
+    fn enqueue_batch(&self, jobs: Vec<Job>) -> impl Future<Output = Vec<Result<JobId>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(jobs.len());
+            for job in jobs {
+                out.push(self.enqueue(job).await);
+            }
+            out
+        }
+    }
 
     /// Enqueues a user job of any serde type tagged by `"kind"` (see [`Job::custom`]);
     /// [`Error::Job`](crate::Error::Job) if it is not tagged or takes a built-in kind.

@@ -46,6 +46,22 @@ pub trait Wake: Send + Sync {
     /// subscribes later does not see them (readers catch up from the source, not from wakes).
     fn notify(&self, channel: &str, payload: Vec<u8>) -> impl Future<Output = Result<()>> + Send;
 
+    /// Notifies `channel` once per payload, in order; one result per payload. The
+    /// default notifies one at a time; a backend overrides it to pay once for the batch.
+    fn notify_batch(
+        &self,
+        channel: &str,
+        payloads: Vec<Vec<u8>>,
+    ) -> impl Future<Output = Vec<Result<()>>> + Send {
+        async move {
+            let mut out = Vec::with_capacity(payloads.len());
+            for payload in payloads {
+                out.push(self.notify(channel, payload).await);
+            }
+            out
+        }
+    }
+
     /// Subscribes to `channel`.
     fn listen(&self, channel: &str) -> impl Future<Output = Result<Self::Listener>> + Send;
 }
