@@ -30,7 +30,8 @@ fn entries() -> Vec<Entry> {
 
 fn bare(entries: Vec<Entry>) -> Duration {
     let start = Instant::now();
-    let mut map: HashMap<String, Vec<u8>> = HashMap::new();
+    // The entries' own keys, moved in as the follower's index takes them.
+    let mut map: HashMap<std::sync::Arc<str>, Vec<u8>> = HashMap::new();
     for e in entries {
         map.insert(e.key, e.value);
     }

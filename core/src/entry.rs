@@ -1,5 +1,7 @@
 //! Feed entries and how their operations map to cache changes.
 
+use std::sync::Arc;
+
 /// What a feed entry says happened to its key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -53,8 +55,9 @@ pub struct Entry {
     pub position: u64,
     /// The source's sequence number of the mutation. Positive; zero is invalid.
     pub seq: u64,
-    /// The entity key.
-    pub key: String,
+    /// The entity key, shared: the follower's index, the cache and a feed's own buffer can
+    /// hold the one allocation (a clone is a count, not a copy).
+    pub key: Arc<str>,
     /// What happened.
     pub op: Op,
     /// The value's bytes; empty unless `op` is [`Op::Put`].
@@ -70,7 +73,7 @@ pub struct Entry {
 impl Entry {
     /// An entry whose position is its own seq (a KV bucket, a source's change log).
     #[must_use]
-    pub fn new(position: u64, seq: u64, key: impl Into<String>, op: Op, value: Vec<u8>) -> Self {
+    pub fn new(position: u64, seq: u64, key: impl Into<Arc<str>>, op: Op, value: Vec<u8>) -> Self {
         Entry {
             position,
             seq,
@@ -84,19 +87,19 @@ impl Entry {
 
     /// A put of `value` at `seq` (position = seq).
     #[must_use]
-    pub fn put(seq: u64, key: impl Into<String>, value: impl Into<Vec<u8>>) -> Self {
+    pub fn put(seq: u64, key: impl Into<Arc<str>>, value: impl Into<Vec<u8>>) -> Self {
         Entry::new(seq, seq, key, Op::Put, value.into())
     }
 
     /// A removal at `seq` (position = seq).
     #[must_use]
-    pub fn delete(seq: u64, key: impl Into<String>) -> Self {
+    pub fn delete(seq: u64, key: impl Into<Arc<str>>) -> Self {
         Entry::new(seq, seq, key, Op::Delete, Vec::new())
     }
 
     /// A mutation marker at `seq` (position = seq): "`key` changed; fetch it".
     #[must_use]
-    pub fn mutation(seq: u64, key: impl Into<String>) -> Self {
+    pub fn mutation(seq: u64, key: impl Into<Arc<str>>) -> Self {
         Entry::new(seq, seq, key, Op::Mutation, Vec::new())
     }
 
@@ -106,7 +109,7 @@ impl Entry {
     pub fn from_borrowed(
         position: u64,
         seq: u64,
-        key: impl Into<String>,
+        key: impl Into<Arc<str>>,
         op: Op,
         payload: &[u8],
     ) -> Self {

@@ -141,14 +141,14 @@ impl Observed {
             assert!(!self.stopped, "output after Stopped: {output:?}");
             match output {
                 Output::Apply(Apply::Put { key, seq, .. }) => {
-                    if let Some(&have) = self.cache.get(&key) {
+                    if let Some(&have) = self.cache.get(&*key) {
                         assert!(seq > have, "{key}: put at {seq} over newer or equal {have}");
                     }
-                    self.cache.insert(key, seq);
+                    self.cache.insert(key.to_string(), seq);
                 }
                 Output::Apply(Apply::Remove { key, .. }) => {
                     assert!(
-                        self.cache.remove(&key).is_some(),
+                        self.cache.remove(&*key).is_some(),
                         "removed absent key {key}"
                     );
                 }

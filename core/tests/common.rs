@@ -127,7 +127,7 @@ pub fn puts(outs: &[Output<String>]) -> Vec<(String, u64, String)> {
     outs.iter()
         .filter_map(|o| match o {
             Output::Apply(Apply::Put { key, seq, value }) => {
-                Some((key.clone(), *seq, value.clone()))
+                Some((key.to_string(), *seq, value.clone()))
             }
             _ => None,
         })
@@ -137,7 +137,7 @@ pub fn puts(outs: &[Output<String>]) -> Vec<(String, u64, String)> {
 pub fn removes(outs: &[Output<String>]) -> Vec<(String, u64)> {
     outs.iter()
         .filter_map(|o| match o {
-            Output::Apply(Apply::Remove { key, seq }) => Some((key.clone(), *seq)),
+            Output::Apply(Apply::Remove { key, seq }) => Some((key.to_string(), *seq)),
             _ => None,
         })
         .collect()

@@ -205,16 +205,16 @@ impl World {
                 self.pending.push_back(input);
             }
             Output::Apply(Apply::Put { key, seq, value }) => {
-                if let Some((have, _)) = self.cache.get(&key) {
+                if let Some((have, _)) = self.cache.get(&*key) {
                     assert!(
                         seq > *have,
                         "{key}: {seq} replaced the newer-or-equal {have}"
                     );
                 }
-                self.cache.insert(key, (seq, value));
+                self.cache.insert(key.to_string(), (seq, value));
             }
             Output::Apply(Apply::Remove { key, .. }) => {
-                self.cache.remove(&key);
+                self.cache.remove(&*key);
             }
             Output::Request(Request::Checkpoint { .. })
             | Output::Notice(Notice::Ready { .. })

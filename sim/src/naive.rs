@@ -1,5 +1,7 @@
 //! Deliberately naive follower strategies, which the oracle must catch diverging.
 
+use std::sync::Arc;
+
 use tidemark::tidemark_core::{Continuity, FeedInfo, Follow};
 use tidemark::{Feed, Held, Opened, Result, Sink, Source};
 use tidemark_memory::MemoryCacheSink;
@@ -57,11 +59,11 @@ impl Feed for EventsAsReplay {
 pub struct ForgetsIndex(pub MemoryCacheSink);
 
 impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.0.put(key, seq, value).await
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         Sink::<V>::remove(&mut self.0, key, seq).await
     }
 
@@ -96,11 +98,11 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
 pub struct WatermarkFirst(pub MemoryCacheSink);
 
 impl<V: AsRef<[u8]> + Send> Sink<V> for WatermarkFirst {
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.0.put(key, seq, value).await
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         Sink::<V>::remove(&mut self.0, key, seq).await
     }
 

@@ -337,8 +337,9 @@ pub struct Probed<K> {
 impl<K: Sink<String>> Sink<String> for Probed<K> {
     const FALLIBLE: bool = K::FALLIBLE;
 
-    async fn put(&mut self, key: String, seq: u64, value: String) -> Result<()> {
+    async fn put(&mut self, shared: Arc<str>, seq: u64, value: String) -> Result<()> {
         {
+            let key = shared.to_string();
             let p = &self.probe;
             let mut s = lock(&p.state);
             // A foreign event's seq is no real version: replacing it is no regression.
@@ -355,13 +356,14 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
                 p.violation(&mut s, format!("seq {seq} applied twice"));
             }
             p.trace.line(format!("{} put {key}@{seq}", p.name));
-            s.pending.push((key.clone(), seq, Some(value.clone())));
+            s.pending.push((key, seq, Some(value.clone())));
         }
-        self.inner.put(key, seq, value).await
+        self.inner.put(shared, seq, value).await
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, shared: Arc<str>, seq: u64) -> Result<()> {
         {
+            let key = shared.to_string();
             let p = &self.probe;
             let mut s = lock(&p.state);
             if let Some(have) = s.working_seq(&key)
@@ -374,9 +376,9 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
                 );
             }
             p.trace.line(format!("{} remove {key}@{seq}", p.name));
-            s.pending.push((key.clone(), seq, None));
+            s.pending.push((key, seq, None));
         }
-        self.inner.remove(key, seq).await
+        self.inner.remove(shared, seq).await
     }
 
     async fn commit(&mut self, watermark: u64) -> Result<()> {
@@ -462,11 +464,11 @@ pub struct Volatile;
 impl<V: Send> Sink<V> for Volatile {
     const FALLIBLE: bool = false;
 
-    async fn put(&mut self, _key: String, _seq: u64, _value: V) -> Result<()> {
+    async fn put(&mut self, _key: Arc<str>, _seq: u64, _value: V) -> Result<()> {
         Ok(())
     }
 
-    async fn remove(&mut self, _key: String, _seq: u64) -> Result<()> {
+    async fn remove(&mut self, _key: Arc<str>, _seq: u64) -> Result<()> {
         Ok(())
     }
 }

@@ -255,7 +255,7 @@ impl From<Entry> for WireEntry {
         WireEntry {
             position: e.position,
             seq: e.seq,
-            key: e.key,
+            key: e.key.to_string(),
             op,
             value: e.value,
         }

@@ -280,17 +280,19 @@ impl MemoryCacheSink {
 }
 
 impl<V: AsRef<[u8]> + Send> Sink<V> for MemoryCacheSink {
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.batch.push(CacheOp::Put {
-            key,
+            key: key.to_string(),
             seq,
             value: value.as_ref().to_vec(),
         });
         Ok(())
     }
 
-    async fn remove(&mut self, key: String, _seq: u64) -> Result<()> {
-        self.batch.push(CacheOp::Remove { key });
+    async fn remove(&mut self, key: Arc<str>, _seq: u64) -> Result<()> {
+        self.batch.push(CacheOp::Remove {
+            key: key.to_string(),
+        });
         Ok(())
     }
 

@@ -277,7 +277,7 @@ impl Source for MemorySource {
         // Only the latest mutation per key: the cost is what changed, once per key.
         let mut latest: BTreeMap<&str, &Entry> = BTreeMap::new();
         for e in s.log.iter().skip(skip).filter(|e| self.holds(&e.key)) {
-            latest.insert(e.key.as_str(), e);
+            latest.insert(&*e.key, e);
         }
         let mut entries: Vec<Entry> = latest.into_values().cloned().collect();
         entries.sort_by_key(|e| e.seq);

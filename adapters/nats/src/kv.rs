@@ -489,7 +489,7 @@ impl Source for KvBucket {
                 first_available: first,
             });
         }
-        let mut latest: HashMap<String, Entry> = HashMap::new();
+        let mut latest: HashMap<std::sync::Arc<str>, Entry> = HashMap::new();
         let mut state = state;
         if state.last_sequence > since && state.messages > 0 {
             let deliver = DeliverPolicy::ByStartSequence {
@@ -548,7 +548,7 @@ impl Source for KvBucket {
         let (entries, state) = self
             .replay(&store, DeliverPolicy::LastPerSubject, "source")
             .await?;
-        let mut latest: HashMap<String, Entry> = HashMap::new();
+        let mut latest: HashMap<std::sync::Arc<str>, Entry> = HashMap::new();
         let mut top = state.last_sequence;
         for e in entries {
             top = top.max(e.seq);

@@ -41,8 +41,9 @@ pub enum Change {
 /// [`Cache::keys`] and [`Cache::snapshot`], which sort; a `BTreeMap` made every insert of
 /// an initial sync pay for an order nobody used (0.36 s vs 0.12 s for 1M puts, the
 /// `follower_task` bench). foldhash, randomly seeded per process (no clock or seed of the
-/// core's reaches it, and no iteration order reaches an output unsorted).
-type Map<V> = HashMap<String, (u64, Arc<V>), foldhash::fast::RandomState>;
+/// core's reaches it, and no iteration order reaches an output unsorted). Keys are the
+/// follower's own `Arc<str>`, shared with its index: one allocation per key, not two.
+type Map<V> = HashMap<Arc<str>, (u64, Arc<V>), foldhash::fast::RandomState>;
 
 #[derive(Debug)]
 struct Shared<V> {
@@ -76,7 +77,7 @@ impl<V> Clone for Cache<V> {
 /// One change waiting for the batch's commit: a value to put, or `None` to remove.
 #[derive(Debug)]
 struct Pending<V> {
-    key: String,
+    key: Arc<str>,
     seq: u64,
     value: Option<V>,
 }
@@ -146,7 +147,7 @@ impl<V> Cache<V> {
     /// Every key, in order.
     #[must_use]
     pub fn keys(&self) -> Vec<String> {
-        let mut keys: Vec<String> = self.map().keys().cloned().collect();
+        let mut keys: Vec<String> = self.map().keys().map(|k| k.to_string()).collect();
         keys.sort_unstable();
         keys
     }
@@ -157,7 +158,7 @@ impl<V> Cache<V> {
         let mut entries: Vec<(String, u64, Arc<V>)> = self
             .map()
             .iter()
-            .map(|(k, (s, v))| (k.clone(), *s, Arc::clone(v)))
+            .map(|(k, (s, v))| (k.to_string(), *s, Arc::clone(v)))
             .collect();
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         entries
@@ -235,7 +236,7 @@ impl<V> CacheWriter<V> {
                     Some(value) => {
                         if announced {
                             changes.push(Change::Put {
-                                key: key.clone(),
+                                key: key.to_string(),
                                 seq,
                             });
                         }
@@ -244,6 +245,7 @@ impl<V> CacheWriter<V> {
                     None => {
                         map.remove(&key);
                         if announced {
+                            let key = key.to_string();
                             changes.push(Change::Removed { key, seq });
                         }
                     }
@@ -260,7 +262,7 @@ impl<V> CacheWriter<V> {
 impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     const FALLIBLE: bool = false;
 
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.pending.push(Pending {
             key,
             seq,
@@ -269,7 +271,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         Ok(())
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         self.pending.push(Pending {
             key,
             seq,

@@ -137,7 +137,7 @@ pub async fn source_changes_cover_removals<S: Source>(s: &S) {
     assert_eq!(watermark, removed);
     let summary: Vec<_> = entries
         .iter()
-        .map(|e| (e.key.as_str(), e.seq, e.op.clone()))
+        .map(|e| (&*e.key, e.seq, e.op.clone()))
         .collect();
     assert_eq!(
         summary,

@@ -422,7 +422,7 @@ where
             let keys: Vec<String> = items
                 .iter()
                 .filter_map(|i| match i {
-                    Some(Ok(FeedItem::Entry(e))) => Some(e.key.clone()),
+                    Some(Ok(FeedItem::Entry(e))) => Some(e.key.to_string()),
                     _ => None,
                 })
                 .collect();
@@ -633,7 +633,7 @@ where
                         None => None,
                         Some(Ok(Changes::Since { entries, watermark })) => {
                             self.learn_head(watermark);
-                            let keys = entries.iter().map(|e| e.key.clone()).collect();
+                            let keys = entries.iter().map(|e| e.key.to_string()).collect();
                             if let Err(e) = self.learn(keys).await {
                                 self.sink_failed(e).await?;
                                 continue;

@@ -3,6 +3,7 @@
 //! start says what it already holds.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use crate::error::Result;
 
@@ -82,11 +83,13 @@ pub trait Sink<V>: Send {
     /// follower the bookkeeping that a rewind needs.
     const FALLIBLE: bool = true;
 
-    /// Upsert `key` to `value` as of `seq`.
-    fn put(&mut self, key: String, seq: u64, value: V) -> impl Future<Output = Result<()>> + Send;
+    /// Upsert `key` to `value` as of `seq`. The key is shared with the follower's index
+    /// (a clone is a count, not a copy): a sink that keeps keys can keep this one.
+    fn put(&mut self, key: Arc<str>, seq: u64, value: V)
+    -> impl Future<Output = Result<()>> + Send;
 
     /// Remove `key` as of `seq`.
-    fn remove(&mut self, key: String, seq: u64) -> impl Future<Output = Result<()>> + Send;
+    fn remove(&mut self, key: Arc<str>, seq: u64) -> impl Future<Output = Result<()>> + Send;
 
     /// Makes everything applied since the last commit durable together with `watermark`
     /// (one transaction for a persisted cache). Called at every batch boundary, also

@@ -2,6 +2,7 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::Arc;
 
 use tidemark_core::{Decode, FollowerConfig};
 
@@ -115,7 +116,7 @@ pub trait Worker: Send + 'static {
 pub struct WorkerSink<W>(pub W);
 
 impl<W: Worker> Sink<ValueOf<W>> for WorkerSink<W> {
-    async fn put(&mut self, key: String, seq: u64, value: ValueOf<W>) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: ValueOf<W>) -> Result<()> {
         self.0
             .on_put(&key, seq, value)
             .await
@@ -125,7 +126,7 @@ impl<W: Worker> Sink<ValueOf<W>> for WorkerSink<W> {
             })
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         self.0
             .on_delete(&key, seq)
             .await

@@ -242,10 +242,10 @@ async fn a_status_watcher_wakes_for_a_counter_only_change() {
 struct SlowWatermark(std::sync::Arc<std::sync::atomic::AtomicU64>);
 
 impl tidemark::Sink<String> for SlowWatermark {
-    async fn put(&mut self, _: String, _: u64, _: String) -> tidemark::Result<()> {
+    async fn put(&mut self, _: std::sync::Arc<str>, _: u64, _: String) -> tidemark::Result<()> {
         Ok(())
     }
-    async fn remove(&mut self, _: String, _: u64) -> tidemark::Result<()> {
+    async fn remove(&mut self, _: std::sync::Arc<str>, _: u64) -> tidemark::Result<()> {
         Ok(())
     }
     async fn commit(&mut self, watermark: u64) -> tidemark::Result<()> {
@@ -351,4 +351,71 @@ async fn two_default_followers_draw_different_seeds_and_show_them() {
     for h in [a, b, c] {
         h.stop();
     }
+}
+
+/// What a woken subscriber reads: the watermark and the value, at the moment the cache's
+/// broadcast wakes it (inside the writer's commit, on the writer's thread).
+struct Look {
+    cache: tidemark::Cache<String>,
+    seen: std::sync::Mutex<Vec<(u64, Option<String>)>>,
+}
+
+impl std::task::Wake for Look {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &std::sync::Arc<Self>) {
+        let value = self.cache.get("k").map(|v| v.as_str().to_owned());
+        let watermark = self.cache.watermark();
+        self.seen.lock().unwrap().push((watermark, value));
+    }
+}
+
+/// A subscriber told of a change must find the cache's watermark (and value) already
+/// covering it: the batch's map, value and watermark move together, and changes go out
+/// after. The subscriber's waker runs inside the broadcast's send, so it sees exactly
+/// what a reader on another thread could see at that instant; when the watermark was
+/// stored after the send (before 37374a7), it read the previous batch's watermark.
+#[test]
+fn a_subscriber_woken_by_a_change_reads_a_watermark_that_covers_it() {
+    use std::future::Future as _;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, Waker};
+    use tidemark::Sink as _;
+
+    let (mut writer, reader) = tidemark::cache::<String>();
+    let look = Arc::new(Look {
+        cache: reader.clone(),
+        seen: std::sync::Mutex::default(),
+    });
+    let waker = Waker::from(Arc::clone(&look));
+    let mut cx = Context::from_waker(&waker);
+    let mut changes = reader.subscribe();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    for seq in 1..=3u64 {
+        let mut recv = std::pin::pin!(changes.recv());
+        assert!(recv.as_mut().poll(&mut cx).is_pending(), "nothing sent yet");
+        rt.block_on(async {
+            writer
+                .put("k".into(), seq, format!("v{seq}"))
+                .await
+                .unwrap();
+            writer.commit(seq).await.unwrap();
+        });
+        let Poll::Ready(Ok(Change::Put { key, seq: told })) = recv.poll(&mut cx) else {
+            panic!("the commit must announce its put");
+        };
+        assert_eq!((key.as_str(), told), ("k", seq));
+    }
+    let seen = look.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        (1..=3u64)
+            .map(|s| (s, Some(format!("v{s}"))))
+            .collect::<Vec<_>>(),
+        "each subscriber, when woken, must read a watermark and value that cover the change"
+    );
 }

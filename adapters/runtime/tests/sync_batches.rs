@@ -59,7 +59,7 @@ impl Checked {
 }
 
 impl Sink<Vec<u8>> for Checked {
-    async fn put(&mut self, key: String, seq: u64, value: Vec<u8>) -> Result<()> {
+    async fn put(&mut self, key: std::sync::Arc<str>, seq: u64, value: Vec<u8>) -> Result<()> {
         self.puts += 1;
         if self.fail_at == Some(self.puts) {
             self.fail_at = None;
@@ -72,7 +72,7 @@ impl Sink<Vec<u8>> for Checked {
         Sink::<Vec<u8>>::put(&mut self.inner, key, seq, value).await
     }
 
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: std::sync::Arc<str>, seq: u64) -> Result<()> {
         self.uncommitted += 1;
         Sink::<Vec<u8>>::remove(&mut self.inner, key, seq).await
     }

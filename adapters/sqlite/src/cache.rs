@@ -2,6 +2,8 @@
 //! commits each applied batch with its watermark in one transaction, so any follower —
 //! over a SQLite registry, a NATS bucket, anything — restarts warm from it.
 
+use std::sync::Arc;
+
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use tidemark::{CacheOp, Error, Held, Result, Sink};
 
@@ -327,17 +329,19 @@ impl PersistedCache {
 }
 
 impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
-    async fn put(&mut self, key: String, seq: u64, value: V) -> Result<()> {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.batch.push(CacheOp::Put {
-            key,
+            key: key.to_string(),
             seq,
             value: value.as_ref().to_vec(),
         });
         Ok(())
     }
 
-    async fn remove(&mut self, key: String, _seq: u64) -> Result<()> {
-        self.batch.push(CacheOp::Remove { key });
+    async fn remove(&mut self, key: Arc<str>, _seq: u64) -> Result<()> {
+        self.batch.push(CacheOp::Remove {
+            key: key.to_string(),
+        });
         Ok(())
     }
 

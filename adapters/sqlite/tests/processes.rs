@@ -103,7 +103,7 @@ async fn converge(cache: &Cache<Vec<u8>>, db: &SqliteDb, why: &str) {
             let theirs: Vec<(String, u64, Vec<u8>)> = snap
                 .entries
                 .into_iter()
-                .map(|e| (e.key, e.seq, e.value))
+                .map(|e| (e.key.to_string(), e.seq, e.value))
                 .collect();
             assert_eq!(mine, theirs, "{why}: converged cache must equal the source");
             return;
@@ -267,7 +267,7 @@ async fn kill_9_mid_stream_loses_nothing_twenty_times() {
             .unwrap()
             .entries
             .into_iter()
-            .map(|e| (e.key, e.seq, e.value))
+            .map(|e| (e.key.to_string(), e.seq, e.value))
             .collect();
         assert_eq!(
             survivor.entries().await.unwrap(),

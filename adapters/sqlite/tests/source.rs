@@ -250,18 +250,18 @@ async fn a_row_with_a_key_that_is_not_utf8_is_skipped_not_a_wedge() {
             .unwrap();
         items.push(item);
     }
-    assert!(matches!(&items[0], FeedItem::Entry(e) if e.key == "a"));
+    assert!(matches!(&items[0], FeedItem::Entry(e) if &*e.key == "a"));
     assert!(
         matches!(&items[1], FeedItem::Undecodable { seq: Some(2), .. }),
         "the bad row is delivered as undecodable, with its seq so a follower moves past it: {:?}",
         items[1]
     );
-    assert!(matches!(&items[2], FeedItem::Entry(e) if e.key == "b" && e.seq == 3));
+    assert!(matches!(&items[2], FeedItem::Entry(e) if &*e.key == "b" && e.seq == 3));
 
     let Changes::Since { entries, watermark } = src.changes_since(0).await.unwrap() else {
         panic!("nothing was compacted");
     };
-    let keys: Vec<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+    let keys: Vec<&str> = entries.iter().map(|e| &*e.key).collect();
     assert_eq!(
         (keys, watermark),
         (vec!["a", "b"], 3),

@@ -2,6 +2,7 @@
 //! per-key rules, gaps, and the watermark.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::confirm::Confirmation;
@@ -36,11 +37,7 @@ impl<D: Decode> Follower<D> {
             self.gap(seq);
             return;
         }
-        self.invalid(
-            seq.unwrap_or(0),
-            String::new(),
-            InvalidReason::Undecodable(reason),
-        );
+        self.invalid(seq.unwrap_or(0), "", InvalidReason::Undecodable(reason));
         if let Some(seq) = seq
             && seq > self.watermark
         {
@@ -83,7 +80,7 @@ impl<D: Decode> Follower<D> {
             self.presize(pending);
         }
         if seq == 0 {
-            self.invalid(0, key, InvalidReason::ZeroSeq);
+            self.invalid(0, &key, InvalidReason::ZeroSeq);
             self.checkpoint(position);
             return;
         }
@@ -122,12 +119,13 @@ impl<D: Decode> Follower<D> {
         if self.follow == Follow::Announcements {
             let known = self.known_source.max(self.watermark);
             if seq.saturating_sub(known) > self.config.max_ahead {
-                self.invalid(seq, key, InvalidReason::SeqAhead { known });
+                self.invalid(seq, &key, InvalidReason::SeqAhead { known });
                 self.checkpoint(position);
                 return;
             }
         }
         if op == Op::Mutation && self.check_key(&key).is_ok() && !self.newer_in_cache(&key, seq) {
+            let key = key.to_string();
             self.send(Pending::Fetch { key, seq, position });
             return;
         }
@@ -172,12 +170,12 @@ impl<D: Decode> Follower<D> {
         }
     }
 
-    pub(super) fn invalid(&mut self, seq: u64, key: String, reason: InvalidReason) {
+    pub(super) fn invalid(&mut self, seq: u64, key: &str, reason: InvalidReason) {
         self.counters.invalid += 1;
         let key = if key.len() > 128 {
-            crate::limits::shorten(&key, 128)
+            crate::limits::shorten(key, 128)
         } else {
-            key
+            key.to_owned()
         };
         self.diag(Diagnostic::InvalidEntry { seq, key, reason });
     }
@@ -199,7 +197,7 @@ impl<D: Decode> Follower<D> {
     pub(super) fn apply(
         &mut self,
         seq: u64,
-        key: String,
+        key: Arc<str>,
         op: Op,
         value: Vec<u8>,
         expires_in: Option<Duration>,
@@ -209,12 +207,13 @@ impl<D: Decode> Follower<D> {
             return (0, 0);
         }
         if let Err(reason) = self.check_key(&key) {
-            self.invalid(seq, key, reason);
+            self.invalid(seq, &key, reason);
             return (0, 0);
         }
         match op.cache_change() {
             CacheChange::Upsert => {
-                let expiring = expires_in.map(|ttl| (self.now.saturating_add(ttl), key.clone()));
+                let expiring =
+                    expires_in.map(|ttl| (self.now.saturating_add(ttl), Arc::clone(&key)));
                 let applied = self.apply_put(seq, key, value);
                 if applied.0 == 1
                     && let Some((at, key)) = expiring
@@ -240,33 +239,32 @@ impl<D: Decode> Follower<D> {
                 (0, 1)
             }
             CacheChange::Fetch => {
-                self.invalid(seq, key, InvalidReason::UnexpectedInRows);
+                self.invalid(seq, &key, InvalidReason::UnexpectedInRows);
                 (0, 0)
             }
             CacheChange::Skip => {
                 let Op::Unknown(name) = op else { return (0, 0) };
-                self.invalid(seq, key, InvalidReason::UnknownOperation(name));
+                self.invalid(seq, &key, InvalidReason::UnknownOperation(name));
                 (0, 0)
             }
         }
     }
 
-    pub(super) fn apply_put(&mut self, seq: u64, key: String, value: Vec<u8>) -> (usize, usize) {
+    pub(super) fn apply_put(&mut self, seq: u64, key: Arc<str>, value: Vec<u8>) -> (usize, usize) {
         if value.len() > self.config.max_value_bytes {
-            self.invalid(seq, key, InvalidReason::ValueTooLarge { len: value.len() });
+            self.invalid(seq, &key, InvalidReason::ValueTooLarge { len: value.len() });
             return (0, 0);
         }
         // Strictly newer: a put and a removal never share a seq, but a marker's fetch that
         // found nothing leaves a tombstone at the marker's seq, which must not block the
         // put made at that seq (a replica that had not seen it yet).
-        if !self.index.tombstones.is_empty() && self.index.tombstones.get(key.as_str()) > Some(&seq)
-        {
+        if !self.index.tombstones.is_empty() && self.index.tombstones.get(&*key) > Some(&seq) {
             self.counters.stale += 1;
             return (0, 0);
         }
         // One hash lookup for a key the cache holds, one more to insert a new one: this is
         // the hot path of every sync.
-        let held = self.index.seqs.get_mut(key.as_str());
+        let held = self.index.seqs.get_mut(&*key);
         if held.as_deref().is_some_and(|&have| have >= seq) {
             self.counters.stale += 1;
             return (0, 0);
@@ -276,7 +274,7 @@ impl<D: Decode> Follower<D> {
                 let before = match held {
                     Some(have) => Some(std::mem::replace(have, seq)),
                     None => {
-                        self.index.seqs.insert(key.clone(), seq);
+                        self.index.seqs.insert(Arc::clone(&key), seq);
                         None
                     }
                 };
@@ -294,6 +292,7 @@ impl<D: Decode> Follower<D> {
             Err(e) => {
                 self.counters.poison += 1;
                 let error = e.to_string();
+                let key = key.to_string();
                 self.diag(Diagnostic::DecodeFailed { key, seq, error });
                 (0, 0)
             }
@@ -325,10 +324,10 @@ impl<D: Decode> Follower<D> {
             // The value may be newer than the marker; the index keeps its own seq so an
             // older entry for the key arriving later is skipped.
             Some((value_seq, bytes)) => {
-                self.apply(value_seq.max(seq), key, Op::Put, bytes, None);
+                self.apply(value_seq.max(seq), key.into(), Op::Put, bytes, None);
             }
             None => {
-                self.apply(seq, key, Op::Delete, Vec::new(), None);
+                self.apply(seq, key.into(), Op::Delete, Vec::new(), None);
             }
         }
         if let Some(key) = key_for_ahead {
@@ -351,7 +350,7 @@ impl<D: Decode> Follower<D> {
         let unexplained = self.confirm_ahead(source_watermark, |key, seq| {
             let mut named = false;
             for c in &changes {
-                if c.key == key {
+                if *c.key == *key {
                     if c.seq == seq {
                         return Confirmation::Confirmed;
                     }
@@ -377,7 +376,7 @@ impl<D: Decode> Follower<D> {
         for change in changes {
             top = top.max(change.seq);
             if change.seq == 0 {
-                self.invalid(0, change.key, InvalidReason::ZeroSeq);
+                self.invalid(0, &change.key, InvalidReason::ZeroSeq);
             } else if change.seq <= floor {
                 self.counters.stale += 1;
             } else {
@@ -410,7 +409,7 @@ impl<D: Decode> Follower<D> {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
         self.confirm_ahead(source_watermark, |key, seq| {
-            if entries.iter().any(|e| e.key == key && e.seq == seq) {
+            if entries.iter().any(|e| *e.key == *key && e.seq == seq) {
                 Confirmation::Confirmed
             } else {
                 Confirmation::Replaced
@@ -430,14 +429,14 @@ impl<D: Decode> Follower<D> {
             self.ahead.clear();
             self.index.forget_seqs();
         }
-        let present: HashSet<&str> = entries.iter().map(|e| e.key.as_str()).collect();
+        let present: HashSet<&str> = entries.iter().map(|e| &*e.key).collect();
         // A key missing from the snapshot is gone, unless the cache holds it at a seq past
         // the snapshot (applied from a fetch or an announcement after it was read).
-        let mut gone: Vec<String> = self
+        let mut gone: Vec<Arc<str>> = self
             .index
             .seqs
             .iter()
-            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(&**k as &str))
             .map(|(k, _)| k.clone())
             .collect();
         drop(present);
@@ -455,9 +454,9 @@ impl<D: Decode> Follower<D> {
         for entry in entries {
             top = top.max(entry.seq);
             if entry.seq == 0 {
-                self.invalid(0, entry.key, InvalidReason::ZeroSeq);
+                self.invalid(0, &entry.key, InvalidReason::ZeroSeq);
             } else if entry.op != Op::Put {
-                self.invalid(entry.seq, entry.key, InvalidReason::UnexpectedInRows);
+                self.invalid(entry.seq, &entry.key, InvalidReason::UnexpectedInRows);
             } else if self.index.get(&entry.key) != Some(entry.seq) {
                 applied += self
                     .apply(entry.seq, entry.key, Op::Put, entry.value, entry.expires_in)

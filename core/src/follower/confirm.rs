@@ -58,9 +58,9 @@ impl<D: Decode> Follower<D> {
             if verdict == Confirmation::Confirmed {
                 continue;
             }
-            self.invalid(seq, key.clone(), InvalidReason::Unconfirmed);
+            self.invalid(seq, &key, InvalidReason::Unconfirmed);
             if self.index.get(&key).is_some() {
-                self.index.set(key.clone(), 0);
+                self.index.set(key.as_str().into(), 0);
             }
             self.index.untomb(&key);
             unexplained |= verdict == Confirmation::Unexplained;

@@ -2,24 +2,26 @@
 //! watermark, and — when the driver commits batches — how to undo what the last batch did.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use crate::time::Time;
 
 // Hashed with foldhash seeded from the follower's configured seed: the same on every run
 // (std's `RandomState` reads OS randomness), keyed per follower, and a fraction of
 // SipHash's cost on the sync hot path. Nothing iterates it into an output without sorting
-// first.
-pub(super) type Map = HashMap<String, u64, foldhash::fast::FixedState>;
+// first. Keys are the entries' own `Arc<str>`: the index, the cache and the feed share one
+// allocation per key rather than copying it (the follower_task bench).
+pub(super) type Map = HashMap<Arc<str>, u64, foldhash::fast::FixedState>;
 
 /// One change to the index, recorded so that it can be undone.
 #[derive(Debug)]
 pub(super) enum Step {
     /// `key` held `seq` (`None`: it was absent).
-    Seq(String, Option<u64>),
+    Seq(Arc<str>, Option<u64>),
     /// `key`'s tombstone was `seq` (`None`: it had none).
-    Tomb(String, Option<u64>),
+    Tomb(Arc<str>, Option<u64>),
     /// An expiry (when, key, seq) was consumed.
-    Expiry(Time, String, u64),
+    Expiry(Time, Arc<str>, u64),
 }
 
 #[derive(Debug)]
@@ -28,7 +30,7 @@ pub(super) struct KeyIndex {
     pub(super) seqs: Map,
     /// Removals applied above the watermark (announcements): a late, older put for such a
     /// key must not bring it back. Pruned as the watermark passes them.
-    pub(super) tombstones: BTreeMap<String, u64>,
+    pub(super) tombstones: BTreeMap<Arc<str>, u64>,
     /// Keys the sink holds that this index was not told about: a warm start that loads
     /// seqs lazily ([`Follower::resume_lazily`](super::Follower::resume_lazily)).
     pub(super) unknown: usize,
@@ -36,7 +38,7 @@ pub(super) struct KeyIndex {
     pub(super) undo: Option<Vec<Step>>,
     /// When values expire (a source that drops aged values silently): (when, key, seq).
     /// An entry whose key no longer holds that seq is dropped when it comes due.
-    pub(super) expiries: BTreeSet<(Time, String, u64)>,
+    pub(super) expiries: BTreeSet<(Time, Arc<str>, u64)>,
 }
 
 impl KeyIndex {
@@ -74,7 +76,7 @@ impl KeyIndex {
         match self.seqs.get_mut(key.as_str()) {
             Some(known) => *known = (*known).max(seq),
             None => {
-                self.seqs.insert(key, seq);
+                self.seqs.insert(key.into(), seq);
                 self.unknown = self.unknown.saturating_sub(1);
             }
         }
@@ -86,38 +88,36 @@ impl KeyIndex {
     }
 
     /// Records that `key` held `before` (for undo), when the driver commits batches.
-    pub(super) fn record(&mut self, key: &str, before: Option<u64>) {
+    pub(super) fn record(&mut self, key: &Arc<str>, before: Option<u64>) {
         if let Some(undo) = &mut self.undo {
-            undo.push(Step::Seq(key.to_owned(), before));
+            undo.push(Step::Seq(Arc::clone(key), before));
         }
     }
 
     /// Sets `key`'s seq (off the apply hot path, which writes in place).
-    pub(super) fn set(&mut self, key: String, seq: u64) {
-        let before = self.seqs.insert(key.clone(), seq);
+    pub(super) fn set(&mut self, key: Arc<str>, seq: u64) {
+        let before = self.seqs.insert(Arc::clone(&key), seq);
         self.record(&key, before);
     }
 
     pub(super) fn remove(&mut self, key: &str) -> Option<u64> {
-        let before = self.seqs.remove(key);
-        if before.is_some() {
-            self.record(key, before);
-        }
-        before
+        let (key, before) = self.seqs.remove_entry(key)?;
+        self.record(&key, Some(before));
+        Some(before)
     }
 
-    pub(super) fn tomb(&mut self, key: &str, seq: u64) {
-        let before = self.tombstones.insert(key.to_owned(), seq);
+    pub(super) fn tomb(&mut self, key: &Arc<str>, seq: u64) {
+        let before = self.tombstones.insert(Arc::clone(key), seq);
         if let Some(undo) = &mut self.undo {
-            undo.push(Step::Tomb(key.to_owned(), before));
+            undo.push(Step::Tomb(Arc::clone(key), before));
         }
     }
 
     pub(super) fn untomb(&mut self, key: &str) {
-        if let Some(before) = self.tombstones.remove(key)
+        if let Some((key, before)) = self.tombstones.remove_entry(key)
             && let Some(undo) = &mut self.undo
         {
-            undo.push(Step::Tomb(key.to_owned(), Some(before)));
+            undo.push(Step::Tomb(key, Some(before)));
         }
     }
 
@@ -131,7 +131,7 @@ impl KeyIndex {
             Some(undo) => self.tombstones.retain(|k, s| {
                 let keep = *s > watermark;
                 if !keep {
-                    undo.push(Step::Tomb(k.clone(), Some(*s)));
+                    undo.push(Step::Tomb(Arc::clone(k), Some(*s)));
                 }
                 keep
             }),
@@ -143,7 +143,7 @@ impl KeyIndex {
     pub(super) fn forget_seqs(&mut self) {
         for (key, seq) in &mut self.seqs {
             if let Some(undo) = &mut self.undo {
-                undo.push(Step::Seq(key.clone(), Some(*seq)));
+                undo.push(Step::Seq(Arc::clone(key), Some(*seq)));
             }
             *seq = 0;
         }
@@ -159,14 +159,14 @@ impl KeyIndex {
     }
 
     /// Takes the expiries due at `now`: the (key, seq) of each, in expiry order.
-    pub(super) fn take_expired(&mut self, now: Time) -> Vec<(String, u64)> {
+    pub(super) fn take_expired(&mut self, now: Time) -> Vec<(Arc<str>, u64)> {
         let mut due = Vec::new();
         while self.expiries.first().is_some_and(|(at, _, _)| *at <= now) {
             let Some((at, key, seq)) = self.expiries.pop_first() else {
                 break;
             };
             if let Some(undo) = &mut self.undo {
-                undo.push(Step::Expiry(at, key.clone(), seq));
+                undo.push(Step::Expiry(at, Arc::clone(&key), seq));
             }
             due.push((key, seq));
         }
@@ -196,13 +196,13 @@ impl KeyIndex {
                     self.seqs.insert(key, seq);
                 }
                 Step::Seq(key, None) => {
-                    self.seqs.remove(key.as_str());
+                    self.seqs.remove(&*key);
                 }
                 Step::Tomb(key, Some(seq)) => {
                     self.tombstones.insert(key, seq);
                 }
                 Step::Tomb(key, None) => {
-                    self.tombstones.remove(key.as_str());
+                    self.tombstones.remove(&*key);
                 }
                 Step::Expiry(at, key, seq) => {
                     self.expiries.insert((at, key, seq));

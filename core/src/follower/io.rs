@@ -1,6 +1,8 @@
 //! What goes in and out of a follower: the facts a driver reports ([`Input`]) and the
 //! decisions it carries out ([`Output`]), grouped by who acts on them.
 
+use std::sync::Arc;
+
 use crate::entry::Entry;
 use crate::follower::status::Diagnostic;
 
@@ -253,8 +255,8 @@ impl Request {
 pub enum Apply<V> {
     /// Upsert `key`.
     Put {
-        /// The key.
-        key: String,
+        /// The key, shared with the follower's index (and the feed's entry).
+        key: Arc<str>,
         /// The seq of this value.
         seq: u64,
         /// The decoded value.
@@ -263,7 +265,7 @@ pub enum Apply<V> {
     /// Remove `key`.
     Remove {
         /// The key.
-        key: String,
+        key: Arc<str>,
         /// The seq of the removal.
         seq: u64,
     },

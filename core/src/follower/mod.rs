@@ -166,7 +166,9 @@ impl<D: Decode> Follower<D> {
     ) -> Self {
         let seed = config.seed_or_zero();
         let mut index = KeyIndex::new(seed);
-        index.seqs.extend(keys);
+        index
+            .seqs
+            .extend(keys.into_iter().map(|(k, s)| (k.into(), s)));
         let mut f = Follower {
             rng: Rng::new(seed),
             backoffs: Backoffs {
@@ -249,12 +251,12 @@ impl<D: Decode> Follower<D> {
     /// prefixes, the follower keeps the keys under all of them.
     #[must_use]
     pub fn within(mut self, prefix: KeyPrefix) -> Self {
-        let mut outside: Vec<(String, u64)> = self
+        let mut outside: Vec<(std::sync::Arc<str>, u64)> = self
             .index
             .seqs
             .iter()
             .filter(|(k, _)| !prefix.matches(k))
-            .map(|(k, s)| (k.clone(), *s))
+            .map(|(k, s)| (std::sync::Arc::clone(k), *s))
             .collect();
         outside.sort_unstable();
         for (key, seq) in outside {

@@ -26,12 +26,12 @@ impl<D: Decode> Follower<D> {
     /// list, at a seq the listing covers, is gone from the source.
     pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
         let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
-        let mut gone: Vec<(String, u64)> = self
+        let mut gone: Vec<(std::sync::Arc<str>, u64)> = self
             .index
             .seqs
             .iter()
-            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k.as_str()))
-            .map(|(k, seq)| (k.clone(), *seq))
+            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(&**k as &str))
+            .map(|(k, seq)| (std::sync::Arc::clone(k), *seq))
             .collect();
         drop(present);
         gone.sort_unstable();

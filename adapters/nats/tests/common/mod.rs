@@ -182,13 +182,15 @@ pub struct Recorder(Record);
 impl Sink<Vec<u8>> for Recorder {
     const FALLIBLE: bool = false;
 
-    async fn put(&mut self, key: String, seq: u64, value: Vec<u8>) -> Result<()> {
+    async fn put(&mut self, key: std::sync::Arc<str>, seq: u64, value: Vec<u8>) -> Result<()> {
+        let key = key.to_string();
         let mut inner = self.0.inner.lock().unwrap();
         inner.applied.push((key.clone(), seq));
         inner.map.insert(key, (seq, value));
         Ok(())
     }
-    async fn remove(&mut self, key: String, seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: std::sync::Arc<str>, seq: u64) -> Result<()> {
+        let key = key.to_string();
         let mut inner = self.0.inner.lock().unwrap();
         inner.applied.push((key.clone(), seq));
         inner.map.remove(&key);

@@ -20,7 +20,7 @@ async fn snapshot_of<S: Source>(view: &S) -> BTreeMap<String, String> {
         .unwrap()
         .entries
         .into_iter()
-        .map(|e| (e.key, String::from_utf8(e.value).unwrap()))
+        .map(|e| (e.key.to_string(), String::from_utf8(e.value).unwrap()))
         .collect()
 }
 
@@ -71,7 +71,7 @@ pub async fn prefix_view_carries_only_its_keys<S: Source + Feed>(whole: &S, view
     );
     match view.changes_since(second - 1).await.unwrap() {
         Changes::Since { entries, watermark } => {
-            let seen: Vec<(&str, &Op)> = entries.iter().map(|e| (e.key.as_str(), &e.op)).collect();
+            let seen: Vec<(&str, &Op)> = entries.iter().map(|e| (&*e.key, &e.op)).collect();
             assert_eq!(
                 seen,
                 [("orders.2", &Op::Delete)],
@@ -145,7 +145,7 @@ pub async fn prefix_view_carries_only_its_keys<S: Source + Feed>(whole: &S, view
         .expect("the view's feed follows live writes");
     match item {
         Some(Ok(FeedItem::Entry(e))) => assert_eq!(
-            (e.key.as_str(), e.seq),
+            (&*e.key, e.seq),
             ("orders.4", live),
             "the other key's write in between is not delivered"
         ),
@@ -220,7 +220,7 @@ where
     let (mut writer, reader) = cache::<String>();
     for (key, seq, value) in &held {
         writer
-            .put(key.clone(), *seq, value.as_ref().clone())
+            .put(key.as_str().into(), *seq, value.as_ref().clone())
             .await
             .unwrap();
     }

@@ -39,7 +39,7 @@ pub async fn source_contents(db: &SqliteDb) -> Vec<(String, u64, Vec<u8>)> {
         .expect("snapshot of the registry")
         .entries
         .into_iter()
-        .map(|e| (e.key, e.seq, e.value))
+        .map(|e| (e.key.to_string(), e.seq, e.value))
         .collect()
 }
 
