@@ -1318,7 +1318,7 @@ pub async fn events_publish_batch_in_order<P: Publish + Feed>(events: &P) {
     for (seq, position) in (1..=5u64).zip(positions) {
         let got = entry(next_item(&mut stream).await);
         assert_eq!(
-            (got.position, got.seq, got.key.as_str()),
+            (got.position, got.seq, &*got.key),
             (position, seq, format!("k{seq}").as_str()),
             "every item of the batch arrives, in order, where its result said"
         );
