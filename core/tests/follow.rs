@@ -615,7 +615,10 @@ fn an_announcement_after_the_last_read_is_confirmed_without_a_wake() {
         Some(Cause::Confirm),
         "no wake will come from a quiet source: the follower reads it itself"
     );
-    assert_eq!(h.f.poll_timeout(), Some(Time::ZERO.saturating_add(Duration::from_millis(200))));
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(Time::ZERO.saturating_add(Duration::from_millis(200)))
+    );
     let outs = h.run_to_timeout();
     assert!(asks_reconcile(&outs), "{outs:?}");
     let outs = h.input(Input::Changes {

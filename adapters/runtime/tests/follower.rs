@@ -153,11 +153,22 @@ async fn a_source_restored_from_an_older_backup_replaces_the_cache() {
         cache.watermark() == 3
     })
     .await;
-    assert_eq!(cache.keys(), ["a", "b", "d"], "the restored keys, and only them");
-    assert_eq!(cache.get("b").as_deref().map(String::as_str), Some("2"), "b as backed up");
+    assert_eq!(
+        cache.keys(),
+        ["a", "b", "d"],
+        "the restored keys, and only them"
+    );
+    assert_eq!(
+        cache.get("b").as_deref().map(String::as_str),
+        Some("2"),
+        "b as backed up"
+    );
     assert_eq!(h.status().counters.resets, 1, "a new history is counted");
     m.source.put("e", b"live".to_vec()).await.unwrap();
-    until("it follows the restored history live", || cache.watermark() == 4).await;
+    until("it follows the restored history live", || {
+        cache.watermark() == 4
+    })
+    .await;
     assert_eq!(cache.keys(), ["a", "b", "d", "e"]);
 }
 
