@@ -675,3 +675,25 @@ fn a_repeated_marker_claims_nothing() {
     );
     assert_eq!(h.f.watermark(), 6);
 }
+
+/// Found by the simulator (seed 564): the forged copy of a real change arrived first and
+/// was applied; the real announcement, stale after it, then stood for the key's claim,
+/// so the next read confirmed the forged value.
+#[test]
+fn the_real_announcement_after_a_forged_copy_does_not_confirm_it() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.put(6, "a", "other");
+    let outs = h.put(6, "a", "six");
+    assert!(puts(&outs).is_empty(), "stale after the forged copy");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "six")],
+        source_watermark: 6,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 6, "six".into())],
+        "the source's value replaces the forged one"
+    );
+}

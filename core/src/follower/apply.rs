@@ -146,8 +146,11 @@ impl<D: Decode> Follower<D> {
         } else {
             None
         };
-        self.apply(seq, key, op, value, expires_in);
-        let claimed = claim.is_some_and(|(key, claimed)| self.remember_ahead(key, seq, claimed));
+        let (puts, _) = self.apply(seq, key, op, value, expires_in);
+        // A put that was stale changed nothing, and claims nothing.
+        let claimed = claim.is_some_and(|(key, claimed)| {
+            (puts > 0 || claimed == Claimed::Removed) && self.remember_ahead(key, seq, claimed)
+        });
         self.advance_on_feed(seq);
         self.checkpoint(position);
         self.check_ready(head);

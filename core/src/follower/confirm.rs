@@ -60,6 +60,11 @@ impl<D: Decode> Follower<D> {
         if self.index.newest(&key) != Some(seq) || seq <= self.watermark {
             return false;
         }
+        // The first change applied at a seq is what the cache holds: a later copy of it
+        // (the real announcement after a forged one, or the reverse) changed nothing.
+        if self.ahead.get(&key).is_some_and(|held| held.seq >= seq) {
+            return false;
+        }
         let applied_at = self.reads;
         self.ahead.insert(
             key,
