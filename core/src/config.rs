@@ -13,6 +13,7 @@ pub struct FollowerConfig {
     pub(crate) max_value_bytes: usize,
     pub(crate) max_ahead: u64,
     pub(crate) presence_check: Option<std::time::Duration>,
+    pub(crate) confirm_after: std::time::Duration,
     pub(crate) lookup_backoff: BackoffPolicy,
     pub(crate) failure_backoff: BackoffPolicy,
     pub(crate) end_backoff: BackoffPolicy,
@@ -30,6 +31,7 @@ impl FollowerConfig {
                 max_value_bytes: crate::limits::MAX_VALUE_BYTES,
                 max_ahead: 1 << 20,
                 presence_check: None,
+                confirm_after: std::time::Duration::from_millis(200),
                 lookup_backoff: BackoffPolicy::default(),
                 failure_backoff: BackoffPolicy::default(),
                 end_backoff: BackoffPolicy::fast_reopen(),
@@ -100,6 +102,13 @@ impl FollowerConfig {
     pub fn presence_check(&self) -> Option<std::time::Duration> {
         self.presence_check
     }
+
+    /// How long an announcement applied to the cache may wait for a read of the source
+    /// that confirms it.
+    #[must_use]
+    pub fn confirm_after(&self) -> std::time::Duration {
+        self.confirm_after
+    }
 }
 
 /// Builds a [`FollowerConfig`]; [`build`](Self::build) validates it.
@@ -150,6 +159,20 @@ impl FollowerConfigBuilder {
     #[must_use]
     pub fn presence_check(mut self, interval: std::time::Duration) -> Self {
         self.config.presence_check = Some(interval);
+        self
+    }
+
+    /// How long an announcement applied to the cache may wait for a read of the source
+    /// that confirms it (default 200 ms). An announcement is trusted only to say that its
+    /// key may have changed: its seq and value are held unconfirmed until a reconcile or
+    /// snapshot shows the same change, and replaced by the source's answer otherwise. A
+    /// wake reads the source sooner; without one (a quiet source, a foreign producer) the
+    /// follower reads it this long after the first unconfirmed announcement, once for
+    /// every announcement applied meanwhile. Only announcement streams wait for this; a
+    /// feed that is the source's own history is trusted.
+    #[must_use]
+    pub fn confirm_after(mut self, wait: std::time::Duration) -> Self {
+        self.config.confirm_after = wait;
         self
     }
 

@@ -45,13 +45,21 @@ fn a_replay_follower_given_an_announcements_feed_follows_it_as_announcements() {
         [("c".into(), 6, "6".into())],
         "an announcement that came out of order is still applied"
     );
+    // Announcements are confirmed by a read of the source, which moves the watermark.
+    let outs = h.run_to_timeout();
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "c", "6"), Entry::put(7, "b", "7")],
+        source_watermark: 7,
+    });
     let token = h.feed.unwrap();
     h.input(Input::FeedFailed {
         token,
         error: "gone".into(),
     });
     let outs = h.run_to_timeout();
-    assert_eq!(opened_from(&outs), Some(6), "reopens from watermark+1");
+    assert_eq!(opened_from(&outs), Some(8), "reopens from watermark+1");
     let outs = h.reopen(FeedInfo::announcements(0));
     assert!(
         !outs
@@ -261,6 +269,12 @@ fn the_status_shows_the_seed_that_drives_the_jitter() {
 fn asks_snapshot<V>(outs: &[Output<V>]) -> bool {
     outs.iter()
         .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
+}
+
+/// Whether `outs` ask for a reconcile.
+fn asks_reconcile<V>(outs: &[Output<V>]) -> bool {
+    outs.iter()
+        .any(|o| matches!(o, Output::Request(Request::Reconcile { .. })))
 }
 
 /// A wake whose reconcile finds no change up to `source_watermark`: what the core does.
@@ -545,4 +559,141 @@ fn a_key_a_restarted_sink_holds_past_its_watermark_awaits_confirmation() {
         source_watermark: 7,
     });
     assert_eq!(removes(&outs), [("b".into(), 7)], "the forged row is gone");
+}
+
+/// The simulator's foreign-events fault, shape (a): a forged event that copies a real
+/// change's key and seq with another value was confirmed by its seq alone, so the forged
+/// value survived every read of the source. A read must show the same bytes.
+#[test]
+fn a_forged_value_at_a_real_seq_is_replaced_by_the_sources_value() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    // The source commits a@6 = "six"; a forger's copy of that seq arrives first.
+    h.put(6, "a", "other");
+    h.input(Input::Wake);
+    // The real announcement is stale after the forged one.
+    h.put(6, "a", "six");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "six")],
+        source_watermark: 6,
+    });
+    assert!(diagnostics(&outs).iter().any(|d| matches!(
+        d,
+        Diagnostic::InvalidEntry {
+            reason: InvalidReason::Unconfirmed,
+            ..
+        }
+    )));
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 6, "six".into())],
+        "the source's value replaces the forged one at the same seq"
+    );
+    // A forged removal at a seq the source gave a put is no removal either.
+    let outs = h.entry(Entry::new(7, 7, "a", Op::Delete, Vec::new()));
+    assert_eq!(removes(&outs), [("a".into(), 7)]);
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "seven")],
+        source_watermark: 7,
+    });
+    assert_eq!(puts(&outs), [("a".into(), 7, "seven".into())]);
+    assert_eq!(h.f.watermark(), 7);
+}
+
+/// The simulator's foreign-events fault, shape (b): a forged key announced after a quiet
+/// source's last read stayed, since no wake came to read the source again. The follower
+/// asks for that read itself.
+#[test]
+fn an_announcement_after_the_last_read_is_confirmed_without_a_wake() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    let outs = h.put(7, "x", "forged");
+    assert_eq!(puts(&outs), [("x".into(), 7, "forged".into())]);
+    assert_eq!(
+        h.f.timeout_cause(),
+        Some(Cause::Confirm),
+        "no wake will come from a quiet source: the follower reads it itself"
+    );
+    assert_eq!(
+        h.f.poll_timeout(),
+        Some(Time::ZERO.saturating_add(Duration::from_millis(200)))
+    );
+    let outs = h.run_to_timeout();
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 5,
+    });
+    assert!(asks_snapshot(&outs), "{outs:?}");
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(5, "a", "real")],
+        source_watermark: 5,
+    });
+    assert_eq!(removes(&outs), [("x".into(), 5)], "the forged key is gone");
+}
+
+/// A follower fed by a trusted, complete feed (a change log, a KV watch) never reads the
+/// source per entry: only announcements, which may lie, are confirmed.
+#[test]
+fn a_replayed_feed_never_reads_the_source_per_entry() {
+    let mut h = H::new();
+    h.open(FeedInfo::change_log(1, 3));
+    let mut outs = Vec::new();
+    for seq in 1..=100 {
+        outs.extend(h.put(seq, &format!("k{}", seq % 7), "v"));
+    }
+    assert!(!asks_reconcile(&outs), "{outs:?}");
+    assert!(!asks_snapshot(&outs), "{outs:?}");
+    assert_eq!(h.f.counters().reconciles, 0);
+    assert_eq!(h.f.watermark(), 100);
+}
+
+/// Found by the simulator: a marker delivered twice is stale the second time (its fetch
+/// already applied the value), and its empty payload was taken for the change it claims,
+/// so the fetched value was never confirmed and was put again at the same seq.
+#[test]
+fn a_repeated_marker_claims_nothing() {
+    let mut h = announcements_at(5, vec![]);
+    h.entry(Entry::mutation(6, "a"));
+    h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: Some((6, b"six".to_vec())),
+    });
+    h.entry(Entry::mutation(6, "a"));
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "six")],
+        source_watermark: 6,
+    });
+    assert!(
+        puts(&outs).is_empty(),
+        "the fetched value is confirmed, not put again: {outs:?}"
+    );
+    assert_eq!(h.f.watermark(), 6);
+}
+
+/// Found by the simulator (seed 564): the forged copy of a real change arrived first and
+/// was applied; the real announcement, stale after it, then stood for the key's claim,
+/// so the next read confirmed the forged value.
+#[test]
+fn the_real_announcement_after_a_forged_copy_does_not_confirm_it() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "real")]);
+    h.put(6, "a", "other");
+    let outs = h.put(6, "a", "six");
+    assert!(puts(&outs).is_empty(), "stale after the forged copy");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "six")],
+        source_watermark: 6,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 6, "six".into())],
+        "the source's value replaces the forged one"
+    );
 }

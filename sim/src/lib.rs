@@ -14,10 +14,12 @@
 //! writers between commit and announce, lost, duplicated and reordered announcements,
 //! poison values, compaction, crashes in the middle of a persisted commit, slow and
 //! failing durable writes, relay crashes, foreign and adversarial events, reconnect
-//! storms) and after every simulation step each follower's probe checks:
-//! watermark monotone, never-older per key, no seq applied twice, and at ready, at every
-//! committed watermark and at every warm restart that the committed cache holds exactly
-//! the source's state at that watermark. In the liveness
+//! storms, restores of the source from an older backup) and after every simulation step
+//! each follower's probe checks: watermark monotone (it may go back once per restore, as
+//! the follower takes the restored history), never-older per key, no seq applied twice,
+//! and at ready, at every committed watermark and at every warm restart that the committed
+//! cache holds exactly the source's state at that watermark (in the restored history, or
+//! in the one it replaced until the follower reads the restored source). In the liveness
 //! phase everything heals, writers go quiet, and every follower's cache and watermark must
 //! equal the source's within a bound. The same seed gives the same trace hash.
 #![forbid(unsafe_code)]

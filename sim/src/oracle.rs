@@ -17,10 +17,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 type Commit = (String, Option<Vec<u8>>);
 
 /// Every committed mutation, by seq (recorded by the source host as it commits, so it
-/// survives compaction of the source's own log).
+/// survives compaction of the source's own log). A restore from a backup starts a new
+/// epoch: the history is cut back to the backup's seq, and the histories it replaced are
+/// kept, so that a follower that has not yet noticed the restore can be told from one that
+/// is wrong.
 #[derive(Clone, Debug, Default)]
 pub struct History {
     inner: Arc<Mutex<BTreeMap<u64, Commit>>>,
+    /// The histories restores replaced, oldest first (epoch `i` is `past[i]`; the current
+    /// one is epoch `past.len()`).
+    past: Arc<Mutex<Vec<BTreeMap<u64, Commit>>>>,
 }
 
 /// What a follower's cache should hold for one key.
@@ -39,10 +45,59 @@ impl History {
         lock(&self.inner).insert(seq, (key.to_owned(), value));
     }
 
-    /// Whether the source wrote `key` at `seq` (not so: a foreign event's claim).
+    /// Whether the source put `value` in `key` at `seq` (not so: a foreign event's claim,
+    /// which may copy a real change's key and seq with another value).
     #[must_use]
-    pub fn wrote(&self, key: &str, seq: u64) -> bool {
-        lock(&self.inner).get(&seq).is_some_and(|(k, _)| k == key)
+    pub fn wrote(&self, key: &str, seq: u64, value: &str) -> bool {
+        lock(&self.inner)
+            .get(&seq)
+            .is_some_and(|(k, v)| k == key && v.as_deref() == Some(value.as_bytes()))
+    }
+
+    /// The source was restored from a backup taken at seq `head`: what came after is
+    /// another epoch's history.
+    pub fn restore(&self, head: u64) {
+        let mut current = lock(&self.inner);
+        lock(&self.past).push(current.clone());
+        current.split_off(&(head + 1));
+    }
+
+    /// How many restores there were: the current epoch.
+    #[must_use]
+    pub fn epoch(&self) -> usize {
+        lock(&self.past).len()
+    }
+
+    /// How `cache` fails to be the state at `watermark` of the current history (empty when
+    /// it is), unless it is that state in an epoch at or after `since` that a restore
+    /// replaced: a follower that has not yet read the restored source. Returns the
+    /// differences, and the epoch the cache matched (the current one when it matched none).
+    #[must_use]
+    pub fn inconsistencies_since(
+        &self,
+        cache: &BTreeMap<String, (u64, String)>,
+        watermark: u64,
+        since: usize,
+    ) -> (Vec<String>, usize) {
+        let diff = self.inconsistencies(cache, watermark);
+        let past = lock(&self.past);
+        if diff.is_empty() || since >= past.len() {
+            return (diff, past.len());
+        }
+        for (epoch, history) in past.iter().enumerate().skip(since) {
+            if inconsistencies_in(history, &past, cache, watermark).is_empty() {
+                return (Vec::new(), epoch);
+            }
+        }
+        (diff, past.len())
+    }
+
+    /// Whether the source removed `key` at `seq`.
+    #[must_use]
+    pub fn removed(&self, key: &str, seq: u64) -> bool {
+        lock(&self.inner)
+            .get(&seq)
+            .is_some_and(|(k, v)| k == key && v.is_none())
     }
 
     /// The highest seq committed.
@@ -83,49 +138,63 @@ impl History {
         watermark: u64,
     ) -> Vec<String> {
         let history = lock(&self.inner);
-        let mut state: BTreeMap<&str, (u64, Option<&Vec<u8>>)> = BTreeMap::new();
-        for (seq, (key, value)) in history.range(..=watermark) {
-            state.insert(key, (*seq, value.as_ref()));
-        }
-        let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
-            history
-                .range(watermark + 1..)
-                .any(|(_, (k, v))| k == key && pred(v))
-        };
-        let mut out = Vec::new();
-        for (key, (seq, value)) in cache {
-            if *seq > watermark {
-                // An announcement ahead of the source: a real change, or a foreign one the
-                // follower holds unconfirmed until a read of the source covers its seq
-                // (then it must be gone: checked below at that watermark, and at the end).
-                continue;
-            }
-            match state.get(key.as_str()) {
-                Some((want, Some(bytes)))
-                    if want == seq && bytes.as_slice() == value.as_bytes() => {}
-                Some((want, Some(bytes))) if std::str::from_utf8(bytes).is_err() && seq < want => {}
-                want => out.push(format!(
-                    "{key}: holds seq {seq}, the source at {watermark} has {:?}",
-                    want.map(|(s, v)| (s, v.is_some()))
-                )),
-            }
-        }
-        for (key, (seq, value)) in &state {
-            let Some(bytes) = value else { continue };
-            if cache.contains_key(*key) || std::str::from_utf8(bytes).is_err() {
-                continue;
-            }
-            // Absent: fine only if a newer removal (or a newer poison put) explains it.
-            if !newer(key, &|v| {
-                v.as_ref().is_none_or(|b| std::str::from_utf8(b).is_err())
-            }) {
-                out.push(format!(
-                    "{key}: missing; the source at {watermark} has seq {seq}"
-                ));
-            }
-        }
-        out
+        let past = lock(&self.past);
+        inconsistencies_in(&history, &past, cache, watermark)
     }
+}
+
+/// [`History::inconsistencies`] against one epoch's `history`. A key may also be absent
+/// through a removal past the watermark in one of the `other` epochs: an announcement of a
+/// history a restore replaced, applied ahead of the watermark like any announcement, and
+/// held unconfirmed until the next read of the source.
+fn inconsistencies_in(
+    history: &BTreeMap<u64, Commit>,
+    other: &[BTreeMap<u64, Commit>],
+    cache: &BTreeMap<String, (u64, String)>,
+    watermark: u64,
+) -> Vec<String> {
+    let mut state: BTreeMap<&str, (u64, Option<&Vec<u8>>)> = BTreeMap::new();
+    for (seq, (key, value)) in history.range(..=watermark) {
+        state.insert(key, (*seq, value.as_ref()));
+    }
+    let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
+        std::iter::once(history).chain(other).any(|h| {
+            h.range(watermark + 1..)
+                .any(|(_, (k, v))| k == key && pred(v))
+        })
+    };
+    let mut out = Vec::new();
+    for (key, (seq, value)) in cache {
+        if *seq > watermark {
+            // An announcement ahead of the source: a real change, or a foreign one the
+            // follower holds unconfirmed until a read of the source covers its seq
+            // (then it must be gone: checked below at that watermark, and at the end).
+            continue;
+        }
+        match state.get(key.as_str()) {
+            Some((want, Some(bytes))) if want == seq && bytes.as_slice() == value.as_bytes() => {}
+            Some((want, Some(bytes))) if std::str::from_utf8(bytes).is_err() && seq < want => {}
+            want => out.push(format!(
+                "{key}: holds seq {seq}, the source at {watermark} has {:?}",
+                want.map(|(s, v)| (s, v.is_some()))
+            )),
+        }
+    }
+    for (key, (seq, value)) in &state {
+        let Some(bytes) = value else { continue };
+        if cache.contains_key(*key) || std::str::from_utf8(bytes).is_err() {
+            continue;
+        }
+        // Absent: fine only if a newer removal (or a newer poison put) explains it.
+        if !newer(key, &|v| {
+            v.as_ref().is_none_or(|b| std::str::from_utf8(b).is_err())
+        }) {
+            out.push(format!(
+                "{key}: missing; the source at {watermark} has seq {seq}"
+            ));
+        }
+    }
+    out
 }
 
 /// Differences between a cache and what it should hold, described for a report.
@@ -172,9 +241,11 @@ pub struct ProbeState {
     pub watermark: u64,
     /// Whether the current incarnation reported ready.
     pub ready: bool,
-    /// Seqs of puts committed to this cache (double-apply detection).
-    /// (A seq with its key: a foreign event may claim a seq the source gave another key.)
-    pub applied: BTreeSet<(u64, String)>,
+    /// Puts committed to this cache, as (seq, key, value) (double-apply detection). The
+    /// key and value with the seq: a foreign event may claim a seq the source gave another
+    /// key, or copy a real change's key and seq with another value; the source's put that
+    /// replaces it is no second apply.
+    pub applied: BTreeSet<(u64, String, String)>,
     /// The batch applied since the last commit, in order.
     pending: Vec<Pending>,
     /// Safety violations seen.
@@ -187,22 +258,39 @@ pub struct ProbeState {
     pub warm_restarts: u32,
     /// Restarts of a supervised worker by its supervisor (in this host's life).
     pub worker_restarts: u32,
+    /// The history epoch its cache was last seen to match (see [`History::restore`]): it
+    /// may hold an older epoch's state until it reads the restored source, and its
+    /// watermark may go back once, when it takes the new history.
+    pub epoch: usize,
+    /// The seq of each committed removal of a key it does not hold.
+    removed: BTreeMap<String, u64>,
 }
 
 impl ProbeState {
-    /// What `key` holds with the pending batch applied: its seq, if present.
-    fn working_seq(&self, key: &str) -> Option<u64> {
+    /// What `key` holds with the pending batch applied: its seq and value, if present.
+    fn working(&self, key: &str) -> Option<(u64, &str)> {
         match self.pending.iter().rev().find(|(k, _, _)| k == key) {
-            Some((_, seq, Some(_))) => Some(*seq),
+            Some((_, seq, Some(v))) => Some((*seq, v.as_str())),
             Some((_, _, None)) => None,
-            None => self.cache.get(key).map(|(seq, _)| *seq),
+            None => self.cache.get(key).map(|(seq, v)| (*seq, v.as_str())),
         }
     }
 
-    fn pending_applied(&self, key: &str, seq: u64) -> bool {
+    /// The seq of `key`'s last removal, with the pending batch applied, if it is absent
+    /// through one.
+    fn removed_at(&self, key: &str) -> Option<u64> {
+        match self.pending.iter().rev().find(|(k, _, _)| k == key) {
+            Some((_, seq, None)) => Some(*seq),
+            Some((_, _, Some(_))) => None,
+            None if self.cache.contains_key(key) => None,
+            None => self.removed.get(key).copied(),
+        }
+    }
+
+    fn pending_applied(&self, key: &str, seq: u64, value: &str) -> bool {
         self.pending
             .iter()
-            .any(|(k, s, v)| v.is_some() && *s == seq && k == key)
+            .any(|(k, s, v)| v.as_deref() == Some(value) && *s == seq && k == key)
     }
 
     /// Folds the pending batch into the committed cache.
@@ -210,11 +298,13 @@ impl ProbeState {
         for (key, seq, value) in std::mem::take(&mut self.pending) {
             match value {
                 Some(v) => {
-                    self.applied.insert((seq, key.clone()));
+                    self.removed.remove(&key);
+                    self.applied.insert((seq, key.clone(), v.clone()));
                     self.cache.insert(key, (seq, v));
                 }
                 None => {
                     self.cache.remove(&key);
+                    self.removed.insert(key, seq);
                 }
             }
         }
@@ -279,6 +369,7 @@ impl Probe {
             s.cache.clear();
             s.watermark = 0;
             s.applied.clear();
+            s.removed.clear();
             return;
         };
         let watermark = store.watermark().unwrap_or(0);
@@ -294,8 +385,7 @@ impl Probe {
             s.applied.extend(
                 pending
                     .iter()
-                    .filter(|p| p.2.is_some())
-                    .map(|p| (p.1, p.0.clone())),
+                    .filter_map(|p| Some((p.1, p.0.clone(), p.2.clone()?))),
             );
         }
         s.watermark = watermark;
@@ -310,7 +400,7 @@ impl Probe {
             self.name,
             s.cache.len()
         ));
-        let diff = self.history.inconsistencies(&s.cache, watermark);
+        let diff = self.inconsistencies(&mut s, watermark);
         if !diff.is_empty() {
             let what = format!(
                 "restarted from a store that is not the source's state at its watermark {watermark}: {}",
@@ -318,6 +408,40 @@ impl Probe {
             );
             self.violation(&mut s, what);
         }
+    }
+
+    /// How the cache `s` holds fails to be the source's state at `watermark`: in the
+    /// current history, or in a history a restore replaced that the follower has not yet
+    /// left. Remembers the epoch it matched.
+    fn inconsistencies(&self, s: &mut ProbeState, watermark: u64) -> Vec<String> {
+        let (diff, epoch) = self
+            .history
+            .inconsistencies_since(&s.cache, watermark, s.epoch);
+        if diff.is_empty() {
+            s.epoch = epoch;
+        }
+        diff
+    }
+
+    /// Whether a watermark that went back is the follower taking a restored history (it
+    /// still held an older epoch's state): allowed once per restore.
+    fn took_restored_history(&self, s: &mut ProbeState) -> bool {
+        let current = self.history.epoch();
+        if s.epoch < current {
+            s.epoch = current;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// The source was restored from a backup taken at `head`: puts above it were of
+    /// another history, and the seqs they used will be used again.
+    pub fn restored(&self, head: u64) {
+        let mut s = self.state();
+        s.applied.retain(|(seq, _, _)| *seq <= head);
+        self.trace
+            .line(format!("{} sees the source restored to {head}", self.name));
     }
 
     fn violation(&self, s: &mut ProbeState, what: String) {
@@ -342,17 +466,35 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
             let key = shared.to_string();
             let p = &self.probe;
             let mut s = lock(&p.state);
-            // A foreign event's seq is no real version: replacing it is no regression.
-            if let Some(have) = s.working_seq(&key)
+            // A follower taking a restored history forgets every seq it held and puts the
+            // source's state again: the same change again is no regression then.
+            let adopting = s.epoch < p.history.epoch();
+            let again = |have: u64, held: &str| adopting && have == seq && held == value;
+            // A foreign event's seq and value are no real version: replacing them is no
+            // regression.
+            if let Some((have, held)) = s.working(&key)
                 && have >= seq
-                && p.history.wrote(&key, have)
+                && p.history.wrote(&key, have, held)
+                && !again(have, held)
             {
                 p.violation(
                     &mut s,
                     format!("{key}: put at seq {seq} over newer-or-equal {have}"),
                 );
             }
-            if s.applied.contains(&(seq, key.clone())) || s.pending_applied(&key, seq) {
+            // Putting a real change again over a forged value is the repair of the forgery
+            // (a read of the source replaced it), not a second apply.
+            let over_forged = match s.working(&key) {
+                Some((have, held)) => !p.history.wrote(&key, have, held),
+                None => s
+                    .removed_at(&key)
+                    .is_some_and(|at| !p.history.removed(&key, at)),
+            };
+            if !over_forged
+                && !adopting
+                && (s.applied.contains(&(seq, key.clone(), value.clone()))
+                    || s.pending_applied(&key, seq, &value))
+            {
                 p.violation(&mut s, format!("seq {seq} applied twice"));
             }
             p.trace.line(format!("{} put {key}@{seq}", p.name));
@@ -366,9 +508,9 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
             let key = shared.to_string();
             let p = &self.probe;
             let mut s = lock(&p.state);
-            if let Some(have) = s.working_seq(&key)
+            if let Some((have, held)) = s.working(&key)
                 && have > seq
-                && p.history.wrote(&key, have)
+                && p.history.wrote(&key, have, held)
             {
                 p.violation(
                     &mut s,
@@ -392,7 +534,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         }
         let p = &self.probe;
         let mut s = lock(&p.state);
-        if watermark < s.watermark {
+        if watermark < s.watermark && !p.took_restored_history(&mut s) {
             let what = format!("watermark fell from {} to {watermark}", s.watermark);
             p.violation(&mut s, what);
         }
@@ -401,7 +543,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         // The oracle at every step: once ready, every watermark the follower commits must
         // describe its committed cache — the source's state at that seq.
         if s.ready && (dirty || watermark != s.watermark) {
-            let diff = p.history.inconsistencies(&s.cache, watermark);
+            let diff = p.inconsistencies(&mut s, watermark);
             if !diff.is_empty() {
                 let what = format!(
                     "cache is not the source's state at watermark {watermark}: {}",
@@ -439,7 +581,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         self.inner.ready(watermark);
         let p = &self.probe;
         let mut s = lock(&p.state);
-        let diff = p.history.inconsistencies(&s.cache, watermark);
+        let diff = p.inconsistencies(&mut s, watermark);
         if !diff.is_empty() {
             let what = format!(
                 "ready at {watermark} with a cache that is not the source's state there: {}",
@@ -479,15 +621,18 @@ impl Probe {
     /// an older one is not.
     pub fn handler_put(&self, key: &str, seq: u64, value: &str) {
         let mut s = self.state();
+        // What the handler saw before, if the source wrote it (not so: a forged event, or
+        // a history a restore replaced): only that must not be overtaken by older changes.
+        let real = |have: u64, held: &str| self.history.wrote(key, have, held);
         match s.cache.get(key) {
-            Some((have, _)) if *have > seq => {
+            Some((have, held)) if *have > seq && real(*have, held) => {
                 let have = *have;
                 self.violation(
                     &mut s,
                     format!("{key}: handler saw put at seq {seq} over newer {have}"),
                 );
             }
-            Some((have, v)) if *have == seq && v != value => {
+            Some((have, v)) if *have == seq && v != value && real(*have, v) => {
                 self.violation(
                     &mut s,
                     format!("{key}: handler saw seq {seq} again with another value"),
@@ -496,15 +641,16 @@ impl Probe {
             _ => {}
         }
         self.trace.line(format!("{} on_put {key}@{seq}", self.name));
-        s.applied.insert((seq, key.to_owned()));
+        s.applied.insert((seq, key.to_owned(), value.to_owned()));
         s.cache.insert(key.to_owned(), (seq, value.to_owned()));
     }
 
     /// A supervised worker's handler saw `key` removed at `seq`.
     pub fn handler_delete(&self, key: &str, seq: u64) {
         let mut s = self.state();
-        if let Some((have, _)) = s.cache.get(key)
+        if let Some((have, held)) = s.cache.get(key)
             && *have > seq
+            && self.history.wrote(key, *have, held)
         {
             let have = *have;
             self.violation(
@@ -528,12 +674,12 @@ impl Probe {
             ));
             s.worker_restarts = restarts;
         }
-        if watermark < s.watermark {
+        if watermark < s.watermark && !self.took_restored_history(&mut s) {
             let what = format!("watermark fell from {} to {watermark}", s.watermark);
             self.violation(&mut s, what);
         }
         if live && (watermark != s.watermark || !s.ready) {
-            let diff = self.history.inconsistencies(&s.cache, watermark);
+            let diff = self.inconsistencies(&mut s, watermark);
             if !diff.is_empty() {
                 let what = format!(
                     "handlers did not see the source's state at watermark {watermark}: {}",
@@ -577,6 +723,11 @@ struct LedgerState {
     /// Publishes of a row by a second relay after the first one's lease ran out.
     taken_over: u32,
     violations: Vec<String>,
+    /// Seqs whose rows a restore removed: a relay may still publish what it claimed of
+    /// them before.
+    replaced: BTreeSet<u64>,
+    /// When restores happened (simulated).
+    restores: Vec<std::time::Duration>,
 }
 
 /// What the relays did with the outbox, as the source host saw it: every claim, every
@@ -616,6 +767,10 @@ impl RelayLedger {
             .get(&seq)
             .and_then(|c| c.iter().rev().find(|m| m.owner == owner))
             .cloned();
+        if mine.is_none() && s.replaced.contains(&seq) {
+            // A row a restore removed, claimed before it: another history's announcement.
+            return;
+        }
         let earlier = s.publishes.get(&seq).cloned().unwrap_or_default();
         for (other, held) in &earlier {
             if other == owner {
@@ -626,8 +781,15 @@ impl RelayLedger {
                 continue;
             }
             match (held, &mine) {
+                // A restore between the two claims put the row back as the backup had
+                // it: the first claim was forgotten, as a restored database forgets it.
                 (Some(theirs), Some(m))
-                    if m.at < theirs.at + theirs.lease && theirs.at < m.at + m.lease =>
+                    if m.at < theirs.at + theirs.lease
+                        && theirs.at < m.at + m.lease
+                        && !s
+                            .restores
+                            .iter()
+                            .any(|r| theirs.at.min(m.at) < *r && *r <= theirs.at.max(m.at)) =>
                 {
                     s.violations.push(format!(
                         "the row of seq {seq} was published by {other} (claimed at {:?} for {:?}) and by {owner} (claimed at {:?} for {:?}): two relays held one row at once",
@@ -662,6 +824,21 @@ impl RelayLedger {
                 s.lost_answers.insert((seq, owner.to_owned()));
             }
         }
+    }
+
+    /// The source and its outbox were restored from a backup taken at `head`: rows above
+    /// it are gone, and their seqs and ids will be used again by other rows. What relays do
+    /// with the rows they still held from before is no longer checked against the new
+    /// rows (it is announcing another history, which followers must survive).
+    pub fn restore(&self, head: u64, at: std::time::Duration) {
+        let mut s = lock(&self.inner);
+        s.restores.push(at);
+        let gone: BTreeSet<u64> = s.claims.keys().copied().filter(|seq| *seq > head).collect();
+        s.seq_of.retain(|_, seq| *seq <= head);
+        s.claims.retain(|seq, _| *seq <= head);
+        s.publishes.retain(|seq, _| *seq <= head);
+        s.lost_answers.retain(|(seq, _)| *seq <= head);
+        s.replaced.extend(gone);
     }
 
     /// Violations found so far.

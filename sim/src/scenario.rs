@@ -54,23 +54,28 @@ pub enum FaultKind {
     ForeignEvents,
     /// A client's link to the source flaps many times in a row (a reconnect storm).
     ReconnectStorm,
+    /// The source (and the outbox in its database) is restored from a backup taken a
+    /// while earlier: its seqs go back, and its next writes reuse them with other changes
+    /// (a new history). Writers pause for a while after it, as an operator's restore
+    /// procedure does.
+    RestoreBackup,
 }
 
 impl FaultKind {
     /// What a run draws from unless told otherwise: every kind but
-    /// [`ForeignEvents`](FaultKind::ForeignEvents). Forged events that copy a real change's
-    /// key and seq, or that land after a quiet source's last read, still make about 1% of
-    /// seeds fail: the library does not yet hold every announcement above the watermark
-    /// unconfirmed until a read covers it. Until it does, `--faults` names that kind to run
-    /// it (the fixed-seed CI test runs [`ALL`](FaultKind::ALL)).
+    /// [`RestoreBackup`](FaultKind::RestoreBackup). On its own (`--faults restore-backup`)
+    /// every seed passes; drawn with the others, about a quarter of seeds still fail (a
+    /// persisted store whose watermark went back, supervised handlers and announcement
+    /// followers left on the replaced history), not yet sorted into oracle and library
+    /// defects.
     pub fn default_kinds() -> impl Iterator<Item = FaultKind> {
         FaultKind::ALL
             .into_iter()
-            .filter(|k| *k != FaultKind::ForeignEvents)
+            .filter(|k| *k != FaultKind::RestoreBackup)
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 21] = [
+    pub const ALL: [FaultKind; 22] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -92,6 +97,7 @@ impl FaultKind {
         FaultKind::RelayCrash,
         FaultKind::ForeignEvents,
         FaultKind::ReconnectStorm,
+        FaultKind::RestoreBackup,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -284,6 +290,10 @@ pub enum Action {
     /// Flap the link between the source and a host: partitioned, then repaired, this many
     /// times, this long each way.
     Storm(String, u32, Duration),
+    /// Take a backup of the source and its outbox.
+    Backup,
+    /// Restore the last backup taken; writers pause this long after it.
+    Restore(Duration),
 }
 
 impl Action {
@@ -312,6 +322,7 @@ impl Action {
             Action::CrashRelay(_) => FaultKind::RelayCrash,
             Action::Foreign(_) => FaultKind::ForeignEvents,
             Action::Storm(..) => FaultKind::ReconnectStorm,
+            Action::Restore(_) => FaultKind::RestoreBackup,
             _ => return None,
         })
     }
@@ -322,6 +333,13 @@ impl fmt::Display for Action {
         write!(f, "{self:?}")
     }
 }
+
+/// How long writers pause after a restore: longer than any partition or crash the plan
+/// draws, so every follower reads the restored source while its head is still below the
+/// follower's watermark. (A follower that first reads it after the new history passed its
+/// watermark cannot tell the histories apart: that needs a history id from the source,
+/// which tidemark does not have yet.)
+pub const RESTORE_PAUSE: Duration = Duration::from_secs(6);
 
 /// The name of follower `i`'s host.
 #[must_use]
@@ -478,6 +496,10 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     plan.push((heal_at, Action::RestartRelay(i)));
                 }
                 FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
+                FaultKind::RestoreBackup => {
+                    plan.push((t, Action::Backup));
+                    plan.push((heal_at, Action::Restore(RESTORE_PAUSE)));
+                }
                 FaultKind::ReconnectStorm => {
                     let h = other(&mut rng);
                     let flaps = 5 + (rng.next_u64() % 16) as u32;

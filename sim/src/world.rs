@@ -11,7 +11,10 @@ use tidemark::{
     Announcer, AnnouncingRegistry, Cursors, FollowerTask, NoFeed, Outbox, Publish, Relay, Sink,
     Source, StopSignal, Supervisor, Worker, WorkerPhase, WorkerSink,
 };
-use tidemark_memory::{Mangle, Memory, MemoryCacheStore, MemoryOutbox, MemoryQueue, Port};
+use tidemark_memory::{
+    Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutbox, MemoryOutboxBackup, MemoryQueue,
+    Port,
+};
 
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
@@ -654,6 +657,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .collect();
     // The flaps of reconnect storms still to come: (when, host, partition or repair).
     let mut flaps: Vec<(Duration, String, bool)> = Vec::new();
+    let restores = Restores::default();
 
     // Safety phase: faults on, invariants checked after every step.
     let step = |sim: &mut turmoil::Sim<'_>, failures: &mut Vec<String>| -> bool {
@@ -692,6 +696,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 specs: &specs,
                 stores: &stores,
                 handler_faults: &handler_faults,
+                history: &history,
+                ledger: &ledger,
+                probes: &probes,
+                restores: &restores,
             };
             if let Action::Storm(h, n, each) = &action {
                 let now = sim.elapsed();
@@ -712,6 +720,24 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
         flaps.retain(|(at, _, _)| *at > now);
+        let world = World {
+            memory: &memory,
+            controls: &controls,
+            specs: &specs,
+            stores: &stores,
+            handler_faults: &handler_faults,
+            history: &history,
+            ledger: &ledger,
+            probes: &probes,
+            restores: &restores,
+        };
+        restores.restore_if_due(now, &world, &trace);
+        if restores.pause_over(now) {
+            trace.line_at(now, "writers resume after the restore".into());
+            for c in &controls {
+                c.quiet.store(false, Ordering::SeqCst);
+            }
+        }
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
@@ -940,6 +966,55 @@ struct World<'a> {
     specs: &'a [FollowerSpec],
     stores: &'a [Option<MemoryCacheStore>],
     handler_faults: &'a [Arc<AtomicU32>],
+    history: &'a History,
+    ledger: &'a RelayLedger,
+    probes: &'a [Probe],
+    restores: &'a Restores,
+}
+
+/// How long a restore waits, writers stopped, for the writes they had in flight.
+const RESTORE_DRAIN: Duration = Duration::from_millis(500);
+
+/// The backup a restore puts back, when it does, and until when writers pause after one.
+#[derive(Default)]
+struct Restores {
+    backup: Mutex<Option<(MemoryBackup, MemoryOutboxBackup)>>,
+    restore_at: Mutex<Option<Duration>>,
+    pause_until: Mutex<Option<Duration>>,
+}
+
+impl Restores {
+    /// Restores the backup if its time came at `now`.
+    fn restore_if_due(&self, now: Duration, world: &World<'_>, trace: &Trace) {
+        let mut at = lock(&self.restore_at);
+        if !at.is_some_and(|at| at <= now) {
+            return;
+        }
+        *at = None;
+        let Some((source, outbox)) = lock(&self.backup).take() else {
+            return;
+        };
+        let head = source.watermark();
+        trace.line_at(now, format!("source restored to its backup at {head}"));
+        world.memory.source.restore(&source);
+        world.memory.outbox.restore(&outbox);
+        world.history.restore(head);
+        world.ledger.restore(head, now);
+        for p in world.probes {
+            p.restored(head);
+        }
+    }
+
+    /// Whether the writers' pause after a restore ended at `now` (once).
+    fn pause_over(&self, now: Duration) -> bool {
+        let mut until = lock(&self.pause_until);
+        if until.is_some_and(|at| at <= now) {
+            *until = None;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 impl World<'_> {
@@ -1056,6 +1131,24 @@ fn apply(
             }
         }
         Action::Foreign(draw) => publish_foreign(memory, *draw),
+        Action::Backup => {
+            *lock(&world.restores.backup) = Some((memory.source.backup(), memory.outbox.backup()));
+        }
+        Action::Restore(pause) => {
+            if lock(&world.restores.backup).is_none() {
+                return;
+            }
+            // Writers stop first, as an operator's restore procedure has them do, and the
+            // writes they had in flight land before the backup goes back in.
+            for c in controls {
+                c.quiet.store(true, Ordering::SeqCst);
+            }
+            let at = sim.elapsed() + RESTORE_DRAIN;
+            *lock(&world.restores.restore_at) = Some(at);
+            let until = at + *pause;
+            let mut pause_until = lock(&world.restores.pause_until);
+            *pause_until = Some(pause_until.map_or(until, |was| was.max(until)));
+        }
         // Carried out by the orchestrator, flap by flap.
         Action::Storm(..) => {}
     }

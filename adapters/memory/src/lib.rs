@@ -31,11 +31,11 @@ pub use cache_store::{MemoryCacheSink, MemoryCacheStore};
 pub use events::{EventStream, MemoryEvents, Record};
 pub use faults::{Faults, Mangle, Port};
 pub use lock::MemoryLock;
-pub use outbox::{MemoryOutbox, MemoryOutboxWatch};
+pub use outbox::{MemoryOutbox, MemoryOutboxBackup, MemoryOutboxWatch};
 pub use queue::{DEFAULT_MAX_ATTEMPTS, MemoryQueue};
 pub use retention::MemorySweep;
 pub use schedule::MemorySchedules;
-pub use source::{LogStream, MAX_KEY_BYTES, MAX_VALUE_BYTES, MemorySource};
+pub use source::{LogStream, MAX_KEY_BYTES, MAX_VALUE_BYTES, MemoryBackup, MemorySource};
 pub use tidemark::CacheOp;
 pub use wake::{MemoryListener, MemoryWake};
 

@@ -12,20 +12,26 @@ use tokio::time::Instant;
 use crate::faults::{Faults, Port};
 use crate::signal::Signal;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct Slot {
     row: OutboxRow,
     /// The owner holding the row and until when (tokio time).
     claim: Option<(String, Instant)>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct State {
     next_id: u64,
     /// Rows not done, by id: what claims scan.
     pending: BTreeMap<u64, Slot>,
     /// Rows done, kept for oracles until a sweep removes them.
     done: BTreeMap<u64, OutboxRow>,
+}
+
+/// A copy of a [`MemoryOutbox`]'s rows, taken by [`MemoryOutbox::backup`].
+#[derive(Clone, Debug)]
+pub struct MemoryOutboxBackup {
+    state: State,
 }
 
 /// Where leases are measured: tokio's clock, or the caller's.
@@ -127,6 +133,22 @@ impl MemoryOutbox {
                 },
             );
         }
+        self.inner.changed.bump();
+    }
+
+    /// A copy of every row as it is now: what a backup of the database that holds the
+    /// outbox holds (take it with the source's [`backup`](crate::MemorySource::backup)).
+    #[must_use]
+    pub fn backup(&self) -> MemoryOutboxBackup {
+        MemoryOutboxBackup {
+            state: self.state().clone(),
+        }
+    }
+
+    /// Puts `backup` back in place of every row, as restoring the database does: rows
+    /// appended since are gone (their ids are used again), claims are as they were.
+    pub fn restore(&self, backup: &MemoryOutboxBackup) {
+        *self.state() = backup.state.clone();
         self.inner.changed.bump();
     }
 

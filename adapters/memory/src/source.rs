@@ -18,7 +18,7 @@ pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 /// How many log entries a feed copies per lock of the source.
 const READ_BATCH: usize = 1024;
 
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct State {
     seq: u64,
     entries: BTreeMap<String, Versioned>,
@@ -34,6 +34,21 @@ struct Inner {
     /// Bumped to end every open feed cleanly.
     generation: AtomicU64,
     faults: Faults,
+}
+
+/// A copy of a [`MemorySource`]'s whole state (entries, change log, seq), taken by
+/// [`backup`](MemorySource::backup) and put back by [`restore`](MemorySource::restore).
+#[derive(Clone, Debug)]
+pub struct MemoryBackup {
+    state: State,
+}
+
+impl MemoryBackup {
+    /// The source's watermark when the backup was taken.
+    #[must_use]
+    pub fn watermark(&self) -> u64 {
+        self.state.seq
+    }
 }
 
 /// An in-process source: a key → value map in which every mutation gets the next seq, with
@@ -183,6 +198,24 @@ impl MemorySource {
             removed += 1;
         }
         (removed, s.log_base)
+    }
+
+    /// A copy of the whole source as it is now: what a database backup holds.
+    #[must_use]
+    pub fn backup(&self) -> MemoryBackup {
+        MemoryBackup {
+            state: self.state().clone(),
+        }
+    }
+
+    /// Puts `backup` back in place of the whole source, as restoring a database from a
+    /// backup does: its seqs go back to the backup's, and the writes made since are gone
+    /// (the next writes reuse their seqs, with other changes: a new history). Open feeds
+    /// end, as a server restart would. A follower notices when it reads the source while
+    /// the source's head is below its watermark, and resyncs.
+    pub fn restore(&self, backup: &MemoryBackup) {
+        *self.state() = backup.state.clone();
+        self.end_feeds();
     }
 
     /// Ends every open feed cleanly (as a server restart would); followers reopen.

@@ -129,6 +129,49 @@ async fn compaction_forces_a_resync_that_removes_vanished_keys() {
     );
 }
 
+/// A database restored from an older backup: its seqs go back below the follower's
+/// watermark, and its next writes reuse them with other changes. The follower must see
+/// the head below its watermark, replace its cache with the restored history (keys the
+/// backup never had are removed, keys it had come back) and follow it from there.
+#[tokio::test(start_paused = true)]
+async fn a_source_restored_from_an_older_backup_replaces_the_cache() {
+    let m = Memory::new();
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    m.source.put("b", b"2".to_vec()).await.unwrap();
+    let backup = m.source.backup();
+    assert_eq!(backup.watermark(), 2);
+    m.source.put("c", b"3".to_vec()).await.unwrap();
+    m.source.remove("a").await.unwrap();
+    m.source.put("b", b"5".to_vec()).await.unwrap();
+    let (cache, h) = spawn_cache(config("restored"), Utf8, m.source.clone(), m.source.clone());
+    cache.wait_ready().await.unwrap();
+    until("the follower reaches 5", || cache.watermark() == 5).await;
+    m.source.restore(&backup);
+    // The new history reuses seq 3 for another change; the head is still below 5.
+    assert_eq!(m.source.put("d", b"new".to_vec()).await.unwrap(), 3);
+    until("the follower takes the restored history", || {
+        cache.watermark() == 3
+    })
+    .await;
+    assert_eq!(
+        cache.keys(),
+        ["a", "b", "d"],
+        "the restored keys, and only them"
+    );
+    assert_eq!(
+        cache.get("b").as_deref().map(String::as_str),
+        Some("2"),
+        "b as backed up"
+    );
+    assert_eq!(h.status().counters.resets, 1, "a new history is counted");
+    m.source.put("e", b"live".to_vec()).await.unwrap();
+    until("it follows the restored history live", || {
+        cache.watermark() == 4
+    })
+    .await;
+    assert_eq!(cache.keys(), ["a", "b", "d", "e"]);
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_undecodable_value_is_skipped_and_the_watermark_moves_past_it() {
     let m = Memory::new();

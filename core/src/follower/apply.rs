@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::confirm::Confirmation;
+use super::confirm::{Claimed, Confirmation};
 use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
@@ -129,14 +129,32 @@ impl<D: Decode> Follower<D> {
             self.send(Pending::Fetch { key, seq, position });
             return;
         }
-        let key_for_ahead = self.note_ahead(&key, seq);
-        self.apply(seq, key, op, value, expires_in);
-        if let Some(key) = key_for_ahead {
-            self.remember_ahead(key);
-        }
+        // An announcement claims a change; a read of the source must confirm it, down to
+        // its value (a forged event can copy a real change's key and seq).
+        // (A marker that reaches here is stale, and an unknown operation a skip: neither
+        // changes the cache, so neither claims anything.)
+        // Only announcements pay for this: a replayed feed's hot path copies nothing.
+        let claim = if self.holds_unconfirmed(seq) {
+            match op.cache_change() {
+                CacheChange::Upsert => Some(Claimed::Put(value.clone())),
+                CacheChange::Remove => Some(Claimed::Removed),
+                CacheChange::Fetch | CacheChange::Skip => None,
+            }
+            .map(|claimed| (key.clone(), claimed))
+        } else {
+            None
+        };
+        let (puts, _) = self.apply(seq, key, op, value, expires_in);
+        // A put that was stale changed nothing, and claims nothing.
+        let claimed = claim.is_some_and(|(key, claimed)| {
+            (puts > 0 || claimed == Claimed::Removed) && self.remember_ahead(&key, seq, claimed)
+        });
         self.advance_on_feed(seq);
         self.checkpoint(position);
         self.check_ready(head);
+        if claimed {
+            self.confirm_soon();
+        }
     }
 
     pub(super) fn advance(&mut self, seq: u64) {
@@ -319,19 +337,27 @@ impl<D: Decode> Follower<D> {
             return;
         }
         self.counters.fetches += 1;
-        let key_for_ahead = self.note_ahead(&key, seq);
+        // The fetched value is the source's, but the seq it is held at is the marker's
+        // claim: held unconfirmed like any announcement.
+        let (at, claimed) = match &value {
+            Some((value_seq, bytes)) => ((*value_seq).max(seq), Claimed::Put(bytes.clone())),
+            None => (seq, Claimed::Removed),
+        };
+        let claim = self.holds_unconfirmed(at).then(|| key.clone());
         match value {
             // The value may be newer than the marker; the index keeps its own seq so an
             // older entry for the key arriving later is skipped.
-            Some((value_seq, bytes)) => {
-                self.apply(value_seq.max(seq), key.into(), Op::Put, bytes, None);
+            Some((_, bytes)) => {
+                self.apply(at, key.into(), Op::Put, bytes, None);
             }
             None => {
                 self.apply(seq, key.into(), Op::Delete, Vec::new(), None);
             }
         }
-        if let Some(key) = key_for_ahead {
-            self.remember_ahead(key);
+        if let Some(key) = claim
+            && self.remember_ahead(&key, at, claimed)
+        {
+            self.confirm_soon();
         }
         self.advance_on_feed(seq);
         self.checkpoint(position);
@@ -347,11 +373,11 @@ impl<D: Decode> Follower<D> {
             self.resync();
             return;
         }
-        let unexplained = self.confirm_ahead(source_watermark, |key, seq| {
+        let unexplained = self.confirm_ahead(source_watermark, |key, claim| {
             let mut named = false;
             for c in &changes {
                 if *c.key == *key {
-                    if c.seq == seq {
+                    if claim.is(c) {
                         return Confirmation::Confirmed;
                     }
                     named = true;
@@ -408,8 +434,8 @@ impl<D: Decode> Follower<D> {
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
-        self.confirm_ahead(source_watermark, |key, seq| {
-            if entries.iter().any(|e| *e.key == *key && e.seq == seq) {
+        self.confirm_ahead(source_watermark, |key, claim| {
+            if entries.iter().any(|e| *e.key == *key && claim.is(e)) {
                 Confirmation::Confirmed
             } else {
                 Confirmation::Replaced

@@ -23,6 +23,9 @@ impl<D: Decode> Follower<D> {
                 self.send(Pending::ListKeys);
             }
         }
+        if self.timers.take_due_confirm(now) {
+            self.confirm_now();
+        }
         // One request at a time: a retry waits for an answer still outstanding.
         if self.request.is_none()
             && let Some(request) = self.timers.take_due_retry(now)
@@ -180,6 +183,7 @@ impl<D: Decode> Follower<D> {
                 self.request = None;
                 self.timers.clear();
                 self.timers.presence_at(None);
+                self.timers.confirmed();
                 self.held.clear();
                 self.stage = Stage::Stopped {
                     ready: self.is_ready(),

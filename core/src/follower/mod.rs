@@ -133,10 +133,10 @@ pub struct Follower<D: Decode> {
     backoffs: Backoffs,
     /// The highest watermark the source itself reported (a reconcile, a snapshot).
     known_source: u64,
-    /// Announcements applied above `known_source`, not yet confirmed by the source: key →
-    /// (seq, `reads` when applied). The next read of the source that covers the seq, or
-    /// that was asked for after it was applied, confirms or replaces them.
-    ahead: std::collections::BTreeMap<String, (u64, u64)>,
+    /// Announcements applied above the watermark, not yet confirmed by the source: key →
+    /// what it claimed. The next read of the source that covers the seq, or that was asked
+    /// for after it was applied, confirms or replaces them.
+    ahead: std::collections::BTreeMap<String, confirm::Claim>,
     /// Reads of the source (reconciles, snapshots) asked for so far.
     reads: u64,
     /// `reads` when the read now outstanding was asked for.
@@ -385,10 +385,10 @@ impl<D: Decode> Follower<D> {
             // Held past the watermark on an announcements stream: applied from an
             // announcement no read of the source has covered (before a restart, maybe):
             // unconfirmed until one does.
-            let ahead = self.note_ahead(&key, seq);
+            let ahead = self.holds_unconfirmed(seq).then(|| key.clone());
             self.index.learn(key, seq);
             if let Some(key) = ahead {
-                self.remember_ahead(key);
+                self.remember_ahead(&key, seq, confirm::Claimed::Unknown);
             }
         }
     }
@@ -478,6 +478,9 @@ impl<D: Decode> Follower<D> {
         if matches!(request, Pending::Reconcile | Pending::Snapshot) {
             self.reads += 1;
             self.read_asked = self.reads;
+            // This read is asked for after every announcement applied so far: it confirms
+            // them all (see `confirm_ahead`).
+            self.timers.confirmed();
         }
         let token = self.token();
         let output = match &request {

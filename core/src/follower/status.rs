@@ -133,6 +133,9 @@ pub enum Cause {
     Expiry,
     /// Not a backoff: the periodic listing of the source's keys is due.
     PresenceCheck,
+    /// Not a backoff: announcements applied to the cache await a read of the source that
+    /// confirms them ([`FollowerConfigBuilder::confirm_after`](crate::FollowerConfigBuilder::confirm_after)).
+    Confirm,
 }
 
 /// Something a driver should log. None of these stop the follower, and nothing but a log

@@ -30,6 +30,8 @@ pub(super) struct Timers {
     retry: Option<(Time, Pending, Cause)>,
     /// When the next listing of the source's keys is due.
     presence: Option<Time>,
+    /// When a read of the source must confirm the announcements applied since the last.
+    confirm: Option<Time>,
 }
 
 impl Timers {
@@ -45,7 +47,8 @@ impl Timers {
     pub(super) fn next(&self) -> Option<(Time, Cause)> {
         let retry = self.retry.as_ref().map(|(at, _, cause)| (*at, *cause));
         let presence = self.presence.map(|at| (at, Cause::PresenceCheck));
-        [self.reopen, retry, presence]
+        let confirm = self.confirm.map(|at| (at, Cause::Confirm));
+        [self.reopen, retry, presence, confirm]
             .into_iter()
             .flatten()
             .min_by_key(|(at, _)| *at)
@@ -63,6 +66,26 @@ impl Timers {
     pub(super) fn take_due_presence(&mut self, now: Time) -> bool {
         if self.presence.is_some_and(|at| at <= now) {
             self.presence = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Asks for a confirming read at `at`, unless one is asked for sooner.
+    pub(super) fn confirm_by(&mut self, at: Time) {
+        self.confirm = Some(self.confirm.map_or(at, |was| was.min(at)));
+    }
+
+    /// A read of the source went out: it confirms everything applied so far.
+    pub(super) fn confirmed(&mut self) {
+        self.confirm = None;
+    }
+
+    /// Whether the confirming read is due at `now` (and clears it).
+    pub(super) fn take_due_confirm(&mut self, now: Time) -> bool {
+        if self.confirm.is_some_and(|at| at <= now) {
+            self.confirm = None;
             true
         } else {
             false
@@ -111,7 +134,7 @@ impl Timers {
         }
     }
 
-    /// Clears the backoffs; the periodic listing stays scheduled.
+    /// Clears the backoffs; the periodic listing and the confirming read stay scheduled.
     pub(super) fn clear(&mut self) {
         self.reopen = None;
         self.retry = None;
