@@ -164,3 +164,81 @@ fn a_lazily_resumed_follower_counts_what_it_was_not_told_and_learns_as_it_goes()
     h.f.index_complete();
     assert!(!h.f.needs_keys());
 }
+
+/// The simulator's seed 941: a read that did not name a forged key asked for a snapshot;
+/// the runtime committed before sending it, and the snapshot's batch failed. The rewind
+/// went back to that commit, where the key's claim had already gone with the read, so no
+/// later read held it unconfirmed and it stayed in the cache for good.
+#[test]
+fn a_failed_batch_gives_back_the_unconfirmed_announcements_it_took() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.f.track_commits(true);
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(5, "a", "real")],
+        source_watermark: 5,
+    });
+    h.reopen(FeedInfo::announcements(5));
+    let outs = h.put(7, "x", "forged");
+    assert_eq!(puts(&outs), [("x".into(), 7, "forged".into())]);
+    h.f.commit();
+    // The confirming read does not have x; the batch that applies its answer fails.
+    let outs = h.run_to_timeout();
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Reconcile { .. }))),
+        "{outs:?}"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "b", "six")],
+        source_watermark: 6,
+    });
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "only a snapshot says what x holds: {outs:?}"
+    );
+    // The runtime commits before it performs a request; the snapshot's batch then fails.
+    h.f.commit();
+    let token = h.request.unwrap();
+    h.input(Input::Snapshot {
+        token,
+        entries: vec![Entry::put(5, "a", "real"), Entry::put(6, "b", "six")],
+        source_watermark: 6,
+    });
+    h.input(Input::SinkFailed { error: "x".into() });
+    assert!(
+        h.f.seq_of("x").is_some(),
+        "the sink still holds the forged key"
+    );
+    // From here on the follower reads the source (after its backoff) until x is gone.
+    let source = [Entry::put(5, "a", "real"), Entry::put(6, "b", "six")];
+    let mut outs = h.run_to_timeout();
+    let mut removed = false;
+    for _ in 0..4 {
+        removed |= removes(&outs).iter().any(|(k, _)| k == "x");
+        let token = h.request.unwrap();
+        outs = if outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
+        {
+            h.input(Input::Snapshot {
+                token,
+                entries: source.to_vec(),
+                source_watermark: 6,
+            })
+        } else {
+            h.input(Input::Changes {
+                token,
+                changes: source[1..].to_vec(),
+                source_watermark: 6,
+            })
+        };
+    }
+    removed |= removes(&outs).iter().any(|(k, _)| k == "x");
+    assert!(removed, "a read after the rewind removes the forged key");
+    assert_eq!(h.f.seq_of("x"), None);
+}

@@ -145,7 +145,13 @@ impl<D: Decode> Follower<D> {
                 self.index.set(key.as_str().into(), 0);
             }
             self.index.untomb(&key);
-            unexplained |= verdict == Confirmation::Unexplained;
+            if verdict == Confirmation::Unexplained {
+                // Only the snapshot this asks for settles the key: the claim stays until
+                // then, so a batch that fails before the snapshot lands (its rewind goes
+                // back to a commit made while the request was out) still holds it.
+                self.ahead.insert(key, claim);
+                unexplained = true;
+            }
         }
         unexplained
     }

@@ -137,6 +137,9 @@ pub struct Follower<D: Decode> {
     /// what it claimed. The next read of the source that covers the seq, or that was asked
     /// for after it was applied, confirms or replaces them.
     ahead: std::collections::BTreeMap<String, confirm::Claim>,
+    /// `ahead` as the sink last committed it: a failed batch gives back the claims its
+    /// reads took (the sink still holds what they claimed).
+    committed_ahead: std::collections::BTreeMap<String, confirm::Claim>,
     /// Reads of the source (reconciles, snapshots) asked for so far.
     reads: u64,
     /// `reads` when the read now outstanding was asked for.
@@ -199,6 +202,7 @@ impl<D: Decode> Follower<D> {
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
+            committed_ahead: std::collections::BTreeMap::new(),
             reads: 0,
             read_asked: 0,
             now: Time::ZERO,
@@ -408,6 +412,7 @@ impl<D: Decode> Follower<D> {
     /// back to this point, not before it.
     pub fn commit(&mut self) {
         self.index.commit();
+        self.committed_ahead.clone_from(&self.ahead);
         self.mark = Mark {
             watermark: self.watermark,
             ready: self.is_ready(),

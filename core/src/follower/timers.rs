@@ -195,6 +195,9 @@ impl<D: Decode> Follower<D> {
         self.held.clear();
         self.rewake = false;
         let exact = self.index.rewind();
+        // What the sink holds is what it last committed, unconfirmed announcements
+        // included: a read in the failed batch that confirmed or replaced one did not land.
+        self.ahead.clone_from(&self.committed_ahead);
         self.watermark = self.mark.watermark;
         self.last_checkpoint = self.mark.checkpoint;
         if self.stage == Stage::Live && !self.mark.ready {
