@@ -785,7 +785,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let mut converged_after = None;
     let mut expected = None;
     while sim.elapsed() < healed_at + scenario.liveness_bound {
-        if !woke && sim.elapsed() >= healed_at + Duration::from_secs(3) {
+        if !woke && sim.elapsed() >= healed_at + OPERATOR_WAKE {
             woke = true;
             wake_all(&memory);
         }
@@ -888,6 +888,11 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     };
     finish(seed, failures, faults, converged_after, &seen)
 }
+
+/// When the operator's wake comes after healing: soon, since a listener still away then
+/// reports a wake of its own when it reconnects (the sim's `ReconnectingListener`), so
+/// waiting longer only runs a converged world for nothing.
+const OPERATOR_WAKE: Duration = Duration::from_millis(500);
 
 /// Whether every outbox row is done.
 fn drained(memory: &Memory) -> bool {
