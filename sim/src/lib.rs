@@ -24,6 +24,7 @@
 
 pub mod listener;
 pub mod naive;
+pub mod ops;
 pub mod oracle;
 pub mod proto;
 pub mod remote;

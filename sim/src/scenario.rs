@@ -54,6 +54,15 @@ pub enum FaultKind {
     ForeignEvents,
     /// A client's link to the source flaps many times in a row (a reconnect storm).
     ReconnectStorm,
+    /// A job runner's host crashes while it runs a leased job, and restarts: the job is
+    /// delivered again once the lease runs out.
+    RunnerCrash,
+    /// The next job takes several lease lengths: its runner must renew the lease, and the
+    /// job must not be delivered to another runner meanwhile.
+    SlowJob,
+    /// The next job handler calls fail: the job is retried, and dead-lettered with its
+    /// last error once its attempts are used up.
+    JobFailure,
 }
 
 impl FaultKind {
@@ -70,7 +79,7 @@ impl FaultKind {
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 21] = [
+    pub const ALL: [FaultKind; 24] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -92,6 +101,9 @@ impl FaultKind {
         FaultKind::RelayCrash,
         FaultKind::ForeignEvents,
         FaultKind::ReconnectStorm,
+        FaultKind::RunnerCrash,
+        FaultKind::SlowJob,
+        FaultKind::JobFailure,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -104,6 +116,19 @@ impl FaultKind {
             FaultKind::FollowerCrash => 2,
             _ => 1,
         }
+    }
+
+    /// Whether the kind acts on the job runners, which run beside the relays (and is not
+    /// drawn without them).
+    #[must_use]
+    pub fn needs_runners(self) -> bool {
+        matches!(
+            self,
+            FaultKind::RelayCrash
+                | FaultKind::RunnerCrash
+                | FaultKind::SlowJob
+                | FaultKind::JobFailure
+        )
     }
 
     /// Whether the kind acts on a persisted follower (and is not drawn without one).
@@ -284,6 +309,13 @@ pub enum Action {
     /// Flap the link between the source and a host: partitioned, then repaired, this many
     /// times, this long each way.
     Storm(String, u32, Duration),
+    /// Crash worker host `i` (relay and job runner) if it is running a job then; it
+    /// restarts with [`Action::RestartRelay`].
+    CrashRunner(usize),
+    /// Make the next job slow.
+    SlowJob,
+    /// Fail the next `n` job handler calls.
+    FailJobs(u32),
 }
 
 impl Action {
@@ -312,6 +344,9 @@ impl Action {
             Action::CrashRelay(_) => FaultKind::RelayCrash,
             Action::Foreign(_) => FaultKind::ForeignEvents,
             Action::Storm(..) => FaultKind::ReconnectStorm,
+            Action::CrashRunner(_) => FaultKind::RunnerCrash,
+            Action::SlowJob => FaultKind::SlowJob,
+            Action::FailJobs(_) => FaultKind::JobFailure,
             _ => return None,
         })
     }
@@ -358,7 +393,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         .copied()
         .filter(|k| !k.needs_persisted() || !persisted.is_empty())
         .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
-        .filter(|k| *k != FaultKind::RelayCrash || s.relays > 0)
+        .filter(|k| !k.needs_runners() || s.relays > 0)
         .collect();
     let mut plan = Vec::new();
     if kinds.is_empty() {
@@ -478,6 +513,15 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     plan.push((heal_at, Action::RestartRelay(i)));
                 }
                 FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
+                FaultKind::RunnerCrash => {
+                    let i = pick(&mut rng, s.relays);
+                    plan.push((t, Action::CrashRunner(i)));
+                    plan.push((heal_at, Action::RestartRelay(i)));
+                }
+                FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
+                FaultKind::JobFailure => {
+                    plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
+                }
                 FaultKind::ReconnectStorm => {
                     let h = other(&mut rng);
                     let flaps = 5 + (rng.next_u64() % 16) as u32;
