@@ -121,7 +121,9 @@ impl MemoryQueue {
     }
 
     fn now(&self) -> Instant {
-        self.clock.as_ref().map_or_else(Instant::now, |clock| clock())
+        self.clock
+            .as_ref()
+            .map_or_else(Instant::now, |clock| clock())
     }
 
     /// The same queue dead-lettering after `max_attempts` (at least 1).

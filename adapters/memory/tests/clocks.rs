@@ -59,7 +59,13 @@ async fn a_queue_given_a_clock_delays_retries_on_it() {
         .unwrap();
     assert_eq!(state, JobState::Ready);
     tokio::time::advance(Duration::from_secs(60)).await;
-    assert!(queue.lease(Duration::from_secs(10)).await.unwrap().is_none());
+    assert!(
+        queue
+            .lease(Duration::from_secs(10))
+            .await
+            .unwrap()
+            .is_none()
+    );
     millis.store(2_000, Ordering::SeqCst);
     let again = queue.lease(Duration::from_secs(10)).await.unwrap().unwrap();
     assert_eq!(again.attempt, 2);
