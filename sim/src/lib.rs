@@ -26,6 +26,7 @@
 
 pub mod listener;
 pub mod naive;
+pub mod ops;
 pub mod oracle;
 pub mod proto;
 pub mod remote;

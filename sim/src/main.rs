@@ -291,6 +291,13 @@ fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
         "outbox rows published again by design: {again} by the same relay after a lost answer, {taken_over} by another relay after a lease ran out"
     );
     println!(
+        "jobs handled {} · run again after a lease ran out {} · lease renewals {} · slow jobs delivered again while running {}",
+        sum(|o| o.jobs.0),
+        sum(|o| o.jobs.1),
+        sum(|o| o.jobs.2),
+        sum(|o| o.jobs.3),
+    );
+    println!(
         "convergence after healing (simulated): p50 {:.2}s  p90 {:.2}s  p99 {:.2}s  max {:.2}s",
         pct(0.5),
         pct(0.9),

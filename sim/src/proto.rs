@@ -80,6 +80,8 @@ pub enum Request {
     PendingRows,
     /// Watch the outbox; the connection then streams `Changed` (or heartbeats).
     WatchOutbox,
+    /// A call on the source host's job queue.
+    Queue(crate::ops::QueueCall),
 }
 
 /// An announcement plan on the wire.
@@ -373,6 +375,8 @@ pub enum Response {
     Claimed(WireClaimed),
     /// The outbox changed (a watch's item).
     Changed,
+    /// A job queue call's answer.
+    Queue(crate::ops::QueueAnswer),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

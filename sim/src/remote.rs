@@ -119,7 +119,14 @@ impl Remote {
         }
     }
 
-    async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
+    /// The relay (or worker) this client names in what it does, if any.
+    #[must_use]
+    pub fn owner(&self) -> Option<&str> {
+        self.by.as_deref()
+    }
+
+    /// Makes one request on a fresh connection and reads its one answer.
+    pub(crate) async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
         let mut frames = FrameReader::new(self.connect(port).await?);
         proto::write(frames.stream(), &request)
             .await

@@ -59,6 +59,15 @@ pub enum FaultKind {
     /// (a new history). Writers pause for a while after it, as an operator's restore
     /// procedure does.
     RestoreBackup,
+    /// A job runner's host crashes while it runs a leased job, and restarts: the job is
+    /// delivered again once the lease runs out.
+    RunnerCrash,
+    /// The next job takes several lease lengths: its runner must renew the lease, and the
+    /// job must not be delivered to another runner meanwhile.
+    SlowJob,
+    /// The next job handler calls fail: the job is retried, and dead-lettered with its
+    /// last error once its attempts are used up.
+    JobFailure,
 }
 
 impl FaultKind {
@@ -75,7 +84,7 @@ impl FaultKind {
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 22] = [
+    pub const ALL: [FaultKind; 25] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -98,6 +107,9 @@ impl FaultKind {
         FaultKind::ForeignEvents,
         FaultKind::ReconnectStorm,
         FaultKind::RestoreBackup,
+        FaultKind::RunnerCrash,
+        FaultKind::SlowJob,
+        FaultKind::JobFailure,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -110,6 +122,19 @@ impl FaultKind {
             FaultKind::FollowerCrash => 2,
             _ => 1,
         }
+    }
+
+    /// Whether the kind acts on the job runners, which run beside the relays (and is not
+    /// drawn without them).
+    #[must_use]
+    pub fn needs_runners(self) -> bool {
+        matches!(
+            self,
+            FaultKind::RelayCrash
+                | FaultKind::RunnerCrash
+                | FaultKind::SlowJob
+                | FaultKind::JobFailure
+        )
     }
 
     /// Whether the kind acts on a persisted follower (and is not drawn without one).
@@ -294,6 +319,13 @@ pub enum Action {
     Backup,
     /// Restore the last backup taken; writers pause this long after it.
     Restore(Duration),
+    /// Crash worker host `i` (relay and job runner) if it is running a job then; it
+    /// restarts with [`Action::RestartRelay`].
+    CrashRunner(usize),
+    /// Make the next job slow.
+    SlowJob,
+    /// Fail the next `n` job handler calls.
+    FailJobs(u32),
 }
 
 impl Action {
@@ -323,6 +355,9 @@ impl Action {
             Action::Foreign(_) => FaultKind::ForeignEvents,
             Action::Storm(..) => FaultKind::ReconnectStorm,
             Action::Restore(_) => FaultKind::RestoreBackup,
+            Action::CrashRunner(_) => FaultKind::RunnerCrash,
+            Action::SlowJob => FaultKind::SlowJob,
+            Action::FailJobs(_) => FaultKind::JobFailure,
             _ => return None,
         })
     }
@@ -376,7 +411,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         .copied()
         .filter(|k| !k.needs_persisted() || !persisted.is_empty())
         .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
-        .filter(|k| *k != FaultKind::RelayCrash || s.relays > 0)
+        .filter(|k| !k.needs_runners() || s.relays > 0)
         .collect();
     let mut plan = Vec::new();
     if kinds.is_empty() {
@@ -499,6 +534,15 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                 FaultKind::RestoreBackup => {
                     plan.push((t, Action::Backup));
                     plan.push((heal_at, Action::Restore(RESTORE_PAUSE)));
+                }
+                FaultKind::RunnerCrash => {
+                    let i = pick(&mut rng, s.relays);
+                    plan.push((t, Action::CrashRunner(i)));
+                    plan.push((heal_at, Action::RestartRelay(i)));
+                }
+                FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
+                FaultKind::JobFailure => {
+                    plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
                 }
                 FaultKind::ReconnectStorm => {
                     let h = other(&mut rng);

@@ -12,15 +12,16 @@ use tidemark::{
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
 
+use crate::ops::JobLedger;
 use crate::oracle::{History, RelayLedger};
 use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
 
-/// The legs of a write through the announcing source: relays publish it and wake the
-/// followers (no job queue in the simulated world).
+/// The legs of a write through the announcing source: relays publish it, wake the
+/// followers and enqueue its housekeeping job, which the job runners run.
 pub const RELAYED_LEGS: Legs = Legs {
     publish: true,
     notify: true,
-    enqueue: false,
+    enqueue: true,
 };
 
 /// The port the source host listens on.
@@ -28,19 +29,25 @@ pub const PORT: u16 = 7000;
 
 /// Runs the source host until the simulation ends or the host crashes. Every commit is
 /// also recorded in `history`, for the oracle.
-pub async fn serve(memory: Memory, history: History, ledger: RelayLedger) -> turmoil::Result {
+pub async fn serve(
+    memory: Memory,
+    history: History,
+    ledger: RelayLedger,
+    jobs: JobLedger,
+) -> turmoil::Result {
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
         let memory = memory.clone();
         let history = history.clone();
         let ledger = ledger.clone();
+        let jobs = jobs.clone();
         // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
         // runtime list is sharded by a process-wide task id, so its drop order (and the
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, ledger, stream).await;
+            let _ = connection(memory, history, ledger, jobs, stream).await;
         });
     }
 }
@@ -53,6 +60,7 @@ async fn connection(
     memory: Memory,
     history: History,
     ledger: RelayLedger,
+    jobs: JobLedger,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
@@ -187,6 +195,7 @@ async fn connection(
             .await
             .map_or_else(failed, Response::Seq),
         Request::WatchOutbox => return stream_outbox(&memory, stream).await,
+        Request::Queue(call) => crate::ops::serve(&memory.queue, &jobs, call).await,
     };
     proto::write(&mut stream, &response).await
 }

@@ -12,12 +12,12 @@ use tidemark::{
     Source, StopSignal, Supervisor, Worker, WorkerPhase, WorkerSink,
 };
 use tidemark_memory::{
-    Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutbox, MemoryOutboxBackup, MemoryQueue,
-    Port,
+    Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutbox, MemoryOutboxBackup, Port,
 };
 
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
+use crate::ops::{self, JobFaults, JobLedger};
 use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
@@ -110,6 +110,9 @@ pub struct Outcome {
     pub relay_repeats: (u32, u32),
     /// Outbox rows some relay published.
     pub relayed: u32,
+    /// The job runners: (jobs handled, runs after another run's lease ran out, lease
+    /// renewals, slow jobs delivered again while their first run went on).
+    pub jobs: (u32, u32, u32, u32),
 }
 
 impl Outcome {
@@ -208,11 +211,12 @@ async fn writer(
         },
         control: Arc::clone(&control),
     };
+    // Housekeeping jobs go to the source host's queue, where the job runners lease them.
     let registry = AnnouncingRegistry::new(
         source,
         remote.clone(),
         remote.clone(),
-        MemoryQueue::default(),
+        remote.clone(),
         CHANNEL,
     );
     let mut rng = Rng::new(seed ^ ((i as u64 + 1) << 32) ^ (start << 48));
@@ -313,17 +317,35 @@ pub const RELAY_LEASE: Duration = Duration::from_secs(2);
 /// Rows a relay claims at a time: few, so relays interleave and leases lapse mid-drain.
 const RELAY_BATCH: usize = 4;
 
+/// A worker host: a relay and a job runner, as one process of a user's deployment runs
+/// them; a crash takes both down.
+async fn worker_host(
+    i: usize,
+    seed: u64,
+    trace: Trace,
+    jobs: JobLedger,
+    job_faults: Arc<JobFaults>,
+) -> turmoil::Result {
+    let runner = ops::runner(
+        relay_host(i),
+        seed ^ (i as u64 + 7),
+        jobs,
+        job_faults,
+        trace.clone(),
+    );
+    tokio::select! {
+        biased;
+        done = relay(i, seed, trace) => done,
+        done = runner => Ok(done?),
+    }
+}
+
 /// A relay on its own host: the runtime's `Relay` draining the source host's outbox into
 /// its events stream and wake channel, claiming rows under its host's name.
 async fn relay(i: usize, seed: u64, trace: Trace) -> turmoil::Result {
     let owner = relay_host(i);
     let remote = Remote::relay(SOURCE, owner.clone());
-    let announcer = Announcer::new(
-        remote.clone(),
-        remote.clone(),
-        MemoryQueue::default(),
-        CHANNEL,
-    );
+    let announcer = Announcer::new(remote.clone(), remote.clone(), remote.clone(), CHANNEL);
     let relay = Relay::new(remote, announcer, owner.clone())
         .with_lease(RELAY_LEASE)
         .with_batch(RELAY_BATCH)
@@ -570,12 +592,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let history = History::default();
     let ledger = RelayLedger::default();
     let mut memory = Memory::new();
-    // Outbox leases on the simulation's clock: a source host that restarts gets a new
-    // runtime, whose `Instant`s would not compare with the leases taken before.
+    // Outbox and queue leases on the simulation's clock: a source host that restarts gets
+    // a new runtime, whose `Instant`s would not compare with the leases taken before.
     let base = tokio::time::Instant::now();
-    memory.outbox = MemoryOutbox::with_clock(memory.faults.clone(), move || {
-        base + turmoil::sim_elapsed().unwrap_or_default()
-    });
+    let sim_clock = move || base + turmoil::sim_elapsed().unwrap_or_default();
+    memory.outbox = MemoryOutbox::with_clock(memory.faults.clone(), sim_clock);
+    memory.queue = ops::source_queue(memory.faults.clone(), sim_clock);
+    let jobs = JobLedger::default();
+    let job_faults = Arc::new(JobFaults::default());
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(
@@ -588,14 +612,26 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
 
     {
         let (memory, history, ledger) = (memory.clone(), history.clone(), ledger.clone());
+        let jobs = jobs.clone();
         sim.host(SOURCE, move || {
-            server::serve(memory.clone(), history.clone(), ledger.clone())
+            server::serve(
+                memory.clone(),
+                history.clone(),
+                ledger.clone(),
+                jobs.clone(),
+            )
         });
     }
     for i in 0..scenario.relays {
-        let trace = trace.clone();
+        let (trace, jobs, job_faults) = (trace.clone(), jobs.clone(), Arc::clone(&job_faults));
         sim.host(relay_host(i).as_str(), move || {
-            relay(i, seed, trace.clone())
+            worker_host(
+                i,
+                seed,
+                trace.clone(),
+                jobs.clone(),
+                Arc::clone(&job_faults),
+            )
         });
     }
     let controls: Vec<Arc<WriterControl>> = (0..scenario.writers).map(|_| Arc::default()).collect();
@@ -676,6 +712,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             failures.push(format!("relays: {v}"));
             return false;
         }
+        if let Some(v) = jobs.violations().first() {
+            failures.push(format!("job runners: {v}"));
+            return false;
+        }
         true
     };
     while sim.elapsed() < scenario.fault_phase {
@@ -700,6 +740,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 ledger: &ledger,
                 probes: &probes,
                 restores: &restores,
+                jobs: &jobs,
+                job_faults: &job_faults,
             };
             if let Action::Storm(h, n, each) = &action {
                 let now = sim.elapsed();
@@ -730,6 +772,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             ledger: &ledger,
             probes: &probes,
             restores: &restores,
+            jobs: &jobs,
+            job_faults: &job_faults,
         };
         restores.restore_if_due(now, &world, &trace);
         if restores.pause_over(now) {
@@ -741,6 +785,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
+                jobs: &jobs,
                 trace: &trace,
                 history: &history,
                 probes: &probes,
@@ -802,6 +847,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     for f in &handler_faults {
         f.store(0, Ordering::SeqCst);
     }
+    job_faults.slow_next.store(false, Ordering::SeqCst);
+    job_faults.fail_next.store(0, Ordering::SeqCst);
+    // Every enqueued job must end acked or dead-lettered (the runners run beside relays).
+    let jobs_settled = || scenario.relays == 0 || ops::unsettled(&memory.queue).is_empty();
     for h in std::mem::take(&mut crashed) {
         sim.bounce(h.as_str());
     }
@@ -811,13 +860,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let mut converged_after = None;
     let mut expected = None;
     while sim.elapsed() < healed_at + scenario.liveness_bound {
-        if !woke && sim.elapsed() >= healed_at + Duration::from_secs(3) {
+        if !woke && sim.elapsed() >= healed_at + OPERATOR_WAKE {
             woke = true;
             wake_all(&memory);
         }
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
+                jobs: &jobs,
                 trace: &trace,
                 history: &history,
                 probes: &probes,
@@ -825,7 +875,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             };
             return finish(seed, failures, faults, None, &seen);
         }
-        if woke && drained(&memory) && converged(&probes, &history, &mut expected) {
+        if woke && drained(&memory) && converged(&probes, &history, &mut expected) && jobs_settled()
+        {
             converged_after = Some(sim.elapsed() - healed_at);
             break;
         }
@@ -879,6 +930,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
     } else {
+        if scenario.relays > 0 {
+            for line in ops::unsettled(&memory.queue).into_iter().take(3) {
+                failures.push(format!(
+                    "job runners: within {:?}, {line}",
+                    scenario.liveness_bound
+                ));
+            }
+        }
         if !drained(&memory) {
             failures.push(format!(
                 "relays did not drain the outbox within {:?}: {:?} rows pending",
@@ -907,6 +966,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     }
     let seen = Seen {
         ledger: &ledger,
+        jobs: &jobs,
         trace: &trace,
         history: &history,
         probes: &probes,
@@ -914,6 +974,11 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     };
     finish(seed, failures, faults, converged_after, &seen)
 }
+
+/// When the operator's wake comes after healing: soon, since a listener still away then
+/// reports a wake of its own when it reconnects (the sim's `ReconnectingListener`), so
+/// waiting longer only runs a converged world for nothing.
+const OPERATOR_WAKE: Duration = Duration::from_millis(500);
 
 /// Whether every outbox row is done.
 fn drained(memory: &Memory) -> bool {
@@ -966,6 +1031,8 @@ struct World<'a> {
     specs: &'a [FollowerSpec],
     stores: &'a [Option<MemoryCacheStore>],
     handler_faults: &'a [Arc<AtomicU32>],
+    jobs: &'a JobLedger,
+    job_faults: &'a JobFaults,
     history: &'a History,
     ledger: &'a RelayLedger,
     probes: &'a [Probe],
@@ -1149,6 +1216,15 @@ fn apply(
             let mut pause_until = lock(&world.restores.pause_until);
             *pause_until = Some(pause_until.map_or(until, |was| was.max(until)));
         }
+        Action::CrashRunner(i) => {
+            let h = relay_host(*i);
+            // Only while it runs a job: a crash with no lease held is a relay crash.
+            if world.jobs.running_on(&h) && crashed.insert(h.clone()) {
+                sim.crash(h.as_str());
+            }
+        }
+        Action::SlowJob => world.job_faults.slow_next.store(true, Ordering::SeqCst),
+        Action::FailJobs(n) => world.job_faults.fail_next.store(*n, Ordering::SeqCst),
         // Carried out by the orchestrator, flap by flap.
         Action::Storm(..) => {}
     }
@@ -1207,6 +1283,7 @@ fn publish_foreign(memory: &Memory, draw: u64) {
 /// What a run saw besides its failures.
 struct Seen<'a> {
     ledger: &'a RelayLedger,
+    jobs: &'a JobLedger,
     trace: &'a Trace,
     history: &'a History,
     probes: &'a [Probe],
@@ -1241,5 +1318,6 @@ fn finish(
         worker_restarts,
         relay_repeats: seen.ledger.repeats(),
         relayed: u32::try_from(seen.ledger.published_seqs().len()).unwrap_or(u32::MAX),
+        jobs: seen.jobs.counts(),
     }
 }

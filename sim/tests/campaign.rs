@@ -20,11 +20,14 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
     let mut watermarks = 0;
     let (mut commit_crashes, mut failed_commits, mut warm_restarts) = (0, 0, 0);
     let (mut worker_restarts, mut relayed, mut taken_over) = (0, 0, 0);
+    let (mut jobs_handled, mut renewals) = (0, 0);
     let mut kinds = std::collections::BTreeSet::new();
     for seed in SEEDS {
         let o = run(seed, &scenario);
         relayed += o.relayed;
         taken_over += o.relay_repeats.1;
+        jobs_handled += o.jobs.0;
+        renewals += o.jobs.2;
         kinds.extend(o.faults.keys().copied());
         watermarks += o.watermark;
         commit_crashes += o.commit_crashes;
@@ -68,10 +71,21 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
         taken_over > 0,
         "no relay ever took over a row whose lease ran out: the takeover path is never run"
     );
+    assert!(
+        jobs_handled > 20 * 32,
+        "the job runners handled only {jobs_handled} jobs: the announce legs' jobs barely reach them"
+    );
+    assert!(
+        renewals > 0,
+        "no job lease was ever renewed: slow jobs never outlive a lease"
+    );
     for kind in [
         FaultKind::RelayCrash,
         FaultKind::ForeignEvents,
         FaultKind::ReconnectStorm,
+        FaultKind::RunnerCrash,
+        FaultKind::SlowJob,
+        FaultKind::JobFailure,
     ] {
         assert!(kinds.contains(&kind), "{kind:?} was never injected");
     }

@@ -71,14 +71,27 @@ impl State {
     }
 }
 
-/// An in-process job queue. Time is tokio's, so paused time drives visibility timeouts.
-#[derive(Clone, Debug)]
+type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+/// An in-process job queue. Time is tokio's (or the clock it was given), so paused time
+/// drives visibility timeouts.
+#[derive(Clone)]
 pub struct MemoryQueue {
     state: Arc<Mutex<State>>,
     /// Bumped when a job becomes ready (enqueued, failed back, requeued).
     ready: Arc<tokio::sync::watch::Sender<u64>>,
     max_attempts: u32,
     faults: Faults,
+    clock: Option<Clock>,
+}
+
+impl std::fmt::Debug for MemoryQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryQueue")
+            .field("max_attempts", &self.max_attempts)
+            .field("own_clock", &self.clock.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for MemoryQueue {
@@ -96,7 +109,29 @@ impl MemoryQueue {
             ready: Arc::new(tokio::sync::watch::Sender::new(0)),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             faults,
+            clock: None,
         }
+    }
+
+    /// An empty queue whose leases, retry delays and retention ages are measured on
+    /// `clock` instead of tokio's.
+    ///
+    /// The jobs outlive the runtime that leased them (a simulated host that crashes and
+    /// comes back runs on a new runtime, whose `Instant`s start from a new base): a clock
+    /// that outlives every runtime keeps a lease taken before a restart comparable with
+    /// the time after it, as SQLite's wall-clock leases are.
+    #[must_use]
+    pub fn with_clock(faults: Faults, clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
+        MemoryQueue {
+            clock: Some(Arc::new(clock)),
+            ..MemoryQueue::new(faults)
+        }
+    }
+
+    fn now(&self) -> Instant {
+        self.clock
+            .as_ref()
+            .map_or_else(Instant::now, |clock| clock())
     }
 
     /// The same queue dead-lettering after `max_attempts` (at least 1).
@@ -118,7 +153,7 @@ impl MemoryQueue {
     #[must_use]
     pub fn jobs(&self) -> Vec<JobRecord> {
         let mut s = self.state();
-        s.expire(Instant::now(), self.max_attempts);
+        s.expire(self.now(), self.max_attempts);
         s.jobs.values().map(|slot| slot.record.clone()).collect()
     }
 }
@@ -153,7 +188,7 @@ impl Queue for MemoryQueue {
                     attempts: 0,
                     last_error: None,
                 },
-                visible_at: Instant::now(),
+                visible_at: self.now(),
                 receipt: 0,
                 lease_until: None,
                 finished_at: None,
@@ -171,13 +206,13 @@ impl Queue for MemoryQueue {
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
         self.faults.check(Port::Queue)?;
         let mut s = self.state();
-        s.expire(Instant::now(), self.max_attempts);
+        s.expire(self.now(), self.max_attempts);
         Ok(s.jobs.get(&id).map(|slot| slot.record.clone()))
     }
 
     async fn lease(&self, visibility: Duration) -> Result<Option<Leased>> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         s.expire(now, self.max_attempts);
         s.next_receipt += 1;
@@ -207,7 +242,7 @@ impl Queue for MemoryQueue {
 
     async fn ack(&self, lease: &Leased) -> Result<()> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         let slot = s.held(lease, now)?;
         slot.record.state = JobState::Done;
@@ -218,7 +253,7 @@ impl Queue for MemoryQueue {
 
     async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let max_attempts = self.max_attempts;
         let mut s = self.state();
         let slot = s.held(lease, now)?;
@@ -241,7 +276,7 @@ impl Queue for MemoryQueue {
 
     async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         let slot = s.held(lease, now)?;
         slot.lease_until = Some(now + visibility);
@@ -250,7 +285,7 @@ impl Queue for MemoryQueue {
 
     async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         let slot = s.held(lease, now)?;
         slot.lease_until = None;
@@ -263,7 +298,7 @@ impl Queue for MemoryQueue {
     async fn dead_letters(&self, after: Option<JobId>, limit: usize) -> Result<Vec<JobRecord>> {
         self.faults.check(Port::Queue)?;
         let mut s = self.state();
-        s.expire(Instant::now(), self.max_attempts);
+        s.expire(self.now(), self.max_attempts);
         let from = after.map_or(JobId(0), |id| JobId(id.0.saturating_add(1)));
         Ok(s.jobs
             .range(from..)
@@ -275,7 +310,7 @@ impl Queue for MemoryQueue {
 
     async fn requeue(&self, id: JobId) -> Result<JobId> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         s.expire(now, self.max_attempts);
         match s.jobs.get_mut(&id) {
@@ -295,7 +330,7 @@ impl Queue for MemoryQueue {
     async fn counts(&self) -> Result<JobCounts> {
         self.faults.check(Port::Queue)?;
         let mut s = self.state();
-        s.expire(Instant::now(), self.max_attempts);
+        s.expire(self.now(), self.max_attempts);
         let mut counts = JobCounts::default();
         for slot in s.jobs.values() {
             *match slot.record.state {
@@ -310,7 +345,7 @@ impl Queue for MemoryQueue {
 
     async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
         self.faults.check(Port::Queue)?;
-        let now = Instant::now();
+        let now = self.now();
         let mut s = self.state();
         s.expire(now, self.max_attempts);
         let before = s.jobs.len();
