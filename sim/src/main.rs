@@ -162,12 +162,24 @@ fn one(args: &Args, seed: u64) -> ExitCode {
     }
     report(args, &outcome);
     if args.check_determinism {
-        let again = run(seed, &args.scenario(false));
+        let again = run(seed, &args.scenario(true));
         if again.trace_hash != outcome.trace_hash {
             println!(
                 "NOT DETERMINISTIC: trace hash {:016x} then {:016x}",
                 outcome.trace_hash, again.trace_hash
             );
+            // Where the second run parted from the first.
+            let first = outcome
+                .trace
+                .iter()
+                .zip(&again.trace)
+                .position(|(a, b)| a != b);
+            if let Some(i) = first {
+                println!("first difference at trace line {i}:");
+                for (a, b) in outcome.trace[i..].iter().zip(&again.trace[i..]).take(8) {
+                    println!("  first:  {a}\n  second: {b}");
+                }
+            }
             return ExitCode::FAILURE;
         }
         println!("deterministic: the same seed gave the same trace hash twice");
