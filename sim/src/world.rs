@@ -718,6 +718,20 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
         true
     };
+    // What the fault actions reach, borrowed for the whole run.
+    let world = World {
+        memory: &memory,
+        controls: &controls,
+        specs: &specs,
+        stores: &stores,
+        handler_faults: &handler_faults,
+        history: &history,
+        ledger: &ledger,
+        probes: &probes,
+        restores: &restores,
+        jobs: &jobs,
+        job_faults: &job_faults,
+    };
     while sim.elapsed() < scenario.fault_phase {
         while let Some((at, _)) = plan.peek() {
             if *at > sim.elapsed() {
@@ -730,19 +744,6 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 *faults.entry(kind).or_default() += 1;
             }
             trace.line_at(sim.elapsed(), format!("fault {action}"));
-            let world = World {
-                memory: &memory,
-                controls: &controls,
-                specs: &specs,
-                stores: &stores,
-                handler_faults: &handler_faults,
-                history: &history,
-                ledger: &ledger,
-                probes: &probes,
-                restores: &restores,
-                jobs: &jobs,
-                job_faults: &job_faults,
-            };
             if let Action::Storm(h, n, each) = &action {
                 let now = sim.elapsed();
                 for k in 0..*n {
@@ -762,19 +763,6 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
         flaps.retain(|(at, _, _)| *at > now);
-        let world = World {
-            memory: &memory,
-            controls: &controls,
-            specs: &specs,
-            stores: &stores,
-            handler_faults: &handler_faults,
-            history: &history,
-            ledger: &ledger,
-            probes: &probes,
-            restores: &restores,
-            jobs: &jobs,
-            job_faults: &job_faults,
-        };
         restores.restore_if_due(now, &world, &trace);
         if restores.pause_over(now) {
             trace.line_at(now, "writers resume after the restore".into());
