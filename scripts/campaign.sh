@@ -87,7 +87,10 @@ done
 declare -A execs crashes
 for t in "${targets[@]}"; do
   out="$log/fuzz-$t.txt"
-  (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" -- -max_total_time="$fuzz_secs" -print_final_stats=1) >"$out" 2>&1
+  # New inputs go to the run's own folder; the tracked corpus is only read (the first
+  # corpus folder is where libFuzzer writes), so a campaign leaves the checkout clean.
+  mkdir -p "$log/corpus-$t"
+  (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -O "$t" "$log/corpus-$t" "corpus/$t" -- -max_total_time="$fuzz_secs" -print_final_stats=1) >"$out" 2>&1
   rc=$?
   execs[$t]=$(grep -E '^stat::number_of_executed_units:' "$out" | awk '{print $2}' | tail -n 1)
   [ -n "${execs[$t]}" ] || execs[$t]=$(grep -oE '^#[0-9]+' "$out" | tail -n 1 | tr -d '#')
