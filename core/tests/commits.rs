@@ -242,3 +242,49 @@ fn a_failed_batch_gives_back_the_unconfirmed_announcements_it_took() {
     assert!(removed, "a read after the rewind removes the forged key");
     assert_eq!(h.f.seq_of("x"), None);
 }
+
+/// The other half of the rewind: a read that *replaced* a forged value in a batch the sink
+/// then failed. The rewind put the forged value back in the index at the real change's
+/// seq; without its claim, the same read again looked stale and the forged value stayed.
+#[test]
+fn a_failed_batch_gives_back_a_replaced_claim_and_the_next_read_replaces_it_again() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.f.track_commits(true);
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(5, "a", "real")],
+        source_watermark: 5,
+    });
+    h.reopen(FeedInfo::announcements(5));
+    // A forged copy of the source's a@6 arrives first and is committed.
+    h.put(6, "a", "other");
+    h.f.commit();
+    let source = vec![Entry::put(6, "a", "six")];
+    h.run_to_timeout();
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: source.clone(),
+        source_watermark: 6,
+    });
+    assert_eq!(puts(&outs), [("a".into(), 6, "six".into())]);
+    // That batch never reaches the sink.
+    h.input(Input::SinkFailed { error: "x".into() });
+    let mut outs = h.run_to_timeout();
+    let mut replaced = Vec::new();
+    for _ in 0..3 {
+        replaced.extend(puts(&outs));
+        let Some(token) = h.request else { break };
+        outs = h.input(Input::Changes {
+            token,
+            changes: source.clone(),
+            source_watermark: 6,
+        });
+    }
+    replaced.extend(puts(&outs));
+    assert!(
+        replaced.contains(&("a".into(), 6, "six".into())),
+        "the read after the rewind replaces the forged value again: {replaced:?}"
+    );
+}
