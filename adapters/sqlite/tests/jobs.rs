@@ -12,20 +12,22 @@ use tidemark::{
 };
 use tidemark_sqlite::SqliteDb;
 
-/// Sleeps until halfway through the schedule's next interval: a new tick is due and the
-/// one after it is half an interval away.
-/// How many schedule ticks have begun since the schedule's anchor, by the store's clock.
-async fn ticks_begun(db: &SqliteDb, every: Duration) -> u128 {
-    let since = db.schedules().schedules().await.unwrap()[0]
+/// Time since the schedule's anchor, by the store's clock.
+async fn since_anchor(db: &SqliteDb) -> Duration {
+    db.schedules().schedules().await.unwrap()[0]
         .clock
-        .since_anchor();
-    since.as_nanos() / every.as_nanos()
+        .since_anchor()
 }
 
+/// How many schedule ticks have begun since the schedule's anchor.
+async fn ticks_begun(db: &SqliteDb, every: Duration) -> u128 {
+    since_anchor(db).await.as_nanos() / every.as_nanos()
+}
+
+/// Sleeps until halfway through the schedule's next interval: a new tick is due and the
+/// one after it is half an interval away.
 async fn to_mid_tick(db: &SqliteDb, every: Duration) {
-    let since = db.schedules().schedules().await.unwrap()[0]
-        .clock
-        .since_anchor();
+    let since = since_anchor(db).await;
     let ticks = since.as_nanos() / every.as_nanos();
     let target = every * u32::try_from(ticks + 1).unwrap() + every / 2;
     tokio::time::sleep(target - since).await;
