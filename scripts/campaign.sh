@@ -45,6 +45,7 @@ fi
 (cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz build -O >"$log/fuzz-build.txt" 2>&1) \
   || { echo "campaign: the fuzz targets do not build (see $log/fuzz-build.txt)" >&2; exit 1; }
 
+echo "campaign: built; running"
 # ---- simulation: chunks of seeds from a start drawn now (printed, so a rerun can repeat it) ----
 sim_start=${CAMPAIGN_SIM_START:-$(( ($(date +%s) % 100000) * 1000 ))}
 sim_seeds=0; sim_failed=0; next=$sim_start
@@ -66,6 +67,7 @@ while [ $SECONDS -lt $deadline ]; do
   fi
   next=$end
 done
+echo "campaign: simulation done: $sim_seeds seeds, $sim_failed failed"
 
 # ---- the proptest model: chunks of cases with a fresh seed each, until its share is spent ----
 model_cases=0; model_failed=0
@@ -82,6 +84,7 @@ while [ $SECONDS -lt $deadline ]; do
     break
   fi
 done
+echo "campaign: model done: $model_cases cases, $model_failed failed"
 
 # ---- fuzzing: each target for its share ----
 declare -A execs crashes
@@ -103,6 +106,7 @@ for t in "${targets[@]}"; do
   else
     crashes[$t]=0
   fi
+  echo "campaign: fuzz $t done: ${execs[$t]} execs, ${crashes[$t]} crashes"
 done
 
 # ---- the summary ----
