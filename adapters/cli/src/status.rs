@@ -9,7 +9,6 @@ use serde_json::{Value, json};
 use tidemark_sqlite::{Report, Start};
 
 use crate::error::CliError;
-use crate::source::open_existing;
 
 /// `tidemark status`'s arguments.
 #[derive(Args, Debug)]
@@ -23,8 +22,19 @@ pub struct StatusArgs {
 
 /// Prints the file's report on stdout.
 pub async fn run(args: &StatusArgs) -> Result<(), CliError> {
-    let db = open_existing(&args.file).await?;
-    let report = db.report().await?;
+    // Read-only: a look must not migrate, create or switch the journal of a file a
+    // running process (perhaps an older version) is using.
+    let path = args.file.clone();
+    match std::fs::metadata(&path) {
+        Ok(m) if m.is_file() && m.len() == 0 => return Err(CliError::NotTidemark(path)),
+        Ok(m) if !m.is_file() => {
+            return Err(CliError::Usage(format!("{} is not a file", path.display())));
+        }
+        _ => {}
+    }
+    let report = tokio::task::spawn_blocking(move || tidemark_sqlite::read_report(&path))
+        .await
+        .map_err(|e| CliError::Usage(format!("status: {e}")))??;
     if args.json {
         println!("{}", to_json(&args.file, &report));
     } else {

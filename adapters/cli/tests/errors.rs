@@ -138,6 +138,62 @@ fn a_file_that_is_not_a_tidemark_file_is_one_line_and_left_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_only_reads_and_refuses_an_older_schema_without_migrating_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("reg.db");
+    let db = tidemark_sqlite::SqliteDb::open(&file).await.unwrap();
+    tidemark::Source::put(&db.source(), "a", b"1".to_vec())
+        .await
+        .unwrap();
+    drop(db);
+    // The last connection's close moves the WAL into the file; wait for it, so what is
+    // compared below is the file at rest.
+    let wal = dir.path().join("reg.db-wal");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while wal.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!wal.exists(), "the closed file still has a WAL");
+    let arg = file.to_str().unwrap().to_owned();
+    let status = || {
+        let arg = arg.clone();
+        std::thread::spawn(move || run(&["status", &arg]))
+            .join()
+            .unwrap()
+    };
+
+    let before = std::fs::read(&file).unwrap();
+    let out = status();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("revision 1"));
+    assert!(
+        std::fs::read(&file).unwrap() == before,
+        "a look changes no byte"
+    );
+    let wal_len = std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0);
+    assert_eq!(wal_len, 0, "a look writes nothing to the WAL either");
+
+    // A file an older tidemark wrote (its process may still be running): status says so
+    // and leaves it as it is; migrating is for the processes that use it.
+    let older = tidemark_sqlite::SCHEMA_VERSION - 1;
+    let c = rusqlite::Connection::open(&file).unwrap();
+    c.pragma_update(None, "user_version", older).unwrap();
+    drop(c);
+    let before = std::fs::read(&file).unwrap();
+    one_line_failure(&status(), 1, "older than this build");
+    assert!(std::fs::read(&file).unwrap() == before, "not migrated");
+    let c = rusqlite::Connection::open(&file).unwrap();
+    let version: i64 = c
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, older);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_credentials_are_one_line_and_secrets_never_show() {
     let options = NatsServerOptions::new().user_password("mirror", "right-horse-battery");
     let server = match NatsServer::start_with(options).await {

@@ -51,6 +51,21 @@ pub enum Error {
         /// The newest this build knows.
         supported: i64,
     },
+    /// Written by an older tidemark and not yet migrated; a read-only open (such as
+    /// [`read_report`](crate::read_report)) will not migrate it. Any read-write open
+    /// ([`SqliteDb::open`](crate::SqliteDb::open), which every follower, relay and writer
+    /// does) migrates it in place.
+    #[error(
+        "{path}: schema version {found} is older than this build's ({supported}); a read-only look does not migrate it (opening it read-write, as any tidemark process does, will)"
+    )]
+    OlderSchema {
+        /// The file.
+        path: PathBuf,
+        /// The file's schema version.
+        found: i64,
+        /// The version this build reads.
+        supported: i64,
+    },
     /// The file could not be read or created.
     #[error("{path}: {source}")]
     Io {

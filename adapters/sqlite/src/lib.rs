@@ -62,6 +62,7 @@ pub use outbox::{SqliteOutbox, SqliteOutboxWatch};
 pub use queue::SqliteQueue;
 pub use report::{
     FollowerReport, LockReport, QueueReport, RegistryReport, Report, ScheduleReport, Start,
+    read_report,
 };
 pub use retention::SqliteSweep;
 pub use schedule::SqliteSchedules;

@@ -3,11 +3,14 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension};
+use std::path::Path;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension};
 use tidemark::Result;
 
 use crate::db::{SqliteDb, to_u64};
 use crate::error::unavailable;
+use crate::schema::{self, SCHEMA_VERSION};
 
 fn sql(e: rusqlite::Error) -> tidemark::Error {
     unavailable("report", &e)
@@ -221,6 +224,51 @@ fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
     };
     tx.finish()?;
     Ok(report)
+}
+
+/// Reads the [`Report`] of the tidemark file at `path` without writing to it: the file is
+/// opened read-only, so it is neither created, migrated nor switched to WAL, and a process
+/// using it is not disturbed (`tidemark status` uses this).
+///
+/// A missing file is [`Error::Io`](crate::Error::Io); a file that is not a tidemark
+/// database, is damaged or newer is refused as [`SqliteDb::open`] refuses it; a file with an
+/// older schema is [`Error::OlderSchema`](crate::Error::OlderSchema), since its tables are
+/// not yet in the shape this build reads. Blocks: call it from a blocking context, or use
+/// `tokio::task::spawn_blocking`.
+pub fn read_report(path: impl AsRef<Path>) -> crate::Result<Report> {
+    let path = path.as_ref();
+    let err = |e| crate::Error::from_sqlite(path, e);
+    if let Err(e) = std::fs::metadata(path) {
+        return Err(crate::Error::Io {
+            path: path.to_path_buf(),
+            source: e,
+        });
+    }
+    schema::check_header(path)?;
+    let mut conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(err)?;
+    conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
+    schema::refuse_foreign(&conn, path)?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .map_err(err)?;
+    if version == 0 {
+        return Err(crate::Error::Foreign {
+            path: path.to_path_buf(),
+            reason: "no tidemark schema (an empty database)".into(),
+        });
+    }
+    if version < SCHEMA_VERSION {
+        return Err(crate::Error::OlderSchema {
+            path: path.to_path_buf(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    read(&mut conn).map_err(err)
 }
 
 impl SqliteDb {
