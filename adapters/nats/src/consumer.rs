@@ -233,8 +233,8 @@ impl PushReader {
                 }
                 None => {}
             }
-            let Some((seq, consumer_seq, pending)) =
-                message.reply.as_deref().and_then(parse_ack_subject)
+            let Some((seq, consumer_seq, pending, published_ns)) =
+                message.reply.as_deref().and_then(parse_ack)
             else {
                 return Some(Err(unavailable(
                     port,
@@ -252,11 +252,6 @@ impl PushReader {
             }
             self.last_consumer_seq = consumer_seq;
             self.stalls = 0;
-            let published_ns = message
-                .reply
-                .as_deref()
-                .and_then(ack_timestamp)
-                .unwrap_or(0);
             return Some(Ok(Seen::Message(Delivered {
                 subject: message.subject,
                 seq,
@@ -302,25 +297,12 @@ impl Drop for PushReader {
     }
 }
 
-/// The timestamp (nanoseconds since the Unix epoch) a JetStream ack subject carries.
-pub(crate) fn ack_timestamp(reply: &str) -> Option<u64> {
-    let tokens: Vec<&str> = reply.split('.').collect();
-    let at = match tokens.len() {
-        9 => 4,
-        11 | 12 => 6,
-        _ => return None,
-    };
-    (tokens[0] == "$JS" && tokens[1] == "ACK")
-        .then(|| tokens.get(at + 3).and_then(|t| t.parse().ok()))
-        .flatten()
-}
-
-/// Stream sequence, consumer sequence and pending count from a JetStream ack subject:
+/// The tokens of a JetStream ack subject and where its numbers start:
 /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1) or with a
 /// domain and account hash after `ACK` (v2, optionally with a trailing token).
 ///
 /// Read once per delivered message, so it allocates nothing.
-pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
+fn ack_tokens(reply: &str) -> Option<([&str; 12], usize)> {
     let mut tokens = [""; 12];
     let mut count = 0;
     for token in reply.split('.') {
@@ -332,11 +314,27 @@ pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
         11 | 12 => 6,
         _ => return None,
     };
-    if tokens[0] != "$JS" || tokens[1] != "ACK" {
-        return None;
-    }
+    (tokens[0] == "$JS" && tokens[1] == "ACK").then_some((tokens, at))
+}
+
+/// The timestamp (nanoseconds since the Unix epoch) a JetStream ack subject carries.
+pub(crate) fn ack_timestamp(reply: &str) -> Option<u64> {
+    let (tokens, at) = ack_tokens(reply)?;
+    tokens.get(at + 3)?.parse().ok()
+}
+
+/// Stream sequence, consumer sequence and pending count from a JetStream ack subject
+/// (see [`ack_tokens`]).
+pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
+    parse_ack(reply).map(|(seq, consumer_seq, pending, _)| (seq, consumer_seq, pending))
+}
+
+/// [`parse_ack_subject`] and [`ack_timestamp`] (0 when it does not parse) from one pass
+/// over the subject: the feed's hot path reads both for every message.
+fn parse_ack(reply: &str) -> Option<(u64, u64, u64, u64)> {
+    let (tokens, at) = ack_tokens(reply)?;
     let number = |i: usize| tokens.get(at + i).and_then(|t| t.parse::<u64>().ok());
-    Some((number(1)?, number(2)?, number(4)?))
+    Some((number(1)?, number(2)?, number(4)?, number(3).unwrap_or(0)))
 }
 
 #[cfg(test)]
