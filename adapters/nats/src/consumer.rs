@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
 use async_nats::jetstream::{self, stream::Stream};
-use async_nats::{Client, HeaderMap, StatusCode, Subscriber, connection::State};
+use async_nats::{Client, HeaderMap, Message, StatusCode, Subscriber, connection::State};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use tidemark::Result;
+use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::error::unavailable;
@@ -57,7 +58,10 @@ pub(crate) struct PushReader {
     /// and the reconnect check runs per message.
     statistics: std::sync::Arc<async_nats::Statistics>,
     context: jetstream::Context,
-    subscriber: Subscriber,
+    /// The delivered messages, moved off the client's subscription as they arrive by
+    /// [`pump`] (see there why).
+    delivered: mpsc::UnboundedReceiver<Message>,
+    pump: tokio::task::JoinHandle<()>,
     stream: String,
     consumer: String,
     last_consumer_seq: u64,
@@ -123,11 +127,13 @@ impl PushReader {
             .create_consumer(config)
             .await
             .map_err(|e| unavailable(port, format!("creating a consumer: {e}")))?;
+        let (tx, delivered) = mpsc::unbounded_channel();
         Ok(PushReader {
             statistics: client.statistics(),
             client: client.clone(),
             context: context.clone(),
-            subscriber,
+            delivered,
+            pump: tokio::spawn(pump(subscriber, tx)),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
             last_consumer_seq: 0,
@@ -149,7 +155,7 @@ impl PushReader {
             }
             let next = tokio::select! {
                 biased;
-                message = self.subscriber.next() => Some(message),
+                message = self.delivered.recv() => Some(message),
                 () = self.tick.as_mut() => None,
             };
             let message = match next {
@@ -284,8 +290,31 @@ impl PushReader {
     }
 }
 
+/// Moves every message of `subscriber` into `tx` as soon as the client has it, until
+/// either side closes.
+///
+/// The client holds a subscription's messages in a channel of fixed capacity (65,536
+/// messages by default) and drops what overflows it. A reader that pauses — a durable
+/// sink committing a 16k-entry batch — let a fast initial sync overflow it: the server's
+/// flow control bounds bytes in flight (megabytes: hundreds of thousands of small KV
+/// entries), not messages. The lost messages showed as a consumer sequence gap, the feed
+/// failed and was reopened after a backoff, again and again: a 1M-key cold start into
+/// SQLite took 93-100 s, mostly waiting (the `pauses` bench shows the gap). Moved here,
+/// they wait in an unbounded queue instead, still bounded by flow control: it is answered
+/// only when the reader reaches the request, in order, so the server sends no more than
+/// its window ahead of the reader.
+async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Message>) {
+    while let Some(message) = subscriber.next().await {
+        if tx.send(message).is_err() {
+            return;
+        }
+    }
+}
+
 impl Drop for PushReader {
     fn drop(&mut self) {
+        // The subscription goes with the pump: unsubscribed.
+        self.pump.abort();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let context = self.context.clone();
             let (consumer, stream) = (self.consumer.clone(), self.stream.clone());
