@@ -28,7 +28,7 @@ benches=(
     "core|cargo bench -q -p tidemark-core|^ratio core/bare|^follower \\(in"
     "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
     "sqlite|cargo bench -q -p tidemark-sqlite|^writes \\(|^reconcile of|^persisted follower|wake latency"
-    "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^live follow|^write->applied|^persisted mirror"
+    "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^persisted mirror"
     "recovery|cargo bench -q -p tidemark-nats --bench recovery|catch-up p50|not caught up"
 )
 
