@@ -445,7 +445,7 @@ where
         // Before an initial sync, the sink makes room for what the feed says is coming, as
         // the core does for its index (the first entry, while it holds no key).
         if !self.core.is_ready()
-            && self.core.len() == 0
+            && self.core.is_empty()
             && let Some(Some(Ok(FeedItem::Entry(e)))) = items.first()
             && let Some(pending) = e.pending
         {
@@ -474,16 +474,16 @@ where
             self.core.peek_output(),
             Some(Output::Apply(_) | Output::Request(Request::Checkpoint { .. }))
         ) {
-            match self.core.poll_output() {
-                Some(Output::Apply(apply)) => {
-                    if !self.apply(apply).await? {
-                        return Ok(false);
-                    }
-                }
+            let applied = match self.core.poll_output() {
+                Some(Output::Apply(apply)) => self.apply(apply).await?,
                 Some(Output::Request(Request::Checkpoint { position })) => {
                     self.batch.checkpoint = Some(position);
+                    true
                 }
-                _ => {}
+                _ => true,
+            };
+            if !applied {
+                return Ok(false);
             }
         }
         Ok(true)
