@@ -96,7 +96,7 @@ pub use follower::{
     InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
-pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, shorten};
+pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, presize_for, shorten};
 pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};

@@ -6,6 +6,19 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// The largest value accepted by default, in bytes (8 MiB).
 pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
 
+/// How many keys to make room for at once, before an initial sync, when a feed says
+/// `pending` entries are still to come: the follower's index and a sink that keeps its
+/// keys in memory (the cache) presize by it rather than growing (and rehashing) a dozen
+/// times on the way. For a KV bucket's first sync that count is the number of keys; for a
+/// stream replayed from its start it counts every message, so it is only a hint, bounded
+/// (2^17 keys, a few MiB of table) so that a long history of a few keys cannot reserve
+/// much.
+#[must_use]
+pub fn presize_for(pending: u64) -> usize {
+    const LIMIT: u64 = 1 << 17;
+    usize::try_from(pending.min(LIMIT)).unwrap_or(0) + 1
+}
+
 /// Why a key is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]

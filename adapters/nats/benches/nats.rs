@@ -35,6 +35,52 @@ fn main() {
     rt.block_on(run());
 }
 
+/// CPU seconds (user + system) process `pid` used so far (`self`: this one), from
+/// `/proc/<pid>/stat` (clock ticks of 10 ms); 0 where the kernel does not say.
+fn cpu_secs(pid: &str) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // The fields after the command name (which may hold spaces): state is the first,
+    // utime the 12th and stime the 13th.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// The CPU the server and this process (the client) used, and the wall time, over runs.
+#[derive(Clone, Copy, Default)]
+struct CpuSplit {
+    server: f64,
+    client: f64,
+    wall: f64,
+}
+
+impl CpuSplit {
+    fn start(server_pid: &str) -> CpuSplit {
+        CpuSplit {
+            server: cpu_secs(server_pid),
+            client: cpu_secs("self"),
+            wall: 0.0,
+        }
+    }
+
+    fn add(&mut self, started: &CpuSplit, server_pid: &str, wall: Duration) {
+        self.server += cpu_secs(server_pid) - started.server;
+        self.client += cpu_secs("self") - started.client;
+        self.wall += wall.as_secs_f64();
+    }
+}
+
 async fn fill(store: &kv::Store, n: u32, tag: &str) -> u64 {
     let mut acks = futures::stream::iter(0..n)
         .map(|i| {
@@ -92,7 +138,14 @@ async fn run() {
     // runs first meets a colder server.
     let (mut bare, mut bare_map, mut feed_only, mut ours) =
         (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
+    // Where the CPU goes, per contender, summed over the rounds: the server's and this
+    // process's (which is the client's: nothing else runs here meanwhile).
+    let server_pid = server
+        .pid()
+        .map_or_else(|| "self".to_owned(), |p| p.to_string());
+    let mut split = [CpuSplit::default(); 4];
     for _ in 0..3 {
+        let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
         let mut watch = store.watch_with_history(">").await.expect("watch");
         while let Some(e) = watch.next().await {
@@ -101,8 +154,10 @@ async fn run() {
             }
         }
         bare = bare.min(t.elapsed());
+        split[0].add(&cpu, &server_pid, t.elapsed());
         drop(watch);
         // The usual worker: the same loop keeping what it reads in a map, as a cache must.
+        let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
         let mut watch = store.watch_with_history(">").await.expect("watch");
         let mut kept: std::collections::HashMap<String, Bytes> = std::collections::HashMap::new();
@@ -115,9 +170,11 @@ async fn run() {
             }
         }
         bare_map = bare_map.min(t.elapsed());
+        split[1].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(kept.len(), n as usize);
         drop((watch, kept));
         // The adapter's feed alone, without the follower task and cache.
+        let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
         let mut feed = tidemark::Feed::open(&b, 1, None)
             .await
@@ -131,11 +188,14 @@ async fn run() {
             }
         }
         feed_only = feed_only.min(t.elapsed());
+        split[2].add(&cpu, &server_pid, t.elapsed());
         drop(feed);
+        let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
         let (cache, h) = spawn_cache(config("sync"), RawBytes, b.clone(), b.clone());
         cache.wait_ready().await.expect("ready");
         ours = ours.min(t.elapsed());
+        split[3].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(cache.len(), n as usize);
         h.stop();
     }
@@ -143,6 +203,23 @@ async fn run() {
         "  feed alone (no follower task, no cache): {:.0} keys/s ({feed_only:.2?}) -> {:.0}% of bare",
         f64::from(n) / feed_only.as_secs_f64(),
         100.0 * bare.as_secs_f64() / feed_only.as_secs_f64()
+    );
+    let per_key = |secs: f64| secs * 1e6 / (3.0 * f64::from(n));
+    let parts: Vec<String> = ["bare", "bare + map", "feed alone", "tidemark"]
+        .iter()
+        .zip(split)
+        .map(|(name, c)| {
+            format!(
+                "{name} {:.2} server + {:.2} client of {:.2} wall",
+                per_key(c.server),
+                per_key(c.client),
+                per_key(c.wall)
+            )
+        })
+        .collect();
+    println!(
+        "  CPU µs per key (server + client of wall): {}",
+        parts.join("; ")
     );
     let sample = 2_000u32;
     let t = Instant::now();

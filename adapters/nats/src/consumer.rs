@@ -10,10 +10,11 @@ use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
 use async_nats::jetstream::{self, stream::Stream};
-use async_nats::{Client, HeaderMap, StatusCode, Subscriber, connection::State};
+use async_nats::{Client, HeaderMap, Message, StatusCode, Subscriber, connection::State};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use tidemark::Result;
+use tokio::sync::mpsc;
 use tracing::debug;
 
 use crate::error::unavailable;
@@ -57,7 +58,10 @@ pub(crate) struct PushReader {
     /// and the reconnect check runs per message.
     statistics: std::sync::Arc<async_nats::Statistics>,
     context: jetstream::Context,
-    subscriber: Subscriber,
+    /// The delivered messages, moved off the client's subscription as they arrive by
+    /// [`pump`] (see there why).
+    delivered: mpsc::UnboundedReceiver<Message>,
+    pump: tokio::task::JoinHandle<()>,
     stream: String,
     consumer: String,
     last_consumer_seq: u64,
@@ -123,11 +127,13 @@ impl PushReader {
             .create_consumer(config)
             .await
             .map_err(|e| unavailable(port, format!("creating a consumer: {e}")))?;
+        let (tx, delivered) = mpsc::unbounded_channel();
         Ok(PushReader {
             statistics: client.statistics(),
             client: client.clone(),
             context: context.clone(),
-            subscriber,
+            delivered,
+            pump: tokio::spawn(pump(subscriber, tx)),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
             last_consumer_seq: 0,
@@ -149,7 +155,7 @@ impl PushReader {
             }
             let next = tokio::select! {
                 biased;
-                message = self.subscriber.next() => Some(message),
+                message = self.delivered.recv() => Some(message),
                 () = self.tick.as_mut() => None,
             };
             let message = match next {
@@ -233,8 +239,8 @@ impl PushReader {
                 }
                 None => {}
             }
-            let Some((seq, consumer_seq, pending)) =
-                message.reply.as_deref().and_then(parse_ack_subject)
+            let Some((seq, consumer_seq, pending, published_ns)) =
+                message.reply.as_deref().and_then(parse_ack)
             else {
                 return Some(Err(unavailable(
                     port,
@@ -252,11 +258,6 @@ impl PushReader {
             }
             self.last_consumer_seq = consumer_seq;
             self.stalls = 0;
-            let published_ns = message
-                .reply
-                .as_deref()
-                .and_then(ack_timestamp)
-                .unwrap_or(0);
             return Some(Ok(Seen::Message(Delivered {
                 subject: message.subject,
                 seq,
@@ -289,8 +290,31 @@ impl PushReader {
     }
 }
 
+/// Moves every message of `subscriber` into `tx` as soon as the client has it, until
+/// either side closes.
+///
+/// The client holds a subscription's messages in a channel of fixed capacity (65,536
+/// messages by default) and drops what overflows it. A reader that pauses — a durable
+/// sink committing a 16k-entry batch — let a fast initial sync overflow it: the server's
+/// flow control bounds bytes in flight (megabytes: hundreds of thousands of small KV
+/// entries), not messages. The lost messages showed as a consumer sequence gap, the feed
+/// failed and was reopened after a backoff, again and again: a 1M-key cold start into
+/// SQLite took 93-100 s, mostly waiting (the `pauses` bench shows the gap). Moved here,
+/// they wait in an unbounded queue instead, still bounded by flow control: it is answered
+/// only when the reader reaches the request, in order, so the server sends no more than
+/// its window ahead of the reader.
+async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Message>) {
+    while let Some(message) = subscriber.next().await {
+        if tx.send(message).is_err() {
+            return;
+        }
+    }
+}
+
 impl Drop for PushReader {
     fn drop(&mut self) {
+        // The subscription goes with the pump: unsubscribed.
+        self.pump.abort();
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let context = self.context.clone();
             let (consumer, stream) = (self.consumer.clone(), self.stream.clone());
@@ -302,25 +326,12 @@ impl Drop for PushReader {
     }
 }
 
-/// The timestamp (nanoseconds since the Unix epoch) a JetStream ack subject carries.
-pub(crate) fn ack_timestamp(reply: &str) -> Option<u64> {
-    let tokens: Vec<&str> = reply.split('.').collect();
-    let at = match tokens.len() {
-        9 => 4,
-        11 | 12 => 6,
-        _ => return None,
-    };
-    (tokens[0] == "$JS" && tokens[1] == "ACK")
-        .then(|| tokens.get(at + 3).and_then(|t| t.parse().ok()))
-        .flatten()
-}
-
-/// Stream sequence, consumer sequence and pending count from a JetStream ack subject:
+/// The tokens of a JetStream ack subject and where its numbers start:
 /// `$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>` (v1) or with a
 /// domain and account hash after `ACK` (v2, optionally with a trailing token).
 ///
 /// Read once per delivered message, so it allocates nothing.
-pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
+fn ack_tokens(reply: &str) -> Option<([&str; 12], usize)> {
     let mut tokens = [""; 12];
     let mut count = 0;
     for token in reply.split('.') {
@@ -332,11 +343,27 @@ pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
         11 | 12 => 6,
         _ => return None,
     };
-    if tokens[0] != "$JS" || tokens[1] != "ACK" {
-        return None;
-    }
+    (tokens[0] == "$JS" && tokens[1] == "ACK").then_some((tokens, at))
+}
+
+/// The timestamp (nanoseconds since the Unix epoch) a JetStream ack subject carries.
+pub(crate) fn ack_timestamp(reply: &str) -> Option<u64> {
+    let (tokens, at) = ack_tokens(reply)?;
+    tokens.get(at + 3)?.parse().ok()
+}
+
+/// Stream sequence, consumer sequence and pending count from a JetStream ack subject
+/// (see [`ack_tokens`]).
+pub(crate) fn parse_ack_subject(reply: &str) -> Option<(u64, u64, u64)> {
+    parse_ack(reply).map(|(seq, consumer_seq, pending, _)| (seq, consumer_seq, pending))
+}
+
+/// [`parse_ack_subject`] and [`ack_timestamp`] (0 when it does not parse) from one pass
+/// over the subject: the feed's hot path reads both for every message.
+fn parse_ack(reply: &str) -> Option<(u64, u64, u64, u64)> {
+    let (tokens, at) = ack_tokens(reply)?;
     let number = |i: usize| tokens.get(at + i).and_then(|t| t.parse::<u64>().ok());
-    Some((number(1)?, number(2)?, number(4)?))
+    Some((number(1)?, number(2)?, number(4)?, number(3).unwrap_or(0)))
 }
 
 #[cfg(test)]

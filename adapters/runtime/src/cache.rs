@@ -280,6 +280,15 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         Ok(())
     }
 
+    fn reserve(&mut self, keys: usize) {
+        let mut map = self.shared.map.write().unwrap_or_else(|e| e.into_inner());
+        if map.capacity() - map.len() < keys {
+            map.reserve(keys);
+        }
+        self.pending
+            .reserve(keys.min(crate::follower::SYNC_FEED_BATCH));
+    }
+
     fn ready(&mut self, watermark: u64) {
         self.apply_pending(watermark);
         self.ready.send_replace(true);

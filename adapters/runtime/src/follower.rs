@@ -442,11 +442,68 @@ where
                 _ => {}
             }
         }
+        // Before an initial sync, the sink makes room for what the feed says is coming, as
+        // the core does for its index (the first entry, while it holds no key).
+        if !self.core.is_ready()
+            && self.core.is_empty()
+            && let Some(Some(Ok(FeedItem::Entry(e)))) = items.first()
+            && let Some(pending) = e.pending
+        {
+            self.sink.reserve(tidemark_core::presize_for(pending));
+        }
         let now = self.clock.now();
         for item in items {
             self.core.handle_input(feed_input(token, item), now);
+            // Each entry's apply goes to the sink while it is fresh, not queued behind a
+            // whole turn's worth (16k outputs written and read back through memory).
+            if !self.apply_now().await? {
+                // The sink failed and the core went back to its last commit: the rest of
+                // the turn's items are dropped with the feed, which redelivers them.
+                return Ok(());
+            }
         }
         Ok(())
+    }
+
+    /// Carries out the applies (and checkpoints) at the front of the core's decisions, in
+    /// order, leaving anything else (a request, a notice) and all after it for
+    /// [`perform`](Self::perform). `false` when the sink failed (and the core was taken
+    /// back to the last commit).
+    async fn apply_now(&mut self) -> Result<bool> {
+        while matches!(
+            self.core.peek_output(),
+            Some(Output::Apply(_) | Output::Request(Request::Checkpoint { .. }))
+        ) {
+            let applied = match self.core.poll_output() {
+                Some(Output::Apply(apply)) => self.apply(apply).await?,
+                Some(Output::Request(Request::Checkpoint { position })) => {
+                    self.batch.checkpoint = Some(position);
+                    true
+                }
+                _ => true,
+            };
+            if !applied {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Hands one change to the sink. `false` when it failed (the sink was rolled back and
+    /// the core taken back to the last commit); an error that is not retryable ends the run.
+    async fn apply(&mut self, apply: Apply<D::Value>) -> Result<bool> {
+        self.batch.dirty = true;
+        let applied = match apply {
+            Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
+            Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
+        };
+        match applied {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                self.sink_failed(e).await?;
+                Ok(false)
+            }
+        }
     }
 
     /// Tells a lazily resumed core every key the sink holds (before a snapshot or a
@@ -558,14 +615,7 @@ where
                     continue;
                 }
                 Output::Apply(apply) => {
-                    self.batch.dirty = true;
-                    let applied = match apply {
-                        Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
-                        Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
-                    };
-                    if let Err(e) = applied {
-                        self.sink_failed(e).await?;
-                    }
+                    self.apply(apply).await?;
                     continue;
                 }
                 Output::Notice(Notice::Ready { .. }) => {
@@ -915,7 +965,7 @@ const FEED_BATCH: usize = 256;
 
 /// How many waiting feed items one turn takes at most during the initial sync, when
 /// nobody waits on a turn but the whole sync: one commit per 16k changes.
-const SYNC_FEED_BATCH: usize = 16_384;
+pub(crate) const SYNC_FEED_BATCH: usize = 16_384;
 
 fn feed_input(token: Token, item: Option<Result<FeedItem>>) -> Input {
     match item {

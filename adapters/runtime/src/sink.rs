@@ -91,6 +91,14 @@ pub trait Sink<V>: Send {
     /// Remove `key` as of `seq`.
     fn remove(&mut self, key: Arc<str>, seq: u64) -> impl Future<Output = Result<()>> + Send;
 
+    /// A hint, before an initial sync: about `keys` more keys are coming (the feed's
+    /// pending count, bounded by [`presize_for`](tidemark_core::presize_for)). A sink that
+    /// keeps its keys in a table in memory makes room for them at once rather than growing
+    /// it on the way; the default does nothing.
+    fn reserve(&mut self, keys: usize) {
+        let _ = keys;
+    }
+
     /// Makes everything applied since the last commit durable together with `watermark`
     /// (one transaction for a persisted cache). Called at every batch boundary, also
     /// when nothing was applied but the watermark moved.

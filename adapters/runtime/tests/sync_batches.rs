@@ -21,6 +21,8 @@ struct Seen {
     largest_commit: usize,
     /// Everything the sink was asked or told that it should not have been.
     violations: Vec<String>,
+    /// The room it was asked to make, each time, with the keys it held then.
+    reserved: Vec<(usize, usize)>,
 }
 
 /// A durable sink (the memory store) that checks the driver's side of the contract: it
@@ -32,6 +34,8 @@ struct Checked {
     uncommitted: usize,
     puts: usize,
     fail_at: Option<usize>,
+    /// Whether that failure is transient (a busy database) rather than a handler's.
+    transient: bool,
     seen: Arc<Mutex<Seen>>,
 }
 
@@ -43,6 +47,7 @@ impl Checked {
             uncommitted: 0,
             puts: 0,
             fail_at,
+            transient: false,
             seen: Arc::clone(&seen),
         };
         (sink, seen)
@@ -63,6 +68,9 @@ impl Sink<Vec<u8>> for Checked {
         self.puts += 1;
         if self.fail_at == Some(self.puts) {
             self.fail_at = None;
+            if self.transient {
+                return Err(Error::unavailable("sink", "database is locked"));
+            }
             return Err(Error::Worker {
                 worker: "checked".into(),
                 reason: "handler failed".into(),
@@ -90,6 +98,11 @@ impl Sink<Vec<u8>> for Checked {
         seen.largest_commit = seen.largest_commit.max(self.uncommitted);
         self.uncommitted = 0;
         Ok(())
+    }
+
+    fn reserve(&mut self, keys: usize) {
+        let held = self.inner.store().entries().len();
+        self.seen.lock().unwrap().reserved.push((keys, held));
     }
 
     async fn rollback(&mut self) {
@@ -267,4 +280,120 @@ async fn a_worker_failing_mid_sync_never_commits_a_lower_watermark() {
     assert!(seen.violations.is_empty(), "{:?}", seen.violations);
     assert_eq!(store.watermark(), Some(40_000));
     assert_eq!(store.entries(), source_state(&m));
+}
+
+/// The memory feed with the pending count a KV bucket's feed reports: how many entries
+/// follow each one, up to the head the feed opened at.
+struct Counted(tidemark_memory::MemorySource);
+
+struct CountedStream {
+    inner: <tidemark_memory::MemorySource as tidemark::Feed>::Stream,
+    head: u64,
+}
+
+impl tidemark::Feed for Counted {
+    const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
+    type Stream = CountedStream;
+
+    async fn open(&self, from: u64, after: Option<u64>) -> Result<tidemark::Opened<CountedStream>> {
+        let opened = tidemark::Feed::open(&self.0, from, after).await?;
+        Ok(tidemark::Opened {
+            info: opened.info,
+            stream: CountedStream {
+                inner: opened.stream,
+                head: opened.info.head,
+            },
+        })
+    }
+}
+
+impl tidemark::FeedStream for CountedStream {
+    async fn next(&mut self) -> Option<Result<tidemark::FeedItem>> {
+        match self.inner.next().await {
+            Some(Ok(tidemark::FeedItem::Entry(e))) => {
+                let pending = self.head.saturating_sub(e.seq);
+                Some(Ok(tidemark::FeedItem::Entry(e.with_pending(pending))))
+            }
+            other => other,
+        }
+    }
+}
+
+/// A sink that keeps its keys in a table is told, once, before an initial sync, how many
+/// are coming (the feed's pending count, bounded), so it makes room at once rather than
+/// growing its table a dozen times on the way (the follower_task bench's profile).
+#[tokio::test]
+async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
+    let m = Memory::new();
+    for i in 0..3_000u32 {
+        m.source.put(&format!("k{i:05}"), vec![1; 4]).await.unwrap();
+    }
+    let store = MemoryCacheStore::new();
+    let (sink, seen) = Checked::new(&store, None);
+    let mut task = FollowerTask::new(
+        config("presize"),
+        RawBytes,
+        m.source.clone(),
+        Counted(m.source.clone()),
+        sink,
+    );
+    let status = task.status();
+    let shutdown = Shutdown::new();
+    let signal = shutdown.signal();
+    let run = tokio::spawn(async move { task.run(signal).await });
+    let mut watch = status;
+    let ready = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        watch.wait_for(|s| s.ready),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
+    // Live writes after ready: no more hints.
+    for i in 0..300u32 {
+        m.source.put(&format!("n{i:05}"), vec![2; 4]).await.unwrap();
+    }
+    common::until("the live writes", || store.entries().len() == 3_300).await;
+    shutdown.trigger();
+    run.await.unwrap().unwrap();
+    assert!(ready, "the follower did not become ready");
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.reserved,
+        vec![(tidemark::tidemark_core::presize_for(2_999), 0)],
+        "one hint, before the first key, of the keys the first entry said follow it \
+         (and itself)"
+    );
+    assert_eq!(tidemark::tidemark_core::presize_for(2_999), 3_000);
+    assert!(
+        tidemark::tidemark_core::presize_for(u64::MAX) <= (1 << 17) + 1,
+        "a stream's long history is only a hint: bounded"
+    );
+}
+
+/// The follower task hands each entry's change to the sink as the core decides it,
+/// within a turn; a transient sink failure in the middle of a turn drops the rest of the
+/// turn with the feed, goes back to the last commit, and the sync still converges.
+#[tokio::test]
+async fn a_transient_sink_failure_mid_turn_goes_back_to_the_last_commit_and_converges() {
+    let m = Memory::new();
+    for i in 0..40_000u32 {
+        m.source.put(&format!("k{i:05}"), vec![4; 8]).await.unwrap();
+    }
+    let store = MemoryCacheStore::new();
+    let (mut sink, seen) = Checked::new(&store, Some(20_000));
+    sink.transient = true;
+    let watermark = sync_once(&m, "transient", sink).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert_eq!(watermark, 40_000);
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
+    assert_eq!(
+        store.entries(),
+        source_state(&m),
+        "the store holds the source, nothing lost or doubled by the rewind"
+    );
+    assert!(
+        seen.commits.windows(2).all(|w| w[0] <= w[1]),
+        "{:?}",
+        seen.commits
+    );
 }

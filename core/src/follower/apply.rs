@@ -174,14 +174,10 @@ impl<D: Decode> Follower<D> {
     }
 
     /// Makes room in an empty key index for the `pending` entries the feed says are still
-    /// to come in an initial sync, rather than growing (and rehashing) it a dozen times on
-    /// the way. For a KV bucket's first sync that count is the number of keys; for a stream
-    /// replayed from its start it counts every message, so it is only a hint: taken once,
-    /// and bounded (2^17 entries, at most about 8 MiB of index) so a long history of a few
-    /// keys cannot reserve much.
+    /// to come in an initial sync ([`presize_for`](crate::presize_for) says how many),
+    /// taken once.
     pub(super) fn presize(&mut self, pending: u64) {
-        const LIMIT: u64 = 1 << 17;
-        let want = usize::try_from(pending.min(LIMIT)).unwrap_or(0) + 1;
+        let want = crate::limits::presize_for(pending);
         let seqs = &mut self.index.seqs;
         if seqs.capacity() - seqs.len() < want {
             seqs.reserve(want);

@@ -428,6 +428,14 @@ impl<D: Decode> Follower<D> {
         self.out.pop_front()
     }
 
+    /// The next decision, left in place: a driver that carries out some kinds of output
+    /// at once (applies, while it still holds more input) and leaves the rest for later
+    /// looks before it takes, so that it never takes an output out of order.
+    #[must_use]
+    pub fn peek_output(&self) -> Option<&Output<D::Value>> {
+        self.out.front()
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) should next be called.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Time> {
