@@ -6,7 +6,6 @@ use crate::net::{SocketPair, TcpListener, UdpSocket};
 use crate::{Envelope, TRACING_TARGET};
 
 use bytes::Bytes;
-use indexmap::IndexMap;
 use std::collections::VecDeque;
 use std::fmt::Display;
 use std::io;
@@ -204,7 +203,7 @@ impl HostTimer {
 /// Simulated UDP host software.
 pub(crate) struct Udp {
     /// Bound udp sockets
-    binds: IndexMap<u16, UdpBind>,
+    binds: crate::fxmap::FxIndexMap<u16, UdpBind>,
 
     /// UdpSocket channel capacity
     capacity: usize,
@@ -221,7 +220,7 @@ struct UdpBind {
 impl Udp {
     fn new(capacity: usize) -> Self {
         Self {
-            binds: IndexMap::new(),
+            binds: crate::fxmap::FxIndexMap::default(),
             capacity,
         }
     }
@@ -323,13 +322,13 @@ impl Udp {
 
 pub(crate) struct Tcp {
     /// Bound server sockets
-    binds: IndexMap<u16, ServerSocket>,
+    binds: crate::fxmap::FxIndexMap<u16, ServerSocket>,
 
     /// TcpListener channel capacity
     server_socket_capacity: usize,
 
     /// Active stream sockets
-    sockets: IndexMap<SocketPair, StreamSocket>,
+    sockets: crate::fxmap::FxIndexMap<SocketPair, StreamSocket>,
 
     /// TcpStream channel capacity
     socket_capacity: usize,
@@ -346,7 +345,7 @@ struct ServerSocket {
 }
 
 struct StreamSocket {
-    buf: IndexMap<u64, SequencedSegment>,
+    buf: crate::fxmap::FxIndexMap<u64, SequencedSegment>,
     next_send_seq: u64,
     recv_seq: u64,
     sender: mpsc::Sender<SequencedSegment>,
@@ -378,7 +377,7 @@ impl StreamSocket {
         let (tx, rx) = mpsc::channel(capacity);
         let flow_control = BidiFlowControl::new(capacity);
         let sock = Self {
-            buf: IndexMap::new(),
+            buf: crate::fxmap::FxIndexMap::default(),
             next_send_seq: 1,
             recv_seq: 0,
             sender: tx,
@@ -427,8 +426,8 @@ impl StreamSocket {
 impl Tcp {
     fn new(capacity: usize) -> Self {
         Self {
-            binds: IndexMap::new(),
-            sockets: IndexMap::new(),
+            binds: crate::fxmap::FxIndexMap::default(),
+            sockets: crate::fxmap::FxIndexMap::default(),
             server_socket_capacity: capacity,
             socket_capacity: capacity,
         }

@@ -190,6 +190,7 @@ use dns::Dns;
 pub use dns::{ToIpAddr, ToIpAddrs, ToSocketAddrs};
 
 mod envelope;
+mod fxmap;
 use envelope::Envelope;
 pub use envelope::{Datagram, Protocol, Segment};
 

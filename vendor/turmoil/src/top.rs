@@ -3,7 +3,6 @@ use crate::host::Host;
 use crate::rt::Rt;
 use crate::{config, TRACING_TARGET};
 
-use indexmap::IndexMap;
 use rand::{Rng, RngCore};
 use rand_distr::{Distribution, Exp};
 use std::collections::VecDeque;
@@ -17,12 +16,12 @@ pub(crate) struct Topology {
     config: config::Link,
 
     /// Specific configuration overrides between specific hosts.
-    links: IndexMap<Pair, Link>,
+    links: crate::fxmap::FxIndexMap<Pair, Link>,
 
-    /// We don't use a Rt for async. Right now, we just use it to tick time
-    /// forward in the same way we do it elsewhere. We'd like to represent
-    /// network state with async in the future.
-    rt: Rt<'static>,
+    /// The network's time. tidemark patch: upstream kept a runtime with no software
+    /// and ticked it every step only to move this time forward (a whole `block_on` per
+    /// step); the time is now moved by the same amount directly.
+    now: Instant,
 }
 
 /// This type is used as the key in the [`Topology::links`] map. See [`new`]
@@ -150,7 +149,7 @@ struct Link {
     sent: VecDeque<Sent>,
 
     /// Messages that are ready to be delivered.
-    deliverable: IndexMap<IpAddr, VecDeque<Envelope>>,
+    deliverable: crate::fxmap::FxIndexMap<IpAddr, VecDeque<Envelope>>,
 
     /// The current network time, moved forward with [`Link::tick`].
     now: Instant,
@@ -176,15 +175,15 @@ impl Topology {
     pub(crate) fn new(config: config::Link) -> Topology {
         Topology {
             config,
-            links: IndexMap::new(),
-            rt: Rt::no_software(),
+            links: crate::fxmap::FxIndexMap::default(),
+            now: Rt::no_software().now(),
         }
     }
 
     /// Register a link between two hosts
     pub(crate) fn register(&mut self, a: IpAddr, b: IpAddr) {
         let pair = Pair::new(a, b);
-        assert!(self.links.insert(pair, Link::new(self.rt.now())).is_none());
+        assert!(self.links.insert(pair, Link::new(self.now)).is_none());
     }
 
     pub(crate) fn set_max_message_latency(&mut self, value: Duration) {
@@ -249,9 +248,13 @@ impl Topology {
     }
 
     // Move messages from any network links to the `dst` host.
+    //
+    // tidemark patch: a link with nothing deliverable to `dst` is passed over without
+    // touching its map (the original inserted an empty queue per link and host, hashing
+    // every link for every host on every step).
     pub(crate) fn deliver_messages(&mut self, rand: &mut dyn RngCore, dst: &mut Host) {
         for (pair, link) in &mut self.links {
-            if pair.0 == dst.addr || pair.1 == dst.addr {
+            if (pair.0 == dst.addr || pair.1 == dst.addr) && link.has_deliverable(dst.addr) {
                 link.deliver_messages(&self.config, rand, dst);
             }
         }
@@ -283,10 +286,14 @@ impl Topology {
         link.repair_oneway(a, b);
     }
 
+    // tidemark patch: the network's time moves by `duration` without a runtime (upstream
+    // ticked a runtime with no software, then read its clock once per link, each read
+    // entering the runtime), and a link with nothing in flight only has its time set.
     pub(crate) fn tick_by(&mut self, duration: Duration) {
-        let _ = self.rt.tick(duration);
+        self.now += duration;
+        let now = self.now;
         for link in self.links.values_mut() {
-            link.tick(self.rt.now());
+            link.tick(now);
         }
     }
 
@@ -330,7 +337,7 @@ impl Link {
             state_b_a: State::Healthy,
             config: config::Link::default(),
             sent: VecDeque::new(),
-            deliverable: IndexMap::new(),
+            deliverable: crate::fxmap::FxIndexMap::default(),
             now,
         }
     }
@@ -409,7 +416,17 @@ impl Link {
 
     fn tick(&mut self, now: Instant) {
         self.now = now;
-        self.process_deliverables();
+        if !self.sent.is_empty() {
+            self.process_deliverables();
+        }
+    }
+
+    /// Whether messages wait on this link for delivery to `dst` (tidemark patch).
+    fn has_deliverable(&self, dst: IpAddr) -> bool {
+        // At most two entries (the link's two ends): a scan, no hashing.
+        self.deliverable
+            .iter()
+            .any(|(addr, queue)| *addr == dst && !queue.is_empty())
     }
 
     fn process_deliverables(&mut self) {
