@@ -18,6 +18,10 @@ pub(crate) struct Topology {
     /// Specific configuration overrides between specific hosts.
     links: crate::fxmap::FxIndexMap<Pair, Link>,
 
+    /// tidemark patch: for each host, the indices in `links` of the links that touch it,
+    /// in `links` order, so delivering to a host visits its own links only.
+    host_links: crate::fxmap::FxIndexMap<IpAddr, Vec<usize>>,
+
     /// The network's time. tidemark patch: upstream kept a runtime with no software
     /// and ticked it every step only to move this time forward (a whole `block_on` per
     /// step); the time is now moved by the same amount directly.
@@ -176,6 +180,7 @@ impl Topology {
         Topology {
             config,
             links: crate::fxmap::FxIndexMap::default(),
+            host_links: crate::fxmap::FxIndexMap::default(),
             now: Rt::no_software().now(),
         }
     }
@@ -183,7 +188,11 @@ impl Topology {
     /// Register a link between two hosts
     pub(crate) fn register(&mut self, a: IpAddr, b: IpAddr) {
         let pair = Pair::new(a, b);
-        assert!(self.links.insert(pair, Link::new(self.now)).is_none());
+        let (index, was) = self.links.insert_full(pair, Link::new(self.now));
+        assert!(was.is_none());
+        for host in [a, b] {
+            self.host_links.entry(host).or_default().push(index);
+        }
     }
 
     pub(crate) fn set_max_message_latency(&mut self, value: Duration) {
@@ -249,12 +258,20 @@ impl Topology {
 
     // Move messages from any network links to the `dst` host.
     //
-    // tidemark patch: a link with nothing deliverable to `dst` is passed over without
-    // touching its map (the original inserted an empty queue per link and host, hashing
-    // every link for every host on every step).
+    //
+    // tidemark patch: only the links that touch `dst` are visited (in the same order as
+    // before), and one with nothing deliverable to `dst` is passed over without touching
+    // its map (upstream scanned every link for every host on every step, and inserted an
+    // empty queue per link and host).
     pub(crate) fn deliver_messages(&mut self, rand: &mut dyn RngCore, dst: &mut Host) {
-        for (pair, link) in &mut self.links {
-            if (pair.0 == dst.addr || pair.1 == dst.addr) && link.has_deliverable(dst.addr) {
+        let Some(indices) = self.host_links.get(&dst.addr) else {
+            return;
+        };
+        for &index in indices {
+            let Some((_, link)) = self.links.get_index_mut(index) else {
+                continue;
+            };
+            if link.has_deliverable(dst.addr) {
                 link.deliver_messages(&self.config, rand, dst);
             }
         }
