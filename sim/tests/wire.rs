@@ -97,8 +97,7 @@ fn mesh_receipts(seed: u64) -> Vec<(usize, usize)> {
         sim.host(format!("h{me}"), move || {
             let got = Rc::clone(&got);
             async move {
-                let listener =
-                    TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
+                let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
                 // Let every host bind before anyone connects.
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 for peer in (0..hosts).filter(|p| *p != me) {
