@@ -384,12 +384,15 @@ pub const HEARTBEAT: Duration = Duration::from_millis(500);
 /// How long a client waits for any frame before it declares the link dead.
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Writes one frame.
+/// Writes one frame in one write, as a client that buffers its frames does: one segment
+/// on the simulated network, where a length and a body written apart were two, each
+/// delivered (and each waking the reader) on its own.
 pub async fn write<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Result<()> {
-    let bytes = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
-    let len = u32::try_from(bytes.len()).map_err(std::io::Error::other)?;
-    stream.write_all(&len.to_be_bytes()).await?;
-    stream.write_all(&bytes).await?;
+    let mut frame = vec![0u8; 4];
+    serde_json::to_writer(&mut frame, msg).map_err(std::io::Error::other)?;
+    let len = u32::try_from(frame.len() - 4).map_err(std::io::Error::other)?;
+    frame[..4].copy_from_slice(&len.to_be_bytes());
+    stream.write_all(&frame).await?;
     stream.flush().await
 }
 

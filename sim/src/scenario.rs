@@ -166,9 +166,11 @@ pub enum Strategy {
     WatermarkBeforeRows,
 }
 
-/// The default simulation step. Every step ticks every host's runtime and every link, and
-/// that fixed cost is most of a run's time, so the step is as coarse as message latencies
-/// (1–50 ms) allow.
+/// The default simulation step. Every step runs every host's runtime for the step, idle or
+/// not (about 1.5 µs of CPU for an idle host: some 30 ms of a seed's CPU), so the step is
+/// as coarse as the scenario allows. Coarser costs the scenario: messages are delivered
+/// at step boundaries, so each request takes longer, and at 15 ms the writers made 11%
+/// fewer writes over seeds 1..=12 (20 ms: 18% fewer).
 pub const DEFAULT_TICK: Duration = Duration::from_millis(10);
 
 /// A run's shape.
