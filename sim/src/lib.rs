@@ -32,5 +32,6 @@ pub mod proto;
 pub mod remote;
 pub mod scenario;
 pub mod server;
+pub mod sweeps;
 pub mod trace;
 pub mod world;
