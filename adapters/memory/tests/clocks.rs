@@ -108,7 +108,10 @@ async fn schedules_given_a_clock_fall_due_on_it_and_not_on_tokios() {
     millis.store(1_000, Ordering::SeqCst);
     let due = store.schedules().await.unwrap().remove(0);
     assert_eq!(due.clock.now, Duration::from_secs(1_001), "on its calendar");
-    assert_eq!(due.schedule.tick_to_fire(due.last_fired, due.clock), Some(1));
+    assert_eq!(
+        due.schedule.tick_to_fire(due.last_fired, due.clock),
+        Some(1)
+    );
 }
 
 #[tokio::test(start_paused = true)]
