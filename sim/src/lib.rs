@@ -9,6 +9,11 @@
 //! on the source host checks that no row is published by two relays holding it at once
 //! and that none is lost.
 //!
+//! The worker hosts also run the runtime's job runner and retention over the wire (see
+//! [`ops`] and [`sweeps`]): sweeps on their schedule under the sweeper lock, checked by a
+//! ledger that no two owners hold the lock at once and that no sweep removes what the
+//! retention policy or job retention keeps.
+//!
 //! A run has two phases. In the safety phase the fault plan drawn from the seed is carried
 //! out (partitions, holds, latency, link failures, crashes of followers, the source and
 //! writers between commit and announce, lost, duplicated and reordered announcements,
@@ -32,5 +37,6 @@ pub mod proto;
 pub mod remote;
 pub mod scenario;
 pub mod server;
+pub mod sweeps;
 pub mod trace;
 pub mod world;

@@ -309,6 +309,18 @@ fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
         sum(|o| o.jobs.2),
         sum(|o| o.jobs.3),
     );
+    let total = |f: fn(&Outcome) -> u64| outcomes.iter().map(f).sum::<u64>();
+    println!(
+        "sweeps {} · after their lease ran out {} · lock taken over from a crashed sweeper {} · removed: change log {}, events {}, outbox rows {}, finished jobs {} · durable cursors passed at the maximum age {}",
+        sum(|o| o.sweeps.sweeps),
+        sum(|o| o.sweeps.late),
+        sum(|o| o.sweeps.takeovers),
+        total(|o| o.sweeps.removed.0),
+        total(|o| o.sweeps.removed.1),
+        total(|o| o.sweeps.removed.2),
+        total(|o| o.sweeps.jobs_removed),
+        sum(|o| o.sweeps.forced),
+    );
     println!(
         "convergence after healing (simulated): p50 {:.2}s  p90 {:.2}s  p99 {:.2}s  max {:.2}s",
         pct(0.5),

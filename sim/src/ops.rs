@@ -57,6 +57,11 @@ pub enum QueueCall {
         error: String,
     },
     Counts,
+    /// The queue's finished-job retention (a sweep's second half).
+    RemoveFinished {
+        done: Duration,
+        dead: Option<Duration>,
+    },
 }
 
 /// A queue call's answer on the wire.
@@ -78,6 +83,8 @@ pub enum QueueAnswer {
     },
     /// [`Error::LeaseLost`]: the runner must stop the job's handler.
     LeaseLost(String),
+    /// Finished jobs removed.
+    Removed(u64),
 }
 
 /// A lease on the wire.
@@ -136,7 +143,13 @@ pub async fn serve(queue: &MemoryQueue, ledger: &JobLedger, call: QueueCall) -> 
                 QueueAnswer::Done
             })
         }
-        QueueCall::Ack { lease } => queue.ack(&lease.into()).await.map(|()| QueueAnswer::Done),
+        QueueCall::Ack { lease } => {
+            let id = lease.id;
+            queue.ack(&lease.into()).await.map(|()| {
+                ledger.acked(id, now);
+                QueueAnswer::Done
+            })
+        }
         QueueCall::Fail {
             lease,
             error,
@@ -157,6 +170,20 @@ pub async fn serve(queue: &MemoryQueue, ledger: &JobLedger, call: QueueCall) -> 
             done: c.done,
             dead: c.dead,
         }),
+        QueueCall::RemoveFinished { done, dead } => {
+            let before = queue.jobs();
+            let removed = queue.remove_finished(JobRetention { done, dead }).await;
+            if let Ok(n) = removed {
+                let after: std::collections::BTreeSet<JobId> =
+                    queue.jobs().into_iter().map(|r| r.id).collect();
+                let gone: Vec<JobRecord> = before
+                    .into_iter()
+                    .filter(|r| !after.contains(&r.id))
+                    .collect();
+                ledger.removed(&gone, JobRetention { done, dead }, now, n);
+            }
+            removed.map(QueueAnswer::Removed)
+        }
     };
     match answer {
         Ok(a) => Response::Queue(a),
@@ -186,9 +213,10 @@ fn not_served(what: &str) -> Error {
     )
 }
 
-/// The source host's job queue, reached over the wire: what the announce legs enqueue on
-/// and what the job runners lease from. The operator's calls (reading a job back, the dead
-/// letter list, requeue, retention) are not served here: nothing in the world makes them.
+/// The source host's job queue, reached over the wire: what the announce legs enqueue on,
+/// what the job runners lease from and what sweeps remove finished jobs from. The
+/// operator's calls (reading a job back, the dead letter list, requeue) are not served
+/// here: nothing in the world makes them.
 impl Queue for Remote {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
         match self.queue_call(QueueCall::Enqueue(job)).await? {
@@ -276,8 +304,15 @@ impl Queue for Remote {
         }
     }
 
-    async fn remove_finished(&self, _retention: JobRetention) -> Result<u64> {
-        Err(not_served("job retention"))
+    async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
+        let call = QueueCall::RemoveFinished {
+            done: retention.done,
+            dead: retention.dead,
+        };
+        match self.queue_call(call).await? {
+            QueueAnswer::Removed(n) => Ok(n),
+            a => Err(Error::unavailable("queue", format!("unexpected {a:?}"))),
+        }
     }
 }
 
@@ -310,6 +345,10 @@ struct JobEntry {
 #[derive(Debug, Default)]
 struct LedgerState {
     jobs: BTreeMap<JobId, JobEntry>,
+    /// When each job was acked, as the queue answered it.
+    done_at: BTreeMap<JobId, Duration>,
+    /// Finished jobs retention removed.
+    removed: u64,
     violations: Vec<String>,
     takeovers: u32,
     renewals: u32,
@@ -388,6 +427,45 @@ impl JobLedger {
         if let Some(run) = s.jobs.get_mut(&id).and_then(|e| e.runs.get_mut(&attempt)) {
             run.ended = Some(now);
         }
+    }
+
+    fn acked(&self, id: JobId, now: Duration) {
+        lock(&self.inner).done_at.entry(id).or_insert(now);
+    }
+
+    /// Checks what finished-job retention removed: only jobs done at least `retention`'s
+    /// `done` age ago, and dead letters only past its `dead` age.
+    fn removed(&self, gone: &[JobRecord], retention: JobRetention, now: Duration, n: u64) {
+        let mut s = lock(&self.inner);
+        s.removed += n;
+        let mut found = Vec::new();
+        for r in gone {
+            let ok = match r.state {
+                JobState::Done => s
+                    .done_at
+                    .get(&r.id)
+                    .is_some_and(|at| now.saturating_sub(*at) >= retention.done),
+                // The queue's own dead-letter time is not seen here: only a retention that
+                // never removes dead letters is checked exactly.
+                JobState::DeadLettered => retention.dead.is_some(),
+                _ => false,
+            };
+            if !ok {
+                found.push(format!(
+                    "job retention ({retention:?}) removed job {} ({:?}, acked at {:?}) at {now:?}",
+                    r.id,
+                    r.state,
+                    s.done_at.get(&r.id)
+                ));
+            }
+        }
+        s.violations.extend(found);
+    }
+
+    /// Finished jobs removed by retention so far.
+    #[must_use]
+    pub fn jobs_removed(&self) -> u64 {
+        lock(&self.inner).removed
     }
 
     /// Violations found so far.
@@ -505,6 +583,14 @@ pub async fn runner(
                 Ok::<(), String>(())
             }
         });
+    // The `sweep` jobs the sweep scheduler enqueues: a sweep under the sweeper lock.
+    let handlers = tidemark::with_sweep_job(
+        handlers,
+        remote.clone(),
+        crate::sweeps::sweep_of(&remote),
+        owner.clone(),
+        crate::sweeps::SWEEP_LEASE,
+    );
     let retry = BackoffPolicy::new(
         Duration::from_millis(200),
         2.0,

@@ -82,6 +82,8 @@ pub enum Request {
     WatchOutbox,
     /// A call on the source host's job queue.
     Queue(crate::ops::QueueCall),
+    /// A call on the source host's sweeper lock, schedules or sweep.
+    Sweeps(crate::sweeps::SweepCall),
 }
 
 /// An announcement plan on the wire.
@@ -377,6 +379,8 @@ pub enum Response {
     Changed,
     /// A job queue call's answer.
     Queue(crate::ops::QueueAnswer),
+    /// A retention call's answer.
+    Sweeps(crate::sweeps::SweepAnswer),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

@@ -68,6 +68,9 @@ pub enum FaultKind {
     /// The next job handler calls fail: the job is retried, and dead-lettered with its
     /// last error once its attempts are used up.
     JobFailure,
+    /// A worker host crashes while it holds the sweeper lock, and restarts: its lease must
+    /// run out before another sweeper takes over, and none may take it sooner.
+    SweeperCrash,
 }
 
 impl FaultKind {
@@ -84,7 +87,7 @@ impl FaultKind {
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 25] = [
+    pub const ALL: [FaultKind; 26] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -110,6 +113,7 @@ impl FaultKind {
         FaultKind::RunnerCrash,
         FaultKind::SlowJob,
         FaultKind::JobFailure,
+        FaultKind::SweeperCrash,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -134,6 +138,7 @@ impl FaultKind {
                 | FaultKind::RunnerCrash
                 | FaultKind::SlowJob
                 | FaultKind::JobFailure
+                | FaultKind::SweeperCrash
         )
     }
 
@@ -328,6 +333,9 @@ pub enum Action {
     SlowJob,
     /// Fail the next `n` job handler calls.
     FailJobs(u32),
+    /// Crash the next worker host seen holding the sweeper lock; it restarts after this
+    /// long.
+    CrashSweeper(Duration),
 }
 
 impl Action {
@@ -360,6 +368,7 @@ impl Action {
             Action::CrashRunner(_) => FaultKind::RunnerCrash,
             Action::SlowJob => FaultKind::SlowJob,
             Action::FailJobs(_) => FaultKind::JobFailure,
+            Action::CrashSweeper(_) => FaultKind::SweeperCrash,
             _ => return None,
         })
     }
@@ -543,6 +552,10 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     plan.push((heal_at, Action::RestartRelay(i)));
                 }
                 FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
+                FaultKind::SweeperCrash => {
+                    let down = Duration::from_millis(300 + rng.next_u64() % 3000);
+                    plan.push((t, Action::CrashSweeper(down)));
+                }
                 FaultKind::JobFailure => {
                     plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
                 }

@@ -15,6 +15,7 @@ use turmoil::net::{TcpListener, TcpStream};
 use crate::ops::JobLedger;
 use crate::oracle::{History, RelayLedger};
 use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
+use crate::sweeps::Sweeps;
 
 /// The legs of a write through the announcing source: relays publish it, wake the
 /// followers and enqueue its housekeeping job, which the job runners run.
@@ -34,6 +35,7 @@ pub async fn serve(
     history: History,
     ledger: RelayLedger,
     jobs: JobLedger,
+    sweeps: Sweeps,
 ) -> turmoil::Result {
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
@@ -42,12 +44,13 @@ pub async fn serve(
         let history = history.clone();
         let ledger = ledger.clone();
         let jobs = jobs.clone();
+        let sweeps = sweeps.clone();
         // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
         // runtime list is sharded by a process-wide task id, so its drop order (and the
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, ledger, jobs, stream).await;
+            let _ = connection(memory, history, ledger, jobs, sweeps, stream).await;
         });
     }
 }
@@ -61,6 +64,7 @@ async fn connection(
     history: History,
     ledger: RelayLedger,
     jobs: JobLedger,
+    sweeps: Sweeps,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
@@ -196,6 +200,7 @@ async fn connection(
             .map_or_else(failed, Response::Seq),
         Request::WatchOutbox => return stream_outbox(&memory, stream).await,
         Request::Queue(call) => crate::ops::serve(&memory.queue, &jobs, call).await,
+        Request::Sweeps(call) => sweeps.serve(&memory, call).await,
     };
     proto::write(&mut stream, &response).await
 }

@@ -25,6 +25,7 @@ use crate::scenario::{
     writer_host,
 };
 use crate::server;
+use crate::sweeps::{self, SweepCounts, SweepLedger, Sweeps};
 use crate::trace::Trace;
 
 /// The wake channel writers announce on.
@@ -113,6 +114,8 @@ pub struct Outcome {
     /// The job runners: (jobs handled, runs after another run's lease ran out, lease
     /// renewals, slow jobs delivered again while their first run went on).
     pub jobs: (u32, u32, u32, u32),
+    /// The sweepers: sweeps, takeovers, rows removed, cursors forced past.
+    pub sweeps: SweepCounts,
 }
 
 impl Outcome {
@@ -317,8 +320,9 @@ pub const RELAY_LEASE: Duration = Duration::from_secs(2);
 /// Rows a relay claims at a time: few, so relays interleave and leases lapse mid-drain.
 const RELAY_BATCH: usize = 4;
 
-/// A worker host: a relay and a job runner, as one process of a user's deployment runs
-/// them; a crash takes both down.
+/// A worker host: a relay, a job runner and retention (a sweep driver or a sweep
+/// scheduler, see [`sweeps`]), as one process of a user's deployment runs them; a crash
+/// takes them all down.
 async fn worker_host(
     i: usize,
     seed: u64,
@@ -333,10 +337,12 @@ async fn worker_host(
         job_faults,
         trace.clone(),
     );
+    let retention = sweeps::retention(i, relay_host(i), trace.clone());
     tokio::select! {
         biased;
         done = relay(i, seed, trace) => done,
         done = runner => Ok(done?),
+        done = retention => Ok(done?),
     }
 }
 
@@ -600,6 +606,13 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     memory.queue = ops::source_queue(memory.faults.clone(), sim_clock);
     let jobs = JobLedger::default();
     let job_faults = Arc::new(JobFaults::default());
+    // The durable consumers, whose events the sweeps must keep (up to the maximum age).
+    let cursors = followers(scenario)
+        .into_iter()
+        .filter(|f| f.kind == Kind::Events && f.persisted())
+        .map(|f| f.name)
+        .collect();
+    let sweeps = Sweeps::new(&memory, sim_clock, cursors);
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(
@@ -612,13 +625,14 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
 
     {
         let (memory, history, ledger) = (memory.clone(), history.clone(), ledger.clone());
-        let jobs = jobs.clone();
+        let (jobs, sweeps) = (jobs.clone(), sweeps.clone());
         sim.host(SOURCE, move || {
             server::serve(
                 memory.clone(),
                 history.clone(),
                 ledger.clone(),
                 jobs.clone(),
+                sweeps.clone(),
             )
         });
     }
@@ -684,6 +698,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     // Commit crashes armed (follower → time down) and crashed hosts' restart times.
     let mut commit_crashes: BTreeMap<usize, Duration> = BTreeMap::new();
     let mut restarts: Vec<(Duration, usize)> = Vec::new();
+    // Worker hosts crashed holding the sweeper lock, and when they restart.
+    let mut sweeper_restarts: Vec<(Duration, String)> = Vec::new();
     let mut landed = 0;
     let all_hosts: Vec<String> = specs
         .iter()
@@ -716,6 +732,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             failures.push(format!("job runners: {v}"));
             return false;
         }
+        if let Some(v) = sweeps.ledger.violations().first() {
+            failures.push(format!("sweeps: {v}"));
+            return false;
+        }
         true
     };
     // What the fault actions reach, borrowed for the whole run.
@@ -731,6 +751,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         restores: &restores,
         jobs: &jobs,
         job_faults: &job_faults,
+        sweeps: &sweeps.ledger,
     };
     while sim.elapsed() < scenario.fault_phase {
         while let Some((at, _)) = plan.peek() {
@@ -773,6 +794,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
+                sweeps: &sweeps.ledger,
                 jobs: &jobs,
                 trace: &trace,
                 history: &history,
@@ -798,7 +820,23 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 restarts.push((sim.elapsed() + down, i));
             }
         }
+        if let Some((h, down)) = sweeps.ledger.armed_holder() {
+            if crashed.insert(h.clone()) {
+                trace.line_at(
+                    sim.elapsed(),
+                    format!("{h} crashed holding the sweeper lock"),
+                );
+                sim.crash(h.as_str());
+                sweeper_restarts.push((sim.elapsed() + down, h));
+            }
+        }
         let now = sim.elapsed();
+        for (_, h) in sweeper_restarts.iter().filter(|(at, _)| *at <= now) {
+            if crashed.remove(h) {
+                sim.bounce(h.as_str());
+            }
+        }
+        sweeper_restarts.retain(|(at, _)| *at > now);
         let due: Vec<usize> = restarts
             .iter()
             .filter(|(at, _)| *at <= now)
@@ -855,6 +893,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
+                sweeps: &sweeps.ledger,
                 jobs: &jobs,
                 trace: &trace,
                 history: &history,
@@ -954,6 +993,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     }
     let seen = Seen {
         ledger: &ledger,
+        sweeps: &sweeps.ledger,
         jobs: &jobs,
         trace: &trace,
         history: &history,
@@ -1021,6 +1061,7 @@ struct World<'a> {
     handler_faults: &'a [Arc<AtomicU32>],
     jobs: &'a JobLedger,
     job_faults: &'a JobFaults,
+    sweeps: &'a SweepLedger,
     history: &'a History,
     ledger: &'a RelayLedger,
     probes: &'a [Probe],
@@ -1211,6 +1252,7 @@ fn apply(
                 sim.crash(h.as_str());
             }
         }
+        Action::CrashSweeper(down) => world.sweeps.arm_crash(*down),
         Action::SlowJob => world.job_faults.slow_next.store(true, Ordering::SeqCst),
         Action::FailJobs(n) => world.job_faults.fail_next.store(*n, Ordering::SeqCst),
         // Carried out by the orchestrator, flap by flap.
@@ -1271,6 +1313,7 @@ fn publish_foreign(memory: &Memory, draw: u64) {
 /// What a run saw besides its failures.
 struct Seen<'a> {
     ledger: &'a RelayLedger,
+    sweeps: &'a SweepLedger,
     jobs: &'a JobLedger,
     trace: &'a Trace,
     history: &'a History,
@@ -1307,5 +1350,9 @@ fn finish(
         relay_repeats: seen.ledger.repeats(),
         relayed: u32::try_from(seen.ledger.published_seqs().len()).unwrap_or(u32::MAX),
         jobs: seen.jobs.counts(),
+        sweeps: SweepCounts {
+            jobs_removed: seen.jobs.jobs_removed(),
+            ..seen.sweeps.counts()
+        },
     }
 }

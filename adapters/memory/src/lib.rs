@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 mod cache_store;
+mod clock;
 mod events;
 mod faults;
 mod lock;

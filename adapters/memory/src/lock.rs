@@ -7,6 +7,7 @@ use std::time::Duration;
 use tidemark::{Error, Lock, LockLease, Result};
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::faults::{Faults, Port};
 
 #[derive(Debug)]
@@ -27,6 +28,7 @@ struct State {
 pub struct MemoryLock {
     state: Arc<Mutex<State>>,
     faults: Faults,
+    clock: Now,
 }
 
 impl MemoryLock {
@@ -36,6 +38,19 @@ impl MemoryLock {
         MemoryLock {
             state: Arc::default(),
             faults,
+            clock: Now::default(),
+        }
+    }
+
+    /// No lock held; calls consult `faults`, and leases expire by `clock` instead of
+    /// tokio's (a simulator's host that crashes and comes back runs on a new runtime,
+    /// whose `Instant`s start from a new base).
+    #[must_use]
+    pub fn with_clock(faults: Faults, clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
+        MemoryLock {
+            state: Arc::default(),
+            faults,
+            clock: Now::given(clock),
         }
     }
 
@@ -47,7 +62,7 @@ impl MemoryLock {
 impl Lock for MemoryLock {
     async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
         self.faults.check(Port::Lock)?;
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut s = self.state();
         if let Some(h) = s.held.get_mut(name)
             && h.expires > now
@@ -85,7 +100,7 @@ impl Lock for MemoryLock {
 
     async fn renew(&self, lease: &LockLease, ttl: Duration) -> Result<()> {
         self.faults.check(Port::Lock)?;
-        let now = Instant::now();
+        let now = self.clock.now();
         let mut s = self.state();
         match s.held.get_mut(&lease.name) {
             Some(h) if h.fencing == lease.fencing && h.expires > now => {

@@ -7,6 +7,7 @@ use tidemark::tidemark_core::{Mark, RetentionPolicy};
 use tidemark::{Result, Sweep, Swept};
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::faults::Port;
 use crate::{Memory, MemoryEvents, MemoryOutbox, MemorySource};
 
@@ -21,6 +22,7 @@ pub struct MemorySweep {
     outbox: MemoryOutbox,
     policy: RetentionPolicy,
     origin: Instant,
+    clock: Now,
     /// (when, watermark, events head) at each sweep.
     marks: Arc<Mutex<Vec<(Duration, u64, u64)>>>,
 }
@@ -35,7 +37,24 @@ impl Memory {
             outbox: self.outbox.clone(),
             policy,
             origin: Instant::now(),
+            clock: Now::default(),
             marks: Arc::default(),
+        }
+    }
+
+    /// A sweep of these ports under `policy` whose ages are read on `clock` instead of
+    /// tokio's (a simulator's clock, which outlives the runtimes of hosts that restart).
+    #[must_use]
+    pub fn sweeper_with_clock(
+        &self,
+        policy: RetentionPolicy,
+        clock: impl Fn() -> Instant + Send + Sync + 'static,
+    ) -> MemorySweep {
+        let clock = Now::given(clock);
+        MemorySweep {
+            origin: clock.now(),
+            clock,
+            ..self.sweeper(policy)
         }
     }
 }
@@ -43,7 +62,7 @@ impl Memory {
 impl Sweep for MemorySweep {
     async fn sweep(&self) -> Result<Swept> {
         self.source.faults().check(Port::Source)?;
-        let now = Instant::now().saturating_duration_since(self.origin);
+        let now = self.clock.now().saturating_duration_since(self.origin);
         let watermark = self.source.current_watermark();
         let (events_head, cursor_floor) = self.events.head_and_floor();
         let cursor_floor = cursor_floor.map(|c| c.saturating_add(1));

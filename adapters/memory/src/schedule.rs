@@ -8,6 +8,7 @@ use tidemark::tidemark_core::{Schedule, ScheduleClock};
 use tidemark::{DueSchedule, Result, ScheduleStore};
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::faults::{Faults, Port};
 
 #[derive(Debug)]
@@ -27,6 +28,7 @@ pub struct MemorySchedules {
     /// Tokio's instant that stands for `calendar` since the unix epoch.
     origin: Instant,
     calendar: Duration,
+    clock: Now,
 }
 
 impl Default for MemorySchedules {
@@ -55,12 +57,31 @@ impl MemorySchedules {
             faults,
             origin: Instant::now(),
             calendar,
+            clock: Now::default(),
+        }
+    }
+
+    /// No schedules; `clock` instead of tokio's, its now at this call standing for
+    /// `calendar` (a simulator's clock, which outlives the runtimes of hosts that restart).
+    #[must_use]
+    pub fn with_clock(
+        faults: Faults,
+        calendar: Duration,
+        clock: impl Fn() -> Instant + Send + Sync + 'static,
+    ) -> Self {
+        let clock = Now::given(clock);
+        MemorySchedules {
+            state: Arc::default(),
+            faults,
+            origin: clock.now(),
+            calendar,
+            clock,
         }
     }
 
     /// Now on the store's calendar.
     fn now(&self) -> Duration {
-        self.calendar + Instant::now().saturating_duration_since(self.origin)
+        self.calendar + self.clock.now().saturating_duration_since(self.origin)
     }
 
     fn state(&self) -> MutexGuard<'_, BTreeMap<String, Stored>> {

@@ -2,17 +2,21 @@
 //! kind, renews the lease while the handler runs, and acks, retries (with the core's
 //! seeded, jittered backoff) or dead-letters.
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::fmt::Display;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use serde::de::DeserializeOwned;
 use tidemark_core::{Backoff, BackoffPolicy, Job, JobId, Rng};
-use tokio::task::{JoinHandle, JoinSet};
 use tracing::{Instrument, debug, warn};
 
 use crate::clock::Clock;
@@ -193,7 +197,8 @@ impl Counts {
 /// Runs jobs from a [`Queue`]: the consumer half of the job system.
 ///
 /// Each turn it leases a job (while fewer than its concurrency limit run), looks up the
-/// handler for the job's kind, and runs it in its own task, renewing the lease every
+/// handler for the job's kind, and runs it beside the others inside the runner's own
+/// task (concurrently, not in parallel: nothing is spawned), renewing the lease every
 /// third of the visibility timeout while it runs. Success acks the job; an error fails
 /// the attempt with the error as the job's last error, ready again after a delay from the
 /// core's [`BackoffPolicy`] (by attempt, jittered from the runner's seed); the queue
@@ -322,45 +327,41 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
     /// Runs jobs until `stop`, then waits for the jobs in flight to finish. Returns its
     /// counters; only a queue error that is not retryable ends it early (after the jobs in
     /// flight finished).
+    ///
+    /// Everything runs inside the future this returns: the handlers in flight, their lease
+    /// renewals and the queue count are polled beside the leasing, never spawned. So a
+    /// runner spawns no tasks, dropping it drops every handler at once, and a simulation
+    /// that crashes its host replays the same way whatever tasks the process spawned
+    /// before. A handler that does blocking or CPU-heavy work should move it off the
+    /// runner with `tokio::task::spawn_blocking`.
     pub async fn run(&self, mut stop: StopSignal) -> Result<JobCounters> {
         let clock = Clock::new();
         let mut rng = Rng::new(self.seed);
         let mut backoff = Backoff::new(self.backoff);
-        let mut in_flight: JoinSet<()> = JoinSet::new();
+        let mut work = Beside::new(&self.name);
         let mut fatal = None;
-        let metrics = JobMetrics::new(&self.name);
         let mut counted: Option<tokio::time::Instant> = None;
-        let mut counting: Option<tokio::task::JoinHandle<Result<JobCounts>>> = None;
         // Made before the first lease, so an enqueue during it is not missed.
         let mut ready = self.queue.ready_signal();
         while !stop.is_stopped() {
-            while in_flight.try_join_next().is_some() {}
-            metrics.counters(&self.counts.snapshot());
+            work.metrics.counters(&self.counts.snapshot());
             // Counted beside the leasing, never in its way: a count can be slow (NATS
             // reads the state bucket), and the gauges can wait for it.
-            if let Some(done) = counting.take_if(|c| c.is_finished()) {
-                match done.await {
-                    Ok(Ok(c)) => metrics.counts(&c),
-                    Ok(Err(e)) => {
-                        debug!(runner = %self.name, error = %e, "could not count the queue");
-                    }
-                    Err(e) => debug!(runner = %self.name, error = %e, "queue count task failed"),
-                }
-            }
-            if counting.is_none() && counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY) {
+            if work.counting.is_none() && counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY)
+            {
                 counted = Some(tokio::time::Instant::now());
                 let queue = self.queue.clone();
-                counting = Some(tokio::spawn(async move { queue.counts().await }));
+                work.counting = Some(Box::pin(async move { queue.counts().await }));
             }
-            if in_flight.len() >= self.concurrency {
+            if work.jobs.len() >= self.concurrency {
                 tokio::select! {
                     biased;
                     () = stop.stopped() => break,
-                    _ = in_flight.join_next() => {}
+                    () = work.one_done() => {}
                 }
                 continue;
             }
-            match self.queue.lease(self.visibility).await {
+            match work.beside(self.queue.lease(self.visibility)).await {
                 Ok(Some(lease)) => {
                     backoff.healthy(clock.now());
                     Counts::bump(&self.counts.leased);
@@ -375,7 +376,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                         retry_after,
                     };
                     let span = tracing::debug_span!("job", id = %lease.id, kind = lease.job.kind(), attempt = lease.attempt);
-                    in_flight.spawn(job.run(lease).instrument(span));
+                    work.jobs.push(Box::pin(job.run(lease).instrument(span)));
                 }
                 Ok(None) => {
                     backoff.healthy(clock.now());
@@ -385,21 +386,35 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                             None => std::future::pending().await,
                         }
                     };
-                    tokio::select! {
-                        biased;
-                        () = stop.stopped() => break,
-                        () = woken => {}
-                        () = tokio::time::sleep(self.idle_poll) => {}
+                    let stopped = work
+                        .beside(async {
+                            tokio::select! {
+                                biased;
+                                () = stop.stopped() => true,
+                                () = woken => false,
+                                () = tokio::time::sleep(self.idle_poll) => false,
+                            }
+                        })
+                        .await;
+                    if stopped {
+                        break;
                     }
                 }
                 Err(e) if e.is_retryable() => {
                     Counts::bump(&self.counts.queue_errors);
                     let delay = backoff.next_delay(clock.now(), &mut rng);
                     warn!(runner = %self.name, error = %e, ?delay, "leasing a job failed; will retry");
-                    tokio::select! {
-                        biased;
-                        () = stop.stopped() => break,
-                        () = tokio::time::sleep(delay) => {}
+                    let stopped = work
+                        .beside(async {
+                            tokio::select! {
+                                biased;
+                                () = stop.stopped() => true,
+                                () = tokio::time::sleep(delay) => false,
+                            }
+                        })
+                        .await;
+                    if stopped {
+                        break;
                     }
                 }
                 Err(e) => {
@@ -409,16 +424,17 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                 }
             }
         }
-        // Drain: the jobs in flight finish (renewing their leases) before it returns.
-        let draining = in_flight.len();
+        // Drain: the jobs in flight finish (renewing their leases) before it returns; a
+        // count still going is not waited for.
+        work.counting = None;
+        let draining = work.jobs.len();
         if draining > 0 {
             debug!(runner = %self.name, draining, "waiting for jobs in flight");
         }
-        while in_flight.join_next().await.is_some() {}
-        if let Some(counting) = counting {
-            counting.abort();
+        while !work.jobs.is_empty() {
+            work.one_done().await;
         }
-        metrics.counters(&self.counts.snapshot());
+        work.metrics.counters(&self.counts.snapshot());
         match fatal {
             Some(e) => Err(e),
             None => Ok(self.counts.snapshot()),
@@ -442,12 +458,74 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
     }
 }
 
-/// Aborts the task it holds when dropped: a handler does not outlive its runner.
-struct AbortOnDrop<T>(JoinHandle<T>);
+type JobFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+type CountFuture = Pin<Box<dyn Future<Output = Result<JobCounts>> + Send>>;
 
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
+/// What a runner does beside leasing, polled inside its own task (as kube-runtime's
+/// applier polls its reconcilers): the jobs in flight and the queue count. Nothing is
+/// spawned, so nothing outlives the runner and a crash drops it all in one order.
+struct Beside<'a> {
+    runner: &'a str,
+    jobs: FuturesUnordered<JobFuture>,
+    counting: Option<CountFuture>,
+    metrics: JobMetrics,
+}
+
+impl<'a> Beside<'a> {
+    fn new(runner: &'a str) -> Self {
+        Beside {
+            runner,
+            jobs: FuturesUnordered::new(),
+            counting: None,
+            metrics: JobMetrics::new(runner),
+        }
+    }
+
+    /// Moves the jobs in flight and the count on; ready with how many jobs ended.
+    fn poll_work(&mut self, cx: &mut Context<'_>) -> usize {
+        // The count first: started at the top of a turn, it reads the queue as the turn
+        // found it, before the jobs' own calls of this poll.
+        if let Some(counting) = self.counting.as_mut()
+            && let Poll::Ready(counted) = counting.as_mut().poll(cx)
+        {
+            self.counting = None;
+            match counted {
+                Ok(c) => self.metrics.counts(&c),
+                Err(e) => debug!(runner = %self.runner, error = %e, "could not count the queue"),
+            }
+        }
+        let mut ended = 0;
+        // `FuturesUnordered` yields to the scheduler by itself after a long run of ready
+        // jobs (it wakes the task and returns `Pending`), so this loop ends.
+        while let Poll::Ready(Some(())) = self.jobs.poll_next_unpin(cx) {
+            ended += 1;
+        }
+        ended
+    }
+
+    /// Runs `fut` to its end while the jobs in flight and the count go on beside it.
+    async fn beside<T>(&mut self, fut: impl Future<Output = T>) -> T {
+        let mut fut = std::pin::pin!(fut);
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            self.poll_work(cx);
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Waits until at least one job in flight ends (forever when none runs).
+    async fn one_done(&mut self) {
+        std::future::poll_fn(|cx| {
+            if self.poll_work(cx) > 0 {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
     }
 }
 
@@ -463,9 +541,19 @@ struct RunJob<Q> {
 
 impl<Q: Queue + 'static> RunJob<Q> {
     async fn run(self, lease: Leased) {
-        self.counts.in_flight.fetch_add(1, Ordering::Relaxed);
-        self.run_leased(&lease).await;
-        self.counts.in_flight.fetch_sub(1, Ordering::Relaxed);
+        let _in_flight = InFlight::enter(&self.counts);
+        // A panic outside the handler (in the queue's own code) ends this job's run, not
+        // the runner: the job's lease runs out and it is delivered again.
+        if let Err(panic) = AssertUnwindSafe(self.run_leased(&lease))
+            .catch_unwind()
+            .await
+        {
+            Counts::bump(&self.counts.queue_errors);
+            warn!(
+                panic = %panic_message(&*panic),
+                "running a job panicked outside its handler; it will be delivered again"
+            );
+        }
     }
 
     async fn run_leased(&self, lease: &Leased) {
@@ -481,23 +569,24 @@ impl<Q: Queue + 'static> RunJob<Q> {
                 .bury(lease, &format!("no handler for job kind {kind:?}"))
                 .await;
         };
-        let work = match handler(&lease.job, ctx) {
-            Ok(work) => work,
-            Err(e) => {
+        // The user's code, panics caught: a panic fails the attempt like an error.
+        let work = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(&lease.job, ctx))) {
+            Ok(Ok(work)) => AssertUnwindSafe(work).catch_unwind().boxed(),
+            Ok(Err(e)) => {
                 return self
                     .bury(lease, &format!("job of kind {kind:?} does not decode: {e}"))
                     .await;
             }
+            Err(panic) => futures::future::ready(Err(panic)).boxed(),
         };
-        let mut work = AbortOnDrop(tokio::spawn(work));
+        let mut work = work;
         let renew_every = self.visibility / 3;
         let outcome = loop {
             tokio::select! {
                 biased;
-                done = &mut work.0 => break match done {
+                done = &mut work => break match done {
                     Ok(result) => result,
-                    Err(e) if e.is_panic() => Err(format!("handler panicked: {}", panic_message(e))),
-                    Err(e) => Err(format!("handler did not finish: {e}")),
+                    Err(panic) => Err(format!("handler panicked: {}", panic_message(&*panic))),
                 },
                 () = tokio::time::sleep(renew_every) => {
                     match self.queue.renew(lease, self.visibility).await {
@@ -585,8 +674,23 @@ impl<Q: Queue + 'static> RunJob<Q> {
     }
 }
 
-fn panic_message(e: tokio::task::JoinError) -> String {
-    let payload = e.into_panic();
+/// Keeps the in-flight gauge true however a job's run ends (finished, panicked, dropped).
+struct InFlight<'a>(&'a Counts);
+
+impl<'a> InFlight<'a> {
+    fn enter(counts: &'a Counts) -> Self {
+        counts.in_flight.fetch_add(1, Ordering::Relaxed);
+        InFlight(counts)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
     payload
         .downcast_ref::<&str>()
         .map(|s| (*s).to_owned())

@@ -218,6 +218,60 @@ async fn a_panicking_handler_fails_its_attempt_and_the_runner_goes_on() {
     runner.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+#[tokio::test(start_paused = true)]
+async fn the_runner_runs_its_handlers_inside_its_own_task_and_spawns_none() {
+    // A simulator that crashes a host drops its tasks in an order that follows tokio's
+    // process-wide task ids; a runner that spawned its handlers made a seed's replay
+    // depend on what else the process had spawned before.
+    let q = MemoryQueue::default();
+    let most_tasks = Arc::new(AtomicUsize::new(usize::MAX));
+    let ran = Arc::new(AtomicUsize::new(0));
+    let handlers = {
+        let (most_tasks, ran) = (Arc::clone(&most_tasks), Arc::clone(&ran));
+        JobHandlers::new().on(["pack_housekeeping"], move |_: Job, _| {
+            let (most_tasks, ran) = (Arc::clone(&most_tasks), Arc::clone(&ran));
+            async move {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let alive = tokio::runtime::Handle::current()
+                    .metrics()
+                    .num_alive_tasks();
+                most_tasks
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |m| {
+                        Some(if m == usize::MAX { alive } else { m.max(alive) })
+                    })
+                    .unwrap();
+                ran.fetch_add(1, Ordering::SeqCst);
+                Ok::<(), String>(())
+            }
+        })
+    };
+    for i in 0..6 {
+        q.enqueue(Job::PackHousekeeping {
+            key: format!("k{i}"),
+        })
+        .await
+        .unwrap();
+    }
+    let runner = JobRunner::new("inline", q.clone(), handlers)
+        .concurrency(3)
+        .idle_poll(POLL);
+    let shutdown = tidemark::Shutdown::new();
+    let watch = async {
+        while ran.load(Ordering::SeqCst) < 6 {
+            tokio::time::sleep(POLL).await;
+        }
+        shutdown.trigger();
+    };
+    // The runner's future runs right here, in the test's own (unspawned) future.
+    let (counters, ()) = tokio::join!(runner.run(shutdown.signal()), watch);
+    assert_eq!(counters.unwrap().acked, 6);
+    assert_eq!(
+        most_tasks.load(Ordering::SeqCst),
+        0,
+        "while three handlers ran, the runtime had tasks alive: the runner spawned them"
+    );
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 enum Mail {

@@ -67,11 +67,12 @@ async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
             this_round += t.await.unwrap();
         }
         let crossed = usize::try_from(ticks_begun(&db, every).await - first).unwrap();
-        assert_eq!(
-            this_round,
-            1 + crossed,
-            "round {round}: one job per due tick ({crossed} more began while it ran), \
-             whoever races"
+        // Ticks that begin while the round runs fire only if a scheduler looks after they
+        // began; several that begin before the last look fire once, as missed ticks do.
+        assert!(
+            (1..=1 + crossed).contains(&this_round),
+            "round {round}: {this_round} jobs; one for the due tick and at most one per \
+             tick that began while it ran ({crossed}), whoever races"
         );
         fired += this_round;
     }

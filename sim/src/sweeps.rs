@@ -1,0 +1,834 @@
+//! Retention in the world: the runtime's sweeps of the source host's history, outbox and
+//! finished jobs, run on their schedule under the sweeper lock from the worker hosts over
+//! the wire, and the ledger that checks them.
+//!
+//! Worker host 0 (and every even one) runs the runtime's `run_retention` (the schedule,
+//! the lock and the sweep in one driver); the odd ones run `run_scheduler`, which enqueues
+//! a `sweep` job on each tick for the job runners, whose handlers take it with
+//! `with_sweep_job`. Both claim the same durable schedule, so each tick is swept once by
+//! one path or the other. Every sweep is `SweepWithJobs`: the source host's
+//! `MemorySweep`, then the queue's finished-job retention.
+//!
+//! What the ledger checks, on the source host, as each call is served:
+//! - two owners never hold the sweeper lock at once (a grant while another owner's lease
+//!   is live and not released);
+//! - a sweep never removes history younger than the policy's `keep`, from the change log
+//!   or the events stream;
+//! - a sweep never removes events a durable cursor still needs unless the policy's
+//!   `max_age` forces them out (then the cursor is counted as forced; the memory adapter
+//!   passes over records retention dropped, and its follower finds what it missed by
+//!   reconciling, which the oracle checks at every step);
+//! - a sweep never removes an outbox row the relays have not finished;
+//! - finished-job retention removes only jobs done at least its `done` age ago, and never
+//!   a dead letter (the world keeps them until requeued).
+//!
+//! What the memory adapter cannot promise is not checked: it does not see a persisted
+//! follower's watermark (that lives in the follower's own store), so change-log history
+//! older than `keep` may go while such a follower still needs it; that follower then
+//! resyncs, and the oracle checks that it converges. A sweep served after its owner's lease
+//! ran out (a request held on the wire past its lease) is counted, not failed: the
+//! `Sweep` port takes no fencing token, so a lease cannot stop a request already sent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tidemark::tidemark_core::{Job, RetentionPolicy, Schedule, ScheduleClock};
+use tidemark::{
+    Cursors, DueSchedule, Error, JobRetention, Lock, LockLease, Result, Retention, ScheduleStore,
+    StopSignal, Sweep, SweepWithJobs, Swept, run_retention, run_scheduler,
+};
+use tidemark_memory::{Memory, MemoryLock, MemorySchedules, MemorySweep};
+
+use crate::proto::{Request, Response};
+use crate::remote::Remote;
+use crate::trace::Trace;
+
+/// How often the world sweeps: often, so sweeps land in the fault phase.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The sweeper lock's lease: short, so a sweeper that crashed holding it is taken over
+/// within the run.
+pub const SWEEP_LEASE: Duration = Duration::from_secs(2);
+/// The world's retention: history goes 2 s after it was written unless a durable cursor
+/// needs it, and after 8 s whatever cursors need; so a follower cut off for a few seconds
+/// must notice compaction.
+pub const POLICY: RetentionPolicy = RetentionPolicy {
+    keep: Duration::from_secs(2),
+    max_age: Some(Duration::from_secs(8)),
+};
+/// Done jobs go 2 s after they finished; dead letters stay until requeued.
+pub const JOB_RETENTION: JobRetention = JobRetention {
+    done: Duration::from_secs(2),
+    dead: None,
+};
+
+/// A retention call on the wire: the sweeper lock, the schedules and the sweep.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SweepCall {
+    TryLock {
+        name: String,
+        owner: String,
+        ttl: Duration,
+    },
+    Renew {
+        lease: WireLockLease,
+        ttl: Duration,
+    },
+    Release {
+        lease: WireLockLease,
+    },
+    Schedules,
+    /// Interval schedules only: cron is not needed in the world.
+    PutSchedule {
+        name: String,
+        every: Duration,
+        job: Job,
+    },
+    RemoveSchedule {
+        name: String,
+    },
+    MarkFired {
+        name: String,
+        expected: Option<u64>,
+        tick: u64,
+    },
+    /// `by`: the owner sweeping, named to the ledger.
+    Sweep {
+        by: Option<String>,
+    },
+}
+
+/// A lock lease on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WireLockLease {
+    pub name: String,
+    pub owner: String,
+    pub fencing: u64,
+}
+
+impl From<&LockLease> for WireLockLease {
+    fn from(l: &LockLease) -> Self {
+        WireLockLease {
+            name: l.name.clone(),
+            owner: l.owner.clone(),
+            fencing: l.fencing,
+        }
+    }
+}
+
+impl From<WireLockLease> for LockLease {
+    fn from(w: WireLockLease) -> Self {
+        LockLease {
+            name: w.name,
+            owner: w.owner,
+            fencing: w.fencing,
+        }
+    }
+}
+
+/// A stored schedule on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WireDue {
+    pub name: String,
+    pub every: Duration,
+    pub job: Job,
+    pub last_fired: Option<u64>,
+    pub anchor: Duration,
+    pub now: Duration,
+}
+
+/// A retention call's answer on the wire.
+#[allow(missing_docs)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum SweepAnswer {
+    Locked(Option<WireLockLease>),
+    Done,
+    Yes(bool),
+    Schedules(Vec<WireDue>),
+    Swept {
+        outbox_rows: u64,
+        events: u64,
+        log_rows: u64,
+        jobs: u64,
+        first_available: u64,
+        first_event: u64,
+    },
+    /// [`Error::LeaseLost`].
+    LeaseLost(String),
+}
+
+/// The source host's side: its lock, schedules and sweep on the simulation's clock, and
+/// the ledger that watches them.
+#[derive(Clone, Debug)]
+pub struct Sweeps {
+    lock: MemoryLock,
+    schedules: MemorySchedules,
+    sweep: MemorySweep,
+    /// The ledger.
+    pub ledger: SweepLedger,
+}
+
+impl Sweeps {
+    /// Over `memory`, on `clock` (which outlives the source host's runtimes); `cursors`
+    /// names the durable consumers whose events the ledger checks are kept.
+    pub fn new(
+        memory: &Memory,
+        clock: impl Fn() -> tokio::time::Instant + Clone + Send + Sync + 'static,
+        cursors: Vec<String>,
+    ) -> Self {
+        Sweeps {
+            lock: MemoryLock::with_clock(memory.faults.clone(), clock.clone()),
+            schedules: MemorySchedules::with_clock(
+                memory.faults.clone(),
+                Duration::from_secs(1_700_000_000),
+                clock.clone(),
+            ),
+            sweep: memory.sweeper_with_clock(POLICY, clock),
+            ledger: SweepLedger {
+                inner: Arc::default(),
+                cursors: Arc::new(cursors),
+            },
+        }
+    }
+
+    /// Serves one call, telling the ledger.
+    pub async fn serve(&self, memory: &Memory, call: SweepCall) -> Response {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let answer = match call {
+            SweepCall::TryLock { name, owner, ttl } => {
+                self.lock.try_lock(&name, &owner, ttl).await.map(|l| {
+                    if let Some(l) = &l {
+                        self.ledger.granted(l, now, now + ttl);
+                    }
+                    SweepAnswer::Locked(l.as_ref().map(WireLockLease::from))
+                })
+            }
+            SweepCall::Renew { lease, ttl } => {
+                let lease = LockLease::from(lease);
+                self.lock.renew(&lease, ttl).await.map(|()| {
+                    self.ledger.renewed(&lease, now + ttl);
+                    SweepAnswer::Done
+                })
+            }
+            SweepCall::Release { lease } => {
+                let lease = LockLease::from(lease);
+                self.lock.release(&lease).await.map(|()| {
+                    self.ledger.released(&lease);
+                    SweepAnswer::Done
+                })
+            }
+            SweepCall::Schedules => self.schedules.schedules().await.map(|all| {
+                SweepAnswer::Schedules(
+                    all.into_iter()
+                        .filter_map(|d| {
+                            Some(WireDue {
+                                name: d.schedule.name().to_owned(),
+                                every: d.schedule.interval()?,
+                                job: d.schedule.job().clone(),
+                                last_fired: d.last_fired,
+                                anchor: d.clock.anchor,
+                                now: d.clock.now,
+                            })
+                        })
+                        .collect(),
+                )
+            }),
+            SweepCall::PutSchedule { name, every, job } => match Schedule::new(name, every, job) {
+                Ok(s) => self
+                    .schedules
+                    .put_schedule(s)
+                    .await
+                    .map(|()| SweepAnswer::Done),
+                Err(e) => Err(Error::unavailable("schedules", e.to_string())),
+            },
+            SweepCall::RemoveSchedule { name } => self
+                .schedules
+                .remove_schedule(&name)
+                .await
+                .map(SweepAnswer::Yes),
+            SweepCall::MarkFired {
+                name,
+                expected,
+                tick,
+            } => self
+                .schedules
+                .mark_fired(&name, expected, tick)
+                .await
+                .map(SweepAnswer::Yes),
+            SweepCall::Sweep { by } => self.swept(memory, by.as_deref().unwrap_or("?"), now).await,
+        };
+        match answer {
+            Ok(a) => Response::Sweeps(a),
+            Err(Error::LeaseLost(why)) => Response::Sweeps(SweepAnswer::LeaseLost(why)),
+            Err(e) => Response::Failed(e.to_string()),
+        }
+    }
+
+    /// One sweep of the source host's ports, checked against what it found before.
+    async fn swept(&self, memory: &Memory, by: &str, now: Duration) -> Result<SweepAnswer> {
+        let watermark = memory.source.current_watermark();
+        let first_log = tidemark::Source::first_available(&memory.source)
+            .await
+            .unwrap_or(1);
+        let events_head = memory.events.records().last().map_or(0, |r| r.position);
+        let mut cursors = BTreeMap::new();
+        for name in self.ledger.cursors.iter() {
+            if let Ok(Some(at)) = Cursors::load(&memory.events, name).await {
+                cursors.insert(name.clone(), at);
+            }
+        }
+        let pending: BTreeSet<u64> = memory
+            .outbox
+            .rows()
+            .into_iter()
+            .filter(|(_, done)| !done)
+            .map(|(row, _)| row.id)
+            .collect();
+        let swept = self.sweep.sweep().await?;
+        let still: BTreeSet<u64> = memory
+            .outbox
+            .rows()
+            .into_iter()
+            .map(|(row, _)| row.id)
+            .collect();
+        let lost: Vec<u64> = pending.difference(&still).copied().collect();
+        self.ledger.check_sweep(&SweepSeen {
+            by,
+            now,
+            watermark,
+            first_log,
+            events_head,
+            cursors,
+            lost,
+            swept,
+        });
+        Ok(SweepAnswer::Swept {
+            outbox_rows: swept.outbox_rows,
+            events: swept.events,
+            log_rows: swept.log_rows,
+            jobs: swept.jobs,
+            first_available: swept.first_available,
+            first_event: swept.first_event,
+        })
+    }
+}
+
+/// What the source host saw around one sweep.
+struct SweepSeen<'a> {
+    by: &'a str,
+    now: Duration,
+    watermark: u64,
+    first_log: u64,
+    events_head: u64,
+    cursors: BTreeMap<String, u64>,
+    /// Outbox rows pending before the sweep and gone after it.
+    lost: Vec<u64>,
+    swept: Swept,
+}
+
+#[derive(Debug)]
+struct Hold {
+    owner: String,
+    until: Duration,
+    released: bool,
+}
+
+#[derive(Debug, Default)]
+struct LedgerState {
+    /// Grants of the sweeper lock by fencing token.
+    holds: BTreeMap<u64, Hold>,
+    /// (when, change-log head, events head) at each sweep, as the sweep's own marks.
+    marks: Vec<(Duration, u64, u64)>,
+    /// The first events position kept after the last sweep.
+    first_event: u64,
+    violations: Vec<String>,
+    sweeps: u32,
+    /// Sweeps served after their owner's lease had run out.
+    late: u32,
+    /// Grants after another owner's lease ran out unreleased (a crashed sweeper's).
+    takeovers: u32,
+    /// Rows removed: (change log, events, outbox).
+    removed: (u64, u64, u64),
+    /// Durable cursors the maximum age forced past.
+    forced: BTreeSet<String>,
+    /// A sweeper crash armed, with the host's time down.
+    crash_armed: Option<Duration>,
+}
+
+/// What the sweepers did, checked as the source host serves them.
+#[derive(Clone, Debug, Default)]
+pub struct SweepLedger {
+    inner: Arc<Mutex<LedgerState>>,
+    cursors: Arc<Vec<String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The first position to keep if everything at least `age` old went: one past the
+/// newest mark's head at or before `now - age` (1 when there is none).
+fn older_than(marks: &[(Duration, u64)], now: Duration, age: Duration) -> u64 {
+    marks
+        .iter()
+        .filter(|(at, _)| now.checked_sub(age).is_some_and(|t| *at <= t))
+        .map(|(_, head)| head + 1)
+        .max()
+        .unwrap_or(1)
+}
+
+impl SweepLedger {
+    fn granted(&self, lease: &LockLease, now: Duration, until: Duration) {
+        let mut s = lock(&self.inner);
+        let mut found = Vec::new();
+        let mut takeover = false;
+        for (fencing, h) in &s.holds {
+            if *fencing == lease.fencing || h.released || h.owner == lease.owner {
+                continue;
+            }
+            if h.until > now {
+                found.push(format!(
+                    "{} got the sweeper lock (fencing {}) at {now:?} while {} held it (fencing {fencing}) until {:?}",
+                    lease.owner, lease.fencing, h.owner, h.until
+                ));
+            } else {
+                takeover = true;
+            }
+        }
+        // Only the newest grant matters from here on.
+        s.holds.retain(|f, _| *f >= lease.fencing);
+        s.holds.insert(
+            lease.fencing,
+            Hold {
+                owner: lease.owner.clone(),
+                until,
+                released: false,
+            },
+        );
+        s.takeovers += u32::from(takeover);
+        s.violations.extend(found);
+    }
+
+    fn renewed(&self, lease: &LockLease, until: Duration) {
+        if let Some(h) = lock(&self.inner).holds.get_mut(&lease.fencing) {
+            h.until = until;
+        }
+    }
+
+    fn released(&self, lease: &LockLease) {
+        if let Some(h) = lock(&self.inner).holds.get_mut(&lease.fencing) {
+            h.released = true;
+        }
+    }
+
+    fn check_sweep(&self, seen: &SweepSeen<'_>) {
+        let mut s = lock(&self.inner);
+        let now = seen.now;
+        s.sweeps += 1;
+        let held = s
+            .holds
+            .values()
+            .any(|h| h.owner == seen.by && !h.released && h.until > now);
+        s.late += u32::from(!held);
+        s.marks.push((now, seen.watermark, seen.events_head));
+        let log: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.1)).collect();
+        let events: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.2)).collect();
+        let mut found = Vec::new();
+        let kept_log = older_than(&log, now, POLICY.keep).max(seen.first_log);
+        if seen.swept.first_available > kept_log {
+            found.push(format!(
+                "a sweep by {} at {now:?} cut the change log to {} where history younger than {:?} starts at {kept_log}",
+                seen.by, seen.swept.first_available, POLICY.keep
+            ));
+        }
+        let before = s.first_event.max(1);
+        let kept_events = older_than(&events, now, POLICY.keep).max(before);
+        if seen.swept.first_event > kept_events {
+            found.push(format!(
+                "a sweep by {} at {now:?} cut the events stream to {} where records younger than {:?} start at {kept_events}",
+                seen.by, seen.swept.first_event, POLICY.keep
+            ));
+        }
+        let forced = POLICY
+            .max_age
+            .map_or(1, |age| older_than(&events, now, age));
+        for (name, at) in &seen.cursors {
+            if seen.swept.first_event > at + 1 {
+                if seen.swept.first_event > forced.max(before) {
+                    found.push(format!(
+                        "a sweep by {} at {now:?} cut the events stream to {} past durable cursor {name} at {at}, with no maximum age forcing it (forced up to {forced})",
+                        seen.by, seen.swept.first_event
+                    ));
+                } else {
+                    s.forced.insert(name.clone());
+                }
+            }
+        }
+        if !seen.lost.is_empty() {
+            found.push(format!(
+                "a sweep by {} at {now:?} removed outbox rows the relays had not finished: {:?}",
+                seen.by, seen.lost
+            ));
+        }
+        s.first_event = s.first_event.max(seen.swept.first_event);
+        s.removed.0 += seen.swept.log_rows;
+        s.removed.1 += seen.swept.events;
+        s.removed.2 += seen.swept.outbox_rows;
+        // The policy's marks reach back at most its maximum age (and one before it).
+        if let Some(age) = POLICY.max_age
+            && let Some(cut) = now.checked_sub(age + SWEEP_EVERY * 4)
+        {
+            s.marks.retain(|m| m.0 >= cut);
+        }
+        s.violations.extend(found);
+    }
+
+    /// Arms a crash of the next worker host seen holding the sweeper lock; it comes back
+    /// after `down`.
+    pub fn arm_crash(&self, down: Duration) {
+        lock(&self.inner).crash_armed = Some(down);
+    }
+
+    /// The host holding the sweeper lock now, if a crash is armed (disarming it), with its
+    /// time down.
+    #[must_use]
+    pub fn armed_holder(&self) -> Option<(String, Duration)> {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let mut s = lock(&self.inner);
+        let down = s.crash_armed?;
+        let holder = s
+            .holds
+            .values()
+            .find(|h| !h.released && h.until > now)?
+            .owner
+            .clone();
+        s.crash_armed = None;
+        Some((holder, down))
+    }
+
+    /// Violations found so far.
+    #[must_use]
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.inner).violations.clone()
+    }
+
+    /// Whether `owner` holds the sweeper lock now (its lease live and not released).
+    #[must_use]
+    pub fn holding(&self, owner: &str) -> bool {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        lock(&self.inner)
+            .holds
+            .values()
+            .any(|h| h.owner == owner && !h.released && h.until > now)
+    }
+
+    /// What the sweepers did (finished jobs removed are the job ledger's to count).
+    #[must_use]
+    pub fn counts(&self) -> SweepCounts {
+        let s = lock(&self.inner);
+        SweepCounts {
+            sweeps: s.sweeps,
+            late: s.late,
+            takeovers: s.takeovers,
+            removed: s.removed,
+            jobs_removed: 0,
+            forced: u32::try_from(s.forced.len()).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// What the sweepers did in a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepCounts {
+    /// Sweeps served.
+    pub sweeps: u32,
+    /// Sweeps served after their owner's lease ran out (a request held past it).
+    pub late: u32,
+    /// Lock grants after another owner's lease ran out unreleased.
+    pub takeovers: u32,
+    /// Rows removed: (change log, events, outbox).
+    pub removed: (u64, u64, u64),
+    /// Finished jobs removed.
+    pub jobs_removed: u64,
+    /// Durable cursors the maximum age forced past.
+    pub forced: u32,
+}
+
+impl Remote {
+    async fn sweep_call(&self, call: SweepCall) -> Result<SweepAnswer> {
+        match self.call("retention", Request::Sweeps(call)).await? {
+            Response::Sweeps(SweepAnswer::LeaseLost(why)) => Err(Error::LeaseLost(why)),
+            Response::Sweeps(a) => Ok(a),
+            r => Err(Error::unavailable(
+                "retention",
+                format!("unexpected answer {r:?}"),
+            )),
+        }
+    }
+}
+
+fn unexpected(a: &SweepAnswer) -> Error {
+    Error::unavailable("retention", format!("unexpected {a:?}"))
+}
+
+/// The source host's sweeper lock, over the wire.
+impl Lock for Remote {
+    async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
+        let call = SweepCall::TryLock {
+            name: name.to_owned(),
+            owner: owner.to_owned(),
+            ttl,
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Locked(l) => Ok(l.map(LockLease::from)),
+            a => Err(unexpected(&a)),
+        }
+    }
+
+    async fn renew(&self, lease: &LockLease, ttl: Duration) -> Result<()> {
+        let call = SweepCall::Renew {
+            lease: lease.into(),
+            ttl,
+        };
+        self.sweep_call(call).await.map(drop)
+    }
+
+    async fn release(&self, lease: &LockLease) -> Result<()> {
+        let call = SweepCall::Release {
+            lease: lease.into(),
+        };
+        self.sweep_call(call).await.map(drop)
+    }
+}
+
+/// The source host's durable schedules, over the wire (interval schedules).
+impl ScheduleStore for Remote {
+    async fn put_schedule(&self, schedule: Schedule) -> Result<()> {
+        let Some(every) = schedule.interval() else {
+            return Err(Error::unavailable(
+                "schedules",
+                "cron schedules are not served over the simulator's wire",
+            ));
+        };
+        let call = SweepCall::PutSchedule {
+            name: schedule.name().to_owned(),
+            every,
+            job: schedule.job().clone(),
+        };
+        self.sweep_call(call).await.map(drop)
+    }
+
+    async fn remove_schedule(&self, name: &str) -> Result<bool> {
+        let call = SweepCall::RemoveSchedule {
+            name: name.to_owned(),
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Yes(y) => Ok(y),
+            a => Err(unexpected(&a)),
+        }
+    }
+
+    async fn schedules(&self) -> Result<Vec<DueSchedule>> {
+        match self.sweep_call(SweepCall::Schedules).await? {
+            SweepAnswer::Schedules(all) => all
+                .into_iter()
+                .map(|d| {
+                    let schedule = Schedule::new(d.name, d.every, d.job)
+                        .map_err(|e| Error::unavailable("schedules", e.to_string()))?;
+                    Ok(DueSchedule {
+                        schedule,
+                        last_fired: d.last_fired,
+                        clock: ScheduleClock {
+                            anchor: d.anchor,
+                            now: d.now,
+                        },
+                    })
+                })
+                .collect(),
+            a => Err(unexpected(&a)),
+        }
+    }
+
+    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
+        let call = SweepCall::MarkFired {
+            name: name.to_owned(),
+            expected,
+            tick,
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Yes(y) => Ok(y),
+            a => Err(unexpected(&a)),
+        }
+    }
+}
+
+/// The source host's sweep of its history and outbox, over the wire.
+impl Sweep for Remote {
+    async fn sweep(&self) -> Result<Swept> {
+        let call = SweepCall::Sweep {
+            by: self.owner().map(str::to_owned),
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Swept {
+                outbox_rows,
+                events,
+                log_rows,
+                jobs,
+                first_available,
+                first_event,
+            } => Ok(Swept {
+                outbox_rows,
+                events,
+                log_rows,
+                tombstones: 0,
+                jobs,
+                first_available,
+                first_event,
+            }),
+            a => Err(unexpected(&a)),
+        }
+    }
+}
+
+/// What a worker host sweeps with: the source host's sweep, then its queue's finished
+/// jobs, both over the wire.
+#[must_use]
+pub fn sweep_of(remote: &Remote) -> SweepWithJobs<Remote, Remote> {
+    SweepWithJobs::new(remote.clone(), remote.clone(), JOB_RETENTION)
+}
+
+/// Worker host `i`'s retention: the runtime's `run_retention` on even hosts, its
+/// `run_scheduler` enqueueing `sweep` jobs for the job runners on odd ones. Runs until
+/// the host crashes.
+pub async fn retention(i: usize, owner: String, trace: Trace) -> Result<()> {
+    let remote = Remote::relay(crate::scenario::SOURCE, owner.clone());
+    let config = Retention::new(owner.clone())
+        .and_then(|r| r.every(SWEEP_EVERY))
+        .and_then(|r| r.lease(SWEEP_LEASE))
+        .map_err(|e| Error::unavailable("retention", e.to_string()))?;
+    if i % 2 == 0 {
+        trace.line(format!("{owner} retention driver starts"));
+        run_retention(
+            &remote,
+            &remote,
+            &sweep_of(&remote),
+            config,
+            StopSignal::never(),
+        )
+        .await;
+    } else {
+        trace.line(format!("{owner} sweep scheduler starts"));
+        // Stored by the scheduler's first pass too, if this call fails.
+        let _ = config.install(&remote).await;
+        run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(owner: &str, fencing: u64) -> LockLease {
+        LockLease {
+            name: "tidemark.sweep".into(),
+            owner: owner.into(),
+            fencing,
+        }
+    }
+
+    #[test]
+    fn a_grant_while_another_owner_holds_a_live_lease_is_a_violation() {
+        let ledger = SweepLedger::default();
+        let s = Duration::from_secs;
+        ledger.granted(&lease("relay-0", 1), s(0), s(2));
+        ledger.granted(&lease("relay-1", 2), s(1), s(3));
+        let v = ledger.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(
+            v[0].contains("relay-0") && v[0].contains("relay-1"),
+            "{v:?}"
+        );
+    }
+
+    #[test]
+    fn a_grant_after_a_lease_ran_out_or_was_released_is_no_violation() {
+        let ledger = SweepLedger::default();
+        let s = Duration::from_secs;
+        ledger.granted(&lease("relay-0", 1), s(0), s(2));
+        ledger.granted(&lease("relay-1", 2), s(3), s(5));
+        ledger.released(&lease("relay-1", 2));
+        ledger.granted(&lease("relay-0", 3), s(4), s(6));
+        assert!(ledger.violations().is_empty());
+        assert_eq!(ledger.counts().takeovers, 1);
+    }
+
+    fn seen(now: u64, swept: Swept, cursors: &[(&str, u64)]) -> SweepSeen<'static> {
+        SweepSeen {
+            by: "relay-0",
+            now: Duration::from_secs(now),
+            watermark: now * 10,
+            first_log: 1,
+            events_head: now * 10,
+            cursors: cursors.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect(),
+            lost: Vec::new(),
+            swept,
+        }
+    }
+
+    #[test]
+    fn a_sweep_that_cuts_history_younger_than_keep_or_a_cursors_events_is_a_violation() {
+        let ledger = SweepLedger::default();
+        // Marks at 0..=4 s, ten writes and ten records a second.
+        for t in 0..4 {
+            ledger.check_sweep(&seen(t, Swept::default(), &[]));
+        }
+        assert!(ledger.violations().is_empty());
+        // At 4 s, what was written by 2 s (head 20) may go: from 21 on stays.
+        let fine = Swept {
+            first_available: 21,
+            first_event: 11,
+            ..Swept::default()
+        };
+        ledger.check_sweep(&seen(4, fine, &[("follower-2", 10)]));
+        assert!(ledger.violations().is_empty(), "{:?}", ledger.violations());
+        // At 5 s only what was written by 3 s (head 30) may go.
+        let young = Swept {
+            first_available: 41,
+            first_event: 11,
+            ..Swept::default()
+        };
+        ledger.check_sweep(&seen(5, young, &[("follower-2", 10)]));
+        let cursor = Swept {
+            first_available: 21,
+            first_event: 21,
+            ..Swept::default()
+        };
+        ledger.check_sweep(&seen(6, cursor, &[("follower-2", 10)]));
+        let v = ledger.violations();
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v[0].contains("change log"), "{v:?}");
+        assert!(v[1].contains("follower-2"), "{v:?}");
+    }
+
+    #[test]
+    fn events_a_cursor_needs_may_go_once_the_maximum_age_forces_them() {
+        let ledger = SweepLedger::default();
+        for t in 0..12 {
+            ledger.check_sweep(&seen(t, Swept::default(), &[]));
+        }
+        // At 12 s, records up to the 4 s mark (head 40) are 8 s old.
+        let forced = Swept {
+            first_available: 41,
+            first_event: 41,
+            ..Swept::default()
+        };
+        ledger.check_sweep(&seen(12, forced, &[("follower-2", 10)]));
+        assert!(ledger.violations().is_empty(), "{:?}", ledger.violations());
+        assert_eq!(ledger.counts().forced, 1);
+    }
+}
