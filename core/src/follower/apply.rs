@@ -441,7 +441,8 @@ impl<D: Decode> Follower<D> {
                 Confirmation::Replaced
             }
         });
-        if source_watermark < self.watermark {
+        let reset = source_watermark < self.watermark;
+        if reset {
             // A new history: seqs held from the old one mean nothing against it. Forget
             // them, so every snapshot entry is applied and every other key removed.
             self.counters.resets += 1;
@@ -489,12 +490,36 @@ impl<D: Decode> Follower<D> {
                     .0;
             }
         }
+        let mut removed = gone.len();
+        if reset {
+            // A key the new history's entry did not replace (poison, too large, invalid)
+            // still holds the old history's value, which the source at this watermark
+            // never held: remove it. (Within one history, skipping poison keeps the
+            // older value, which the source did hold; across histories it does not.)
+            let mut stale: Vec<Arc<str>> = self
+                .index
+                .seqs
+                .iter()
+                .filter(|(_, seq)| **seq == 0)
+                .map(|(k, _)| k.clone())
+                .collect();
+            stale.sort_unstable();
+            for key in stale {
+                self.index.remove(&key);
+                self.counters.removed += 1;
+                removed += 1;
+                self.out.push_back(Output::Apply(Apply::Remove {
+                    key,
+                    seq: removal_seq,
+                }));
+            }
+        }
         self.advance(top);
         self.become_ready();
         let watermark = self.watermark;
         self.notice(Notice::CaughtUp(CaughtUp {
             applied,
-            removed: gone.len(),
+            removed,
             watermark,
             resynced: true,
         }));
