@@ -1210,12 +1210,20 @@ fn a_new_history_whose_entry_is_poison_removes_the_old_historys_value() {
         source_watermark: 3,
     });
     assert_eq!(h.f.counters().resets, 1);
-    assert_eq!(h.f.counters().poison, 1, "the poison entry is counted and skipped");
+    assert_eq!(
+        h.f.counters().poison,
+        1,
+        "the poison entry is counted and skipped"
+    );
     assert!(
         removes(&outs).iter().any(|(k, _)| k == "k1"),
         "a value of the replaced history must not stay: the source at 3 never held it: {outs:?}"
     );
-    assert_eq!(removes(&outs).len(), 4, "k0, k1, k2 and k3 all leave: {outs:?}");
+    assert_eq!(
+        removes(&outs).len(),
+        4,
+        "k0, k1, k2 and k3 all leave: {outs:?}"
+    );
     assert_eq!(puts(&outs), [("z".into(), 3, "z".into())]);
 }
 

@@ -12,6 +12,10 @@ use crate::entry::{CacheChange, Entry, Op};
 use crate::follower::io::{Apply, CaughtUp, Follow, Notice, Output};
 use crate::follower::status::Cause;
 use crate::follower::status::{Diagnostic, InvalidReason};
+
+/// Reads of a marker's key, each older than the marker, after which the marker is taken
+/// for one the source never made (a replica behind catches up within a few backoffs).
+const STALE_FETCHES: u32 = 3;
 use crate::limits::KeyProblem;
 use crate::time::Time;
 
@@ -126,7 +130,12 @@ impl<D: Decode> Follower<D> {
         }
         if op == Op::Mutation && self.check_key(&key).is_ok() && !self.newer_in_cache(&key, seq) {
             let key = key.to_string();
-            self.send(Pending::Fetch { key, seq, position });
+            self.send(Pending::Fetch {
+                key,
+                seq,
+                position,
+                stale: 0,
+            });
             return;
         }
         // An announcement claims a change; a read of the source must confirm it, down to
@@ -317,10 +326,12 @@ impl<D: Decode> Follower<D> {
         }
     }
 
+    /// A marker's fetch came back: `seq` is the marker's, `stale` how many reads of the
+    /// key before this one were older than it.
     pub(super) fn on_fetched(
         &mut self,
         key: String,
-        seq: u64,
+        (seq, stale): (u64, u32),
         position: u64,
         value: Option<(u64, Vec<u8>)>,
         now: Time,
@@ -328,11 +339,33 @@ impl<D: Decode> Follower<D> {
         if let Some((value_seq, _)) = &value
             && *value_seq < seq
         {
+            if stale + 1 >= STALE_FETCHES {
+                // Read after read, the source has never had the change: the marker is not
+                // the source's (a replaced history's, a forged one), and fetching it again
+                // would wedge the follower behind it for good. A read of the whole source
+                // settles the key instead: a reconcile on an announcements stream (which
+                // moves the watermark only by reads), a resync on a replayed feed (whose
+                // entries move it, so the marker cannot just be passed).
+                self.invalid(seq, &key, InvalidReason::Unconfirmed);
+                if self.follow == Follow::Announcements {
+                    self.checkpoint(position);
+                    self.confirm_now();
+                } else {
+                    self.resync();
+                }
+                self.settle();
+                return;
+            }
             // A read older than the marker (a replica behind the leader): the value the
             // marker announced is not there yet. Storing the old value under the marker's
             // seq would make the real one look stale; read again after a backoff.
             let error = format!("stale read: {key} at seq {value_seq}, marker at {seq}");
-            let request = Pending::Fetch { key, seq, position };
+            let request = Pending::Fetch {
+                key,
+                seq,
+                position,
+                stale: stale + 1,
+            };
             self.schedule_retry(request, Cause::RequestFailed, error, now);
             return;
         }
