@@ -426,14 +426,36 @@ impl Probe {
             );
             self.violation(&mut s, what);
         }
-        if watermark > s.watermark || took_restored {
-            // The interrupted commit landed: its puts count as applied.
-            s.applied.extend(
-                pending
-                    .iter()
-                    .filter(|(_, counts)| *counts)
-                    .filter_map(|(p, _)| Some((p.1, p.0.clone(), p.2.clone()?))),
-            );
+        // Whether the interrupted commit landed: its watermark is the store's, or (on an
+        // announcements stream, whose claims do not move the watermark) the store holds
+        // the last change the batch made to each key it touched.
+        let holds = |(key, seq, value): &Pending| match (value, cache.get(key)) {
+            (Some(v), Some((have, held))) => have == seq && held == v,
+            (None, held) => held.is_none(),
+            (Some(_), None) => false,
+        };
+        let mut last: BTreeMap<&str, &Pending> = BTreeMap::new();
+        for (p, _) in &pending {
+            last.insert(p.0.as_str(), p);
+        }
+        let landed = watermark > s.watermark
+            || took_restored
+            || (!last.is_empty() && last.values().all(|p| holds(p)));
+        if landed {
+            // Its puts count as applied, and its removals as the keys' last changes.
+            for ((key, seq, value), counts) in &pending {
+                match value {
+                    Some(v) => {
+                        s.removed.remove(key);
+                        if *counts {
+                            s.applied.insert((*seq, key.clone(), v.clone()));
+                        }
+                    }
+                    None => {
+                        s.removed.insert(key.clone(), *seq);
+                    }
+                }
+            }
         }
         s.watermark = watermark;
         s.warm_restarts += u32::from(!store.is_empty());
@@ -565,8 +587,12 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
                     .removed_at(&key)
                     .is_some_and(|at| !p.history.removed(&key, at)),
             };
+            // Only a change the source made has a seq to apply twice: a claim it never
+            // made (a replaced history's, a forged one) comes again whenever the stream
+            // delivers it again, and the next read replaces it again.
             if !over_forged
                 && !adopting
+                && p.history.wrote(&key, seq, &value)
                 && (s.applied.contains(&(seq, key.clone(), value.clone()))
                     || s.pending_applied(&key, seq, &value))
             {
