@@ -450,6 +450,7 @@ impl<D: Decode> Follower<D> {
                 removed += r;
             }
         }
+        removed += self.remove_unreplaced(top.max(self.watermark));
         self.advance(top);
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
@@ -462,6 +463,30 @@ impl<D: Decode> Follower<D> {
             resynced: false,
         }));
         self.settle();
+    }
+
+    /// Removes, at `seq`, every key a read left holding a value no read confirmed: an
+    /// announcement the read replaced, or a history a resync left, whose key the read
+    /// named with an entry the follower could not apply (poison, too large, invalid).
+    /// Skipping poison keeps the key's older value only when that value is the source's;
+    /// this one never was. Returns how many it removed.
+    fn remove_unreplaced(&mut self, seq: u64) -> usize {
+        let mut stale: Vec<Arc<str>> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(_, held)| **held == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort_unstable();
+        let removed = stale.len();
+        for key in stale {
+            self.index.remove(&key);
+            self.counters.removed += 1;
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq }));
+        }
+        removed
     }
 
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
@@ -523,30 +548,7 @@ impl<D: Decode> Follower<D> {
                     .0;
             }
         }
-        let mut removed = gone.len();
-        if reset {
-            // A key the new history's entry did not replace (poison, too large, invalid)
-            // still holds the old history's value, which the source at this watermark
-            // never held: remove it. (Within one history, skipping poison keeps the
-            // older value, which the source did hold; across histories it does not.)
-            let mut stale: Vec<Arc<str>> = self
-                .index
-                .seqs
-                .iter()
-                .filter(|(_, seq)| **seq == 0)
-                .map(|(k, _)| k.clone())
-                .collect();
-            stale.sort_unstable();
-            for key in stale {
-                self.index.remove(&key);
-                self.counters.removed += 1;
-                removed += 1;
-                self.out.push_back(Output::Apply(Apply::Remove {
-                    key,
-                    seq: removal_seq,
-                }));
-            }
-        }
+        let removed = gone.len() + self.remove_unreplaced(removal_seq);
         self.advance(top);
         self.become_ready();
         let watermark = self.watermark;
