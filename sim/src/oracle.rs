@@ -438,9 +438,12 @@ impl Probe {
         for (p, _) in &pending {
             last.insert(p.0.as_str(), p);
         }
+        // A removal of a key the committed cache did not hold looks the same landed or
+        // not: only a put, or a removal of a held key, tells.
+        let tells = |(key, _, value): &Pending| value.is_some() || s.cache.contains_key(key);
         let landed = watermark > s.watermark
             || took_restored
-            || (!last.is_empty() && last.values().all(|p| holds(p)));
+            || (last.values().all(|p| holds(p)) && last.values().any(|p| tells(p)));
         if landed {
             // Its puts count as applied, and its removals as the keys' last changes.
             for ((key, seq, value), counts) in &pending {
