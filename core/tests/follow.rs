@@ -329,6 +329,81 @@ fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq(
     assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
 }
 
+/// An announcement the source never made, over a key whose value in the source is poison:
+/// the read replaces the claim, the poison is skipped, and the announcement's value stayed
+/// for good (the simulator found replaced histories' announcements left this way).
+#[test]
+fn a_claim_replaced_by_a_poison_value_does_not_stay() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::put(9, "a", "claimed"));
+    assert_eq!(h.f.seq_of("a"), Some(9));
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", vec![0xff, 0xfe])],
+        source_watermark: 10,
+    });
+    assert_eq!(
+        h.f.counters().poison,
+        1,
+        "the poison is counted and skipped"
+    );
+    assert_eq!(
+        removes(&outs),
+        [("a".into(), 10)],
+        "the claim's value is no value the source held: {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("a"), None);
+}
+
+/// A marker the source never made (an announcement of a history a restore replaced, a
+/// forged one): every read of its key is older than it. Fetching it again and again, with
+/// a backoff that grows each time, wedged the follower behind it for good (the simulator
+/// found one still fetching a minute later, its watermark never moving again).
+#[test]
+fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::mutation(18, "a"));
+    let mut outs = Vec::new();
+    for read in 0..3 {
+        if read > 0 {
+            let retry = h.run_to_timeout();
+            assert!(
+                retry.iter().any(|o| matches!(
+                    o,
+                    Output::Request(Request::Fetch { key, seq: 18, .. }) if key == "a"
+                )),
+                "a stale read is read again first (a replica may be behind): {retry:?}"
+            );
+        }
+        outs = h.input(Input::Fetched {
+            token: h.request.unwrap(),
+            value: Some((5, b"old".to_vec())),
+        });
+        assert!(
+            puts(&outs).is_empty(),
+            "nothing stored from a stale read: {outs:?}"
+        );
+    }
+    assert!(
+        asks_reconcile(&outs),
+        "after three stale reads the follower reads the source instead: {outs:?}"
+    );
+    assert_eq!(
+        h.f.counters().invalid,
+        1,
+        "the marker is counted as unconfirmed"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "b", "b")],
+        source_watermark: 20,
+    });
+    assert_eq!(puts(&outs), [("b".into(), 7, "b".into())]);
+    assert_eq!(h.f.watermark(), 20, "and it follows the source again");
+    assert_eq!(h.f.seq_of("a"), Some(5));
+}
+
 /// A fetch that finds nothing (a replica not yet at the write) must not leave a
 /// tombstone that then blocks the real put made at the marker's seq.
 #[test]

@@ -1196,6 +1196,38 @@ fn a_recreated_source_behind_the_watermark_replaces_the_cache() {
 }
 
 #[test]
+fn a_new_history_whose_entry_is_poison_removes_the_old_historys_value() {
+    let mut h = caught_up_to_10();
+    // k1 holds "9" from the old history; the new one's only value for it is poison.
+    h.reopen(gapless(3));
+    let entries = vec![
+        Entry::put(2, "k1", vec![0xff, 0xfe]),
+        Entry::put(3, "z", "z"),
+    ];
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries,
+        source_watermark: 3,
+    });
+    assert_eq!(h.f.counters().resets, 1);
+    assert_eq!(
+        h.f.counters().poison,
+        1,
+        "the poison entry is counted and skipped"
+    );
+    assert!(
+        removes(&outs).iter().any(|(k, _)| k == "k1"),
+        "a value of the replaced history must not stay: the source at 3 never held it: {outs:?}"
+    );
+    assert_eq!(
+        removes(&outs).len(),
+        4,
+        "k0, k1, k2 and k3 all leave: {outs:?}"
+    );
+    assert_eq!(puts(&outs), [("z".into(), 3, "z".into())]);
+}
+
+#[test]
 fn a_head_behind_from_purged_tail_entries_resyncs_without_a_reset() {
     let mut h = caught_up_to_10();
     // The newest entry (a delete marker at 10) was purged: head 9, but the source's

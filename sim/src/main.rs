@@ -33,8 +33,7 @@ struct Args {
     /// Bound on convergence after healing, in simulated seconds.
     #[arg(long, default_value_t = 60)]
     liveness: u64,
-    /// Fault kinds to draw from (default: every kind but restore-backup, which still fails
-    /// about a quarter of seeds when drawn with the others). Repeat or separate with commas.
+    /// Fault kinds to draw from (default: every kind). Repeat or separate with commas.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// How followers are built (the naive strategies must be caught diverging).

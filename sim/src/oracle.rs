@@ -27,6 +27,8 @@ pub struct History {
     /// The histories restores replaced, oldest first (epoch `i` is `past[i]`; the current
     /// one is epoch `past.len()`).
     past: Arc<Mutex<Vec<BTreeMap<u64, Commit>>>>,
+    /// The seq each restore went back to, in order.
+    heads: Arc<Mutex<Vec<u64>>>,
 }
 
 /// What a follower's cache should hold for one key.
@@ -59,7 +61,14 @@ impl History {
     pub fn restore(&self, head: u64) {
         let mut current = lock(&self.inner);
         lock(&self.past).push(current.clone());
+        lock(&self.heads).push(head);
         current.split_off(&(head + 1));
+    }
+
+    /// The seq the last restore went back to (0 before any).
+    #[must_use]
+    pub fn restored_head(&self) -> u64 {
+        lock(&self.heads).last().copied().unwrap_or(0)
     }
 
     /// How many restores there were: the current epoch.
@@ -262,8 +271,15 @@ pub struct ProbeState {
     /// may hold an older epoch's state until it reads the restored source, and its
     /// watermark may go back once, when it takes the new history.
     pub epoch: usize,
+    /// The last epoch for which its watermark went back (taking that restored history):
+    /// once per restore.
+    pub fell_back_for: usize,
     /// The seq of each committed removal of a key it does not hold.
     removed: BTreeMap<String, u64>,
+    /// How many of the pending changes were applied before a restore, and the seq it went
+    /// back to: their puts above it were of the replaced history, and commit or not, they
+    /// are no applies a new-history change could repeat.
+    replaced_pending: Option<(usize, u64)>,
 }
 
 impl ProbeState {
@@ -293,13 +309,29 @@ impl ProbeState {
             .any(|(k, s, v)| v.as_deref() == Some(value) && *s == seq && k == key)
     }
 
+    /// Takes the pending batch, with whether each change counts as applied (not so: a put
+    /// of a history a restore replaced while the batch was open).
+    fn take_pending(&mut self) -> Vec<(Pending, bool)> {
+        let replaced = self.replaced_pending.take();
+        std::mem::take(&mut self.pending)
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let counts = replaced.is_none_or(|(n, head)| i >= n || p.1 <= head);
+                (p, counts)
+            })
+            .collect()
+    }
+
     /// Folds the pending batch into the committed cache.
     fn fold(&mut self) {
-        for (key, seq, value) in std::mem::take(&mut self.pending) {
+        for ((key, seq, value), counts) in self.take_pending() {
             match value {
                 Some(v) => {
                     self.removed.remove(&key);
-                    self.applied.insert((seq, key.clone(), v.clone()));
+                    if counts {
+                        self.applied.insert((seq, key.clone(), v.clone()));
+                    }
                     self.cache.insert(key, (seq, v));
                 }
                 None => {
@@ -363,7 +395,7 @@ impl Probe {
         let mut s = self.state();
         s.incarnation += 1;
         s.ready = false;
-        let pending = std::mem::take(&mut s.pending);
+        let pending = s.take_pending();
         s.worker_restarts = 0;
         let Some(store) = durable else {
             s.cache.clear();
@@ -373,28 +405,64 @@ impl Probe {
             return;
         };
         let watermark = store.watermark().unwrap_or(0);
-        if watermark < s.watermark {
+        let cache: BTreeMap<String, (u64, String)> = store
+            .entries()
+            .into_iter()
+            .map(|(k, (seq, v))| (k, (seq, String::from_utf8_lossy(&v).into_owned())))
+            .collect();
+        // A store that went back is one that took the restored history (its commit landed
+        // just before the crash), if the cache was still on a replaced history and the
+        // store is the restored history's state at its watermark; otherwise it lost a
+        // commit.
+        let took_restored = watermark < s.watermark
+            && self.may_fall_back(&s)
+            && self.history.inconsistencies(&cache, watermark).is_empty();
+        if took_restored {
+            self.fell_back(&mut s);
+        } else if watermark < s.watermark {
             let what = format!(
                 "the durable store went back from watermark {} to {watermark}",
                 s.watermark
             );
             self.violation(&mut s, what);
         }
-        if watermark > s.watermark {
-            // The interrupted commit landed: its puts count as applied.
-            s.applied.extend(
-                pending
-                    .iter()
-                    .filter_map(|p| Some((p.1, p.0.clone(), p.2.clone()?))),
-            );
+        // Whether the interrupted commit landed: its watermark is the store's, or (on an
+        // announcements stream, whose claims do not move the watermark) the store holds
+        // the last change the batch made to each key it touched.
+        let holds = |(key, seq, value): &Pending| match (value, cache.get(key)) {
+            (Some(v), Some((have, held))) => have == seq && held == v,
+            (None, held) => held.is_none(),
+            (Some(_), None) => false,
+        };
+        let mut last: BTreeMap<&str, &Pending> = BTreeMap::new();
+        for (p, _) in &pending {
+            last.insert(p.0.as_str(), p);
+        }
+        // A removal of a key the committed cache did not hold looks the same landed or
+        // not: only a put, or a removal of a held key, tells.
+        let tells = |(key, _, value): &Pending| value.is_some() || s.cache.contains_key(key);
+        let landed = watermark > s.watermark
+            || took_restored
+            || (last.values().all(|p| holds(p)) && last.values().any(|p| tells(p)));
+        if landed {
+            // Its puts count as applied, and its removals as the keys' last changes.
+            for ((key, seq, value), counts) in &pending {
+                match value {
+                    Some(v) => {
+                        s.removed.remove(key);
+                        if *counts {
+                            s.applied.insert((*seq, key.clone(), v.clone()));
+                        }
+                    }
+                    None => {
+                        s.removed.insert(key.clone(), *seq);
+                    }
+                }
+            }
         }
         s.watermark = watermark;
         s.warm_restarts += u32::from(!store.is_empty());
-        s.cache = store
-            .entries()
-            .into_iter()
-            .map(|(k, (seq, v))| (k, (seq, String::from_utf8_lossy(&v).into_owned())))
-            .collect();
+        s.cache = cache;
         self.trace.line(format!(
             "{} restarts from its store at {watermark} with {} keys",
             self.name,
@@ -424,15 +492,42 @@ impl Probe {
     }
 
     /// Whether a watermark that went back is the follower taking a restored history (it
-    /// still held an older epoch's state): allowed once per restore.
+    /// still held an older epoch's state, or a watermark past the seq the restore went
+    /// back to, which it must leave): allowed once per restore.
     fn took_restored_history(&self, s: &mut ProbeState) -> bool {
-        let current = self.history.epoch();
-        if s.epoch < current {
-            s.epoch = current;
+        if self.may_fall_back(s) {
+            self.fell_back(s);
             true
         } else {
             false
         }
+    }
+
+    /// Whether the follower's watermark may go back now: once per restore, if it held a
+    /// replaced history's state or a watermark past the restore's seq.
+    fn may_fall_back(&self, s: &ProbeState) -> bool {
+        let current = self.history.epoch();
+        s.fell_back_for < current
+            && (s.epoch < current || s.watermark > self.history.restored_head())
+    }
+
+    /// The follower took the restored history.
+    fn fell_back(&self, s: &mut ProbeState) {
+        let current = self.history.epoch();
+        s.epoch = current;
+        s.fell_back_for = current;
+    }
+
+    /// Whether the follower has left every history a restore replaced: its watermark (or
+    /// its durable store's, which a restart resumes from) is at or below the seq the last
+    /// restore went back to, where the two histories agree, or it went back to take the
+    /// restored one.
+    #[must_use]
+    pub fn on_restored_history(&self, durable: Option<&MemoryCacheStore>) -> bool {
+        let s = self.state();
+        let stored = durable.and_then(MemoryCacheStore::watermark).unwrap_or(0);
+        s.fell_back_for >= self.history.epoch()
+            || s.watermark.max(stored) <= self.history.restored_head()
     }
 
     /// The source was restored from a backup taken at `head`: puts above it were of
@@ -440,6 +535,11 @@ impl Probe {
     pub fn restored(&self, head: u64) {
         let mut s = self.state();
         s.applied.retain(|(seq, _, _)| *seq <= head);
+        if !s.pending.is_empty() {
+            let n = s.pending.len();
+            let head = s.replaced_pending.map_or(head, |(_, h)| h.min(head));
+            s.replaced_pending = Some((n, head));
+        }
         self.trace
             .line(format!("{} sees the source restored to {head}", self.name));
     }
@@ -490,8 +590,12 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
                     .removed_at(&key)
                     .is_some_and(|at| !p.history.removed(&key, at)),
             };
+            // Only a change the source made has a seq to apply twice: a claim it never
+            // made (a replaced history's, a forged one) comes again whenever the stream
+            // delivers it again, and the next read replaces it again.
             if !over_forged
                 && !adopting
+                && p.history.wrote(&key, seq, &value)
                 && (s.applied.contains(&(seq, key.clone(), value.clone()))
                     || s.pending_applied(&key, seq, &value))
             {
@@ -560,7 +664,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         self.inner.rollback().await;
         let p = &self.probe;
         let mut s = lock(&p.state);
-        let dropped = std::mem::take(&mut s.pending).len();
+        let dropped = s.take_pending().len();
         p.trace
             .line(format!("{} rolled back {dropped} changes", p.name));
     }

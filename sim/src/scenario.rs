@@ -56,8 +56,8 @@ pub enum FaultKind {
     ReconnectStorm,
     /// The source (and the outbox in its database) is restored from a backup taken a
     /// while earlier: its seqs go back, and its next writes reuse them with other changes
-    /// (a new history). Writers pause for a while after it, as an operator's restore
-    /// procedure does.
+    /// (a new history). Writers pause after it until every follower has read the
+    /// restored source, as an operator's restore procedure has them do.
     RestoreBackup,
     /// A job runner's host crashes while it runs a leased job, and restarts: the job is
     /// delivered again once the lease runs out.
@@ -74,16 +74,9 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    /// What a run draws from unless told otherwise: every kind but
-    /// [`RestoreBackup`](FaultKind::RestoreBackup). On its own (`--faults restore-backup`)
-    /// every seed passes; drawn with the others, about a quarter of seeds still fail (a
-    /// persisted store whose watermark went back, supervised handlers and announcement
-    /// followers left on the replaced history), not yet sorted into oracle and library
-    /// defects.
+    /// What a run draws from unless told otherwise: every kind.
     pub fn default_kinds() -> impl Iterator<Item = FaultKind> {
-        FaultKind::ALL
-            .into_iter()
-            .filter(|k| *k != FaultKind::RestoreBackup)
+        FaultKind::ALL.into_iter()
     }
 
     /// Every kind.
@@ -324,7 +317,8 @@ pub enum Action {
     Storm(String, u32, Duration),
     /// Take a backup of the source and its outbox.
     Backup,
-    /// Restore the last backup taken; writers pause this long after it.
+    /// Restore the last backup taken; writers pause at least this long after it, until
+    /// every follower read the restored source.
     Restore(Duration),
     /// Crash worker host `i` (relay and job runner) if it is running a job then; it
     /// restarts with [`Action::RestartRelay`].
@@ -380,11 +374,12 @@ impl fmt::Display for Action {
     }
 }
 
-/// How long writers pause after a restore: longer than any partition or crash the plan
-/// draws, so every follower reads the restored source while its head is still below the
-/// follower's watermark. (A follower that first reads it after the new history passed its
-/// watermark cannot tell the histories apart: that needs a history id from the source,
-/// which tidemark does not have yet.)
+/// The least writers pause after a restore: longer than a partition, hold or crash the
+/// plan draws, so what followers had in flight from the replaced history lands first;
+/// then they resume once every follower has read the restored source while its head was
+/// below the follower's watermark. (A follower that first reads it after the new history
+/// passed its watermark cannot tell the histories apart: that needs a history id from
+/// the source, which tidemark does not have yet.)
 pub const RESTORE_PAUSE: Duration = Duration::from_secs(6);
 
 /// The name of follower `i`'s host.

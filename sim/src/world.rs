@@ -785,7 +785,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
         flaps.retain(|(at, _, _)| *at > now);
         restores.restore_if_due(now, &world, &trace);
-        if restores.pause_over(now) {
+        if restores.pause_over(now, &probes, &stores) {
             trace.line_at(now, "writers resume after the restore".into());
             for c in &controls {
                 c.quiet.store(false, Ordering::SeqCst);
@@ -1068,6 +1068,10 @@ struct World<'a> {
     restores: &'a Restores,
 }
 
+/// The most writers pause after a restore, waiting for every follower to read the
+/// restored source.
+const RESTORE_PAUSE_LIMIT: Duration = Duration::from_secs(20);
+
 /// How long a restore waits, writers stopped, for the writes they had in flight.
 const RESTORE_DRAIN: Duration = Duration::from_millis(500);
 
@@ -1076,7 +1080,8 @@ const RESTORE_DRAIN: Duration = Duration::from_millis(500);
 struct Restores {
     backup: Mutex<Option<(MemoryBackup, MemoryOutboxBackup)>>,
     restore_at: Mutex<Option<Duration>>,
-    pause_until: Mutex<Option<Duration>>,
+    /// The least and the most the writers' pause lasts.
+    pause_until: Mutex<Option<(Duration, Duration)>>,
 }
 
 impl Restores {
@@ -1101,10 +1106,30 @@ impl Restores {
         }
     }
 
-    /// Whether the writers' pause after a restore ended at `now` (once).
-    fn pause_over(&self, now: Duration) -> bool {
+    /// Whether the writers' pause after a restore ended at `now` (once): after its least
+    /// length, once every follower has read the restored source (it took the restored
+    /// history, or its watermark is at or below the backup's, where the two histories
+    /// agree), and at its most length in any case. Seqs alone cannot tell a follower that
+    /// first reads the source after the new history's writes passed its watermark that it
+    /// holds another history (that needs a history id from the source, which tidemark
+    /// does not have yet), so the operator's procedure the world models keeps writers
+    /// stopped until the followers noticed.
+    fn pause_over(
+        &self,
+        now: Duration,
+        probes: &[Probe],
+        stores: &[Option<MemoryCacheStore>],
+    ) -> bool {
         let mut until = lock(&self.pause_until);
-        if until.is_some_and(|at| at <= now) {
+        let restored = lock(&self.restore_at).is_none();
+        let noticed = || {
+            probes
+                .iter()
+                .zip(stores)
+                .all(|(p, store)| p.on_restored_history(store.as_ref()))
+        };
+        if until.is_some_and(|(least, most)| most <= now || (restored && least <= now && noticed()))
+        {
             *until = None;
             true
         } else {
@@ -1241,9 +1266,10 @@ fn apply(
             }
             let at = sim.elapsed() + RESTORE_DRAIN;
             *lock(&world.restores.restore_at) = Some(at);
-            let until = at + *pause;
+            let until = (at + *pause, at + RESTORE_PAUSE_LIMIT);
             let mut pause_until = lock(&world.restores.pause_until);
-            *pause_until = Some(pause_until.map_or(until, |was| was.max(until)));
+            *pause_until =
+                Some(pause_until.map_or(until, |was| (was.0.max(until.0), was.1.max(until.1))));
         }
         Action::CrashRunner(i) => {
             let h = relay_host(*i);

@@ -10,11 +10,15 @@ const SEEDS: std::ops::Range<u64> = 1000..1032;
 
 #[test]
 fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
-    // The default draw: every kind but restore-backup (see `FaultKind::default_kinds`).
+    // The default draw: every kind (see `FaultKind::default_kinds`).
     let scenario = Scenario::default();
     assert!(
         scenario.faults.contains(&FaultKind::ForeignEvents),
         "forged events are drawn by default"
+    );
+    assert!(
+        scenario.faults.contains(&FaultKind::RestoreBackup),
+        "restores from an older backup are drawn by default"
     );
     let mut failures = Vec::new();
     let mut watermarks = 0;

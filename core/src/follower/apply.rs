@@ -12,6 +12,10 @@ use crate::entry::{CacheChange, Entry, Op};
 use crate::follower::io::{Apply, CaughtUp, Follow, Notice, Output};
 use crate::follower::status::Cause;
 use crate::follower::status::{Diagnostic, InvalidReason};
+
+/// Reads of a marker's key, each older than the marker, after which the marker is taken
+/// for one the source never made (a replica behind catches up within a few backoffs).
+const STALE_FETCHES: u32 = 3;
 use crate::limits::KeyProblem;
 use crate::time::Time;
 
@@ -126,7 +130,12 @@ impl<D: Decode> Follower<D> {
         }
         if op == Op::Mutation && self.check_key(&key).is_ok() && !self.newer_in_cache(&key, seq) {
             let key = key.to_string();
-            self.send(Pending::Fetch { key, seq, position });
+            self.send(Pending::Fetch {
+                key,
+                seq,
+                position,
+                stale: 0,
+            });
             return;
         }
         // An announcement claims a change; a read of the source must confirm it, down to
@@ -313,10 +322,12 @@ impl<D: Decode> Follower<D> {
         }
     }
 
+    /// A marker's fetch came back: `seq` is the marker's, `stale` how many reads of the
+    /// key before this one were older than it.
     pub(super) fn on_fetched(
         &mut self,
         key: String,
-        seq: u64,
+        (seq, stale): (u64, u32),
         position: u64,
         value: Option<(u64, Vec<u8>)>,
         now: Time,
@@ -324,11 +335,33 @@ impl<D: Decode> Follower<D> {
         if let Some((value_seq, _)) = &value
             && *value_seq < seq
         {
+            if stale + 1 >= STALE_FETCHES {
+                // Read after read, the source has never had the change: the marker is not
+                // the source's (a replaced history's, a forged one), and fetching it again
+                // would wedge the follower behind it for good. A read of the whole source
+                // settles the key instead: a reconcile on an announcements stream (which
+                // moves the watermark only by reads), a resync on a replayed feed (whose
+                // entries move it, so the marker cannot just be passed).
+                self.invalid(seq, &key, InvalidReason::Unconfirmed);
+                if self.follow == Follow::Announcements {
+                    self.checkpoint(position);
+                    self.confirm_now();
+                } else {
+                    self.resync();
+                }
+                self.settle();
+                return;
+            }
             // A read older than the marker (a replica behind the leader): the value the
             // marker announced is not there yet. Storing the old value under the marker's
             // seq would make the real one look stale; read again after a backoff.
             let error = format!("stale read: {key} at seq {value_seq}, marker at {seq}");
-            let request = Pending::Fetch { key, seq, position };
+            let request = Pending::Fetch {
+                key,
+                seq,
+                position,
+                stale: stale + 1,
+            };
             self.schedule_retry(request, Cause::RequestFailed, error, now);
             return;
         }
@@ -413,6 +446,7 @@ impl<D: Decode> Follower<D> {
                 removed += r;
             }
         }
+        removed += self.remove_unreplaced(top.max(self.watermark));
         self.advance(top);
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
@@ -427,6 +461,30 @@ impl<D: Decode> Follower<D> {
         self.settle();
     }
 
+    /// Removes, at `seq`, every key a read left holding a value no read confirmed: an
+    /// announcement the read replaced, or a history a resync left, whose key the read
+    /// named with an entry the follower could not apply (poison, too large, invalid).
+    /// Skipping poison keeps the key's older value only when that value is the source's;
+    /// this one never was. Returns how many it removed.
+    fn remove_unreplaced(&mut self, seq: u64) -> usize {
+        let mut stale: Vec<Arc<str>> = self
+            .index
+            .seqs
+            .iter()
+            .filter(|(_, held)| **held == 0)
+            .map(|(k, _)| k.clone())
+            .collect();
+        stale.sort_unstable();
+        let removed = stale.len();
+        for key in stale {
+            self.index.remove(&key);
+            self.counters.removed += 1;
+            self.out
+                .push_back(Output::Apply(Apply::Remove { key, seq }));
+        }
+        removed
+    }
+
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
@@ -437,7 +495,8 @@ impl<D: Decode> Follower<D> {
                 Confirmation::Replaced
             }
         });
-        if source_watermark < self.watermark {
+        let reset = source_watermark < self.watermark;
+        if reset {
             // A new history: seqs held from the old one mean nothing against it. Forget
             // them, so every snapshot entry is applied and every other key removed.
             self.counters.resets += 1;
@@ -485,12 +544,13 @@ impl<D: Decode> Follower<D> {
                     .0;
             }
         }
+        let removed = gone.len() + self.remove_unreplaced(removal_seq);
         self.advance(top);
         self.become_ready();
         let watermark = self.watermark;
         self.notice(Notice::CaughtUp(CaughtUp {
             applied,
-            removed: gone.len(),
+            removed,
             watermark,
             resynced: true,
         }));

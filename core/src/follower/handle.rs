@@ -120,12 +120,20 @@ impl<D: Decode> Follower<D> {
                 }
             }
             Input::Fetched { token, value } => {
-                if let Some((_, Pending::Fetch { key, seq, position })) = self
+                if let Some((
+                    _,
+                    Pending::Fetch {
+                        key,
+                        seq,
+                        position,
+                        stale,
+                    },
+                )) = self
                     .request
                     .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
                 {
                     self.backoffs.failure.healthy(now);
-                    self.on_fetched(key, seq, position, value, now);
+                    self.on_fetched(key, (seq, stale), position, value, now);
                 } else {
                     self.counters.ignored += 1;
                 }

@@ -18,6 +18,8 @@ pub(super) enum Pending {
         key: String,
         seq: u64,
         position: u64,
+        /// Reads of the key so far that came back older than the marker.
+        stale: u32,
     },
     ListKeys,
 }
