@@ -22,9 +22,11 @@ impl Feed for NewOnlyFeed {
         let head = self.0.watermark().await?;
         let opened = Feed::open(&self.0, head + 1, None).await?;
         Ok(Opened {
+            // What a KV watch of new changes reports: the stream's real head (so a
+            // reopen never looks like a source that went back), and nothing compacted.
             info: FeedInfo {
                 first_available: 0,
-                head: 0,
+                head,
                 continuity: Continuity::Sparse,
                 checkpoints: false,
                 follow: Follow::Replay,
