@@ -25,6 +25,8 @@ pub struct MemorySweep {
     clock: Now,
     /// (when, watermark, events head) at each sweep.
     marks: Arc<Mutex<Vec<(Duration, u64, u64)>>>,
+    /// How many of the source's restores the marks already account for.
+    restores_seen: Arc<Mutex<usize>>,
 }
 
 impl Memory {
@@ -39,6 +41,7 @@ impl Memory {
             origin: Instant::now(),
             clock: Now::default(),
             marks: Arc::default(),
+            restores_seen: Arc::new(Mutex::new(self.source.restore_count())),
         }
     }
 
@@ -63,11 +66,21 @@ impl Sweep for MemorySweep {
     async fn sweep(&self) -> Result<Swept> {
         self.source.faults().check(Port::Source)?;
         let now = self.clock.now().saturating_duration_since(self.origin);
-        let watermark = self.source.current_watermark();
+        let (watermark, restores) = self.source.watermark_and_restores();
         let (events_head, cursor_floor) = self.events.head_and_floor();
         let cursor_floor = cursor_floor.map(|c| c.saturating_add(1));
         let (log_marks, event_marks): (Vec<Mark>, Vec<Mark>) = {
             let mut marks = self.marks.lock().unwrap_or_else(|e| e.into_inner());
+            // A restore took the history back to its backup's watermark: a mark taken
+            // before it vouches only for the seqs the backup kept, as the seqs above are
+            // reused by younger changes (else a sweep soon after a restore cuts them).
+            let mut seen = self.restores_seen.lock().unwrap_or_else(|e| e.into_inner());
+            for &restored in restores.get(*seen..).unwrap_or_default() {
+                for mark in marks.iter_mut() {
+                    mark.1 = mark.1.min(restored);
+                }
+            }
+            *seen = restores.len();
             marks.push((now, watermark, events_head));
             let log: Vec<Mark> = marks
                 .iter()

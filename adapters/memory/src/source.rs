@@ -34,6 +34,9 @@ struct Inner {
     /// Bumped to end every open feed cleanly.
     generation: AtomicU64,
     faults: Faults,
+    /// The watermark each restore put back, in order: a sweep's marks taken before a
+    /// restore name seqs the restored history reuses for other, younger changes.
+    restores: Mutex<Vec<u64>>,
 }
 
 /// A copy of a [`MemorySource`]'s whole state (entries, change log, seq), taken by
@@ -100,6 +103,7 @@ impl MemorySource {
                 head: Signal::default(),
                 generation: AtomicU64::new(0),
                 faults,
+                restores: Mutex::default(),
             }),
             announce: None,
             prefix: None,
@@ -214,8 +218,32 @@ impl MemorySource {
     /// end, as a server restart would. A follower notices when it reads the source while
     /// the source's head is below its watermark, and resyncs.
     pub fn restore(&self, backup: &MemoryBackup) {
-        *self.state() = backup.state.clone();
+        {
+            let mut s = self.state();
+            *s = backup.state.clone();
+            self.restored().push(s.seq);
+        }
         self.end_feeds();
+    }
+
+    fn restored(&self) -> MutexGuard<'_, Vec<u64>> {
+        self.inner
+            .restores
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The current watermark and the watermark each restore so far put back, in order,
+    /// read together (for a sweep, whose marks must forget seqs a restore took back).
+    pub(crate) fn watermark_and_restores(&self) -> (u64, Vec<u64>) {
+        let s = self.state();
+        let restores = self.restored().clone();
+        (s.seq, restores)
+    }
+
+    /// How many restores this source has had.
+    pub(crate) fn restore_count(&self) -> usize {
+        self.restored().len()
     }
 
     /// Ends every open feed cleanly (as a server restart would); followers reopen.
