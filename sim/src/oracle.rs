@@ -485,7 +485,15 @@ impl Probe {
         let (diff, epoch) = self
             .history
             .inconsistencies_since(&s.cache, watermark, s.epoch);
-        if diff.is_empty() {
+        // A follower whose watermark is past the seq the last restore went back to, and
+        // that never went back, has not left the history the restore replaced, even when
+        // its cache also matches the restored one (writers pause until it leaves, so the
+        // restored history has nothing past that seq, and an announcement ahead of the
+        // watermark can hide the only replaced change): it still matches the old epoch,
+        // and taking the restored history will put the same seqs again.
+        let current = self.history.epoch();
+        let left = s.fell_back_for >= current || watermark <= self.history.restored_head();
+        if diff.is_empty() && (epoch < current || left) {
             s.epoch = epoch;
         }
         diff
