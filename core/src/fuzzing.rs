@@ -176,12 +176,16 @@ impl Observed {
                 Output::Notice(Notice::Stopped) => self.stopped = true,
                 Output::Diagnostic(Diagnostic::InvalidEntry {
                     key,
+                    seq: claimed,
                     reason: InvalidReason::Unconfirmed,
-                    ..
                 }) => {
-                    // An announcement the source did not confirm: its seq is void, and the
-                    // source's answer replaces the value.
-                    if let Some(seq) = self.cache.get_mut(&key) {
+                    // An announcement the source did not confirm. One the cache took (it
+                    // holds the key at the announcement's seq): that seq is void, and the
+                    // source's answer replaces the value. A marker given up after reads
+                    // older than it was never applied: the cache keeps its older value.
+                    if let Some(seq) = self.cache.get_mut(&key)
+                        && *seq == claimed
+                    {
                         *seq = 0;
                     }
                 }
