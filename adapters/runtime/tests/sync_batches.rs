@@ -134,20 +134,24 @@ fn source_state(m: &Memory) -> std::collections::BTreeMap<String, (u64, Vec<u8>)
         .collect()
 }
 
-/// Runs a follower task into `sink` until it is ready; returns its result.
-async fn sync_once(m: &Memory, name: &str, sink: Checked) -> Result<u64> {
-    let mut task = FollowerTask::new(
-        config(name),
-        RawBytes,
-        m.source.clone(),
-        m.source.clone(),
-        sink,
-    );
-    let status = task.status();
+/// A follower task started on its own tokio task, and whether it became ready within a
+/// minute.
+struct Started {
+    ready: bool,
+    shutdown: Shutdown,
+    run: tokio::task::JoinHandle<Result<tidemark::Status>>,
+}
+
+/// Starts a follower task of `m`'s source over `feed` into `sink`, and waits for ready.
+async fn start<F>(m: &Memory, name: &str, feed: F, sink: Checked) -> Started
+where
+    F: tidemark::Feed + Send + Sync + 'static,
+{
+    let mut task = FollowerTask::new(config(name), RawBytes, m.source.clone(), feed, sink);
+    let mut watch = task.status();
     let shutdown = Shutdown::new();
     let signal = shutdown.signal();
     let run = tokio::spawn(async move { task.run(signal).await });
-    let mut watch = status;
     let ready = tokio::time::timeout(
         std::time::Duration::from_secs(60),
         watch.wait_for(|s| s.ready),
@@ -155,9 +159,22 @@ async fn sync_once(m: &Memory, name: &str, sink: Checked) -> Result<u64> {
     .await
     // The borrow the wait returns holds the status's lock: drop it before the stop.
     .is_ok_and(|r| r.is_ok());
-    shutdown.trigger();
-    let ended = run.await.unwrap();
-    assert!(ready, "the follower did not become ready: {ended:?}");
+    Started {
+        ready,
+        shutdown,
+        run,
+    }
+}
+
+/// Runs a follower task into `sink` until it is ready; returns its result.
+async fn sync_once(m: &Memory, name: &str, sink: Checked) -> Result<u64> {
+    let started = start(m, name, m.source.clone(), sink).await;
+    started.shutdown.trigger();
+    let ended = started.run.await.unwrap();
+    assert!(
+        started.ready,
+        "the follower did not become ready: {ended:?}"
+    );
     ended.map(|s| s.watermark)
 }
 
@@ -330,32 +347,15 @@ async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
     }
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, None);
-    let mut task = FollowerTask::new(
-        config("presize"),
-        RawBytes,
-        m.source.clone(),
-        Counted(m.source.clone()),
-        sink,
-    );
-    let status = task.status();
-    let shutdown = Shutdown::new();
-    let signal = shutdown.signal();
-    let run = tokio::spawn(async move { task.run(signal).await });
-    let mut watch = status;
-    let ready = tokio::time::timeout(
-        std::time::Duration::from_secs(60),
-        watch.wait_for(|s| s.ready),
-    )
-    .await
-    .is_ok_and(|r| r.is_ok());
+    let started = start(&m, "presize", Counted(m.source.clone()), sink).await;
     // Live writes after ready: no more hints.
     for i in 0..300u32 {
         m.source.put(&format!("n{i:05}"), vec![2; 4]).await.unwrap();
     }
     common::until("the live writes", || store.entries().len() == 3_300).await;
-    shutdown.trigger();
-    run.await.unwrap().unwrap();
-    assert!(ready, "the follower did not become ready");
+    started.shutdown.trigger();
+    started.run.await.unwrap().unwrap();
+    assert!(started.ready, "the follower did not become ready");
     let seen = seen.lock().unwrap();
     assert_eq!(
         seen.reserved,
