@@ -11,6 +11,8 @@
 //! only checks that it builds and skips the heavy work.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,16 +25,7 @@ use tidemark_nats::KvBucket;
 use tidemark_tests::{NatsServer, NatsServerBin};
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("tidemark-nats bench: skipped (run `cargo bench -p tidemark-nats`)");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    common::run_bench("nats", "cargo bench -p tidemark-nats", run());
 }
 
 /// CPU seconds (user + system) process `pid` used so far (`self`: this one), from

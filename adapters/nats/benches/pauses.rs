@@ -10,6 +10,8 @@
 //! `cargo bench -p tidemark-nats --bench pauses`
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
@@ -21,16 +23,11 @@ use tidemark_tests::NatsServer;
 const TURN: u32 = 16_384;
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!("tidemark-nats pauses bench: skipped (run `cargo bench -p tidemark-nats`)");
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    common::run_bench(
+        "pauses",
+        "cargo bench -p tidemark-nats --bench pauses",
+        run(),
+    );
 }
 
 /// The most memory this process had resident (`VmHWM`), as the kernel says it.

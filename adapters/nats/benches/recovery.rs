@@ -17,6 +17,8 @@
 //! `--bench` it only checks that it builds.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -36,18 +38,11 @@ const UP: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(1);
 
 fn main() {
-    if !std::env::args().any(|a| a == "--bench") {
-        println!(
-            "tidemark-nats recovery bench: skipped (run `cargo bench -p tidemark-nats --bench recovery`)"
-        );
-        return;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
-    rt.block_on(run());
+    common::run_bench(
+        "recovery",
+        "cargo bench -p tidemark-nats --bench recovery",
+        run(),
+    );
 }
 
 /// What the writer had acknowledged: key → the number of the write that set it.
