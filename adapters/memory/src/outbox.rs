@@ -9,6 +9,7 @@ use tidemark::tidemark_core::{AnnouncePlan, AnnounceReport};
 use tidemark::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch, Result};
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::faults::{Faults, Port};
 use crate::signal::Signal;
 
@@ -34,15 +35,13 @@ pub struct MemoryOutboxBackup {
     state: State,
 }
 
-/// Where leases are measured: tokio's clock, or the caller's.
-type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
-
 struct Inner {
     state: Mutex<State>,
     /// Bumped when a row is appended or released.
     changed: Signal,
     faults: Faults,
-    clock: Option<Clock>,
+    /// Where leases are measured: tokio's clock, or the caller's.
+    clock: Now,
 }
 
 impl std::fmt::Debug for Inner {
@@ -51,7 +50,7 @@ impl std::fmt::Debug for Inner {
             .field("state", &self.state)
             .field("changed", &self.changed)
             .field("faults", &self.faults)
-            .field("clock", &self.clock.as_ref().map(|_| "caller's"))
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -77,7 +76,7 @@ impl MemoryOutbox {
     /// An empty outbox whose calls consult `faults`.
     #[must_use]
     pub fn new(faults: Faults) -> Self {
-        Self::build(faults, None)
+        Self::build(faults, Now::default())
     }
 
     /// An empty outbox whose leases are measured on `clock` instead of tokio's.
@@ -88,10 +87,10 @@ impl MemoryOutbox {
     /// the time after it, as SQLite's wall-clock `claim_until` is.
     #[must_use]
     pub fn with_clock(faults: Faults, clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
-        Self::build(faults, Some(Arc::new(clock)))
+        Self::build(faults, Now::given(clock))
     }
 
-    fn build(faults: Faults, clock: Option<Clock>) -> Self {
+    fn build(faults: Faults, clock: Now) -> Self {
         MemoryOutbox {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
@@ -103,10 +102,7 @@ impl MemoryOutbox {
     }
 
     fn now(&self) -> Instant {
-        self.inner
-            .clock
-            .as_ref()
-            .map_or_else(Instant::now, |clock| clock())
+        self.inner.clock.now()
     }
 
     fn state(&self) -> MutexGuard<'_, State> {

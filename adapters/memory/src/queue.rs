@@ -10,6 +10,7 @@ use tidemark::{
 };
 use tokio::time::Instant;
 
+use crate::clock::Now;
 use crate::faults::{Faults, Port};
 
 /// Attempts before a job is dead-lettered, by default.
@@ -71,8 +72,6 @@ impl State {
     }
 }
 
-type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
-
 /// An in-process job queue. Time is tokio's (or the clock it was given), so paused time
 /// drives visibility timeouts.
 #[derive(Clone)]
@@ -82,14 +81,14 @@ pub struct MemoryQueue {
     ready: Arc<tokio::sync::watch::Sender<u64>>,
     max_attempts: u32,
     faults: Faults,
-    clock: Option<Clock>,
+    clock: Now,
 }
 
 impl std::fmt::Debug for MemoryQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryQueue")
             .field("max_attempts", &self.max_attempts)
-            .field("own_clock", &self.clock.is_some())
+            .field("clock", &self.clock)
             .finish_non_exhaustive()
     }
 }
@@ -109,7 +108,7 @@ impl MemoryQueue {
             ready: Arc::new(tokio::sync::watch::Sender::new(0)),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             faults,
-            clock: None,
+            clock: Now::default(),
         }
     }
 
@@ -123,15 +122,13 @@ impl MemoryQueue {
     #[must_use]
     pub fn with_clock(faults: Faults, clock: impl Fn() -> Instant + Send + Sync + 'static) -> Self {
         MemoryQueue {
-            clock: Some(Arc::new(clock)),
+            clock: Now::given(clock),
             ..MemoryQueue::new(faults)
         }
     }
 
     fn now(&self) -> Instant {
-        self.clock
-            .as_ref()
-            .map_or_else(Instant::now, |clock| clock())
+        self.clock.now()
     }
 
     /// The same queue dead-lettering after `max_attempts` (at least 1).
