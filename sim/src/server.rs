@@ -3,6 +3,8 @@
 //! survives the host's crashes like a disk.
 
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tidemark::tidemark_core::{Event, Legs};
 use tidemark::{
@@ -16,6 +18,7 @@ use crate::ops::JobLedger;
 use crate::oracle::{History, RelayLedger};
 use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
 use crate::sweeps::Sweeps;
+use crate::trace::Trace;
 
 /// The legs of a write through the announcing source: relays publish it, wake the
 /// followers and enqueue its housekeeping job, which the job runners run.
@@ -28,14 +31,67 @@ pub const RELAYED_LEGS: Legs = Legs {
 /// The port the source host listens on.
 pub const PORT: u16 = 7000;
 
+/// Whether the source host takes writes. A restore closes it, and it opens again when the
+/// writers' pause after the restore ends. The operator's procedure the world models stops
+/// the writers before the restore, but a write one of them sent earlier can still be on
+/// the wire (held, slow, or sent again after its writer gave up waiting): reaching the
+/// restored source, it would start the new history before the followers noticed the old
+/// one was replaced, which seqs alone cannot show them. A restore that restarts the
+/// database drops such a request with its connection; the closed gate refuses it.
+#[derive(Clone, Debug)]
+pub struct WriteGate {
+    closed: Arc<AtomicBool>,
+    trace: Trace,
+}
+
+impl WriteGate {
+    /// An open gate that traces the writes it refuses to `trace`.
+    #[must_use]
+    pub fn new(trace: Trace) -> Self {
+        WriteGate {
+            closed: Arc::default(),
+            trace,
+        }
+    }
+
+    /// Refuses writes until [`open`](Self::open).
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Takes writes again.
+    pub fn open(&self) {
+        self.closed.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether writes are refused now.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// The refusal of a write of `key` while the gate is closed, traced; `None` when open.
+    fn refuse(&self, key: &str) -> Option<Response> {
+        if !self.is_closed() {
+            return None;
+        }
+        self.trace.line(format!(
+            "source refuses a write of {key}: writers are paused after a restore"
+        ));
+        Some(failed("writes are paused after a restore"))
+    }
+}
+
 /// Runs the source host until the simulation ends or the host crashes. Every commit is
-/// also recorded in `history`, for the oracle.
+/// also recorded in `history`, for the oracle; writes that reach it while `gate` is closed
+/// are refused.
 pub async fn serve(
     memory: Memory,
     history: History,
     ledger: RelayLedger,
     jobs: JobLedger,
     sweeps: Sweeps,
+    gate: WriteGate,
 ) -> turmoil::Result {
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
@@ -45,12 +101,13 @@ pub async fn serve(
         let ledger = ledger.clone();
         let jobs = jobs.clone();
         let sweeps = sweeps.clone();
+        let gate = gate.clone();
         // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
         // runtime list is sharded by a process-wide task id, so its drop order (and the
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, ledger, jobs, sweeps, stream).await;
+            let _ = connection(memory, history, ledger, jobs, sweeps, &gate, stream).await;
         });
     }
 }
@@ -65,9 +122,16 @@ async fn connection(
     ledger: RelayLedger,
     jobs: JobLedger,
     sweeps: Sweeps,
+    gate: &WriteGate,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
+    if let Request::Put { key, .. } | Request::Update { key, .. } | Request::Remove { key, .. } =
+        &request
+        && let Some(refused) = gate.refuse(key)
+    {
+        return proto::write(&mut stream, &refused).await;
+    }
     let announced = memory.announced_source(RELAYED_LEGS);
     let source = |relayed: bool| {
         if relayed { &announced } else { &memory.source }

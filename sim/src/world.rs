@@ -623,9 +623,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .max_message_latency(Duration::from_millis(50))
         .build();
 
+    let gate = server::WriteGate::new(trace.clone());
     {
         let (memory, history, ledger) = (memory.clone(), history.clone(), ledger.clone());
-        let (jobs, sweeps) = (jobs.clone(), sweeps.clone());
+        let (jobs, sweeps, gate) = (jobs.clone(), sweeps.clone(), gate.clone());
         sim.host(SOURCE, move || {
             server::serve(
                 memory.clone(),
@@ -633,6 +634,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 ledger.clone(),
                 jobs.clone(),
                 sweeps.clone(),
+                gate.clone(),
             )
         });
     }
@@ -709,7 +711,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .collect();
     // The flaps of reconnect storms still to come: (when, host, partition or repair).
     let mut flaps: Vec<(Duration, String, bool)> = Vec::new();
-    let restores = Restores::default();
+    let restores = Restores::new(gate);
 
     // Safety phase: faults on, invariants checked after every step.
     let step = |sim: &mut turmoil::Sim<'_>, failures: &mut Vec<String>| -> bool {
@@ -1076,15 +1078,25 @@ const RESTORE_PAUSE_LIMIT: Duration = Duration::from_secs(20);
 const RESTORE_DRAIN: Duration = Duration::from_millis(500);
 
 /// The backup a restore puts back, when it does, and until when writers pause after one.
-#[derive(Default)]
 struct Restores {
     backup: Mutex<Option<(MemoryBackup, MemoryOutboxBackup)>>,
     restore_at: Mutex<Option<Duration>>,
     /// The least and the most the writers' pause lasts.
     pause_until: Mutex<Option<(Duration, Duration)>>,
+    /// The source host's writes: closed from a restore until the writers' pause ends.
+    gate: server::WriteGate,
 }
 
 impl Restores {
+    fn new(gate: server::WriteGate) -> Self {
+        Restores {
+            backup: Mutex::default(),
+            restore_at: Mutex::default(),
+            pause_until: Mutex::default(),
+            gate,
+        }
+    }
+
     /// Restores the backup if its time came at `now`.
     fn restore_if_due(&self, now: Duration, world: &World<'_>, trace: &Trace) {
         let mut at = lock(&self.restore_at);
@@ -1097,6 +1109,9 @@ impl Restores {
         };
         let head = source.watermark();
         trace.line_at(now, format!("source restored to its backup at {head}"));
+        // Writes still on the wire from before the writers stopped are refused until the
+        // followers have read the restored source (see `server::WriteGate`).
+        self.gate.close();
         world.memory.source.restore(&source);
         world.memory.outbox.restore(&outbox);
         world.history.restore(head);
@@ -1131,6 +1146,7 @@ impl Restores {
         if until.is_some_and(|(least, most)| most <= now || (restored && least <= now && noticed()))
         {
             *until = None;
+            self.gate.open();
             true
         } else {
             false

@@ -173,3 +173,28 @@ fn followers_take_a_source_restored_from_an_older_backup() {
     assert!(restores > 0, "no restore was injected");
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// A write its writer sent before a restore's writers stopped can still be on the wire
+/// when the backup goes back in: held on its link (seed 6756: it lands after its writer
+/// gave up waiting), or slower than the restore's drain (7005: 723 ms of latency; 6259).
+/// It used to commit on the restored source and start the new history at once, before a
+/// persisted follower whose watermark was past the restored seq had read the source, so
+/// it could not tell the two histories apart and stayed on the replaced one for good
+/// ("watermark 69 of 69 ... in the cache but not in the source"). The source host now
+/// refuses writes from the restore until the writers' pause ends, as a restore that
+/// restarts the database drops such a request with its connection.
+#[test]
+fn a_write_still_on_the_wire_at_a_restore_is_refused_until_the_writers_pause_ends() {
+    let scenario = Scenario {
+        keep_trace: true,
+        ..Scenario::default()
+    };
+    for seed in [6259, 6756, 7005] {
+        let o = run(seed, &scenario);
+        assert!(
+            o.trace.iter().any(|l| l.contains("source refuses a write")),
+            "seed {seed} no longer has a write reach the source during a restore's pause; pick another"
+        );
+        assert!(o.passed(), "seed {seed}: {}", o.failures.join(" | "));
+    }
+}
