@@ -80,7 +80,11 @@ impl History {
     /// How `cache` fails to be the state at `watermark` of the current history (empty when
     /// it is), unless it is that state in an epoch at or after `since` that a restore
     /// replaced: a follower that has not yet read the restored source. Returns the
-    /// differences, and the epoch the cache matched (the current one when it matched none).
+    /// differences, and the oldest epoch at or after `since` the cache matched (the current
+    /// one when it matched none): where a replaced history and the restored one agree (at
+    /// or below the seq the restore went back to, or past it when an announcement ahead of
+    /// the watermark hides the only replaced change), the cache does not show which of
+    /// them the follower is reading.
     #[must_use]
     pub fn inconsistencies_since(
         &self,
@@ -88,17 +92,24 @@ impl History {
         watermark: u64,
         since: usize,
     ) -> (Vec<String>, usize) {
-        let diff = self.inconsistencies(cache, watermark);
-        let past = lock(&self.past);
-        if diff.is_empty() || since >= past.len() {
-            return (diff, past.len());
-        }
-        for (epoch, history) in past.iter().enumerate().skip(since) {
-            if inconsistencies_in(history, &past, cache, watermark).is_empty() {
-                return (Vec::new(), epoch);
+        {
+            let past = lock(&self.past);
+            for (epoch, history) in past.iter().enumerate().skip(since) {
+                if inconsistencies_in(history, &past, cache, watermark).is_empty() {
+                    return (Vec::new(), epoch);
+                }
             }
         }
-        (diff, past.len())
+        (self.inconsistencies(cache, watermark), self.epoch())
+    }
+
+    /// The lowest seq the restores since `epoch` went back to: past it, that epoch's
+    /// history is not the current one (`None` for the current epoch).
+    #[must_use]
+    pub fn replaced_past(&self, epoch: usize) -> Option<u64> {
+        lock(&self.heads)
+            .get(epoch..)
+            .and_then(|heads| heads.iter().copied().min())
     }
 
     /// Whether the source removed `key` at `seq`.
@@ -480,28 +491,26 @@ impl Probe {
 
     /// How the cache `s` holds fails to be the source's state at `watermark`: in the
     /// current history, or in a history a restore replaced that the follower has not yet
-    /// left. Remembers the epoch it matched.
+    /// left. Remembers the oldest epoch it matched: a cache that is the state of both a
+    /// replaced history and the restored one does not show that the follower left the
+    /// replaced one. Entries of it the source sent before the restore may still be on
+    /// their way (seed 6577: held on the wire, they took a follower from the restored seq
+    /// 67 to 72 of the replaced history after the restore, and the feed's end after them
+    /// then sent it to the restored source); and past the restored seq, an announcement
+    /// ahead of the watermark can hide the only replaced change, so taking the restored
+    /// history puts the same seqs again.
     fn inconsistencies(&self, s: &mut ProbeState, watermark: u64) -> Vec<String> {
         let (diff, epoch) = self
             .history
             .inconsistencies_since(&s.cache, watermark, s.epoch);
-        // A follower whose watermark is past the seq the last restore went back to, and
-        // that never went back, has not left the history the restore replaced, even when
-        // its cache also matches the restored one (writers pause until it leaves, so the
-        // restored history has nothing past that seq, and an announcement ahead of the
-        // watermark can hide the only replaced change): it still matches the old epoch,
-        // and taking the restored history will put the same seqs again.
-        let current = self.history.epoch();
-        let left = s.fell_back_for >= current || watermark <= self.history.restored_head();
-        if diff.is_empty() && (epoch < current || left) {
+        if diff.is_empty() {
             s.epoch = epoch;
         }
         diff
     }
 
-    /// Whether a watermark that went back is the follower taking a restored history (it
-    /// still held an older epoch's state, or a watermark past the seq the restore went
-    /// back to, which it must leave): allowed once per restore.
+    /// Whether a watermark that went back is the follower taking a restored history (see
+    /// [`may_fall_back`](Self::may_fall_back)): allowed once per restore.
     fn took_restored_history(&self, s: &mut ProbeState) -> bool {
         if self.may_fall_back(s) {
             self.fell_back(s);
@@ -511,12 +520,19 @@ impl Probe {
         }
     }
 
-    /// Whether the follower's watermark may go back now: once per restore, if it held a
-    /// replaced history's state or a watermark past the restore's seq.
+    /// Whether the follower's watermark may go back now: once per restore, if it is on a
+    /// history a restore replaced, past the seq where the restored one parted from it.
     fn may_fall_back(&self, s: &ProbeState) -> bool {
-        let current = self.history.epoch();
-        s.fell_back_for < current
-            && (s.epoch < current || s.watermark > self.history.restored_head())
+        s.fell_back_for < self.history.epoch() && self.past_replaced(s)
+    }
+
+    /// Whether the follower holds a history a restore replaced past the seq where the
+    /// restored history parted from it: it must take the restored history, and doing so
+    /// puts the restored history's changes again, under seqs it held.
+    fn past_replaced(&self, s: &ProbeState) -> bool {
+        self.history
+            .replaced_past(s.epoch)
+            .is_some_and(|head| s.watermark > head)
     }
 
     /// The follower took the restored history.
@@ -576,7 +592,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
             let mut s = lock(&p.state);
             // A follower taking a restored history forgets every seq it held and puts the
             // source's state again: the same change again is no regression then.
-            let adopting = s.epoch < p.history.epoch();
+            let adopting = p.past_replaced(&s);
             let again = |have: u64, held: &str| adopting && have == seq && held == value;
             // A foreign event's seq and value are no real version: replacing them is no
             // regression.
@@ -971,5 +987,78 @@ impl RelayLedger {
     #[must_use]
     pub fn published_seqs(&self) -> BTreeSet<u64> {
         lock(&self.inner).publishes.keys().copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A history of four changes (a, b, a again, b removed), restored to its seq 2, and a
+    /// supervised worker's probe that saw `a@1`, live at 1.
+    fn restored_at_2() -> (History, Probe) {
+        let history = History::default();
+        history.record(1, "a", Some(b"v1".to_vec()));
+        history.record(2, "b", Some(b"v2".to_vec()));
+        history.record(3, "a", Some(b"v3".to_vec()));
+        history.record(4, "b", None);
+        let probe = Probe::new("f", history.clone(), Trace::new(false));
+        probe.handler_put("a", 1, "v1");
+        probe.observe(1, true, 0);
+        history.restore(2);
+        probe.restored(2);
+        // At the restored seq the two histories agree.
+        probe.handler_put("b", 2, "v2");
+        probe.observe(2, true, 0);
+        (history, probe)
+    }
+
+    #[test]
+    fn a_follower_at_the_restored_seq_may_still_apply_the_replaced_history_then_take_the_restored_one()
+     {
+        // Seeds 6577 and 7894: the source sent 3 and 4 before the restore, and they reach
+        // the follower after it; the feed's end after them sends it to the restored
+        // source, which is behind it, and it resyncs.
+        let (_, probe) = restored_at_2();
+        probe.handler_put("a", 3, "v3");
+        probe.handler_delete("b", 4);
+        probe.observe(4, true, 0);
+        assert_eq!(probe.state().violations, Vec::<String>::new());
+        probe.handler_put("a", 1, "v1");
+        probe.handler_put("b", 2, "v2");
+        probe.observe(2, true, 0);
+        assert_eq!(probe.state().violations, Vec::<String>::new());
+        assert_eq!(probe.state().fell_back_for, 1);
+    }
+
+    #[test]
+    fn a_follower_that_read_the_restored_history_past_its_seq_may_not_go_back_or_return_to_the_replaced_one()
+     {
+        let (history, probe) = restored_at_2();
+        history.record(3, "c", Some(b"w3".to_vec()));
+        probe.handler_put("c", 3, "w3");
+        probe.observe(3, true, 0);
+        assert_eq!(probe.state().violations, Vec::<String>::new());
+        probe.handler_delete("c", 3);
+        probe.observe(2, true, 0);
+        let violations = probe.state().violations.clone();
+        assert!(
+            violations.first().is_some_and(|v| v.contains("watermark fell from 3 to 2")),
+            "{violations:?}"
+        );
+
+        let (history, probe) = restored_at_2();
+        history.record(3, "c", Some(b"w3".to_vec()));
+        probe.handler_put("c", 3, "w3");
+        probe.observe(3, true, 0);
+        probe.handler_delete("c", 3);
+        probe.handler_put("a", 3, "v3");
+        probe.handler_delete("b", 4);
+        probe.observe(4, true, 0);
+        let violations = probe.state().violations.clone();
+        assert!(
+            violations.first().is_some_and(|v| v.contains("handlers did not see the source's state")),
+            "{violations:?}"
+        );
     }
 }
