@@ -554,9 +554,10 @@ impl Probe {
             || s.watermark.max(stored) <= self.history.restored_head()
     }
 
-    /// The source was restored from a backup taken at `head`: puts above it were of
-    /// another history, and the seqs they used will be used again.
-    pub fn restored(&self, head: u64) {
+    /// The source was restored from a backup taken at `head`, at simulated time `at`
+    /// (the orchestrator does it, outside every host): puts above it were of another
+    /// history, and the seqs they used will be used again.
+    pub fn restored(&self, head: u64, at: std::time::Duration) {
         let mut s = self.state();
         s.applied.retain(|(seq, _, _)| *seq <= head);
         if !s.pending.is_empty() {
@@ -564,8 +565,10 @@ impl Probe {
             let head = s.replaced_pending.map_or(head, |(_, h)| h.min(head));
             s.replaced_pending = Some((n, head));
         }
-        self.trace
-            .line(format!("{} sees the source restored to {head}", self.name));
+        self.trace.line_at(
+            at,
+            format!("{} sees the source restored to {head}", self.name),
+        );
     }
 
     fn violation(&self, s: &mut ProbeState, what: String) {
@@ -1006,7 +1009,7 @@ mod tests {
         probe.handler_put("a", 1, "v1");
         probe.observe(1, true, 0);
         history.restore(2);
-        probe.restored(2);
+        probe.restored(2, std::time::Duration::ZERO);
         // At the restored seq the two histories agree.
         probe.handler_put("b", 2, "v2");
         probe.observe(2, true, 0);
@@ -1043,7 +1046,9 @@ mod tests {
         probe.observe(2, true, 0);
         let violations = probe.state().violations.clone();
         assert!(
-            violations.first().is_some_and(|v| v.contains("watermark fell from 3 to 2")),
+            violations
+                .first()
+                .is_some_and(|v| v.contains("watermark fell from 3 to 2")),
             "{violations:?}"
         );
 
@@ -1057,7 +1062,9 @@ mod tests {
         probe.observe(4, true, 0);
         let violations = probe.state().violations.clone();
         assert!(
-            violations.first().is_some_and(|v| v.contains("handlers did not see the source's state")),
+            violations
+                .first()
+                .is_some_and(|v| v.contains("handlers did not see the source's state")),
             "{violations:?}"
         );
     }

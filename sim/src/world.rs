@@ -1117,7 +1117,7 @@ impl Restores {
         world.history.restore(head);
         world.ledger.restore(head, now);
         for p in world.probes {
-            p.restored(head);
+            p.restored(head, now);
         }
     }
 
