@@ -34,10 +34,12 @@ pub const PORT: u16 = 7000;
 /// Whether the source host takes writes. A restore closes it, and it opens again when the
 /// writers' pause after the restore ends. The operator's procedure the world models stops
 /// the writers before the restore, but a write one of them sent earlier can still be on
-/// the wire (held, slow, or sent again after its writer gave up waiting): reaching the
-/// restored source, it would start the new history before the followers noticed the old
-/// one was replaced, which seqs alone cannot show them. A restore that restarts the
-/// database drops such a request with its connection; the closed gate refuses it.
+/// the wire (held or slow, and delivered even after its writer gave up waiting): reaching
+/// the restored source, it would start the new history before the followers noticed the
+/// old one was replaced, which seqs alone cannot show them. A restore that restarts the
+/// database drops such a request with its connection; the closed gate refuses it. Writes
+/// that reach the source between the writers' stop and the restore land in the history
+/// the restore then replaces, as a restore's lost writes do.
 #[derive(Clone, Debug)]
 pub struct WriteGate {
     closed: Arc<AtomicBool>,
