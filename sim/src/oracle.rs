@@ -80,7 +80,11 @@ impl History {
     /// How `cache` fails to be the state at `watermark` of the current history (empty when
     /// it is), unless it is that state in an epoch at or after `since` that a restore
     /// replaced: a follower that has not yet read the restored source. Returns the
-    /// differences, and the epoch the cache matched (the current one when it matched none).
+    /// differences, and the oldest epoch at or after `since` the cache matched (the current
+    /// one when it matched no replaced one). Up to the seq a restore went back to, the
+    /// replaced and the restored histories agree, so a cache there matches both and has not
+    /// shown that it left the replaced one: what it read before the restore may still be
+    /// on its way (a feed's entries in flight, a batch behind a slow commit).
     #[must_use]
     pub fn inconsistencies_since(
         &self,
@@ -88,17 +92,16 @@ impl History {
         watermark: u64,
         since: usize,
     ) -> (Vec<String>, usize) {
-        let diff = self.inconsistencies(cache, watermark);
-        let past = lock(&self.past);
-        if diff.is_empty() || since >= past.len() {
-            return (diff, past.len());
-        }
-        for (epoch, history) in past.iter().enumerate().skip(since) {
-            if inconsistencies_in(history, &past, cache, watermark).is_empty() {
-                return (Vec::new(), epoch);
+        let current = {
+            let past = lock(&self.past);
+            for (epoch, history) in past.iter().enumerate().skip(since) {
+                if inconsistencies_in(history, &past, cache, watermark).is_empty() {
+                    return (Vec::new(), epoch);
+                }
             }
-        }
-        (diff, past.len())
+            past.len()
+        };
+        (self.inconsistencies(cache, watermark), current)
     }
 
     /// Whether the source removed `key` at `seq`.
@@ -480,20 +483,19 @@ impl Probe {
 
     /// How the cache `s` holds fails to be the source's state at `watermark`: in the
     /// current history, or in a history a restore replaced that the follower has not yet
-    /// left. Remembers the epoch it matched.
+    /// left. Remembers the oldest epoch it matched.
     fn inconsistencies(&self, s: &mut ProbeState, watermark: u64) -> Vec<String> {
         let (diff, epoch) = self
             .history
             .inconsistencies_since(&s.cache, watermark, s.epoch);
-        // A follower whose watermark is past the seq the last restore went back to, and
-        // that never went back, has not left the history the restore replaced, even when
-        // its cache also matches the restored one (writers pause until it leaves, so the
-        // restored history has nothing past that seq, and an announcement ahead of the
-        // watermark can hide the only replaced change): it still matches the old epoch,
-        // and taking the restored history will put the same seqs again.
-        let current = self.history.epoch();
-        let left = s.fell_back_for >= current || watermark <= self.history.restored_head();
-        if diff.is_empty() && (epoch < current || left) {
+        // A cache that matches both a replaced history and the restored one has not left
+        // the replaced one: at or below the seq the restore went back to, where the two
+        // agree, what it read before the restore may still come (seed 3083: a change-log
+        // follower committed 54 after the restore, then the replaced 55..67 its feed had
+        // sent before it); past that seq, an announcement ahead of the watermark can hide
+        // the only replaced change, and taking the restored history will put the same
+        // seqs again. Only a cache that the current history alone explains has left.
+        if diff.is_empty() {
             s.epoch = epoch;
         }
         diff
