@@ -568,7 +568,8 @@ where
     /// status, readiness, a reconcile's answer, the durable cursor, in that order.
     async fn end_batch(&mut self) -> Result<()> {
         let watermark = self.core.watermark();
-        if self.batch.dirty || watermark != self.committed {
+        let committing = self.batch.dirty || watermark != self.committed;
+        if committing {
             self.sink.commit(watermark).await?;
             self.committed = watermark;
             self.batch.dirty = false;
@@ -589,13 +590,13 @@ where
         if let Some(caught_up) = self.batch.caught_up.take() {
             self.answer(caught_up.into());
         }
-        // A save that failed before is tried again with this commit's (saves are monotone,
-        // so the higher of the two is the one to save).
-        let checkpoint = self
-            .batch
-            .checkpoint
-            .take()
-            .max(self.unsaved_checkpoint.take());
+        // A save that failed before is tried again with the next commit or checkpoint (not
+        // before every request, which would wait out a cursor store that is down each
+        // time); saves are monotone, so the higher position is the one to save.
+        let mut checkpoint = self.batch.checkpoint.take();
+        if checkpoint.is_some() || committing {
+            checkpoint = checkpoint.max(self.unsaved_checkpoint.take());
+        }
         if let Some(position) = checkpoint
             && let Some(name) = &self.cursor_name
             && let Err(e) = self.cursors.save(name, position).await

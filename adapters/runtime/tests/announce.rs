@@ -415,8 +415,15 @@ async fn a_checkpoint_that_failed_to_save_is_saved_at_the_next_commit() {
         Some(1),
         "the save of position 2 failed"
     );
-    // Nothing more comes on the stream; the next commit (a reconcile) saves it.
+    // Nothing more comes on the stream: a write it does not announce, caught up by a
+    // reconcile, is the next commit, and it saves the position.
+    m.source.put("c", b"3".to_vec()).await.unwrap();
     h.reconcile().await.unwrap();
+    assert_eq!(
+        cache.len(),
+        3,
+        "the reconcile committed the unannounced write"
+    );
     assert_eq!(
         m.events.load("retry").await.unwrap(),
         Some(2),
