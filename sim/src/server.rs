@@ -40,6 +40,7 @@ pub async fn serve(
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
+        let accepted = history.epoch();
         let memory = memory.clone();
         let history = history.clone();
         let ledger = ledger.clone();
@@ -50,7 +51,7 @@ pub async fn serve(
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, ledger, jobs, sweeps, stream).await;
+            let _ = connection(memory, history, ledger, jobs, sweeps, stream, accepted).await;
         });
     }
 }
@@ -66,8 +67,18 @@ async fn connection(
     jobs: JobLedger,
     sweeps: Sweeps,
     mut stream: TcpStream,
+    accepted: usize,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
+    // A restore restarts the database server: a write on a connection accepted before it
+    // was reset with that server, never carried out (its writer sees the connection fail).
+    let write = matches!(
+        request,
+        Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }
+    );
+    if write && history.epoch() != accepted {
+        return Ok(());
+    }
     let announced = memory.announced_source(RELAYED_LEGS);
     let source = |relayed: bool| {
         if relayed { &announced } else { &memory.source }
