@@ -12,6 +12,9 @@ use tidemark_sim::world::{Outcome, run};
 
 /// Simulate tidemark writers, a source host and followers under faults, and check that
 /// every follower converges.
+///
+/// With `SIMLOG` set to a tracing filter (`SIMLOG=tidemark=debug`), the library's logs go
+/// to standard error, stamped with the simulated time.
 #[derive(Parser, Debug)]
 #[command(name = "tidemark-sim", version)]
 struct Args {
@@ -348,7 +351,28 @@ fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
     }
 }
 
+/// Stamps a log line with the simulated time, as the trace does, so the library's logs
+/// line up with it.
+struct SimTime;
+
+impl tracing_subscriber::fmt::time::FormatTime for SimTime {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let t = turmoil::sim_elapsed().unwrap_or_default();
+        write!(w, "{:>9.3}", t.as_secs_f64())
+    }
+}
+
 fn main() -> ExitCode {
+    // The library's own logs (a backoff and its cause, a feed opened, a checkpoint that
+    // failed) say why a follower did what the trace shows: `SIMLOG=tidemark=debug`.
+    if std::env::var_os("SIMLOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("SIMLOG"))
+            .with_timer(SimTime)
+            .with_ansi(false)
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let args = Args::parse();
     if let Some(seed) = args.seed {
         return one(&args, seed);

@@ -98,6 +98,7 @@ pub async fn serve(
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
+        let accepted = history.epoch();
         let memory = memory.clone();
         let history = history.clone();
         let ledger = ledger.clone();
@@ -109,9 +110,20 @@ pub async fn serve(
         // resets peers see) would differ from one run of a seed to the next.
         tokio::task::spawn_local(async move {
             // A client that goes away mid-request is its own problem.
-            let _ = connection(memory, history, ledger, jobs, sweeps, &gate, stream).await;
+            let admission = Admission {
+                gate: &gate,
+                accepted,
+            };
+            let _ = connection(memory, history, ledger, jobs, sweeps, admission, stream).await;
         });
     }
+}
+
+/// What decides whether a connection's write is carried out: the gate closed after a
+/// restore, and the history epoch the connection was accepted in.
+struct Admission<'a> {
+    gate: &'a WriteGate,
+    accepted: usize,
 }
 
 fn failed(e: impl std::fmt::Display) -> Response {
@@ -124,15 +136,25 @@ async fn connection(
     ledger: RelayLedger,
     jobs: JobLedger,
     sweeps: Sweeps,
-    gate: &WriteGate,
+    admission: Admission<'_>,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
+    let Admission { gate, accepted } = admission;
     let request: Request = proto::read_untimed(&mut stream).await?;
     if let Request::Put { key, .. } | Request::Update { key, .. } | Request::Remove { key, .. } =
         &request
         && let Some(refused) = gate.refuse(key)
     {
         return proto::write(&mut stream, &refused).await;
+    }
+    // A restore restarts the database server: a write on a connection accepted before it
+    // was reset with that server, never carried out (its writer sees the connection fail).
+    let write = matches!(
+        request,
+        Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }
+    );
+    if write && history.epoch() != accepted {
+        return Ok(());
     }
     let announced = memory.announced_source(RELAYED_LEGS);
     let source = |relayed: bool| {

@@ -87,6 +87,9 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     cursors: C,
     cursor_name: Option<String>,
     cursor_loaded: Option<Option<u64>>,
+    /// A checkpoint the sink committed whose save failed: saved with the next commit,
+    /// since no later checkpoint may come (a quiet stream, or catch-ups by resync only).
+    unsaved_checkpoint: Option<u64>,
     wake: Option<W>,
     /// Paces a wake listener that failed (a transient error): wakes resume after this.
     wake_paused_until: Option<Instant>,
@@ -154,6 +157,7 @@ where
             cursors: NoCursors,
             cursor_name: None,
             cursor_loaded: None,
+            unsaved_checkpoint: None,
             wake: None,
             wake_paused_until: None,
             wake_backoff: Backoff::new(BackoffPolicy::default()),
@@ -205,6 +209,7 @@ where
             cursors,
             cursor_name,
             cursor_loaded: None,
+            unsaved_checkpoint: None,
             wake,
             wake_paused_until: None,
             wake_backoff: self.wake_backoff,
@@ -563,7 +568,8 @@ where
     /// status, readiness, a reconcile's answer, the durable cursor, in that order.
     async fn end_batch(&mut self) -> Result<()> {
         let watermark = self.core.watermark();
-        if self.batch.dirty || watermark != self.committed {
+        let committing = self.batch.dirty || watermark != self.committed;
+        if committing {
             self.sink.commit(watermark).await?;
             self.committed = watermark;
             self.batch.dirty = false;
@@ -584,12 +590,20 @@ where
         if let Some(caught_up) = self.batch.caught_up.take() {
             self.answer(caught_up.into());
         }
-        if let Some(position) = self.batch.checkpoint.take()
+        // A save that failed before is tried again with the next commit or checkpoint (not
+        // before every request, which would wait out a cursor store that is down each
+        // time); saves are monotone, so the higher position is the one to save.
+        let mut checkpoint = self.batch.checkpoint.take();
+        if checkpoint.is_some() || committing {
+            checkpoint = checkpoint.max(self.unsaved_checkpoint.take());
+        }
+        if let Some(position) = checkpoint
             && let Some(name) = &self.cursor_name
             && let Err(e) = self.cursors.save(name, position).await
         {
-            // Fail-soft: the next checkpoint saves a higher position anyway.
-            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed");
+            // Fail-soft: the position is kept and saved with the next commit.
+            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
+            self.unsaved_checkpoint = Some(position);
         }
         Ok(())
     }

@@ -381,6 +381,63 @@ async fn a_restarted_consumer_resumes_after_its_cursor() {
     );
 }
 
+/// A cursor save that failed is not dropped on the promise of a later checkpoint: the
+/// stream may stay quiet (or the consumer catch up only through resyncs) for good, and a
+/// restart would then replay what was observed. Simulator seed 3118: the save failed
+/// while the source host was down and the consumer never saved a cursor.
+#[tokio::test(start_paused = true)]
+async fn a_checkpoint_that_failed_to_save_is_saved_at_the_next_commit() {
+    let m = Memory::new();
+    let r = registry(&m);
+    r.put("a", b"1".to_vec()).await.unwrap();
+    let (writer, cache) = cache();
+    let h = FollowerTask::new(
+        config("retry"),
+        Utf8,
+        m.source.clone(),
+        m.events.clone(),
+        writer,
+    )
+    .with_cursor(m.events.clone(), "retry")
+    .spawn();
+    cache.wait_ready().await.unwrap();
+    until("the first entry is checkpointed", || {
+        poll_saved(&m.events, "retry") == Some(1)
+    })
+    .await;
+    m.faults.set_failing(Port::Cursor, true);
+    r.put("b", b"2".to_vec()).await.unwrap();
+    until("the second entry is applied", || cache.len() == 2).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    m.faults.set_failing(Port::Cursor, false);
+    assert_eq!(
+        m.events.load("retry").await.unwrap(),
+        Some(1),
+        "the save of position 2 failed"
+    );
+    // Nothing more comes on the stream: a write it does not announce, caught up by a
+    // reconcile, is the next commit, and it saves the position.
+    m.source.put("c", b"3".to_vec()).await.unwrap();
+    h.reconcile().await.unwrap();
+    assert_eq!(
+        cache.len(),
+        3,
+        "the reconcile committed the unannounced write"
+    );
+    assert_eq!(
+        m.events.load("retry").await.unwrap(),
+        Some(2),
+        "the observed position is saved once the cursor store answers again"
+    );
+}
+
+/// The cursor saved under `name`, read without waiting.
+fn poll_saved(events: &MemoryEvents, name: &str) -> Option<u64> {
+    futures::FutureExt::now_or_never(events.load(name))
+        .and_then(Result::ok)
+        .flatten()
+}
+
 #[tokio::test(start_paused = true)]
 async fn duplicated_announcements_apply_once_and_the_next_reconcile_is_empty() {
     let m = Memory::new();
