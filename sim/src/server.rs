@@ -154,6 +154,8 @@ async fn connection(
         Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }
     );
     if write && history.epoch() != accepted {
+        gate.trace
+            .line("source resets a write on a connection from before a restore".to_owned());
         return Ok(());
     }
     let announced = memory.announced_source(RELAYED_LEGS);

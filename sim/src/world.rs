@@ -1121,6 +1121,8 @@ struct Restores {
     pause_until: Mutex<Option<(Duration, Duration)>>,
     /// The source host's writes: closed from a restore until the writers' pause ends.
     gate: server::WriteGate,
+    /// Whether the restore had to wait for writes in flight (traced once).
+    waited: AtomicBool,
 }
 
 impl Restores {
@@ -1130,6 +1132,7 @@ impl Restores {
             restore_at: Mutex::default(),
             pause_until: Mutex::default(),
             gate,
+            waited: AtomicBool::new(false),
         }
     }
 
@@ -1145,7 +1148,13 @@ impl Restores {
             .controls
             .iter()
             .any(|c| c.in_flight.load(Ordering::SeqCst) > 0);
-        if !at.is_some_and(|at| at <= now) || writing {
+        if !at.is_some_and(|at| at <= now) {
+            return;
+        }
+        if writing {
+            if !self.waited.swap(true, Ordering::SeqCst) {
+                trace.line_at(now, "restore waits for the writes in flight".to_owned());
+            }
             return;
         }
         *at = None;
