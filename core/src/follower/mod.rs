@@ -27,6 +27,7 @@ use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
 
+pub use confirm::Ahead;
 pub use io::{
     Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,
 };
@@ -389,10 +390,56 @@ impl<D: Decode> Follower<D> {
             // Held past the watermark on an announcements stream: applied from an
             // announcement no read of the source has covered (before a restart, maybe):
             // unconfirmed until one does.
+            // Committed with the sink's batch: a failed batch goes back to a commit that
+            // holds it.
             let ahead = self.holds_unconfirmed(seq).then(|| key.clone());
             self.index.learn(key, seq);
             if let Some(key) = ahead {
-                self.remember_ahead(&key, seq, confirm::Claimed::Unknown);
+                self.claim_committed(&key, seq, confirm::Claimed::Unknown);
+            }
+        }
+    }
+
+    /// Tells a warm-started follower what its sink committed ahead of its watermark
+    /// ([`Ahead`]): call it once, after [`resume`](Self::resume),
+    /// [`resume_lazily`](Self::resume_lazily) or [`start_from`](Self::start_from) and
+    /// before the first input. On an announcements stream each change is held unconfirmed
+    /// again, as it was before the restart: the first read of the source confirms it (the
+    /// same seq, operation and bytes) or replaces it with the source's answer, and a
+    /// removal keeps an older announcement from bringing the key back meanwhile. On a
+    /// replayed feed, the source's own history, only the seqs are learned. Either way the
+    /// keys' seqs are known from then on, so a lazily resumed follower learns the keys
+    /// held past its watermark here, without a listing of every key.
+    ///
+    /// Without this, a lazily resumed follower checks only the keys held past the
+    /// watermark that it is told with [`remember`](Self::remember), and by their seq (a
+    /// read's put at that seq is applied again), and a removal committed ahead leaves it
+    /// nothing to check.
+    pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
+        for change in changes {
+            match change {
+                Ahead::Put { key, seq, value } => {
+                    let claim = self.holds_unconfirmed(seq);
+                    self.index.learn(key.clone(), seq);
+                    if claim {
+                        self.claim_committed(&key, seq, confirm::Claimed::Put(value));
+                    }
+                }
+                // A key the sink holds a value for was put after it (a sink's own lapse):
+                // the value is what the cache holds.
+                Ahead::Removed { key, seq }
+                    if self.holds_unconfirmed(seq) && self.index.get(&key).is_none() =>
+                {
+                    // What the sink holds, not a change of this run: nothing to undo.
+                    let tomb = self
+                        .index
+                        .tombstones
+                        .entry(key.as_str().into())
+                        .or_insert(0);
+                    *tomb = (*tomb).max(seq);
+                    self.claim_committed(&key, seq, confirm::Claimed::Removed);
+                }
+                Ahead::Removed { .. } => {}
             }
         }
     }
