@@ -821,6 +821,42 @@ fn a_forged_key_held_ahead_that_no_change_names_is_removed_by_the_first_read() {
     assert_eq!(removes(&outs), [("x".into(), 9)], "the forged key is gone");
 }
 
+/// Seed 55 (while this was built): a listing of every key before a snapshot made the
+/// keys held past the watermark claims again, though a read had just confirmed them, and
+/// the snapshot put them again at their own seq. Once the sink said what it holds ahead,
+/// what it lists is what it holds, not a claim.
+#[test]
+fn a_listing_after_the_sink_said_what_it_holds_ahead_claims_nothing_again() {
+    let held = |key: &str, value: &str| Ahead::Put {
+        key: key.into(),
+        seq: 19,
+        value: value.as_bytes().to_vec(),
+    };
+    let mut h = restarted_at(18, 2, vec![held("hot", "v"), held("foreign", "f")]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(19, "hot", "v")],
+        source_watermark: 20,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "the foreign key is unexplained: {outs:?}"
+    );
+    h.f.remember([
+        ("hot".to_owned(), 19),
+        ("foreign".to_owned(), 19),
+        ("cold".to_owned(), 3),
+    ]);
+    h.f.index_complete();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(19, "hot", "v"), Entry::put(3, "cold", "c")],
+        source_watermark: 20,
+    });
+    assert!(puts(&outs).is_empty(), "nothing is put again: {outs:?}");
+    assert_eq!(removes(&outs), [("foreign".into(), 20)]);
+}
+
 /// Found by reading: the seqs a lazily resumed follower learns of keys held past the
 /// watermark were claimed, but not as committed, so a failed batch dropped the claim
 /// while the key stayed known, and the forged value stayed for good.

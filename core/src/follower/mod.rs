@@ -141,6 +141,9 @@ pub struct Follower<D: Decode> {
     /// `ahead` as the sink last committed it: a failed batch gives back the claims its
     /// reads took (the sink still holds what they claimed).
     committed_ahead: std::collections::BTreeMap<String, confirm::Claim>,
+    /// The driver said what the sink committed ahead of its watermark
+    /// ([`remember_ahead`](Self::remember_ahead)): seqs it learns later are no claims.
+    ahead_told: bool,
     /// Reads of the source (reconciles, snapshots) asked for so far.
     reads: u64,
     /// `reads` when the read now outstanding was asked for.
@@ -204,6 +207,7 @@ impl<D: Decode> Follower<D> {
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
             committed_ahead: std::collections::BTreeMap::new(),
+            ahead_told: false,
             reads: 0,
             read_asked: 0,
             now: Time::ZERO,
@@ -389,10 +393,11 @@ impl<D: Decode> Follower<D> {
         for (key, seq) in keys {
             // Held past the watermark on an announcements stream: applied from an
             // announcement no read of the source has covered (before a restart, maybe):
-            // unconfirmed until one does.
-            // Committed with the sink's batch: a failed batch goes back to a commit that
-            // holds it.
-            let ahead = self.holds_unconfirmed(seq).then(|| key.clone());
+            // unconfirmed until one does. Committed with the sink's batch: a failed batch
+            // goes back to a commit that holds it. (Unless the driver said what the sink
+            // holds ahead: then every such key was claimed at start or in this run, and a
+            // claim a read already confirmed must not be made again.)
+            let ahead = (!self.ahead_told && self.holds_unconfirmed(seq)).then(|| key.clone());
             self.index.learn(key, seq);
             if let Some(key) = ahead {
                 self.claim_committed(&key, seq, confirm::Claimed::Unknown);
@@ -411,11 +416,13 @@ impl<D: Decode> Follower<D> {
     /// keys' seqs are known from then on, so a lazily resumed follower learns the keys
     /// held past its watermark here, without a listing of every key.
     ///
-    /// Without this, a lazily resumed follower checks only the keys held past the
-    /// watermark that it is told with [`remember`](Self::remember), and by their seq (a
+    /// Once told, the seqs [`remember`](Self::remember) gives later are taken as what the
+    /// sink holds, not as claims. Without this, a lazily resumed follower checks only the
+    /// keys held past the watermark that it is told with `remember`, and by their seq (a
     /// read's put at that seq is applied again), and a removal committed ahead leaves it
     /// nothing to check.
     pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
+        self.ahead_told = true;
         for change in changes {
             match change {
                 Ahead::Put { key, seq, value } => {
