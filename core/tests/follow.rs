@@ -857,6 +857,43 @@ fn a_listing_after_the_sink_said_what_it_holds_ahead_claims_nothing_again() {
     assert_eq!(removes(&outs), [("foreign".into(), 20)]);
 }
 
+/// Seed 103 (while this was built): a read replaced a value the sink held ahead (a
+/// replaced history's), another key asked for a snapshot, and the listing of every key
+/// before it gave the replaced value's seq back as the higher one; the snapshot's older
+/// value then looked stale and the replaced one stayed for good.
+#[test]
+fn a_listing_before_a_snapshot_does_not_bring_back_a_replaced_claims_seq() {
+    let held = |key: &str, seq: u64| Ahead::Put {
+        key: key.into(),
+        seq,
+        value: b"replaced".to_vec(),
+    };
+    let mut h = restarted_at(73, 2, vec![held("hot", 102), held("foreign", 84)]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(76, "hot", "new")],
+        source_watermark: 80,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "the foreign key is unexplained: {outs:?}"
+    );
+    h.f.remember([
+        ("hot".to_owned(), 102),
+        ("foreign".to_owned(), 84),
+        ("cold".to_owned(), 3),
+    ]);
+    h.f.index_complete();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(76, "hot", "new"), Entry::put(3, "cold", "c")],
+        source_watermark: 80,
+    });
+    assert_eq!(puts(&outs), [("hot".into(), 76, "new".into())], "{outs:?}");
+    assert_eq!(removes(&outs), [("foreign".into(), 80)]);
+    assert_eq!(h.f.seq_of("hot"), Some(76));
+}
+
 /// Found by reading: the seqs a lazily resumed follower learns of keys held past the
 /// watermark were claimed, but not as committed, so a failed batch dropped the claim
 /// while the key stayed known, and the forged value stayed for good.

@@ -387,8 +387,9 @@ impl<D: Decode> Follower<D> {
     // ---- mutators ----
 
     /// Tells the follower the seqs at which its cache holds `keys` (a driver of a lazily
-    /// resumed follower, before it reports entries or changes for them). It keeps the
-    /// higher of what it knew and what it is told; the watermark does not move.
+    /// resumed follower, before it reports entries or changes for them). A key it already
+    /// knows keeps what it knows (its own applies since are newer than anything the sink
+    /// can say, and a key a read set aside must stay so); the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
         for (key, seq) in keys {
             // Held past the watermark on an announcements stream: applied from an
@@ -398,8 +399,9 @@ impl<D: Decode> Follower<D> {
             // holds ahead: then every such key was claimed at start or in this run, and a
             // claim a read already confirmed must not be made again.)
             let ahead = (!self.ahead_told && self.holds_unconfirmed(seq)).then(|| key.clone());
-            self.index.learn(key, seq);
-            if let Some(key) = ahead {
+            if self.index.learn(key, seq)
+                && let Some(key) = ahead
+            {
                 self.claim_committed(&key, seq, confirm::Claimed::Unknown);
             }
         }
@@ -426,9 +428,7 @@ impl<D: Decode> Follower<D> {
         for change in changes {
             match change {
                 Ahead::Put { key, seq, value } => {
-                    let claim = self.holds_unconfirmed(seq);
-                    self.index.learn(key.clone(), seq);
-                    if claim {
+                    if self.index.learn(key.clone(), seq) && self.holds_unconfirmed(seq) {
                         self.claim_committed(&key, seq, confirm::Claimed::Put(value));
                     }
                 }
