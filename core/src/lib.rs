@@ -92,8 +92,8 @@ pub use entry::{CacheChange, Entry, Op};
 pub use error::ConfigError;
 pub use event::{EncodeError, Event, NotAnEvent};
 pub use follower::{
-    Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower, Input,
-    InvalidReason, Notice, Output, Phase, Request, Status, Token,
+    Ahead, Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower,
+    Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, presize_for, shorten};

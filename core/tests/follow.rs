@@ -636,6 +636,301 @@ fn a_key_a_restarted_sink_holds_past_its_watermark_awaits_confirmation() {
     assert_eq!(removes(&outs), [("b".into(), 7)], "the forged row is gone");
 }
 
+// ---- Issue 10: what a restarted sink committed ahead of its watermark ----
+
+/// An announcements follower restarted warm from a sink at watermark `w` that holds
+/// `held` keys, told what the sink committed ahead of it, that found its source.
+fn restarted_at(w: u64, held: usize, ahead: Vec<Ahead>) -> H {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h =
+        H::with(Follower::resume_lazily(config, Utf8, w, held).following(Follow::Announcements));
+    h.f.remember_ahead(ahead);
+    h.found();
+    h
+}
+
+fn unconfirmed(outs: &[Output<String>]) -> usize {
+    diagnostics(outs)
+        .iter()
+        .filter(|d| {
+            matches!(
+                d,
+                Diagnostic::InvalidEntry {
+                    reason: InvalidReason::Unconfirmed,
+                    ..
+                }
+            )
+        })
+        .count()
+}
+
+/// Seeds 1797 and 2977: a removal applied ahead of the watermark (a replaced history's
+/// announcement, a foreign event) was committed, and after a crash nothing said it was
+/// only a claim: the key stayed gone for good. Given back by the sink, it is checked by
+/// the first read like any other, and the source's value returns.
+#[test]
+fn a_removal_a_restarted_sink_committed_ahead_is_checked_by_the_first_read() {
+    let removed = Ahead::Removed {
+        key: "a".into(),
+        seq: 8,
+    };
+    let mut h = restarted_at(5, 1, vec![removed]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 9,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "a read that does not name the removed key cannot say what it holds: {outs:?}"
+    );
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(4, "a", "real"), Entry::put(3, "b", "b")],
+        source_watermark: 9,
+    });
+    assert!(
+        puts(&outs).contains(&("a".into(), 4, "real".into())),
+        "the source still has the key the claimed removal took: {outs:?}"
+    );
+    assert_eq!(
+        unconfirmed(&outs),
+        1,
+        "the removal is counted as unconfirmed"
+    );
+}
+
+/// The ordinary case: the removal the sink gives back is the source's, so the first
+/// read confirms it quietly and brings nothing back.
+#[test]
+fn a_removal_given_back_by_the_sink_that_the_source_made_is_confirmed_quietly() {
+    let removed = Ahead::Removed {
+        key: "a".into(),
+        seq: 8,
+    };
+    let mut h = restarted_at(5, 0, vec![removed]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "older"), Entry::delete(8, "a")],
+        source_watermark: 8,
+    });
+    assert!(!asks_snapshot(&outs), "{outs:?}");
+    assert!(puts(&outs).is_empty(), "the key stays removed: {outs:?}");
+    assert_eq!(
+        unconfirmed(&outs),
+        0,
+        "the source made that removal: {outs:?}"
+    );
+    assert_eq!(h.f.watermark(), 8);
+}
+
+/// Seed 373: after a restart, a key held past the watermark was confirmed by its seq
+/// alone, so a restored source whose new history reused the seq kept the replaced value.
+/// Given back with its bytes, the claim is compared as before the restart.
+#[test]
+fn a_value_a_restarted_sink_holds_ahead_is_compared_by_its_bytes() {
+    let held = Ahead::Put {
+        key: "a".into(),
+        seq: 7,
+        value: b"replaced".to_vec(),
+    };
+    let mut h = restarted_at(5, 1, vec![held]);
+    assert_eq!(h.f.seq_of("a"), Some(7), "learned without a listing");
+    assert!(!h.f.needs_keys(), "the one key held is known");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "new history")],
+        source_watermark: 7,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 7, "new history".into())],
+        "the source's value at that seq replaces the sink's"
+    );
+    assert_eq!(unconfirmed(&outs), 1);
+}
+
+/// The ordinary warm restart: what the sink holds ahead is the source's change, so the
+/// read confirms it, puts nothing again and counts nothing.
+#[test]
+fn a_value_a_restarted_sink_holds_ahead_that_the_source_has_is_confirmed_quietly() {
+    let held = Ahead::Put {
+        key: "a".into(),
+        seq: 7,
+        value: b"seven".to_vec(),
+    };
+    let mut h = restarted_at(5, 1, vec![held]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "seven")],
+        source_watermark: 7,
+    });
+    assert!(puts(&outs).is_empty(), "{outs:?}");
+    assert_eq!(h.f.counters().invalid, 0);
+    assert_eq!(h.f.watermark(), 7);
+}
+
+/// A sink that cannot give back what it holds ahead: the keys it names past the
+/// watermark are checked by seq, and a read's put at that seq is put again (the sink's
+/// bytes may be a replaced history's), without counting the key invalid.
+#[test]
+fn a_key_held_ahead_by_a_sink_without_its_bytes_takes_the_reads_put_again() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h =
+        H::with(Follower::resume_lazily(config, Utf8, 5, 1).following(Follow::Announcements));
+    h.f.remember([("a".to_owned(), 7)]);
+    h.found();
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "new history")],
+        source_watermark: 7,
+    });
+    assert_eq!(puts(&outs), [("a".into(), 7, "new history".into())]);
+    assert_eq!(h.f.counters().invalid, 0, "nothing says the sink was wrong");
+    assert_eq!(h.f.watermark(), 7);
+}
+
+/// Found by reading: a lazily resumed follower learns a key's seq only when a change
+/// names it, so a forged value the sink held past its watermark that no later change
+/// names was never checked. Given back by the sink, it is, with no listing of every key.
+#[test]
+fn a_forged_key_held_ahead_that_no_change_names_is_removed_by_the_first_read() {
+    let forged = Ahead::Put {
+        key: "x".into(),
+        seq: 8,
+        value: b"forged".to_vec(),
+    };
+    let mut h = restarted_at(5, 2, vec![forged]);
+    assert!(
+        h.f.needs_keys(),
+        "one key at or below the watermark is still unknown"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 9,
+    });
+    assert!(asks_snapshot(&outs), "{outs:?}");
+    h.f.remember([("b".to_owned(), 2)]);
+    h.f.index_complete();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(2, "b", "b")],
+        source_watermark: 9,
+    });
+    assert_eq!(removes(&outs), [("x".into(), 9)], "the forged key is gone");
+}
+
+/// Seed 55 (while this was built): a listing of every key before a snapshot made the
+/// keys held past the watermark claims again, though a read had just confirmed them, and
+/// the snapshot put them again at their own seq. Once the sink said what it holds ahead,
+/// what it lists is what it holds, not a claim.
+#[test]
+fn a_listing_after_the_sink_said_what_it_holds_ahead_claims_nothing_again() {
+    let held = |key: &str, value: &str| Ahead::Put {
+        key: key.into(),
+        seq: 19,
+        value: value.as_bytes().to_vec(),
+    };
+    let mut h = restarted_at(18, 2, vec![held("hot", "v"), held("foreign", "f")]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(19, "hot", "v")],
+        source_watermark: 20,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "the foreign key is unexplained: {outs:?}"
+    );
+    h.f.remember([
+        ("hot".to_owned(), 19),
+        ("foreign".to_owned(), 19),
+        ("cold".to_owned(), 3),
+    ]);
+    h.f.index_complete();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(19, "hot", "v"), Entry::put(3, "cold", "c")],
+        source_watermark: 20,
+    });
+    assert!(puts(&outs).is_empty(), "nothing is put again: {outs:?}");
+    assert_eq!(removes(&outs), [("foreign".into(), 20)]);
+}
+
+/// Seed 103 (while this was built): a read replaced a value the sink held ahead (a
+/// replaced history's), another key asked for a snapshot, and the listing of every key
+/// before it gave the replaced value's seq back as the higher one; the snapshot's older
+/// value then looked stale and the replaced one stayed for good.
+#[test]
+fn a_listing_before_a_snapshot_does_not_bring_back_a_replaced_claims_seq() {
+    let held = |key: &str, seq: u64| Ahead::Put {
+        key: key.into(),
+        seq,
+        value: b"replaced".to_vec(),
+    };
+    let mut h = restarted_at(73, 2, vec![held("hot", 102), held("foreign", 84)]);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(76, "hot", "new")],
+        source_watermark: 80,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "the foreign key is unexplained: {outs:?}"
+    );
+    h.f.remember([
+        ("hot".to_owned(), 102),
+        ("foreign".to_owned(), 84),
+        ("cold".to_owned(), 3),
+    ]);
+    h.f.index_complete();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(76, "hot", "new"), Entry::put(3, "cold", "c")],
+        source_watermark: 80,
+    });
+    assert_eq!(puts(&outs), [("hot".into(), 76, "new".into())], "{outs:?}");
+    assert_eq!(removes(&outs), [("foreign".into(), 80)]);
+    assert_eq!(h.f.seq_of("hot"), Some(76));
+}
+
+/// Found by reading: the seqs a lazily resumed follower learns of keys held past the
+/// watermark were claimed, but not as committed, so a failed batch dropped the claim
+/// while the key stayed known, and the forged value stayed for good.
+#[test]
+fn a_claim_learned_from_the_sink_survives_a_failed_batch() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h =
+        H::with(Follower::resume_lazily(config, Utf8, 5, 1).following(Follow::Announcements));
+    h.f.track_commits(true);
+    h.found();
+    h.f.commit();
+    // The read names the key; the driver learns it from the sink: held at 7, past 5.
+    h.f.remember([("a".to_owned(), 7)]);
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "real")],
+        source_watermark: 7,
+    });
+    // That batch never reached the sink.
+    h.input(Input::SinkFailed {
+        error: "disk full".into(),
+    });
+    assert_eq!(h.f.watermark(), 5);
+    let outs = h.run_to_timeout();
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "real")],
+        source_watermark: 7,
+    });
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 7, "real".into())],
+        "the sink still holds an unchecked value at 7: the read's put lands"
+    );
+}
+
 /// The simulator's foreign-events fault, shape (a): a forged event that copies a real
 /// change's key and seq with another value was confirmed by its seq alone, so the forged
 /// value survived every read of the source. A read must show the same bytes.

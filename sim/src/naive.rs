@@ -80,7 +80,7 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
     async fn resume(&mut self) -> Result<Option<Held>> {
         Ok(Sink::<V>::resume(&mut self.0)
             .await?
-            .map(|held| Held { keys: 0, ..held }))
+            .map(|held| Held::new(held.watermark, 0)))
     }
 
     async fn seqs_of(&mut self, _keys: Vec<String>) -> Result<Vec<(String, u64)>> {

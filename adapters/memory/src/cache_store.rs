@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tidemark::{CacheOp, Error, Held, Result, Sink};
+use tidemark::{Ahead, CacheOp, Error, Held, Result, Sink};
 
 #[derive(Debug, Default)]
 struct StoreFaults {
@@ -35,6 +35,9 @@ struct StoreFaults {
 #[derive(Debug, Default)]
 struct State {
     rows: BTreeMap<String, (u64, Vec<u8>)>,
+    /// What was committed ahead of the watermark and not yet passed by it: key → (seq,
+    /// whether it was a removal). A put's bytes are its row's.
+    ahead: BTreeMap<String, (u64, bool)>,
     /// `None` until the first commit.
     watermark: Option<u64>,
     /// Writes of the commit in progress that have landed.
@@ -75,15 +78,31 @@ impl MemoryCacheStore {
         }
     }
 
-    /// What the store holds: its watermark and key count, or `None` before the first
-    /// commit.
+    /// What the store holds: its watermark, key count and what it committed ahead of the
+    /// watermark (in key order), or `None` before the first commit.
     #[must_use]
     pub fn held(&self) -> Option<Held> {
         let s = self.lock();
-        s.watermark.map(|watermark| Held {
-            watermark,
-            keys: s.rows.len(),
-        })
+        let watermark = s.watermark?;
+        let ahead = s
+            .ahead
+            .iter()
+            .filter_map(|(key, &(seq, removed))| {
+                if removed {
+                    return Some(Ahead::Removed {
+                        key: key.clone(),
+                        seq,
+                    });
+                }
+                let (held, value) = s.rows.get(key)?;
+                (*held == seq).then(|| Ahead::Put {
+                    key: key.clone(),
+                    seq,
+                    value: value.clone(),
+                })
+            })
+            .collect();
+        Some(Held::new(watermark, s.rows.len()).with_ahead(ahead))
     }
 
     /// The committed watermark, `None` before the first commit.
@@ -207,18 +226,34 @@ impl MemoryCacheStore {
         }
         let crash = {
             let mut s = self.lock();
+            // A watermark that goes back is a new history (a restored source): what was
+            // held ahead of the old one is the old one's.
+            if let (Some(w), Some(before)) = (watermark, s.watermark)
+                && w < before
+            {
+                s.ahead.clear();
+            }
+            let mark = watermark.or(s.watermark).unwrap_or(0);
             for op in ops {
-                match op {
+                let (key, seq, removed) = match op {
                     CacheOp::Put { key, seq, value } => {
-                        s.rows.insert(key, (seq, value));
+                        s.rows.insert(key.clone(), (seq, value));
+                        (key, seq, false)
                     }
-                    CacheOp::Remove { key } => {
+                    CacheOp::Remove { key, seq } => {
                         s.rows.remove(&key);
+                        (key, seq, true)
                     }
+                };
+                if seq > mark {
+                    s.ahead.insert(key, (seq, removed));
+                } else {
+                    s.ahead.remove(&key);
                 }
             }
             if let Some(w) = watermark {
                 s.watermark = Some(w);
+                s.ahead.retain(|_, (seq, _)| *seq > w);
             }
             s.writes_in_commit += 1;
             s.faults.crash_after == Some(s.writes_in_commit)
@@ -289,9 +324,10 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for MemoryCacheSink {
         Ok(())
     }
 
-    async fn remove(&mut self, key: Arc<str>, _seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         self.batch.push(CacheOp::Remove {
             key: key.to_string(),
+            seq,
         });
         Ok(())
     }
@@ -363,13 +399,7 @@ mod tests {
             "an uncommitted batch must not be visible in the store"
         );
         assert!(matches!(commit(&mut sink, 2), Some(Ok(()))));
-        assert_eq!(
-            store.held(),
-            Some(Held {
-                watermark: 2,
-                keys: 2
-            })
-        );
+        assert_eq!(store.held(), Some(Held::new(2, 2).with_ahead(Vec::new())));
         assert_eq!(
             store.seqs_of(&["b".into(), "zz".into()]),
             vec![("b".into(), 2)]
@@ -427,10 +457,7 @@ mod tests {
         assert!(store.take_stalled());
         assert_eq!(
             store.held(),
-            Some(Held {
-                watermark: 2,
-                keys: 2
-            }),
+            Some(Held::new(2, 2).with_ahead(Vec::new())),
             "the one write is the whole batch with its watermark"
         );
         assert_eq!(store.commits(), 0, "the commit never returned");
@@ -517,5 +544,198 @@ mod tests {
         );
         assert_eq!(store.get("b"), Some((2, b"2".to_vec())));
         assert_eq!(store.watermark(), Some(3));
+    }
+
+    // ---- Issue 10: what a persisted follower committed ahead of its watermark ----
+
+    /// What an events follower committed before its process died: `rows` at or below
+    /// `watermark`, then `ahead` — announcements no read of the source had confirmed —
+    /// in a second batch at the same watermark; the sink is dropped, as a dead process's.
+    fn died_holding(
+        store: &MemoryCacheStore,
+        rows: &[(&str, u64, &str)],
+        watermark: u64,
+        ahead: &[(&str, u64, Option<&str>)],
+    ) {
+        let mut sink = store.sink();
+        for (key, seq, value) in rows {
+            poll_once(Sink::<Vec<u8>>::put(
+                &mut sink,
+                (*key).into(),
+                *seq,
+                value.as_bytes().to_vec(),
+            ))
+            .expect("immediate")
+            .expect("put");
+        }
+        assert!(matches!(commit(&mut sink, watermark), Some(Ok(()))));
+        for (key, seq, value) in ahead {
+            let done = match value {
+                Some(v) => poll_once(Sink::<Vec<u8>>::put(
+                    &mut sink,
+                    (*key).into(),
+                    *seq,
+                    v.as_bytes().to_vec(),
+                )),
+                None => poll_once(Sink::<Vec<u8>>::remove(&mut sink, (*key).into(), *seq)),
+            };
+            done.expect("immediate").expect("applied");
+        }
+        assert!(matches!(commit(&mut sink, watermark), Some(Ok(()))));
+    }
+
+    /// Restarts an events follower on `store` over `memory`'s source and waits until it
+    /// is ready at `head`; returns its status.
+    async fn restart(
+        memory: &crate::Memory,
+        store: &MemoryCacheStore,
+        head: u64,
+    ) -> tidemark::Status {
+        use tidemark::FollowerTask;
+        use tidemark::tidemark_core::{FollowerConfig, RawBytes};
+        let config = FollowerConfig::builder("events")
+            .seed(7)
+            .build()
+            .expect("valid");
+        let task = FollowerTask::new(
+            config,
+            RawBytes,
+            memory.source.clone(),
+            memory.events.clone(),
+            store.sink(),
+        )
+        .spawn();
+        let mut status = task.watch_status();
+        status
+            .wait_for(|s| s.ready && s.watermark == head)
+            .await
+            .expect("the restarted follower catches up");
+        let status = task.status();
+        task.stop_within(Duration::from_secs(5))
+            .await
+            .expect("stops");
+        status
+    }
+
+    /// The store's rows: key → (seq, value).
+    fn rows(pairs: &[(&str, u64, &str)]) -> BTreeMap<String, (u64, Vec<u8>)> {
+        pairs
+            .iter()
+            .map(|(k, s, v)| ((*k).to_owned(), (*s, v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    /// Seeds 1797 and 2977: a removal applied ahead of the watermark was committed and
+    /// the process died before the read that would refute it; nothing in the store said
+    /// it was a claim, so the key was lost for good.
+    #[tokio::test(start_paused = true)]
+    async fn a_removal_committed_ahead_of_the_watermark_is_checked_after_a_crash() {
+        use tidemark::Source;
+        let memory = crate::Memory::new();
+        for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            memory
+                .source
+                .put(key, value.as_bytes().to_vec())
+                .await
+                .expect("put");
+        }
+        let store = MemoryCacheStore::new();
+        // A foreign event said "a removed at 3"; the source's seq 3 is c's put.
+        died_holding(
+            &store,
+            &[("a", 1, "1"), ("b", 2, "2")],
+            2,
+            &[("a", 3, None)],
+        );
+        restart(&memory, &store, 3).await;
+        assert_eq!(
+            store.entries(),
+            rows(&[("a", 1, "1"), ("b", 2, "2"), ("c", 3, "3")]),
+            "the key the unconfirmed removal took is back"
+        );
+    }
+
+    /// Seed 373: a value held past the watermark was confirmed after a restart by its
+    /// seq alone, so a source whose new history reused the seq kept the replaced value.
+    #[tokio::test(start_paused = true)]
+    async fn a_value_committed_ahead_of_the_watermark_is_compared_by_its_bytes_after_a_crash() {
+        use tidemark::Source;
+        let memory = crate::Memory::new();
+        memory.source.put("a", b"1".to_vec()).await.expect("put");
+        memory
+            .source
+            .put("a", b"new history".to_vec())
+            .await
+            .expect("put");
+        let store = MemoryCacheStore::new();
+        died_holding(
+            &store,
+            &[("a", 1, "1")],
+            1,
+            &[("a", 2, Some("replaced history"))],
+        );
+        let status = restart(&memory, &store, 2).await;
+        assert_eq!(store.entries(), rows(&[("a", 2, "new history")]));
+        assert_eq!(status.counters.invalid, 1, "the replaced claim is counted");
+    }
+
+    /// Found by reading: a forged key held past the watermark that no later change names
+    /// was checked only thanks to a listing of every key at start; the store's list of
+    /// what it holds ahead finds it, and the warm start lists nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_forged_key_committed_ahead_that_no_change_names_is_removed_after_a_crash() {
+        use tidemark::Source;
+        let memory = crate::Memory::new();
+        for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            memory
+                .source
+                .put(key, value.as_bytes().to_vec())
+                .await
+                .expect("put");
+        }
+        let store = MemoryCacheStore::new();
+        died_holding(
+            &store,
+            &[("a", 1, "1"), ("b", 2, "2")],
+            2,
+            &[("x", 3, Some("forged"))],
+        );
+        let status = restart(&memory, &store, 3).await;
+        assert_eq!(
+            store.entries(),
+            rows(&[("a", 1, "1"), ("b", 2, "2"), ("c", 3, "3")]),
+            "the forged key is gone"
+        );
+        assert!(status.counters.invalid > 0, "the forged key is counted");
+    }
+
+    /// What the store keeps ahead of the watermark: a commit whose watermark passes a
+    /// change, or that changes its key again at or below it, drops it; a watermark that
+    /// goes back (a restored source) drops what was ahead of the old one.
+    #[test]
+    fn the_store_keeps_only_what_is_still_ahead_of_the_watermark() {
+        let store = MemoryCacheStore::new();
+        let mut sink = store.sink();
+        let ahead = || -> Vec<(String, u64)> {
+            let held = store.held().expect("committed");
+            held.ahead
+                .expect("kept")
+                .iter()
+                .map(|a| (a.key().to_owned(), a.seq()))
+                .collect()
+        };
+        put(&mut sink, "a", 1);
+        put(&mut sink, "b", 5);
+        poll_once(Sink::<Vec<u8>>::remove(&mut sink, "c".into(), 6))
+            .expect("now")
+            .expect("ok");
+        put(&mut sink, "d", 7);
+        assert!(matches!(commit(&mut sink, 1), Some(Ok(()))));
+        assert_eq!(ahead(), [("b".into(), 5), ("c".into(), 6), ("d".into(), 7)]);
+        put(&mut sink, "d", 3);
+        assert!(matches!(commit(&mut sink, 5), Some(Ok(()))));
+        assert_eq!(ahead(), [("c".into(), 6)]);
+        assert!(matches!(commit(&mut sink, 2), Some(Ok(()))));
+        assert_eq!(ahead(), []);
     }
 }

@@ -283,15 +283,21 @@ where
         }
         if self.runs == 0 {
             if let Some(held) = self.sink.resume().await? {
-                info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, "resuming from the sink");
+                info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, ahead = held.ahead.as_ref().map(Vec::len), "resuming from the sink");
                 self.core.start_from(held.watermark, held.keys);
                 self.committed = self.core.watermark();
-                if F::FOLLOW == Follow::Announcements && held.keys > 0 {
+                match held.ahead {
                     // Announcements run ahead of the source, and a sink keeps them with
-                    // their batch: a key held past the watermark may be a foreign event
-                    // no read has confirmed yet. Only a listing finds those keys, and the
-                    // core holds them unconfirmed until a read covers their seqs.
-                    self.complete_index().await?;
+                    // their batch: what it committed past the watermark may be a foreign
+                    // event or a replaced history's, which no read has confirmed yet. The
+                    // core holds each unconfirmed until a read checks it.
+                    Some(ahead) => self.core.remember_ahead(ahead),
+                    // A sink that does not say: only a listing finds the keys held past
+                    // the watermark (and no removal).
+                    None if F::FOLLOW == Follow::Announcements && held.keys > 0 => {
+                        self.complete_index().await?;
+                    }
+                    None => {}
                 }
             }
         } else {

@@ -86,9 +86,9 @@ pub use telemetry::{DEFAULT_STALL_AFTER, FollowerHealth, Health};
 pub use tidemark_core;
 // The core types every user needs, so one `use tidemark::…` is enough.
 pub use tidemark_core::{
-    AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode, DecodeFn,
-    Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError, JobId,
-    Json, Legs, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule, ScheduleClock,
-    Status, UNDECODABLE_KIND, Utf8, decode_fn,
+    Ahead, AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode,
+    DecodeFn, Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError,
+    JobId, Json, Legs, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule,
+    ScheduleClock, Status, UNDECODABLE_KIND, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

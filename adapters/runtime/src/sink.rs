@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::Result;
+use tidemark_core::Ahead;
 
 /// One change to a stored cache, as a durable sink buffers it until its commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,19 +20,29 @@ pub enum CacheOp {
         /// The value's bytes.
         value: Vec<u8>,
     },
-    /// Remove `key`.
+    /// Remove `key` as of `seq`.
     Remove {
         /// The key.
         key: String,
+        /// The seq of the removal.
+        seq: u64,
     },
 }
 
 impl CacheOp {
+    /// The seq of the change.
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        match self {
+            CacheOp::Put { seq, .. } | CacheOp::Remove { seq, .. } => *seq,
+        }
+    }
+
     /// The key it changes.
     #[must_use]
     pub fn key(&self) -> &str {
         match self {
-            CacheOp::Put { key, .. } | CacheOp::Remove { key } => key,
+            CacheOp::Put { key, .. } | CacheOp::Remove { key, .. } => key,
         }
     }
 
@@ -54,16 +65,48 @@ impl CacheOp {
     }
 }
 
-/// What a durable sink already holds when a follower starts: its watermark and how many
-/// keys. The follower resumes from `watermark`+1 and asks the sink for the seqs of keys
-/// only when the delta names them ([`Sink::seqs_of`]), so a warm start costs the delta,
-/// not the cache's size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What a durable sink already holds when a follower starts: its watermark, how many
+/// keys, and what it committed ahead of the watermark. The follower resumes from
+/// `watermark`+1 and asks the sink for the seqs of keys only when the delta names them
+/// ([`Sink::seqs_of`]), so a warm start costs the delta, not the cache's size.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Held {
     /// The watermark committed with the sink's last batch.
     pub watermark: u64,
     /// How many keys it holds.
     pub keys: usize,
+    /// What it committed ahead of `watermark` and still holds: every put with a higher
+    /// seq (with its bytes) and every removal with a higher seq, that no later commit
+    /// replaced — on an announcements stream, the announcements no read of the source had
+    /// confirmed. The follower holds each unconfirmed again, so the first read checks it
+    /// (see [`Follower::remember_ahead`](tidemark_core::Follower::remember_ahead)).
+    ///
+    /// `None`: the sink does not keep them. The follower then lists every key at start
+    /// on an announcements stream (a cost in the cache's size) and checks those past the
+    /// watermark by seq alone; a removal committed ahead leaves it nothing to check, so a
+    /// crash before the confirming read can lose the key.
+    pub ahead: Option<Vec<Ahead>>,
+}
+
+impl Held {
+    /// A sink at `watermark` holding `keys` keys, that does not say what it committed
+    /// ahead of its watermark ([`with_ahead`](Self::with_ahead) says it).
+    #[must_use]
+    pub fn new(watermark: u64, keys: usize) -> Self {
+        Held {
+            watermark,
+            keys,
+            ahead: None,
+        }
+    }
+
+    /// The same, with what the sink committed ahead of its watermark (an empty list: it
+    /// keeps them, and holds none).
+    #[must_use]
+    pub fn with_ahead(mut self, ahead: Vec<Ahead>) -> Self {
+        self.ahead = Some(ahead);
+        self
+    }
 }
 
 /// Receives the changes a follower decided, in order, in batches.
@@ -114,6 +157,15 @@ pub trait Sink<V>: Send {
 
     /// What the sink already holds, read once when the follower first runs: `None` for a
     /// sink that starts empty.
+    ///
+    /// A persisted sink keeps, beside its rows, what it committed ahead of each commit's
+    /// watermark ([`Held::ahead`]): a put or removal whose seq is above it, kept until a
+    /// commit's watermark passes it or a later commit changes the key again (a commit
+    /// whose watermark went back, a resync onto a restored source, drops the rest). That
+    /// list is small (the announcements not yet confirmed), so a warm start reads it
+    /// whole. A sink that leaves it `None` is still correct for replayed feeds; on an
+    /// announcements stream it costs a listing of every key at start and cannot bring
+    /// back a key a claimed removal took before a crash.
     fn resume(&mut self) -> impl Future<Output = Result<Option<Held>>> + Send {
         async { Ok(None) }
     }

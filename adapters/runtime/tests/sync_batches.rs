@@ -23,6 +23,8 @@ struct Seen {
     violations: Vec<String>,
     /// The room it was asked to make, each time, with the keys it held then.
     reserved: Vec<(usize, usize)>,
+    /// How many times it was asked for every key it holds.
+    listings: usize,
 }
 
 /// A durable sink (the memory store) that checks the driver's side of the contract: it
@@ -121,6 +123,7 @@ impl Sink<Vec<u8>> for Checked {
 
     async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
         self.asked("all_seqs");
+        self.seen.lock().unwrap().listings += 1;
         Sink::<Vec<u8>>::all_seqs(&mut self.inner).await
     }
 }
@@ -248,6 +251,34 @@ async fn a_warm_started_sync_asks_the_sink_only_between_commits() {
         "the warm-started store converges on the source"
     );
     assert_eq!(store.held().unwrap().keys, m.source.contents().len());
+}
+
+/// A warm start on an announcements stream must find the keys held past the watermark
+/// (announcements no read confirmed): it listed every key the sink held, a cost in the
+/// cache's size. A sink that says what it committed ahead is not listed at all.
+#[tokio::test]
+async fn a_warm_start_on_announcements_lists_no_key_when_the_sink_says_what_it_holds_ahead() {
+    let m = Memory::new();
+    for i in 0..2_000u32 {
+        m.source.put(&format!("k{i:05}"), vec![1]).await.unwrap();
+    }
+    let store = MemoryCacheStore::new();
+    let (sink, _) = Checked::new(&store, None);
+    sync_once(&m, "events", sink).await.unwrap();
+    m.source.put("k00001", vec![2]).await.unwrap();
+    let (sink, seen) = Checked::new(&store, None);
+    let started = start(&m, "events", m.events.clone(), sink).await;
+    started.shutdown.trigger();
+    let ended = started.run.await.unwrap().unwrap();
+    assert!(started.ready);
+    assert_eq!(ended.watermark, m.source.current_watermark());
+    assert_eq!(store.entries(), source_state(&m));
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen.listings, 0,
+        "the warm start costs the delta, not the cache"
+    );
+    assert!(seen.violations.is_empty(), "{:?}", seen.violations);
 }
 
 /// Campaign seed 37769916's kind: a worker fails for good in the middle of a sync; its

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
-use tidemark::{CacheOp, Error, Held, Result, Sink};
+use tidemark::{Ahead, CacheOp, Error, Held, Result, Sink};
 
 use crate::db::{SqliteDb, to_i64, to_u64};
 use crate::error::unavailable;
@@ -210,6 +210,7 @@ impl PersistedCache {
                 let Some((watermark, keys)) = state else {
                     return Ok(None);
                 };
+                let ahead = ahead_of(conn, &name)?;
                 let keys = match keys {
                     Some(keys) => keys,
                     // A file from before the count was kept: count once.
@@ -221,10 +222,8 @@ impl PersistedCache {
                         )
                         .map_err(sql)?,
                 };
-                Ok(Some(Held {
-                    watermark: to_u64(watermark),
-                    keys: usize::try_from(keys).unwrap_or(0),
-                }))
+                let keys = usize::try_from(keys).unwrap_or(0);
+                Ok(Some(Held::new(to_u64(watermark), keys).with_ahead(ahead)))
             })
             .await
     }
@@ -262,6 +261,62 @@ impl PersistedCache {
                     .map_err(sql)?;
                 // How many keys the batch adds (negative: removes), for the kept count.
                 let mut delta: i64 = 0;
+                // The watermark and key count before this batch.
+                let state: Option<(i64, Option<i64>)> = tx
+                    .query_row(
+                        "SELECT watermark, keys FROM follower_state WHERE name = ?1",
+                        [&name],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(sql)?;
+                let before = state.map(|(w, _)| w);
+                // What is held ahead of the watermark: kept beside the rows, so a batch
+                // whose every change is at or below it (a sync, a replayed feed) touches
+                // that table only when it holds something.
+                let mut ahead_held: bool = tx
+                    .query_row(
+                        "SELECT EXISTS (SELECT 1 FROM follower_ahead WHERE name = ?1)",
+                        [&name],
+                        |r| r.get(0),
+                    )
+                    .map_err(sql)?;
+                if ahead_held && before.is_some_and(|b| to_i64(watermark) < b) {
+                    // A watermark that goes back is a new history (a restored source): what
+                    // was held ahead of the old one is the old one's.
+                    tx.execute("DELETE FROM follower_ahead WHERE name = ?1", [&name])
+                        .map_err(sql)?;
+                    ahead_held = false;
+                }
+                {
+                    let mut mark = tx
+                        .prepare_cached(
+                            "INSERT INTO follower_ahead (name, key, seq, removed) VALUES (?1, ?2, ?3, ?4)
+                             ON CONFLICT (name, key) DO UPDATE SET seq = excluded.seq,
+                             removed = excluded.removed",
+                        )
+                        .map_err(sql)?;
+                    let mut unmark = tx
+                        .prepare_cached("DELETE FROM follower_ahead WHERE name = ?1 AND key = ?2")
+                        .map_err(sql)?;
+                    for op in &ops {
+                        let removed = matches!(op, CacheOp::Remove { .. });
+                        if op.seq() > watermark {
+                            mark.execute(params![name, op.key(), to_i64(op.seq()), removed])
+                                .map_err(sql)?;
+                            ahead_held = true;
+                        } else if ahead_held {
+                            unmark.execute(params![name, op.key()]).map_err(sql)?;
+                        }
+                    }
+                }
+                if ahead_held {
+                    tx.execute(
+                        "DELETE FROM follower_ahead WHERE name = ?1 AND seq <= ?2",
+                        params![name, to_i64(watermark)],
+                    )
+                    .map_err(sql)?;
+                }
                 {
                     let mut insert = tx
                         .prepare_cached(
@@ -287,7 +342,7 @@ impl PersistedCache {
                                     update.execute(args).map_err(sql)?;
                                 }
                             }
-                            CacheOp::Remove { key } => {
+                            CacheOp::Remove { key, .. } => {
                                 let gone = del.execute(params![name, key]).map_err(sql)?;
                                 delta -= i64::try_from(gone).unwrap_or(0);
                             }
@@ -296,15 +351,7 @@ impl PersistedCache {
                 }
                 // The count before this batch: kept with the watermark, or (a follower new
                 // to this file, or one from before the count was kept) counted once.
-                let kept: Option<Option<i64>> = tx
-                    .query_row(
-                        "SELECT keys FROM follower_state WHERE name = ?1",
-                        [&name],
-                        |r| r.get(0),
-                    )
-                    .optional()
-                    .map_err(sql)?;
-                let keys = match kept {
+                let keys = match state.map(|(_, keys)| keys) {
                     Some(Some(keys)) => keys + delta,
                     Some(None) => tx
                         .query_row(
@@ -328,6 +375,35 @@ impl PersistedCache {
     }
 }
 
+/// What follower `name` committed ahead of its watermark and still holds, in key order:
+/// a put with the bytes its row holds, a removal with its seq.
+fn ahead_of(conn: &rusqlite::Connection, name: &str) -> Result<Vec<Ahead>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT a.key, a.seq, a.removed, c.value FROM follower_ahead a
+             LEFT JOIN follower_cache c ON c.name = a.name AND c.key = a.key AND c.seq = a.seq
+             WHERE a.name = ?1 ORDER BY a.key",
+        )
+        .map_err(sql)?;
+    let rows = stmt
+        .query_map([name], |r| {
+            let (key, seq): (String, u64) = (r.get(0)?, to_u64(r.get(1)?));
+            Ok(if r.get::<_, bool>(2)? {
+                Some(Ahead::Removed { key, seq })
+            } else {
+                // A put whose row is gone or moved on is no longer held ahead.
+                r.get::<_, Option<Vec<u8>>>(3)?
+                    .map(|value| Ahead::Put { key, seq, value })
+            })
+        })
+        .map_err(sql)?;
+    let mut ahead = Vec::new();
+    for row in rows {
+        ahead.extend(row.map_err(sql)?);
+    }
+    Ok(ahead)
+}
+
 impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
     async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.batch.push(CacheOp::Put {
@@ -338,9 +414,10 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
         Ok(())
     }
 
-    async fn remove(&mut self, key: Arc<str>, _seq: u64) -> Result<()> {
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
         self.batch.push(CacheOp::Remove {
             key: key.to_string(),
+            seq,
         });
         Ok(())
     }
@@ -356,7 +433,8 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
 
     async fn resume(&mut self) -> Result<Option<Held>> {
         let held = self.held().await?;
-        self.record_start(held.map(|h| h.watermark)).await?;
+        self.record_start(held.as_ref().map(|h| h.watermark))
+            .await?;
         Ok(held)
     }
 

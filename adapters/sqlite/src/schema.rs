@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -155,6 +155,19 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX jobs_priority ON jobs (id) WHERE state = 0 AND priority = 1;
     UPDATE jobs SET priority = 1 WHERE state < 2 AND json_valid(job)
         AND json_extract(job, '$.kind') = 'sweep';
+    ",
+    // 6 → 7: what each persisted follower committed ahead of its watermark and still holds
+    // (announcements no read of the source has confirmed yet): puts, whose bytes are in
+    // follower_cache, and removals, which leave no row. A warm restart gives them back to
+    // be checked by the first read, in the list's size, not the cache's.
+    "
+    CREATE TABLE follower_ahead (
+        name TEXT NOT NULL,
+        key TEXT NOT NULL,
+        seq INTEGER NOT NULL,
+        removed INTEGER NOT NULL,
+        PRIMARY KEY (name, key)
+    ) WITHOUT ROWID;
     ",
 ];
 

@@ -164,7 +164,8 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
     drop(db);
     // Back to the version 1 shape: an outbox with no claim columns, one row pending,
     // follower states without their key count, no record of follower starts, schedules
-    // without cron, no retention marks, jobs without coalesce keys or priorities.
+    // without cron, no retention marks, jobs without coalesce keys or priorities, nothing
+    // kept of what followers committed ahead of their watermarks.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
@@ -178,6 +179,7 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
              DROP INDEX jobs_priority;
              ALTER TABLE jobs DROP COLUMN dedupe;
              ALTER TABLE jobs DROP COLUMN priority;
+             DROP TABLE follower_ahead;
              PRAGMA user_version = 1;",
         )
         .unwrap();
@@ -197,6 +199,17 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         )
         .unwrap();
     assert_eq!(claim_columns, 2, "the migration adds the claim columns");
+    let ahead_table: i64 = c
+        .query_row(
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'follower_ahead'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(
+        ahead_table, 1,
+        "the migration adds what followers hold ahead"
+    );
     assert_eq!(db.outbox().pending().await.unwrap(), 1);
     let report = db
         .relay(db.events(), db.wake(), db.queue(), "reg")

@@ -349,3 +349,183 @@ async fn the_key_count_is_kept_with_the_watermark_and_counted_once_for_older_fil
     Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
     assert_eq!(cache.held().await.unwrap().unwrap().keys, 3);
 }
+
+// ---- Issue 10: what a persisted follower committed ahead of its watermark ----
+
+/// A follower of `db`'s events stream (announcements) persisted into `cache`.
+fn announced(name: &str, db: &SqliteDb, cache: PersistedCache) -> tidemark::FollowerHandle {
+    FollowerTask::new(config(name), RawBytes, db.source(), db.events(), cache).spawn()
+}
+
+/// What an events follower committed before its process died: `rows` at or below
+/// `watermark` in one batch, then `ahead` — changes past the watermark, announcements no
+/// read of the source had confirmed — in a second batch at the same watermark. The file
+/// is closed, as a dead process leaves it; the returned cache is on the file reopened.
+async fn died_holding(
+    path: &std::path::Path,
+    rows: &[(&str, u64, &str)],
+    watermark: u64,
+    ahead: &[(&str, u64, Option<&str>)],
+) -> PersistedCache {
+    {
+        let db = SqliteDb::open(path).await.unwrap();
+        let mut cache = db.follower_cache("e");
+        for (key, seq, value) in rows {
+            Sink::<Vec<u8>>::put(&mut cache, (*key).into(), *seq, value.as_bytes().to_vec())
+                .await
+                .unwrap();
+        }
+        Sink::<Vec<u8>>::commit(&mut cache, watermark)
+            .await
+            .unwrap();
+        for (key, seq, value) in ahead {
+            match value {
+                Some(v) => {
+                    Sink::<Vec<u8>>::put(&mut cache, (*key).into(), *seq, v.as_bytes().to_vec())
+                        .await
+                        .unwrap();
+                }
+                None => Sink::<Vec<u8>>::remove(&mut cache, (*key).into(), *seq)
+                    .await
+                    .unwrap(),
+            }
+        }
+        Sink::<Vec<u8>>::commit(&mut cache, watermark)
+            .await
+            .unwrap();
+    }
+    SqliteDb::open(path).await.unwrap().follower_cache("e")
+}
+
+/// Seeds 1797 and 2977: a removal applied ahead of the watermark (here a foreign event;
+/// in the simulator a replaced history's) was committed, and the process died before the
+/// read that would have refuted it. Nothing in the file said it was only a claim, so the
+/// key was lost for good. The file keeps it, and the restarted follower checks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removal_committed_ahead_of_the_watermark_is_checked_after_a_crash() {
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    src.put("b", b"2".to_vec()).await.unwrap();
+    src.put("c", b"3".to_vec()).await.unwrap();
+    // A foreign event said "a removed at 3"; the source's seq 3 is c's put.
+    let cache = died_holding(
+        &path.with_file_name("cache.db"),
+        &[("a", 1, "1"), ("b", 2, "2")],
+        2,
+        &[("a", 3, None)],
+    )
+    .await;
+    assert_eq!(
+        cache.get("a").await.unwrap(),
+        None,
+        "the claim was committed"
+    );
+    let h = announced("e", &db, cache.clone());
+    until(&h, "ready", |s| s.ready && s.watermark == 3).await;
+    converged(
+        &cache,
+        &db,
+        "the key the unconfirmed removal took is back after the restart",
+    )
+    .await;
+    h.stop();
+}
+
+/// Seed 373: a value held past the watermark was confirmed after a restart by its seq
+/// alone, so a source whose history reused the seq (a restore) kept the replaced value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_committed_ahead_of_the_watermark_is_compared_by_its_bytes_after_a_crash() {
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    src.put("a", b"new history".to_vec()).await.unwrap();
+    let cache = died_holding(
+        &path.with_file_name("cache.db"),
+        &[("a", 1, "1")],
+        1,
+        &[("a", 2, Some("replaced history"))],
+    )
+    .await;
+    let h = announced("e", &db, cache.clone());
+    let s = until(&h, "ready", |s| s.ready && s.watermark == 2).await;
+    converged(
+        &cache,
+        &db,
+        "the source's value at seq 2 replaces the claim",
+    )
+    .await;
+    assert_eq!(
+        s.counters.invalid, 1,
+        "the replaced claim is counted: {s:?}"
+    );
+    h.stop();
+}
+
+/// Found by reading: a warm start learned a key's seq only when a change named it, so a
+/// forged key the file held past its watermark that no later change names was checked
+/// only thanks to a listing of every key at start. What the file holds ahead is read
+/// instead, in its own size, and the forged key still goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_key_committed_ahead_that_no_change_names_is_removed_after_a_crash() {
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    src.put("b", b"2".to_vec()).await.unwrap();
+    src.put("c", b"3".to_vec()).await.unwrap();
+    let cache = died_holding(
+        &path.with_file_name("cache.db"),
+        &[("a", 1, "1"), ("b", 2, "2")],
+        2,
+        &[("x", 3, Some("forged"))],
+    )
+    .await;
+    let h = announced("e", &db, cache.clone());
+    until(&h, "ready", |s| s.ready && s.watermark == 3).await;
+    converged(&cache, &db, "the forged key is gone").await;
+    h.stop();
+}
+
+/// What the file keeps ahead of a follower's watermark: a commit whose watermark passes
+/// a change, or that changes its key again at or below it, drops it; a watermark that
+/// goes back (a restored source) drops what was ahead of the old one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_file_keeps_only_what_is_still_ahead_of_the_watermark() {
+    let (_dir, _path, db) = common::fresh().await;
+    let mut cache = db.follower_cache("k");
+    let ahead = |cache: PersistedCache| async move {
+        let mut cache = cache;
+        let held = Sink::<Vec<u8>>::resume(&mut cache).await.unwrap().unwrap();
+        held.ahead
+            .unwrap()
+            .iter()
+            .map(|a| (a.key().to_owned(), a.seq()))
+            .collect::<Vec<_>>()
+    };
+    Sink::<Vec<u8>>::put(&mut cache, "a".into(), 1, b"1".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::put(&mut cache, "b".into(), 5, b"5".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::remove(&mut cache, "c".into(), 6)
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::put(&mut cache, "d".into(), 7, b"7".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 1).await.unwrap();
+    assert_eq!(
+        ahead(cache.clone()).await,
+        [("b".into(), 5), ("c".into(), 6), ("d".into(), 7)]
+    );
+    // The watermark passes b; d is replaced at a seq the watermark covers.
+    Sink::<Vec<u8>>::put(&mut cache, "d".into(), 3, b"3".to_vec())
+        .await
+        .unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 5).await.unwrap();
+    assert_eq!(ahead(cache.clone()).await, [("c".into(), 6)]);
+    // A restored source: the watermark goes back, and c's removal was the old history's.
+    Sink::<Vec<u8>>::commit(&mut cache, 2).await.unwrap();
+    assert_eq!(ahead(cache.clone()).await, []);
+}

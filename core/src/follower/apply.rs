@@ -156,7 +156,7 @@ impl<D: Decode> Follower<D> {
         let (puts, _) = self.apply(seq, key, op, value, expires_in);
         // A put that was stale changed nothing, and claims nothing.
         let claimed = claim.is_some_and(|(key, claimed)| {
-            (puts > 0 || claimed == Claimed::Removed) && self.remember_ahead(&key, seq, claimed)
+            (puts > 0 || claimed == Claimed::Removed) && self.claim(&key, seq, claimed)
         });
         self.advance_on_feed(seq);
         self.checkpoint(position);
@@ -384,7 +384,7 @@ impl<D: Decode> Follower<D> {
             }
         }
         if let Some(key) = claim
-            && self.remember_ahead(&key, at, claimed)
+            && self.claim(&key, at, claimed)
         {
             self.confirm_soon();
         }
@@ -406,8 +406,8 @@ impl<D: Decode> Follower<D> {
             let mut named = false;
             for c in &changes {
                 if *c.key == *key {
-                    if claim.is(c) {
-                        return Confirmation::Confirmed;
+                    if let Some(verdict) = claim.is(c) {
+                        return verdict;
                     }
                     named = true;
                 }
@@ -489,11 +489,11 @@ impl<D: Decode> Follower<D> {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
         self.confirm_ahead(source_watermark, |key, claim| {
-            if entries.iter().any(|e| *e.key == *key && claim.is(e)) {
-                Confirmation::Confirmed
-            } else {
-                Confirmation::Replaced
-            }
+            entries
+                .iter()
+                .filter(|e| *e.key == *key)
+                .find_map(|e| claim.is(e))
+                .unwrap_or(Confirmation::Replaced)
         });
         let reset = source_watermark < self.watermark;
         if reset {

@@ -22,9 +22,56 @@ pub(super) enum Claimed {
     Put(Vec<u8>),
     /// Removed.
     Removed,
-    /// Not known: a key a restarted sink holds past its watermark (its bytes are in the
-    /// sink, not in the follower). Its seq alone is checked.
+    /// Not known: a key a restarted sink holds past its watermark, from a sink that does
+    /// not give back what it committed ahead ([`Follower::remember_ahead`]): its bytes are
+    /// in the sink, not in the follower. A read with a put at its seq puts that again (it
+    /// cannot tell whether the sink's bytes are the source's); anything else replaces it.
     Unknown,
+}
+
+/// A change a durable sink committed ahead of its watermark: on an announcements stream, an
+/// announcement no read of the source had confirmed when the batch holding it was
+/// committed. A sink that keeps these gives them back on a warm start, and the follower
+/// holds each unconfirmed again ([`Follower::remember_ahead`]), so the first read of the
+/// source checks it as it would have before the restart — a removal included, which
+/// leaves no row to find.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Ahead {
+    /// The sink holds `key` at `seq` with `value`: the bytes it was given.
+    Put {
+        /// The key.
+        key: String,
+        /// The seq it was put at.
+        seq: u64,
+        /// The value's bytes, as the sink holds them.
+        value: Vec<u8>,
+    },
+    /// The sink removed `key` at `seq` and holds no value for it.
+    Removed {
+        /// The key.
+        key: String,
+        /// The seq it was removed at.
+        seq: u64,
+    },
+}
+
+impl Ahead {
+    /// The key it changed.
+    #[must_use]
+    pub fn key(&self) -> &str {
+        match self {
+            Ahead::Put { key, .. } | Ahead::Removed { key, .. } => key,
+        }
+    }
+
+    /// The seq it was committed at.
+    #[must_use]
+    pub fn seq(&self) -> u64 {
+        match self {
+            Ahead::Put { seq, .. } | Ahead::Removed { seq, .. } => *seq,
+        }
+    }
 }
 
 /// An applied change no read of the source has confirmed yet.
@@ -39,24 +86,41 @@ pub(super) struct Claim {
 }
 
 impl Claim {
-    /// Whether `entry`, read from the source, is this change.
-    pub(super) fn is(&self, entry: &Entry) -> bool {
-        entry.seq == self.seq
-            && match &self.value {
-                Claimed::Put(bytes) => {
-                    entry.op.cache_change() == CacheChange::Upsert && entry.value == *bytes
-                }
-                Claimed::Removed => entry.op.cache_change() == CacheChange::Remove,
-                Claimed::Unknown => true,
-            }
+    /// What `entry`, read from the source, says of this change: `None` when it is another
+    /// change (a different seq or operation, or other bytes).
+    pub(super) fn is(&self, entry: &Entry) -> Option<Confirmation> {
+        if entry.seq != self.seq {
+            return None;
+        }
+        let change = entry.op.cache_change();
+        match &self.value {
+            Claimed::Put(bytes) => (change == CacheChange::Upsert && entry.value == *bytes)
+                .then_some(Confirmation::Confirmed),
+            Claimed::Removed => (change == CacheChange::Remove).then_some(Confirmation::Confirmed),
+            // The sink's bytes are unknown: the source's change at that seq is put again,
+            // so the cache holds the source's bytes whatever the sink kept (a new history
+            // that reused the seq, a forged value), and nothing is counted invalid.
+            Claimed::Unknown => (change == CacheChange::Upsert).then_some(Confirmation::PutAgain),
+        }
     }
 }
 
 impl<D: Decode> Follower<D> {
+    /// Holds unconfirmed a change the sink already committed (a warm start): as
+    /// [`claim`](Self::claim), and as committed, so a failed batch that goes back to the
+    /// last commit still holds it (the sink does).
+    pub(super) fn claim_committed(&mut self, key: &str, seq: u64, value: Claimed) {
+        if self.claim(key, seq, value)
+            && let Some(claim) = self.ahead.get(key)
+        {
+            self.committed_ahead.insert(key.to_owned(), claim.clone());
+        }
+    }
+
     /// Remembers the change an announcement (or a marker's fetch) just applied to `key` at
     /// `seq` as unconfirmed. A change that was stale (an older seq arriving late) changed
     /// nothing and claims nothing. Returns whether it remembered one.
-    pub(super) fn remember_ahead(&mut self, key: &str, seq: u64, value: Claimed) -> bool {
+    pub(super) fn claim(&mut self, key: &str, seq: u64, value: Claimed) -> bool {
         if self.index.newest(key) != Some(seq) || seq <= self.watermark {
             return false;
         }
@@ -137,8 +201,17 @@ impl<D: Decode> Follower<D> {
                 continue;
             };
             let verdict = confirm(&key, &claim);
-            if verdict == Confirmation::Confirmed {
-                continue;
+            match verdict {
+                Confirmation::Confirmed => continue,
+                Confirmation::PutAgain => {
+                    // Held at seq 0, the key takes the read's put at the claim's seq (or,
+                    // if the read leaves it, is removed as unreplaced).
+                    if self.index.get(&key).is_some() {
+                        self.index.set(key.as_str().into(), 0);
+                    }
+                    continue;
+                }
+                Confirmation::Replaced | Confirmation::Unexplained => {}
             }
             self.invalid(claim.seq, &key, InvalidReason::Unconfirmed);
             if self.index.get(&key).is_some() {
@@ -162,6 +235,9 @@ impl<D: Decode> Follower<D> {
 pub(super) enum Confirmation {
     /// The read has the change at that seq, with the same operation and value.
     Confirmed,
+    /// The read has a put at that seq, and what the sink holds there is not known: the
+    /// read's put is applied again (not counted invalid).
+    PutAgain,
     /// The read names the key with other changes (or the same seq with another value):
     /// they replace the announcement's.
     Replaced,

@@ -71,15 +71,17 @@ impl KeyIndex {
         held.max(self.tombstones.get(key).copied())
     }
 
-    /// Learns what the sink holds: not a change, so nothing to undo.
-    pub(super) fn learn(&mut self, key: String, seq: u64) {
-        match self.seqs.get_mut(key.as_str()) {
-            Some(known) => *known = (*known).max(seq),
-            None => {
-                self.seqs.insert(key.into(), seq);
-                self.unknown = self.unknown.saturating_sub(1);
-            }
+    /// Learns what the sink holds of a key it did not know: not a change, so nothing to
+    /// undo. A key it knows keeps its seq: the index has every change since (the sink is
+    /// asked only between commits), and a seq it set aside (0: a read replaced it, a new
+    /// history forgot it) must not come back. Returns whether the key was new to it.
+    pub(super) fn learn(&mut self, key: String, seq: u64) -> bool {
+        if self.seqs.contains_key(key.as_str()) {
+            return false;
         }
+        self.seqs.insert(key.into(), seq);
+        self.unknown = self.unknown.saturating_sub(1);
+        true
     }
 
     /// Whether steps are recorded for undo.

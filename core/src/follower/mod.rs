@@ -27,6 +27,7 @@ use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
 
+pub use confirm::Ahead;
 pub use io::{
     Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,
 };
@@ -140,6 +141,9 @@ pub struct Follower<D: Decode> {
     /// `ahead` as the sink last committed it: a failed batch gives back the claims its
     /// reads took (the sink still holds what they claimed).
     committed_ahead: std::collections::BTreeMap<String, confirm::Claim>,
+    /// The driver said what the sink committed ahead of its watermark
+    /// ([`remember_ahead`](Self::remember_ahead)): seqs it learns later are no claims.
+    ahead_told: bool,
     /// Reads of the source (reconciles, snapshots) asked for so far.
     reads: u64,
     /// `reads` when the read now outstanding was asked for.
@@ -203,6 +207,7 @@ impl<D: Decode> Follower<D> {
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
             committed_ahead: std::collections::BTreeMap::new(),
+            ahead_told: false,
             reads: 0,
             read_asked: 0,
             now: Time::ZERO,
@@ -382,17 +387,66 @@ impl<D: Decode> Follower<D> {
     // ---- mutators ----
 
     /// Tells the follower the seqs at which its cache holds `keys` (a driver of a lazily
-    /// resumed follower, before it reports entries or changes for them). It keeps the
-    /// higher of what it knew and what it is told; the watermark does not move.
+    /// resumed follower, before it reports entries or changes for them). A key it already
+    /// knows keeps what it knows (its own applies since are newer than anything the sink
+    /// can say, and a key a read set aside must stay so); the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
         for (key, seq) in keys {
             // Held past the watermark on an announcements stream: applied from an
             // announcement no read of the source has covered (before a restart, maybe):
-            // unconfirmed until one does.
-            let ahead = self.holds_unconfirmed(seq).then(|| key.clone());
-            self.index.learn(key, seq);
-            if let Some(key) = ahead {
-                self.remember_ahead(&key, seq, confirm::Claimed::Unknown);
+            // unconfirmed until one does. Committed with the sink's batch: a failed batch
+            // goes back to a commit that holds it. (Unless the driver said what the sink
+            // holds ahead: then every such key was claimed at start or in this run, and a
+            // claim a read already confirmed must not be made again.)
+            let ahead = (!self.ahead_told && self.holds_unconfirmed(seq)).then(|| key.clone());
+            if self.index.learn(key, seq)
+                && let Some(key) = ahead
+            {
+                self.claim_committed(&key, seq, confirm::Claimed::Unknown);
+            }
+        }
+    }
+
+    /// Tells a warm-started follower what its sink committed ahead of its watermark
+    /// ([`Ahead`]): call it once, after [`resume`](Self::resume),
+    /// [`resume_lazily`](Self::resume_lazily) or [`start_from`](Self::start_from) and
+    /// before the first input. On an announcements stream each change is held unconfirmed
+    /// again, as it was before the restart: the first read of the source confirms it (the
+    /// same seq, operation and bytes) or replaces it with the source's answer, and a
+    /// removal keeps an older announcement from bringing the key back meanwhile. On a
+    /// replayed feed, the source's own history, only the seqs are learned. Either way the
+    /// keys' seqs are known from then on, so a lazily resumed follower learns the keys
+    /// held past its watermark here, without a listing of every key.
+    ///
+    /// Once told, the seqs [`remember`](Self::remember) gives later are taken as what the
+    /// sink holds, not as claims. Without this, a lazily resumed follower checks only the
+    /// keys held past the watermark that it is told with `remember`, and by their seq (a
+    /// read's put at that seq is applied again), and a removal committed ahead leaves it
+    /// nothing to check.
+    pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
+        self.ahead_told = true;
+        for change in changes {
+            match change {
+                Ahead::Put { key, seq, value } => {
+                    if self.index.learn(key.clone(), seq) && self.holds_unconfirmed(seq) {
+                        self.claim_committed(&key, seq, confirm::Claimed::Put(value));
+                    }
+                }
+                // A key the sink holds a value for was put after it (a sink's own lapse):
+                // the value is what the cache holds.
+                Ahead::Removed { key, seq }
+                    if self.holds_unconfirmed(seq) && self.index.get(&key).is_none() =>
+                {
+                    // What the sink holds, not a change of this run: nothing to undo.
+                    let tomb = self
+                        .index
+                        .tombstones
+                        .entry(key.as_str().into())
+                        .or_insert(0);
+                    *tomb = (*tomb).max(seq);
+                    self.claim_committed(&key, seq, confirm::Claimed::Removed);
+                }
+                Ahead::Removed { .. } => {}
             }
         }
     }
