@@ -578,6 +578,8 @@ fn a_decode_failure_is_logged_counted_skipped_and_passed() {
         "a poison entry must not wedge the follower"
     );
     assert!(outs.contains(&Output::Request(Request::Checkpoint { position: 1 })));
+    assert_eq!(h.f.seq_of("a"), None, "a poison value takes no place in the index");
+    assert!(h.f.is_empty());
     assert_eq!(puts(&h.put(2, "a", "ok")), [("a".into(), 2, "ok".into())]);
     assert_eq!(h.f.counters().poison, 1);
 }

@@ -2,6 +2,7 @@
 //! per-key rules, gaps, and the watermark.
 
 use std::collections::HashSet;
+use std::collections::hash_map::Entry as Slot;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -285,19 +286,21 @@ impl<D: Decode> Follower<D> {
             self.counters.stale += 1;
             return (0, 0);
         }
-        // One hash lookup for a key the cache holds, one more to insert a new one: this is
-        // the hot path of every sync.
-        let held = self.index.seqs.get_mut(&*key);
-        if held.as_deref().is_some_and(|&have| have >= seq) {
+        // One hash lookup, whether the index holds the key or not (a new key's slot is
+        // filled in place once its value decodes): this is the hot path of every sync.
+        let slot = self.index.seqs.entry(Arc::clone(&key));
+        if let Slot::Occupied(held) = &slot
+            && *held.get() >= seq
+        {
             self.counters.stale += 1;
             return (0, 0);
         }
         match self.decoder.decode(&key, value) {
             Ok(value) => {
-                let before = match held {
-                    Some(have) => Some(std::mem::replace(have, seq)),
-                    None => {
-                        self.index.seqs.insert(Arc::clone(&key), seq);
+                let before = match slot {
+                    Slot::Occupied(mut held) => Some(held.insert(seq)),
+                    Slot::Vacant(free) => {
+                        free.insert(seq);
                         None
                     }
                 };
