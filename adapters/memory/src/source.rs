@@ -423,12 +423,21 @@ impl FeedStream for LogStream {
                 let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
                 let read: Vec<&Entry> = s.log.iter().skip(skip).take(READ_BATCH).collect();
                 self.next_seq += read.len() as u64;
-                let prefix = self.prefix.as_ref();
-                self.buf.extend(
-                    read.into_iter()
-                        .filter(|e| prefix.is_none_or(|p| p.matches(&e.key)))
-                        .cloned(),
-                );
+                match self.prefix.as_ref() {
+                    // The whole log: every seq after an entry is one more to come, so it
+                    // says how many (a follower presizes its index and cache by it).
+                    None => {
+                        let head = s.seq;
+                        self.buf.extend(
+                            read.into_iter()
+                                .map(|e| e.clone().with_pending(head.saturating_sub(e.seq))),
+                        );
+                    }
+                    // A view delivers only its prefix's entries: how many is not known.
+                    Some(p) => self
+                        .buf
+                        .extend(read.into_iter().filter(|e| p.matches(&e.key)).cloned()),
+                }
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;

@@ -79,3 +79,41 @@ async fn prefix_follower_holds_exactly_its_keys() {
     })
     .await;
 }
+
+/// Reads `n` entries off `source`'s change log from `from`: (seq, pending) of each.
+async fn pending_counts(source: &MemorySource, from: u64, n: usize) -> Vec<(u64, Option<u64>)> {
+    use tidemark::{Feed, FeedItem, FeedStream};
+    let mut stream = source.open(from, None).await.unwrap().stream;
+    let mut read = Vec::new();
+    while read.len() < n {
+        match stream.next().await {
+            Some(Ok(FeedItem::Entry(e))) => read.push((e.seq, e.pending)),
+            other => panic!("expected an entry, got {other:?}"),
+        }
+    }
+    read
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_change_log_says_how_many_entries_follow_each_and_a_view_does_not() {
+    use tidemark::Source;
+    let source = MemorySource::default();
+    for key in ["a/1", "b/1", "a/2", "b/2", "a/3"] {
+        source.put(key, b"v".to_vec()).await.unwrap();
+    }
+    // A follower's initial sync presizes its index and cache by this count.
+    assert_eq!(
+        pending_counts(&source, 1, 5).await,
+        [(1, Some(4)), (2, Some(3)), (3, Some(2)), (4, Some(1)), (5, Some(0))]
+    );
+    assert_eq!(
+        pending_counts(&source, 4, 2).await,
+        [(4, Some(1)), (5, Some(0))]
+    );
+    // A view over a prefix cannot tell how many of the entries after one are its own.
+    let view = source.with_prefix("a/").unwrap();
+    assert_eq!(
+        pending_counts(&view, 1, 3).await,
+        [(1, None), (3, None), (5, None)]
+    );
+}
