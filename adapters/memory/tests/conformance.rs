@@ -117,3 +117,27 @@ async fn the_change_log_says_how_many_entries_follow_each_and_a_view_does_not() 
         [(1, None), (3, None), (5, None)]
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_shares_each_key_with_the_log_instead_of_copying_it() {
+    use std::sync::Arc;
+    use tidemark::{Feed, FeedItem, FeedStream, Source};
+    let source = MemorySource::default();
+    source.put("a", b"1".to_vec()).await.unwrap();
+    source.put("a", b"2".to_vec()).await.unwrap();
+    source.put("b", b"3".to_vec()).await.unwrap();
+    // A resync holds the whole snapshot beside the cache: a key copied per entry would
+    // be one more allocation per key at its peak (the memory bench).
+    let snapshot = source.snapshot().await.unwrap().entries;
+    let mut stream = source.open(1, None).await.unwrap().stream;
+    let mut logged = Vec::new();
+    for _ in 0..3 {
+        match stream.next().await {
+            Some(Ok(FeedItem::Entry(e))) => logged.push(e.key),
+            other => panic!("expected an entry, got {other:?}"),
+        }
+    }
+    assert!(Arc::ptr_eq(&logged[0], &logged[1]), "one key, one allocation");
+    assert!(Arc::ptr_eq(&snapshot[0].key, &logged[0]));
+    assert!(Arc::ptr_eq(&snapshot[1].key, &logged[2]));
+}
