@@ -329,8 +329,11 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
     assert_eq!(h.f.watermark(), 5);
 }
 
-/// The removals and puts a resync of twenty cached keys decides from `snapshot`.
-fn resync_from(snapshot: Vec<Entry>) -> (Vec<(String, u64)>, Vec<(String, u64, String)>) {
+/// The removals and puts (sorted) a resync decides.
+type Resynced = (Vec<(String, u64)>, Vec<(String, u64, String)>);
+
+/// What a resync of twenty cached keys decides from `snapshot`.
+fn resync_from(snapshot: Vec<Entry>) -> Resynced {
     let mut h = H::new();
     h.open(gapless(20));
     for i in 1..=20u64 {
@@ -637,7 +640,11 @@ fn a_decode_failure_is_logged_counted_skipped_and_passed() {
         "a poison entry must not wedge the follower"
     );
     assert!(outs.contains(&Output::Request(Request::Checkpoint { position: 1 })));
-    assert_eq!(h.f.seq_of("a"), None, "a poison value takes no place in the index");
+    assert_eq!(
+        h.f.seq_of("a"),
+        None,
+        "a poison value takes no place in the index"
+    );
     assert!(h.f.is_empty());
     assert_eq!(puts(&h.put(2, "a", "ok")), [("a".into(), 2, "ok".into())]);
     assert_eq!(h.f.counters().poison, 1);

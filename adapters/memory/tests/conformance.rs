@@ -83,7 +83,11 @@ async fn prefix_follower_holds_exactly_its_keys() {
 /// Reads `n` entries off `source`'s change log from `from`: (seq, pending) of each.
 async fn pending_counts(source: &MemorySource, from: u64, n: usize) -> Vec<(u64, Option<u64>)> {
     use tidemark::{Feed, FeedItem, FeedStream};
-    let mut stream = source.open(from, None).await.unwrap().stream;
+    let mut stream = source
+        .open(from, None)
+        .await
+        .expect("the feed opens")
+        .stream;
     let mut read = Vec::new();
     while read.len() < n {
         match stream.next().await {
@@ -104,7 +108,13 @@ async fn the_change_log_says_how_many_entries_follow_each_and_a_view_does_not() 
     // A follower's initial sync presizes its index and cache by this count.
     assert_eq!(
         pending_counts(&source, 1, 5).await,
-        [(1, Some(4)), (2, Some(3)), (3, Some(2)), (4, Some(1)), (5, Some(0))]
+        [
+            (1, Some(4)),
+            (2, Some(3)),
+            (3, Some(2)),
+            (4, Some(1)),
+            (5, Some(0))
+        ]
     );
     assert_eq!(
         pending_counts(&source, 4, 2).await,
@@ -137,7 +147,10 @@ async fn a_snapshot_shares_each_key_with_the_log_instead_of_copying_it() {
             other => panic!("expected an entry, got {other:?}"),
         }
     }
-    assert!(Arc::ptr_eq(&logged[0], &logged[1]), "one key, one allocation");
+    assert!(
+        Arc::ptr_eq(&logged[0], &logged[1]),
+        "one key, one allocation"
+    );
     assert!(Arc::ptr_eq(&snapshot[0].key, &logged[0]));
     assert!(Arc::ptr_eq(&snapshot[1].key, &logged[2]));
 }
