@@ -329,6 +329,68 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
     assert_eq!(h.f.watermark(), 5);
 }
 
+/// The removals and puts (sorted) a resync decides.
+type Resynced = (Vec<(String, u64)>, Vec<(String, u64, String)>);
+
+/// What a resync of twenty cached keys decides from `snapshot`.
+fn resync_from(snapshot: Vec<Entry>) -> Resynced {
+    let mut h = H::new();
+    h.open(gapless(20));
+    for i in 1..=20u64 {
+        h.put(i, &format!("k{i:02}"), "v");
+    }
+    let token = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h.reopen(FeedInfo {
+        first_available: 30,
+        ..gapless(40)
+    });
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: snapshot,
+        source_watermark: 40,
+    });
+    let mut puts = puts(&outs);
+    puts.sort();
+    (removes(&outs), puts)
+}
+
+#[test]
+fn a_snapshot_in_key_order_or_not_removes_exactly_the_keys_it_does_not_name() {
+    // Every third key is gone, every fifth changed, and two keys are new (one sorts
+    // before every cached key, one after).
+    let mut snapshot: Vec<Entry> = (1..=20u64)
+        .filter(|i| i % 3 != 0)
+        .map(|i| match i % 5 {
+            0 => Entry::put(20 + i, format!("k{i:02}"), "w"),
+            _ => Entry::put(i, format!("k{i:02}"), "v"),
+        })
+        .chain([Entry::put(39, "a", "new"), Entry::put(38, "z", "new")])
+        .collect();
+    snapshot.sort_by(|a, b| a.key.cmp(&b.key));
+    let gone: Vec<(String, u64)> = (1..=20u64)
+        .filter(|i| i % 3 == 0)
+        .map(|i| (format!("k{i:02}"), 40))
+        .collect();
+    let changed: Vec<(String, u64, String)> = [
+        ("a".to_owned(), 39, "new".to_owned()),
+        ("k05".into(), 25, "w".into()),
+        ("k10".into(), 30, "w".into()),
+        ("k20".into(), 40, "w".into()),
+        ("z".into(), 38, "new".into()),
+    ]
+    .into();
+    let in_order = resync_from(snapshot.clone());
+    assert_eq!(in_order, (gone.clone(), changed.clone()), "in key order");
+    snapshot.reverse();
+    snapshot.swap(0, 7);
+    assert_eq!(resync_from(snapshot), (gone, changed), "in another order");
+}
+
 #[test]
 fn resync_removals_come_in_key_order() {
     let mut h = H::new();
@@ -578,6 +640,12 @@ fn a_decode_failure_is_logged_counted_skipped_and_passed() {
         "a poison entry must not wedge the follower"
     );
     assert!(outs.contains(&Output::Request(Request::Checkpoint { position: 1 })));
+    assert_eq!(
+        h.f.seq_of("a"),
+        None,
+        "a poison value takes no place in the index"
+    );
+    assert!(h.f.is_empty());
     assert_eq!(puts(&h.put(2, "a", "ok")), [("a".into(), 2, "ok".into())]);
     assert_eq!(h.f.counters().poison, 1);
 }

@@ -220,13 +220,24 @@ fn main() {
         .build()
         .unwrap();
     let source = MemorySource::default();
-    let entries: Vec<Entry> = (1..=N)
-        .map(|i| Entry::put(i, format!("key-{i:07}"), vec![b'x'; 32]))
-        .collect();
     rt.block_on(async {
-        for e in &entries {
-            source.put(&e.key, e.value.clone()).await.unwrap();
+        for i in 1..=N {
+            let key = format!("key-{i:07}");
+            source.put(&key, vec![b'x'; 32]).await.unwrap();
         }
+    });
+    // The core alone and the cache alone take the very entries the feed delivers (keys,
+    // values, pending counts), so that every part works on the same input.
+    let entries: Vec<Entry> = rt.block_on(async {
+        let mut stream = tidemark::Feed::open(&source, 1, None).await.unwrap().stream;
+        let mut entries = Vec::with_capacity(N as usize);
+        while (entries.len() as u64) < N {
+            match tidemark::FeedStream::next(&mut stream).await {
+                Some(Ok(tidemark::FeedItem::Entry(e))) => entries.push(e),
+                other => panic!("the feed ended early: {other:?}"),
+            }
+        }
+        entries
     });
 
     // `-- task`: the follower task alone, ten times, for a profiler (`perf record`).

@@ -21,7 +21,9 @@ const READ_BATCH: usize = 1024;
 #[derive(Clone, Debug, Default)]
 struct State {
     seq: u64,
-    entries: BTreeMap<String, Versioned>,
+    /// Keys shared with the log's entries: a snapshot, the log and a follower's cache
+    /// hold one allocation per key.
+    entries: BTreeMap<Arc<str>, Versioned>,
     /// Every mutation from `log_base` on, in seq order (`log[i].seq == log_base + i`).
     log: VecDeque<Entry>,
     log_base: u64,
@@ -132,7 +134,7 @@ impl MemorySource {
     }
 
     /// The current entries this view carries, in key order.
-    fn current<'s>(&self, s: &'s State) -> impl Iterator<Item = (&'s String, &'s Versioned)> {
+    fn current<'s>(&self, s: &'s State) -> impl Iterator<Item = (&'s Arc<str>, &'s Versioned)> {
         let from = self.prefix.as_ref().map_or("", KeyPrefix::as_str);
         let prefix = self.prefix.clone();
         s.entries
@@ -162,20 +164,24 @@ impl MemorySource {
             let mut s = self.state();
             s.seq += 1;
             let seq = s.seq;
+            let key: Arc<str> = match s.entries.get_key_value(key) {
+                Some((held, _)) => Arc::clone(held),
+                None => key.into(),
+            };
             if op == Op::Put {
                 s.entries.insert(
-                    key.to_owned(),
+                    Arc::clone(&key),
                     Versioned {
                         seq,
                         value: value.clone(),
                     },
                 );
             } else {
-                s.entries.remove(key);
+                s.entries.remove(&*key);
             }
             if let Some(announce) = &self.announce {
                 let value = (op == Op::Put).then_some(value.as_slice());
-                append_announcement(announce, seq, key, value);
+                append_announcement(announce, seq, &key, value);
             }
             s.log.push_back(Entry::new(seq, seq, key, op, value));
             seq
@@ -261,7 +267,11 @@ impl MemorySource {
     /// The current entries, in key order, without consulting faults (for oracles).
     #[must_use]
     pub fn contents(&self) -> BTreeMap<String, Versioned> {
-        self.state().entries.clone()
+        let s = self.state();
+        s.entries
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     /// The current watermark, without consulting faults (for oracles).
@@ -295,15 +305,19 @@ impl Source for MemorySource {
             }
             s.seq += 1;
             let seq = s.seq;
+            let key: Arc<str> = match s.entries.get_key_value(key) {
+                Some((held, _)) => Arc::clone(held),
+                None => key.into(),
+            };
             s.entries.insert(
-                key.to_owned(),
+                Arc::clone(&key),
                 Versioned {
                     seq,
                     value: value.clone(),
                 },
             );
             if let Some(announce) = &self.announce {
-                append_announcement(announce, seq, key, Some(&value));
+                append_announcement(announce, seq, &key, Some(&value));
             }
             s.log.push_back(Entry::put(seq, key, value));
             seq
@@ -352,7 +366,7 @@ impl Source for MemorySource {
         self.inner.faults.check(Port::Source)?;
         let state = self.state();
         Ok(Some(tidemark::PresentKeys {
-            keys: self.current(&state).map(|(k, _)| k.clone()).collect(),
+            keys: self.current(&state).map(|(k, _)| k.to_string()).collect(),
             watermark: state.seq,
         }))
     }
@@ -363,7 +377,7 @@ impl Source for MemorySource {
         Ok(Snapshot {
             entries: self
                 .current(&s)
-                .map(|(k, v)| Entry::put(v.seq, k.clone(), v.value.clone()))
+                .map(|(k, v)| Entry::put(v.seq, Arc::clone(k), v.value.clone()))
                 .collect(),
             watermark: s.seq,
         })
@@ -423,12 +437,21 @@ impl FeedStream for LogStream {
                 let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
                 let read: Vec<&Entry> = s.log.iter().skip(skip).take(READ_BATCH).collect();
                 self.next_seq += read.len() as u64;
-                let prefix = self.prefix.as_ref();
-                self.buf.extend(
-                    read.into_iter()
-                        .filter(|e| prefix.is_none_or(|p| p.matches(&e.key)))
-                        .cloned(),
-                );
+                match self.prefix.as_ref() {
+                    // The whole log: every seq after an entry is one more to come, so it
+                    // says how many (a follower presizes its index and cache by it).
+                    None => {
+                        let head = s.seq;
+                        self.buf.extend(
+                            read.into_iter()
+                                .map(|e| e.clone().with_pending(head.saturating_sub(e.seq))),
+                        );
+                    }
+                    // A view delivers only its prefix's entries: how many is not known.
+                    Some(p) => self
+                        .buf
+                        .extend(read.into_iter().filter(|e| p.matches(&e.key)).cloned()),
+                }
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;

@@ -79,3 +79,78 @@ async fn prefix_follower_holds_exactly_its_keys() {
     })
     .await;
 }
+
+/// Reads `n` entries off `source`'s change log from `from`: (seq, pending) of each.
+async fn pending_counts(source: &MemorySource, from: u64, n: usize) -> Vec<(u64, Option<u64>)> {
+    use tidemark::{Feed, FeedItem, FeedStream};
+    let mut stream = source
+        .open(from, None)
+        .await
+        .expect("the feed opens")
+        .stream;
+    let mut read = Vec::new();
+    while read.len() < n {
+        match stream.next().await {
+            Some(Ok(FeedItem::Entry(e))) => read.push((e.seq, e.pending)),
+            other => panic!("expected an entry, got {other:?}"),
+        }
+    }
+    read
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_change_log_says_how_many_entries_follow_each_and_a_view_does_not() {
+    use tidemark::Source;
+    let source = MemorySource::default();
+    for key in ["a/1", "b/1", "a/2", "b/2", "a/3"] {
+        source.put(key, b"v".to_vec()).await.unwrap();
+    }
+    // A follower's initial sync presizes its index and cache by this count.
+    assert_eq!(
+        pending_counts(&source, 1, 5).await,
+        [
+            (1, Some(4)),
+            (2, Some(3)),
+            (3, Some(2)),
+            (4, Some(1)),
+            (5, Some(0))
+        ]
+    );
+    assert_eq!(
+        pending_counts(&source, 4, 2).await,
+        [(4, Some(1)), (5, Some(0))]
+    );
+    // A view over a prefix cannot tell how many of the entries after one are its own.
+    let view = source.with_prefix("a/").unwrap();
+    assert_eq!(
+        pending_counts(&view, 1, 3).await,
+        [(1, None), (3, None), (5, None)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_snapshot_shares_each_key_with_the_log_instead_of_copying_it() {
+    use std::sync::Arc;
+    use tidemark::{Feed, FeedItem, FeedStream, Source};
+    let source = MemorySource::default();
+    source.put("a", b"1".to_vec()).await.unwrap();
+    source.put("a", b"2".to_vec()).await.unwrap();
+    source.put("b", b"3".to_vec()).await.unwrap();
+    // A resync holds the whole snapshot beside the cache: a key copied per entry would
+    // be one more allocation per key at its peak (the memory bench).
+    let snapshot = source.snapshot().await.unwrap().entries;
+    let mut stream = source.open(1, None).await.unwrap().stream;
+    let mut logged = Vec::new();
+    for _ in 0..3 {
+        match stream.next().await {
+            Some(Ok(FeedItem::Entry(e))) => logged.push(e.key),
+            other => panic!("expected an entry, got {other:?}"),
+        }
+    }
+    assert!(
+        Arc::ptr_eq(&logged[0], &logged[1]),
+        "one key, one allocation"
+    );
+    assert!(Arc::ptr_eq(&snapshot[0].key, &logged[0]));
+    assert!(Arc::ptr_eq(&snapshot[1].key, &logged[2]));
+}
