@@ -59,8 +59,10 @@ pub(crate) struct PushReader {
     statistics: std::sync::Arc<async_nats::Statistics>,
     context: jetstream::Context,
     /// The delivered messages, moved off the client's subscription as they arrive by
-    /// [`pump`] (see there why).
-    delivered: mpsc::UnboundedReceiver<Message>,
+    /// [`pump`] (see there why), in batches of whatever had arrived together.
+    delivered: mpsc::UnboundedReceiver<Vec<Message>>,
+    /// The rest of the batch being read.
+    batch: std::vec::IntoIter<Message>,
     pump: tokio::task::JoinHandle<()>,
     stream: String,
     consumer: String,
@@ -133,6 +135,7 @@ impl PushReader {
             client: client.clone(),
             context: context.clone(),
             delivered,
+            batch: Vec::new().into_iter(),
             pump: tokio::spawn(pump(subscriber, tx)),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
@@ -150,34 +153,43 @@ impl PushReader {
     /// trusted to deliver every message in order; `None` if the subscription closed.
     pub(crate) async fn next(&mut self, port: &'static str) -> Option<Result<Seen>> {
         loop {
-            if let Err(e) = self.check_connection(port) {
-                return Some(Err(e));
-            }
-            let next = tokio::select! {
-                biased;
-                message = self.delivered.recv() => Some(message),
-                () = self.tick.as_mut() => None,
-            };
-            let message = match next {
-                Some(Some(message)) => message,
-                Some(None) => return None,
-                None => {
-                    self.tick.as_mut().reset(tokio::time::Instant::now() + TICK);
-                    if std::mem::take(&mut self.traffic) {
-                        self.since_traffic = Duration::ZERO;
-                    } else {
-                        self.since_traffic += TICK;
+            let message = if let Some(message) = self.batch.next() {
+                message
+            } else {
+                // The connection is looked at once per batch (and every tick): a batch
+                // arrived in one piece, and a reconnect shows before the next.
+                if let Err(e) = self.check_connection(port) {
+                    return Some(Err(e));
+                }
+                let next = tokio::select! {
+                    biased;
+                    batch = self.delivered.recv() => Some(batch),
+                    () = self.tick.as_mut() => None,
+                };
+                match next {
+                    Some(Some(batch)) => {
+                        self.batch = batch.into_iter();
+                        continue;
                     }
-                    if let Err(e) = self.check_connection(port) {
-                        return Some(Err(e));
+                    Some(None) => return None,
+                    None => {
+                        self.tick.as_mut().reset(tokio::time::Instant::now() + TICK);
+                        if std::mem::take(&mut self.traffic) {
+                            self.since_traffic = Duration::ZERO;
+                        } else {
+                            self.since_traffic += TICK;
+                        }
+                        if let Err(e) = self.check_connection(port) {
+                            return Some(Err(e));
+                        }
+                        if self.since_traffic >= self.idle_limit {
+                            return Some(Err(unavailable(
+                                port,
+                                format!("consumer {} missed its heartbeats", self.consumer),
+                            )));
+                        }
+                        continue;
                     }
-                    if self.since_traffic >= self.idle_limit {
-                        return Some(Err(unavailable(
-                            port,
-                            format!("consumer {} missed its heartbeats", self.consumer),
-                        )));
-                    }
-                    continue;
                 }
             };
             self.traffic = true;
@@ -216,6 +228,7 @@ impl PushReader {
                         // read on (this is not "nothing more to send"). If answers keep
                         // getting lost, give up and let the follower reopen.
                         self.stalls += 1;
+                        debug!(consumer = %self.consumer, stalls = self.stalls, "consumer stalled waiting for a flow-control answer; answering");
                         if self.stalls > MAX_STALLS {
                             return Some(Err(unavailable(
                                 port,
@@ -303,13 +316,29 @@ impl PushReader {
 /// they wait in an unbounded queue instead, still bounded by flow control: it is answered
 /// only when the reader reaches the request, in order, so the server sends no more than
 /// its window ahead of the reader.
-async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Message>) {
-    while let Some(message) = subscriber.next().await {
-        if tx.send(message).is_err() {
+///
+/// What the client already holds goes along with the message awaited, one batch per send
+/// (at most [`PUMP_BATCH`]): on an initial sync that is most of them, and the reader then
+/// takes them from its own batch without touching the channel.
+async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Vec<Message>>) {
+    use futures::FutureExt as _;
+    while let Some(first) = subscriber.next().await {
+        let mut batch = vec![first];
+        while batch.len() < PUMP_BATCH {
+            match subscriber.next().now_or_never() {
+                Some(Some(message)) => batch.push(message),
+                // Nothing more now, or closed (the next await says so).
+                _ => break,
+            }
+        }
+        if tx.send(batch).is_err() {
             return;
         }
     }
 }
+
+/// The most messages [`pump`] moves in one send.
+const PUMP_BATCH: usize = 512;
 
 impl Drop for PushReader {
     fn drop(&mut self) {
