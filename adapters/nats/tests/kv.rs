@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures::StreamExt as _;
 use tidemark::tidemark_core::{BackoffPolicy, Follower, FollowerConfig, Phase, RawBytes, Utf8};
 use tidemark::{FollowerTask, Source, spawn_cache};
 use tidemark_nats::{KvBucket, NatsOptions};
@@ -27,19 +26,7 @@ async fn initial_sync_of_a_filled_bucket_then_ready_and_an_empty_bucket_is_ready
     let store = create_bucket(&client, "filled", 1, 1).await;
     create_bucket(&client, "empty", 1, 1).await;
     // Pipelined puts: 10,000 keys, a few overwritten so revisions are sparse.
-    let mut acks = futures::stream::iter(0..10_000u32)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i}"), Bytes::from(format!("v{i}")))
-                    .await
-            }
-        })
-        .buffer_unordered(256);
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+    put_keys(&store, 10_000, 256).await;
     for i in 0..100u32 {
         store
             .put(format!("k{i}"), Bytes::from(format!("w{i}")))
@@ -858,19 +845,7 @@ async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile()
         .unwrap();
     tidemark_tests::wait_jetstream_ready(&client).await.unwrap();
     let store = create_bucket(&client, "paused", 1, 1).await;
-    let mut acks = futures::stream::iter(0..KEYS)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i}"), Bytes::from(format!("v{i}")))
-                    .await
-            }
-        })
-        .buffer_unordered(256);
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+    put_keys(&store, KEYS, 256).await;
     let bucket = KvBucket::new(client.clone(), "paused")
         .unwrap()
         .with_max_in_flight(512);
