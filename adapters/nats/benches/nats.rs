@@ -1,12 +1,15 @@
 //! Benchmarks of the NATS adapter against a bare async-nats loop, on the same server in
 //! the same run, printed as figures and ratios:
 //!
-//! - live follow rate vs a bare `watch_all` loop (goal ≥ 95%), best of three rounds;
 //! - initial sync of 100,000 keys (`TIDEMARK_BENCH_SYNC_KEYS` to change) vs a bare
 //!   `watch_with_history` loop (goal ≥ 130%) and vs `keys()` + `get` (extrapolated from a
-//!   sample);
-//! - write → applied latency p50/p99 over 8 followers vs 8 bare watches.
+//!   sample), with the CPU split between the server and this process;
+//! - live follow rate vs a bare `watch_all` loop reading the same writes (goal ≥ 95%),
+//!   round by round (`TIDEMARK_BENCH_LIVE_ROUNDS`, 3 by default);
+//! - write → applied latency p50/p99 over 8 followers vs 8 bare watches;
+//! - a 1M-key bucket mirrored into SQLite: cold start against a warm restart.
 //!
+//! `TIDEMARK_BENCH_PARTS=sync,live,latency,persisted` runs only the parts named.
 //! `cargo bench -p tidemark-nats` runs it; `cargo test --benches` (no `--bench` flag)
 //! only checks that it builds and skips the heavy work.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -103,7 +106,79 @@ fn config(name: &str) -> FollowerConfig {
     FollowerConfig::builder(name).build().expect("config")
 }
 
+/// Profiles one contender of the initial sync: under `perf record --control
+/// fifo:<path> -D -1`, with `TIDEMARK_BENCH_PERF_CTL=<path>` and `TIDEMARK_BENCH_PERF_WHAT`
+/// naming the contender (`bare`, `bare_map`, `feed`, `tidemark`), perf records only while
+/// that one runs (the server's CPU too, as perf follows the child it started).
+fn perf(contender: &str, on: bool) {
+    let (Ok(ctl), Ok(what)) = (
+        std::env::var("TIDEMARK_BENCH_PERF_CTL"),
+        std::env::var("TIDEMARK_BENCH_PERF_WHAT"),
+    ) else {
+        return;
+    };
+    if what == contender {
+        std::fs::write(ctl, if on { "enable\n" } else { "disable\n" }).expect("perf control");
+    }
+}
+
+/// Whether the part `name` runs: all of them unless `TIDEMARK_BENCH_PARTS` names some
+/// (`sync,live,latency,persisted`), to repeat one part without the others' minutes.
+fn wanted(name: &str) -> bool {
+    std::env::var("TIDEMARK_BENCH_PARTS")
+        .map_or(true, |parts| parts.split(',').any(|p| p.trim() == name))
+}
+
+/// Counts what tidemark logs at `warn` and above, and what the NATS adapter logs at
+/// `debug` (a flow-control stall answered), by message: a slow round says whether the feed
+/// failed or stalled in it.
+#[derive(Clone, Default)]
+struct Events(Arc<Mutex<std::collections::BTreeMap<String, u64>>>);
+
+impl Events {
+    /// What was counted since the last call, as `message xN` pairs.
+    fn take(&self) -> String {
+        let taken = std::mem::take(&mut *self.0.lock().unwrap());
+        if taken.is_empty() {
+            return "none".into();
+        }
+        taken
+            .iter()
+            .map(|(m, n)| format!("{m:?} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut m = Message(String::new());
+        event.record(&mut m);
+        *self.0.lock().unwrap().entry(m.0).or_default() += 1;
+    }
+}
+
 async fn run() {
+    use tracing_subscriber::layer::{Layer as _, SubscriberExt as _};
+    let events = Events::default();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::registry().with(
+            events.clone().with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("tidemark", tracing::Level::WARN)
+                    .with_target("tidemark_nats", tracing::Level::DEBUG),
+            ),
+        ),
+    )
+    .expect("subscriber");
     let server = NatsServer::start()
         .await
         .unwrap_or_else(|e| panic!("a real nats-server is required: {e}"));
@@ -118,12 +193,35 @@ async fn run() {
         server.url()
     );
 
-    // ---- initial sync of 100,000 keys (TIDEMARK_BENCH_SYNC_KEYS=1000000 for 1M) ----
+    if wanted("sync") {
+        initial_sync(&client, &js, &server).await;
+    }
+    // ---- live follow rate ----
+    // Rounds interleaved, best of them each (fresh buckets every round), as for the initial
+    // sync: one round each, bare first, once gave 44% on a busy machine and 111% on the
+    // next run. Each round prints its own figures: when the writer finished, when the
+    // reader had everything, and what the feed logged (a reopen, a flow-control stall), so
+    // a slow round shows whether the writes or the follower were slow.
+    if wanted("live") {
+        live_follow(&client, &js, &events).await;
+    }
+
+    if wanted("latency") {
+        latency(&client, &js).await;
+    }
+    if wanted("persisted") {
+        persisted_warm_vs_cold(&client, &js).await;
+    }
+}
+
+/// Initial sync of 100,000 keys (`TIDEMARK_BENCH_SYNC_KEYS=1000000` for 1M) against bare
+/// async-nats loops, with the CPU split between the server and this process.
+async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, server: &NatsServer) {
     let n: u32 = std::env::var("TIDEMARK_BENCH_SYNC_KEYS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    let store = bucket(&js, "sync").await;
+    let store = bucket(js, "sync").await;
     let last = fill(&store, n, "v").await;
     let b = KvBucket::new(client.clone(), "sync").unwrap();
     // Each contender three times, interleaved, best of three: on a shared 2-core machine
@@ -140,18 +238,21 @@ async fn run() {
     for _ in 0..3 {
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
+        perf("bare", true);
         let mut watch = store.watch_with_history(">").await.expect("watch");
         while let Some(e) = watch.next().await {
             if e.expect("entry").revision >= last {
                 break;
             }
         }
+        perf("bare", false);
         bare = bare.min(t.elapsed());
         split[0].add(&cpu, &server_pid, t.elapsed());
         drop(watch);
         // The usual worker: the same loop keeping what it reads in a map, as a cache must.
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
+        perf("bare_map", true);
         let mut watch = store.watch_with_history(">").await.expect("watch");
         let mut kept: std::collections::HashMap<String, Bytes> = std::collections::HashMap::new();
         while let Some(e) = watch.next().await {
@@ -162,6 +263,7 @@ async fn run() {
                 break;
             }
         }
+        perf("bare_map", false);
         bare_map = bare_map.min(t.elapsed());
         split[1].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(kept.len(), n as usize);
@@ -169,6 +271,7 @@ async fn run() {
         // The adapter's feed alone, without the follower task and cache.
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
+        perf("feed", true);
         let mut feed = tidemark::Feed::open(&b, 1, None)
             .await
             .expect("open")
@@ -180,13 +283,16 @@ async fn run() {
                 other => panic!("feed ended: {other:?}"),
             }
         }
+        perf("feed", false);
         feed_only = feed_only.min(t.elapsed());
         split[2].add(&cpu, &server_pid, t.elapsed());
         drop(feed);
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
+        perf("tidemark", true);
         let (cache, h) = spawn_cache(config("sync"), RawBytes, b.clone(), b.clone());
         cache.wait_ready().await.expect("ready");
+        perf("tidemark", false);
         ours = ours.min(t.elapsed());
         split[3].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(cache.len(), n as usize);
@@ -234,55 +340,94 @@ async fn run() {
         f64::from(n) / keys_get.as_secs_f64(),
         keys_get.as_secs_f64() / ours.as_secs_f64(),
     );
+}
 
-    // ---- live follow rate ----
-    // Three rounds, interleaved, best of three each (fresh buckets every round), as for the
-    // initial sync: one round each, bare first, once gave 44% on a busy machine and 111%
-    // on the next run.
-    let live_n = 50_000;
+/// Live follow of pipelined puts: a tidemark cache and a bare `watch_all` loop follow the
+/// same bucket at once while one writer fills it, rounds (`TIDEMARK_BENCH_LIVE_ROUNDS`, 3
+/// by default) on fresh buckets, each reader timed from the first write to its last entry.
+///
+/// Both readers keep up with a pipelined writer to within milliseconds, so a reader's rate
+/// is the writer's: timed on separate writes (as this bench did until it gave 44% in one
+/// run and 133% in another) the ratio compared two runs of the writer on a busy machine.
+/// On the same writes the writer's speed cancels out, and each round prints how far
+/// behind its writer each reader finished and what the feed logged (a reopen, a
+/// flow-control stall).
+async fn live_follow(client: &async_nats::Client, js: &jetstream::Context, events: &Events) {
+    let live_n = 50_000u32;
+    let rounds: u32 = std::env::var("TIDEMARK_BENCH_LIVE_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let (mut bare, mut ours) = (Duration::MAX, Duration::MAX);
-    for round in 0..3 {
-        let store = bucket(&js, &format!("live_bare_{round}")).await;
-        let mut watch = store.watch_all().await.expect("watch");
-        let t = Instant::now();
-        let writer = {
-            let store = store.clone();
-            tokio::spawn(async move { fill(&store, live_n, "l").await })
-        };
-        let mut seen = 0;
-        while let Some(e) = watch.next().await {
-            e.expect("entry");
-            seen += 1;
-            if seen == live_n {
-                break;
-            }
-        }
-        bare = bare.min(t.elapsed());
-        writer.await.unwrap();
-        drop(watch);
-        let name = format!("live_ours_{round}");
-        let store = bucket(&js, &name).await;
+    let mut ratios = Vec::new();
+    for round in 0..rounds {
+        let name = format!("live_{round}");
+        let store = bucket(js, &name).await;
         let b = KvBucket::new(client.clone(), &name).unwrap();
         let (cache, h) = spawn_cache(config("live"), RawBytes, b.clone(), b);
         cache.wait_ready().await.expect("ready");
+        let mut watch = store.watch_all().await.expect("watch");
+        events.take();
+        let bare_reader = tokio::spawn(async move {
+            let mut seen = 0;
+            while let Some(e) = watch.next().await {
+                e.expect("entry");
+                seen += 1;
+                if seen == live_n {
+                    break;
+                }
+            }
+            Instant::now()
+        });
+        let ours_reader = tokio::spawn(async move {
+            while cache.len() < live_n as usize {
+                tokio::time::sleep(Duration::from_micros(200)).await;
+            }
+            Instant::now()
+        });
         let t = Instant::now();
-        let last = fill(&store, live_n, "l").await;
-        while cache.watermark() < last {
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
-        ours = ours.min(t.elapsed());
-        h.stop();
+        fill(&store, live_n, "l").await;
+        let written = t.elapsed();
+        let bare_round = bare_reader.await.unwrap().duration_since(t);
+        let ours_round = ours_reader.await.unwrap().duration_since(t);
+        bare = bare.min(bare_round);
+        ours = ours.min(ours_round);
+        let ratio = 100.0 * bare_round.as_secs_f64() / ours_round.as_secs_f64();
+        ratios.push(ratio);
+        let stopped = h.stop_within(Duration::from_secs(10)).await.expect("stop");
+        println!(
+            "  live round {round} (load {}): writer {written:.2?}; tidemark done {ours_round:.2?} ({:.1?} after the writer, reopens {}), bare {bare_round:.2?} ({:.1?} after) -> {ratio:.0}%; logged: {}",
+            load(),
+            ours_round.saturating_sub(written),
+            stopped.counters.reopens,
+            bare_round.saturating_sub(written),
+            events.take()
+        );
     }
+    ratios.sort_by(f64::total_cmp);
     println!(
-        "live follow of {live_n} pipelined puts (best of 3, interleaved): tidemark {:.0}/s ({ours:.2?}), bare watch_all {:.0}/s ({bare:.2?}) -> {:.0}% of bare (target >= 95%)",
+        "live follow of {live_n} pipelined puts, both on the same writes (best of {rounds}): tidemark {:.0}/s ({ours:.2?}), bare watch_all {:.0}/s ({bare:.2?}) -> {:.0}% of bare (target >= 95%; rounds {:.0}-{:.0}%)",
         f64::from(live_n) / ours.as_secs_f64(),
         f64::from(live_n) / bare.as_secs_f64(),
         100.0 * bare.as_secs_f64() / ours.as_secs_f64(),
+        ratios.first().copied().unwrap_or_default(),
+        ratios.last().copied().unwrap_or_default(),
     );
+}
 
+/// The machine's 1-minute load average, as the kernel says it.
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// Write -> applied latency over 8 followers against 8 bare watches.
+async fn latency(client: &async_nats::Client, js: &jetstream::Context) {
     // ---- write -> applied latency over 8 followers ----
     let writes = 300;
-    let store = bucket(&js, "latency").await;
+    let store = bucket(js, "latency").await;
     let b = KvBucket::new(client.clone(), "latency").unwrap();
     let arrivals: Arc<Mutex<Vec<(u64, Instant)>>> = Arc::default();
     let mut handles = Vec::new();
@@ -348,8 +493,6 @@ async fn run() {
     for t in bare_tasks {
         t.abort();
     }
-
-    persisted_warm_vs_cold(&client, &js).await;
 }
 
 /// A 1M-key bucket mirrored into a SQLite file: the cold start against a warm restart

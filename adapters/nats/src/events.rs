@@ -230,6 +230,7 @@ impl Feed for NatsEvents {
             &stream,
             format!("{}.>", self.inner.prefix),
             deliver,
+            None,
             "events",
         )
         .await?;

@@ -46,6 +46,7 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 pub struct KvBucket {
     inner: Arc<Inner>,
     prefix: Option<KeyPrefix>,
+    max_in_flight: Option<usize>,
 }
 
 struct Inner {
@@ -61,6 +62,7 @@ impl std::fmt::Debug for KvBucket {
         f.debug_struct("KvBucket")
             .field("bucket", &self.inner.bucket)
             .field("prefix", &self.prefix)
+            .field("max_in_flight", &self.max_in_flight)
             .finish_non_exhaustive()
     }
 }
@@ -96,7 +98,28 @@ impl KvBucket {
                 read: AtomicU64::new(0),
             }),
             prefix: None,
+            max_in_flight: None,
         })
+    }
+
+    /// The same bucket (or view), with its feeds and replays delivering at most `messages`
+    /// (at least 1) ahead of what the follower has read.
+    ///
+    /// The client drops what overflows a subscription's channel (async-nats's
+    /// `subscription_capacity`, 65,536 messages by default), and the server's flow control
+    /// bounds bytes in flight, which hold hundreds of thousands of small KV entries. By
+    /// default a task of the feed moves every delivered message off the client's channel
+    /// as it arrives, which keeps up unless the runtime's workers are all busy; a feed that
+    /// loses messages anyway fails on the gap and is reopened from the follower's
+    /// watermark, so nothing is lost for good, but a follower whose sink pauses long (a
+    /// big durable commit) may then reopen turn after turn. With a cap below the client's
+    /// capacity no message is dropped whatever the reader does; it costs the server an
+    /// acknowledgement entry per message (about 70% more of its CPU per message in the
+    /// `nats` bench), so a fast initial sync into memory is better off without it.
+    #[must_use]
+    pub fn with_max_in_flight(mut self, messages: usize) -> KvBucket {
+        self.max_in_flight = Some(messages.max(1));
+        self
     }
 
     /// A view of the same bucket over the keys under `prefix`, given as whole subject
@@ -114,6 +137,7 @@ impl KvBucket {
         Ok(KvBucket {
             inner: Arc::clone(&self.inner),
             prefix: Some(check_prefix(prefix)?),
+            max_in_flight: self.max_in_flight,
         })
     }
 
@@ -234,6 +258,7 @@ impl KvBucket {
             &store.stream,
             self.filter(store),
             deliver,
+            self.max_in_flight,
             port,
         )
         .await?;
@@ -659,6 +684,7 @@ impl Feed for KvBucket {
             &store.stream,
             self.filter(&store),
             deliver,
+            self.max_in_flight,
             "feed",
         )
         .await?;

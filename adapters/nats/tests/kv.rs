@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
-use futures::StreamExt as _;
 use tidemark::tidemark_core::{BackoffPolicy, Follower, FollowerConfig, Phase, RawBytes, Utf8};
 use tidemark::{FollowerTask, Source, spawn_cache};
 use tidemark_nats::{KvBucket, NatsOptions};
@@ -27,19 +26,7 @@ async fn initial_sync_of_a_filled_bucket_then_ready_and_an_empty_bucket_is_ready
     let store = create_bucket(&client, "filled", 1, 1).await;
     create_bucket(&client, "empty", 1, 1).await;
     // Pipelined puts: 10,000 keys, a few overwritten so revisions are sparse.
-    let mut acks = futures::stream::iter(0..10_000u32)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i}"), Bytes::from(format!("v{i}")))
-                    .await
-            }
-        })
-        .buffer_unordered(256);
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+    put_keys(&store, 10_000, 256).await;
     for i in 0..100u32 {
         store
             .put(format!("k{i}"), Bytes::from(format!("w{i}")))
@@ -806,4 +793,95 @@ async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
         .stop_within(Duration::from_secs(5))
         .await
         .unwrap();
+}
+
+/// A sink whose first commits take a while (a durable store's transaction over a big
+/// batch), recording into a [`Record`].
+struct SlowCommits {
+    inner: Recorder,
+    pause: Duration,
+    slow_commits: u32,
+}
+
+impl tidemark::Sink<Vec<u8>> for SlowCommits {
+    const FALLIBLE: bool = false;
+
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: Vec<u8>) -> tidemark::Result<()> {
+        self.inner.put(key, seq, value).await
+    }
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> tidemark::Result<()> {
+        self.inner.remove(key, seq).await
+    }
+    fn ready(&mut self, watermark: u64) {
+        self.inner.ready(watermark);
+    }
+    async fn commit(&mut self, watermark: u64) -> tidemark::Result<()> {
+        if self.slow_commits > 0 {
+            self.slow_commits -= 1;
+            tokio::time::sleep(self.pause).await;
+        }
+        self.inner.commit(watermark).await
+    }
+}
+
+/// async-nats keeps a subscription's messages in a channel of fixed capacity (65,536 by
+/// default, 1,024 on this client) and drops what overflows it, while the server's flow
+/// control bounds bytes in flight (megabytes: hundreds of thousands of small KV entries),
+/// not messages. A follower that stops reading while its sink commits must not lose what
+/// the server sends meanwhile: lost messages show as a consumer sequence gap, the feed
+/// fails and is reopened (counted), and a sync that pauses every turn hardly moves. With
+/// the bucket's cap on messages in flight below the client's capacity nothing is lost,
+/// however long the sink pauses and whether or not the feed's pump keeps up. Without the
+/// cap (the pump alone) the feed reopened on a gap in every run tried, and once was not
+/// ready in 30 s after 9 reopens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile() {
+    const KEYS: u32 = 30_000;
+    let server = server().await;
+    let client = async_nats::ConnectOptions::new()
+        .subscription_capacity(1_024)
+        .connect(server.url())
+        .await
+        .unwrap();
+    tidemark_tests::wait_jetstream_ready(&client).await.unwrap();
+    let store = create_bucket(&client, "paused", 1, 1).await;
+    put_keys(&store, KEYS, 256).await;
+    let bucket = KvBucket::new(client.clone(), "paused")
+        .unwrap()
+        .with_max_in_flight(512);
+    let head = bucket.watermark().await.unwrap();
+    let record = Record::default();
+    // Each far longer than the server takes to send more than the client's channel holds.
+    let sink = SlowCommits {
+        inner: record.sink(),
+        pause: Duration::from_millis(300),
+        slow_commits: 10,
+    };
+    let handle = FollowerTask::new(
+        config("paused"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        sink,
+    )
+    .spawn();
+    let mut status = handle.watch_status();
+    let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready)).await;
+    let ready = match ready {
+        Ok(ready) => ready.unwrap().clone(),
+        Err(_) => panic!("not ready in 60 s: {:?}", handle.status()),
+    };
+    let stopped = handle.stop_within(WAIT).await.unwrap();
+    assert_eq!(
+        stopped.counters.reopens, 0,
+        "the feed was reopened: messages were lost while the sink committed"
+    );
+    assert_eq!(ready.watermark, head);
+    assert_eq!(record.len(), KEYS as usize);
+    assert_eq!(record.value("k0").as_deref(), Some(&b"v0"[..]));
+    assert_eq!(
+        record.value(&format!("k{}", KEYS - 1)).as_deref(),
+        Some(format!("v{}", KEYS - 1).as_bytes())
+    );
+    record.assert_applied_once();
 }

@@ -7,8 +7,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures::StreamExt as _;
 use tidemark::{FollowerHandle, FollowerTask, RawBytes, Source, Status};
 use tidemark_nats::KvBucket;
 use tidemark_sqlite::{PersistedCache, SqliteDb};
@@ -43,19 +41,7 @@ async fn a_bucket_mirrored_into_a_sqlite_file_restarts_warm_and_reads_only_the_d
     let client = client(&server).await;
     let store = create_bucket(&client, "packages", 1, 1).await;
     let mut want: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-    let mut acks = futures::stream::iter(0..KEYS)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i}"), Bytes::from(format!("v{i}")))
-                    .await
-            }
-        })
-        .buffer_unordered(512);
-    while let Some(ack) = acks.next().await {
-        ack.unwrap();
-    }
+    put_keys(&store, KEYS, 512).await;
     for i in 0..KEYS {
         want.insert(format!("k{i}"), format!("v{i}").into_bytes());
     }

@@ -48,6 +48,25 @@ pub async fn create_bucket(
     .await
 }
 
+/// Puts `k0`..`k{n-1}` with the values `v0`..`v{n-1}`, `depth` puts in flight at a
+/// time; panics on a failed put.
+pub async fn put_keys(store: &kv::Store, n: u32, depth: usize) {
+    use futures::StreamExt as _;
+    let mut acks = futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                store
+                    .put(format!("k{i}"), bytes::Bytes::from(format!("v{i}")))
+                    .await
+            }
+        })
+        .buffer_unordered(depth);
+    while let Some(ack) = acks.next().await {
+        ack.unwrap();
+    }
+}
+
 /// Retries `f` with backoff until it succeeds or `limit` passes.
 pub async fn retry<T, E: std::fmt::Display, F, Fut>(limit: Duration, mut f: F) -> T
 where
