@@ -7,7 +7,7 @@ use rand::rngs::SmallRng;
 use tokio::runtime::Runtime;
 use tokio::task::JoinHandle;
 use tokio::task::LocalSet;
-use tokio::time::{sleep, Duration, Instant};
+use tokio::time::{Duration, Instant, Sleep};
 
 use super::Result;
 
@@ -66,6 +66,10 @@ pub struct Rt<'a> {
 
     /// Runtime configuration.
     config: Config,
+
+    /// tidemark patch: the timer that ends each tick, made once per runtime and reset
+    /// for the next tick, instead of a new `sleep` registered and dropped every tick.
+    tick_end: Option<Pin<Box<Sleep>>>,
 }
 
 impl<'a> Rt<'a> {
@@ -84,6 +88,7 @@ impl<'a> Rt<'a> {
             nodename,
             handle: Some(handle),
             config,
+            tick_end: None,
         }
     }
 
@@ -104,6 +109,7 @@ impl<'a> Rt<'a> {
             nodename,
             handle: Some(handle),
             config,
+            tick_end: None,
         }
     }
 
@@ -118,6 +124,7 @@ impl<'a> Rt<'a> {
             nodename: String::new().into(),
             handle: None,
             config,
+            tick_end: None,
         }
     }
 
@@ -160,13 +167,30 @@ impl<'a> Rt<'a> {
     // Returns whether the software has finished successfully or the error
     // that caused failure. Subsequent calls do not return the error as it is
     // expected to fail the simulation.
-    pub(crate) fn tick(&mut self, duration: Duration) -> Result<bool> {
+    //
+    // tidemark patch: `started` is given the runtime's `Instant` at the start of the
+    // tick, read once inside the runtime (upstream's `Rt::now` entered the runtime a
+    // second time for it, before the tick).
+    pub(crate) fn tick(
+        &mut self,
+        duration: Duration,
+        started: impl FnOnce(Instant),
+    ) -> Result<bool> {
+        // tidemark patch: the tick's end is one timer per runtime, reset to now +
+        // `duration` (what `sleep(duration)` would set) and awaited by reference.
+        let (local, tick_end) = (&self.local, &mut self.tick_end);
         self.tokio.block_on(async {
-            self.local
-                .run_until(async {
-                    sleep(duration).await;
-                })
-                .await
+            let now = Instant::now();
+            started(now);
+            let deadline = now + duration;
+            let end = match tick_end {
+                Some(end) => {
+                    end.as_mut().reset(deadline);
+                    end
+                }
+                None => tick_end.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            };
+            local.run_until(end.as_mut()).await
         });
 
         // pull for software completion
@@ -224,6 +248,8 @@ impl<'a> Rt<'a> {
     fn cancel_tasks(&mut self) {
         let (tokio, local) = init(&mut self.config);
 
+        // The tick's timer belongs to the runtime being replaced.
+        self.tick_end = None;
         _ = mem::replace(&mut self.tokio, tokio);
         drop(mem::replace(&mut self.local, local));
     }

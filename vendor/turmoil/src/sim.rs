@@ -448,11 +448,16 @@ impl<'a> Sim<'a> {
 
                 // Set the current host (see method docs)
                 world.current = Some(addr);
-
-                world.current_host_mut().timer.now(rt.now());
             }
 
-            let is_software_finished = World::enter(&self.world, || rt.tick(tick))?;
+            // tidemark patch: the host's timer is set from the runtime's clock as the
+            // tick starts, before any of its software runs (upstream read it before the
+            // tick through `Rt::now`, entering the runtime once more per host per step).
+            let is_software_finished = World::enter(&self.world, || {
+                rt.tick(tick, |now| {
+                    World::current(|world| world.current_host_mut().timer.now(now))
+                })
+            })?;
 
             if rt.is_client() {
                 is_finished = is_finished && is_software_finished;
