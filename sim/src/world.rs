@@ -912,12 +912,15 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         sim.bounce(h.as_str());
     }
     let healed_at = sim.elapsed();
-    // An operator's reconcile pass after an incident: one wake once listeners are back.
+    // An operator's reconcile pass after an incident: one wake once listeners are back and
+    // any restore held back past the heal is done (seeds 5491, 8293: a restore after the
+    // wake left a wake-only and an announcements follower past the restored head with
+    // nothing to make them read the source again).
     let mut woke = false;
     let mut converged_after = None;
     let mut expected = None;
     while sim.elapsed() < healed_at + scenario.liveness_bound {
-        if !woke && sim.elapsed() >= healed_at + OPERATOR_WAKE {
+        if !woke && restores.done() && sim.elapsed() >= healed_at + OPERATOR_WAKE {
             woke = true;
             wake_all(&memory);
         }

@@ -206,3 +206,28 @@ fn a_write_still_on_the_wire_at_a_restore_lands_before_it_or_is_kept_out_of_the_
         assert!(o.passed(), "seed {seed}: {}", o.failures.join(" | "));
     }
 }
+
+#[test]
+fn a_restore_after_the_heal_is_followed_by_the_operators_wake() {
+    let scenario = Scenario {
+        keep_trace: true,
+        ..Scenario::default()
+    };
+    // In each seed a restore held back for writes in flight happens after the heal: a
+    // wake-only follower (5491) and an announcements follower (8293) were past the
+    // restored head with nothing to make them read the source again, because the
+    // operator's wake had come before the restore.
+    for seed in [5491, 8293] {
+        let o = run(seed, &scenario);
+        let healed = o.trace.iter().position(|l| l.ends_with(" heal"));
+        let restored = o
+            .trace
+            .iter()
+            .rposition(|l| l.contains("source restored to its backup"));
+        assert!(
+            matches!((healed, restored), (Some(h), Some(r)) if r > h),
+            "seed {seed} no longer restores after the heal; pick another"
+        );
+        assert!(o.passed(), "seed {seed}: {}", o.failures.join(" | "));
+    }
+}
