@@ -1067,3 +1067,52 @@ fn the_real_announcement_after_a_forged_copy_does_not_confirm_it() {
         "the source's value replaces the forged one"
     );
 }
+
+/// Seeds 85219625 and 85220732: a read that replaced one claim the sink gave back but could
+/// not explain another asked for a snapshot without applying its answers, and the batch
+/// was committed with the first claim forgotten while the sink still held its change. The
+/// source was then restored to a history that has that change: the snapshot put it again,
+/// the same seq applied twice. The claim stays until the snapshot settles it.
+#[test]
+fn a_claim_a_read_set_aside_for_a_snapshot_is_settled_by_the_snapshot() {
+    let held = vec![
+        Ahead::Put {
+            key: "a".into(),
+            seq: 7,
+            value: b"seven".to_vec(),
+        },
+        Ahead::Put {
+            key: "b".into(),
+            seq: 8,
+            value: b"eight".to_vec(),
+        },
+    ];
+    let config = config().max_ahead(1000).build().unwrap();
+    let mut h =
+        H::with(Follower::resume_lazily(config, Utf8, 5, 2).following(Follow::Announcements));
+    h.f.track_commits(true);
+    h.f.remember_ahead(held);
+    h.found();
+    // The read names `a` (removed since) and not `b`: only a snapshot settles `b`.
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::delete(9, "a")],
+        source_watermark: 9,
+    });
+    assert!(asks_snapshot(&outs), "{outs:?}");
+    assert!(removes(&outs).is_empty(), "{outs:?}");
+    // The driver commits the batch (nothing was written), and the source is restored to
+    // a backup that has both changes the sink holds.
+    h.f.commit();
+    let outs = h.input(Input::Snapshot {
+        token: h.request.unwrap(),
+        entries: vec![Entry::put(7, "a", "seven"), Entry::put(8, "b", "eight")],
+        source_watermark: 8,
+    });
+    assert!(
+        puts(&outs).is_empty(),
+        "the sink holds both changes: {outs:?}"
+    );
+    assert_eq!(unconfirmed(&outs), 0, "{outs:?}");
+    assert_eq!(h.f.watermark(), 8);
+}

@@ -6,7 +6,7 @@ use std::collections::hash_map::Entry as Slot;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::confirm::{Claimed, Confirmation};
+use super::confirm::{Claim, Claimed, Confirmation};
 use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
@@ -405,7 +405,7 @@ impl<D: Decode> Follower<D> {
             self.resync();
             return;
         }
-        let unexplained = self.confirm_ahead(source_watermark, |key, claim| {
+        let verdict = |key: &str, claim: &Claim| {
             let mut named = false;
             for c in &changes {
                 if *c.key == *key {
@@ -420,15 +420,21 @@ impl<D: Decode> Follower<D> {
             } else {
                 Confirmation::Unexplained
             }
-        });
-        if unexplained {
+        };
+        if self.any_unexplained(source_watermark, verdict) {
             // An announcement the source never made overwrote a key this read does not
             // name: only a snapshot says what that key holds. The watermark stays where
             // it is until then: a commit past the forged change would claim a cache that
-            // still holds it (a durable sink would keep it across a restart).
+            // still holds it (a durable sink would keep it across a restart). Every claim
+            // stays for the snapshot to settle: this read's answers are not applied, so
+            // one it replaced would otherwise be committed as forgotten while the sink
+            // still holds it, and the snapshot would put the same change again (seeds
+            // 85219625, 85220732).
+            self.known_source = self.known_source.max(source_watermark);
             self.resync();
             return;
         }
+        self.confirm_ahead(source_watermark, verdict);
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {

@@ -170,6 +170,21 @@ impl<D: Decode> Follower<D> {
         self.follow == Follow::Announcements && seq > self.watermark
     }
 
+    /// Whether a read of the source at `source_watermark` leaves some due claim
+    /// [`Unexplained`](Confirmation::Unexplained) (see [`confirm_ahead`](Self::confirm_ahead)),
+    /// changing nothing.
+    pub(super) fn any_unexplained(
+        &self,
+        source_watermark: u64,
+        confirm: impl Fn(&str, &Claim) -> Confirmation,
+    ) -> bool {
+        let asked = self.read_asked;
+        self.ahead.iter().any(|(key, c)| {
+            (c.seq <= source_watermark || c.applied_at < asked)
+                && confirm(key, c) == Confirmation::Unexplained
+        })
+    }
+
     /// Checks the unconfirmed announcements a read of the source at `source_watermark`
     /// covers: `confirm(key, claim)` says whether the read has that change. What the read
     /// does not confirm is forgotten (its seq set to 0, its tombstone dropped), so the
