@@ -1116,3 +1116,24 @@ fn a_claim_a_read_set_aside_for_a_snapshot_is_settled_by_the_snapshot() {
     assert_eq!(unconfirmed(&outs), 0, "{outs:?}");
     assert_eq!(h.f.watermark(), 8);
 }
+
+/// Seed 85220732: a replaced history's removal of a key at a seq, then the restored
+/// history's put of it at the same seq. The put lands (a tombstone does not block a put at
+/// its own seq), but the removal stayed the claim, so the read that had the put replaced
+/// it and put the same change again.
+#[test]
+fn a_put_over_a_removal_at_its_seq_is_the_claim_a_read_confirms() {
+    let mut h = announcements_at(5, vec![Entry::put(3, "a", "three")]);
+    h.entry(Entry::delete(7, "a"));
+    let outs = h.put(7, "a", "seven");
+    assert_eq!(puts(&outs), [("a".into(), 7, "seven".into())], "{outs:?}");
+    h.input(Input::Wake);
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "a", "seven")],
+        source_watermark: 7,
+    });
+    assert!(puts(&outs).is_empty(), "the cache holds it: {outs:?}");
+    assert_eq!(unconfirmed(&outs), 0, "{outs:?}");
+    assert_eq!(h.f.watermark(), 7);
+}

@@ -126,7 +126,20 @@ impl<D: Decode> Follower<D> {
         }
         // The first change applied at a seq is what the cache holds: a later copy of it
         // (the real announcement after a forged one, or the reverse) changed nothing.
-        if self.ahead.get(key).is_some_and(|held| held.seq >= seq) {
+        // Except a put over a removal at its seq: a tombstone at a seq does not block the
+        // put made there, so the put is what the cache holds now (seed 85220732: a replaced
+        // history's removal, then the restored history's put at the same seq).
+        let put_over_removal = |held: &Claim| {
+            held.seq == seq
+                && held.value == Claimed::Removed
+                && matches!(value, Claimed::Put(_))
+                && self.index.get(key) == Some(seq)
+        };
+        if self
+            .ahead
+            .get(key)
+            .is_some_and(|held| held.seq >= seq && !put_over_removal(held))
+        {
             return false;
         }
         let applied_at = self.reads;
