@@ -421,7 +421,11 @@ impl<D: Decode> Follower<D> {
                 Confirmation::Unexplained
             }
         };
-        if self.any_unexplained(source_watermark, verdict) {
+        let verdicts = self.judge_ahead(source_watermark, verdict);
+        if verdicts
+            .iter()
+            .any(|(_, v)| *v == Confirmation::Unexplained)
+        {
             // An announcement the source never made overwrote a key this read does not
             // name: only a snapshot says what that key holds. The watermark stays where
             // it is until then: a commit past the forged change would claim a cache that
@@ -434,7 +438,7 @@ impl<D: Decode> Follower<D> {
             self.resync();
             return;
         }
-        self.confirm_ahead(source_watermark, verdict);
+        self.settle_ahead(source_watermark, verdicts);
         let floor = self.watermark;
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
@@ -497,13 +501,14 @@ impl<D: Decode> Follower<D> {
     pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
-        self.confirm_ahead(source_watermark, |key, claim| {
+        let verdicts = self.judge_ahead(source_watermark, |key, claim| {
             entries
                 .iter()
                 .filter(|e| *e.key == *key)
                 .find_map(|e| claim.is(e))
                 .unwrap_or(Confirmation::Replaced)
         });
+        self.settle_ahead(source_watermark, verdicts);
         let reset = source_watermark < self.watermark;
         if reset {
             // A new history: seqs held from the old one mean nothing against it. Forget

@@ -183,78 +183,56 @@ impl<D: Decode> Follower<D> {
         self.follow == Follow::Announcements && seq > self.watermark
     }
 
-    /// Whether a read of the source at `source_watermark` leaves some due claim
-    /// [`Unexplained`](Confirmation::Unexplained) (see [`confirm_ahead`](Self::confirm_ahead)),
-    /// changing nothing.
-    pub(super) fn any_unexplained(
+    /// What a read of the source at `source_watermark` says of each unconfirmed
+    /// announcement it covers: `confirm(key, claim)` judges one claim, once. Due: what the
+    /// read covers, and what it should have covered. A writer announces after it commits,
+    /// so a read asked for after an announcement was applied reaches its seq, unless the
+    /// source never made it (a foreign producer, another history): then no read ever
+    /// would, and it must not stay in the cache for good. Changes nothing: the caller
+    /// settles the verdicts ([`settle_ahead`](Self::settle_ahead)), or, when one is
+    /// [`Unexplained`](Confirmation::Unexplained), leaves every claim for a snapshot.
+    pub(super) fn judge_ahead(
         &self,
         source_watermark: u64,
         confirm: impl Fn(&str, &Claim) -> Confirmation,
-    ) -> bool {
+    ) -> Vec<(String, Confirmation)> {
         let asked = self.read_asked;
-        self.ahead.iter().any(|(key, c)| {
-            (c.seq <= source_watermark || c.applied_at < asked)
-                && confirm(key, c) == Confirmation::Unexplained
-        })
-    }
-
-    /// Checks the unconfirmed announcements a read of the source at `source_watermark`
-    /// covers: `confirm(key, claim)` says whether the read has that change. What the read
-    /// does not confirm is forgotten (its seq set to 0, its tombstone dropped), so the
-    /// read's own answer replaces it. Returns whether some key was not named by the read
-    /// at all (then only a snapshot can say what it holds).
-    pub(super) fn confirm_ahead(
-        &mut self,
-        source_watermark: u64,
-        confirm: impl Fn(&str, &Claim) -> Confirmation,
-    ) -> bool {
-        self.known_source = self.known_source.max(source_watermark);
-        if self.ahead.is_empty() {
-            return false;
-        }
-        // Due: what the read covers, and what it should have covered. A writer announces
-        // after it commits, so a read asked for after an announcement was applied reaches
-        // its seq, unless the source never made it (a foreign producer, another history):
-        // then no read ever would, and it must not stay in the cache for good.
-        let asked = self.read_asked;
-        let due: Vec<String> = self
-            .ahead
+        self.ahead
             .iter()
             .filter(|(_, c)| c.seq <= source_watermark || c.applied_at < asked)
-            .map(|(k, _)| k.clone())
-            .collect();
-        let mut unexplained = false;
-        for key in due {
+            .map(|(key, c)| (key.clone(), confirm(key, c)))
+            .collect()
+    }
+
+    /// Settles the verdicts of a read of the source at `source_watermark`
+    /// ([`judge_ahead`](Self::judge_ahead), none of them
+    /// [`Unexplained`](Confirmation::Unexplained)). What the read does not confirm is
+    /// forgotten (its seq set to 0, its tombstone dropped), so the read's own answer
+    /// replaces it.
+    pub(super) fn settle_ahead(
+        &mut self,
+        source_watermark: u64,
+        verdicts: Vec<(String, Confirmation)>,
+    ) {
+        self.known_source = self.known_source.max(source_watermark);
+        for (key, verdict) in verdicts {
             let Some(claim) = self.ahead.remove(&key) else {
                 continue;
             };
-            let verdict = confirm(&key, &claim);
             match verdict {
                 Confirmation::Confirmed => continue,
-                Confirmation::PutAgain => {
-                    // Held at seq 0, the key takes the read's put at the claim's seq (or,
-                    // if the read leaves it, is removed as unreplaced).
-                    if self.index.get(&key).is_some() {
-                        self.index.set(key.as_str().into(), 0);
-                    }
-                    continue;
+                // Held at seq 0, the key takes the read's put at the claim's seq (or, if
+                // the read leaves it, is removed as unreplaced).
+                Confirmation::PutAgain => {}
+                Confirmation::Replaced | Confirmation::Unexplained => {
+                    self.invalid(claim.seq, &key, InvalidReason::Unconfirmed);
+                    self.index.untomb(&key);
                 }
-                Confirmation::Replaced | Confirmation::Unexplained => {}
             }
-            self.invalid(claim.seq, &key, InvalidReason::Unconfirmed);
             if self.index.get(&key).is_some() {
                 self.index.set(key.as_str().into(), 0);
             }
-            self.index.untomb(&key);
-            if verdict == Confirmation::Unexplained {
-                // Only the snapshot this asks for settles the key: the claim stays until
-                // then, so a batch that fails before the snapshot lands (its rewind goes
-                // back to a commit made while the request was out) still holds it.
-                self.ahead.insert(key, claim);
-                unexplained = true;
-            }
         }
-        unexplained
     }
 }
 

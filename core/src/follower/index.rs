@@ -84,6 +84,13 @@ impl KeyIndex {
         true
     }
 
+    /// Learns that the sink removed `key` at `seq` (what it holds, not a change: nothing
+    /// to undo). A tombstone it has at a higher seq stays.
+    pub(super) fn learn_removed(&mut self, key: &str, seq: u64) {
+        let tomb = self.tombstones.entry(key.into()).or_insert(0);
+        *tomb = (*tomb).max(seq);
+    }
+
     /// Whether steps are recorded for undo.
     pub(super) fn tracking(&self) -> bool {
         self.undo.is_some()

@@ -437,13 +437,7 @@ impl<D: Decode> Follower<D> {
                 Ahead::Removed { key, seq }
                     if self.holds_unconfirmed(seq) && self.index.get(&key).is_none() =>
                 {
-                    // What the sink holds, not a change of this run: nothing to undo.
-                    let tomb = self
-                        .index
-                        .tombstones
-                        .entry(key.as_str().into())
-                        .or_insert(0);
-                    *tomb = (*tomb).max(seq);
+                    self.index.learn_removed(&key, seq);
                     self.claim_committed(&key, seq, confirm::Claimed::Removed);
                 }
                 Ahead::Removed { .. } => {}
@@ -546,7 +540,7 @@ impl<D: Decode> Follower<D> {
             self.reads += 1;
             self.read_asked = self.reads;
             // This read is asked for after every announcement applied so far: it confirms
-            // them all (see `confirm_ahead`).
+            // them all (see `judge_ahead`).
             self.timers.confirmed();
         }
         let token = self.token();
