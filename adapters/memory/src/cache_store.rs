@@ -584,6 +584,20 @@ mod tests {
         assert!(matches!(commit(&mut sink, watermark), Some(Ok(()))));
     }
 
+    /// A memory source that took `puts` in order (seqs 1, 2, …).
+    async fn source_with(puts: &[(&str, &str)]) -> crate::Memory {
+        use tidemark::Source;
+        let memory = crate::Memory::new();
+        for (key, value) in puts {
+            memory
+                .source
+                .put(key, value.as_bytes().to_vec())
+                .await
+                .expect("put");
+        }
+        memory
+    }
+
     /// Restarts an events follower on `store` over `memory`'s source and waits until it
     /// is ready at `head`; returns its status.
     async fn restart(
@@ -630,15 +644,7 @@ mod tests {
     /// it was a claim, so the key was lost for good.
     #[tokio::test(start_paused = true)]
     async fn a_removal_committed_ahead_of_the_watermark_is_checked_after_a_crash() {
-        use tidemark::Source;
-        let memory = crate::Memory::new();
-        for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
-            memory
-                .source
-                .put(key, value.as_bytes().to_vec())
-                .await
-                .expect("put");
-        }
+        let memory = source_with(&[("a", "1"), ("b", "2"), ("c", "3")]).await;
         let store = MemoryCacheStore::new();
         // A foreign event said "a removed at 3"; the source's seq 3 is c's put.
         died_holding(
@@ -659,14 +665,7 @@ mod tests {
     /// seq alone, so a source whose new history reused the seq kept the replaced value.
     #[tokio::test(start_paused = true)]
     async fn a_value_committed_ahead_of_the_watermark_is_compared_by_its_bytes_after_a_crash() {
-        use tidemark::Source;
-        let memory = crate::Memory::new();
-        memory.source.put("a", b"1".to_vec()).await.expect("put");
-        memory
-            .source
-            .put("a", b"new history".to_vec())
-            .await
-            .expect("put");
+        let memory = source_with(&[("a", "1"), ("a", "new history")]).await;
         let store = MemoryCacheStore::new();
         died_holding(
             &store,
@@ -684,15 +683,7 @@ mod tests {
     /// what it holds ahead finds it, and the warm start lists nothing.
     #[tokio::test(start_paused = true)]
     async fn a_forged_key_committed_ahead_that_no_change_names_is_removed_after_a_crash() {
-        use tidemark::Source;
-        let memory = crate::Memory::new();
-        for (key, value) in [("a", "1"), ("b", "2"), ("c", "3")] {
-            memory
-                .source
-                .put(key, value.as_bytes().to_vec())
-                .await
-                .expect("put");
-        }
+        let memory = source_with(&[("a", "1"), ("b", "2"), ("c", "3")]).await;
         let store = MemoryCacheStore::new();
         died_holding(
             &store,
