@@ -329,16 +329,9 @@ fn a_reconcile_that_finds_tombstones_compacted_resyncs() {
     assert_eq!(h.f.watermark(), 5);
 }
 
-/// The removals and puts (sorted) a resync decides.
-type Resynced = (Vec<(String, u64)>, Vec<(String, u64, String)>);
-
-/// What a resync of twenty cached keys decides from `snapshot`.
-fn resync_from(snapshot: Vec<Entry>) -> Resynced {
-    let mut h = H::new();
-    h.open(gapless(20));
-    for i in 1..=20u64 {
-        h.put(i, &format!("k{i:02}"), "v");
-    }
+/// Fails the feed, reopens it compacted past what the cache holds (head 40), and answers
+/// the snapshot that asks for with `entries` at 40: the resync's outputs.
+fn resync_at_40(h: &mut H, entries: Vec<Entry>) -> Vec<Output<String>> {
     let token = h.feed.unwrap();
     h.input(Input::FeedFailed {
         token,
@@ -349,11 +342,24 @@ fn resync_from(snapshot: Vec<Entry>) -> Resynced {
         first_available: 30,
         ..gapless(40)
     });
-    let outs = h.input(Input::Snapshot {
+    h.input(Input::Snapshot {
         token: h.request.unwrap(),
-        entries: snapshot,
+        entries,
         source_watermark: 40,
-    });
+    })
+}
+
+/// The removals and puts (sorted) a resync decides.
+type Resynced = (Vec<(String, u64)>, Vec<(String, u64, String)>);
+
+/// What a resync of twenty cached keys decides from `snapshot`.
+fn resync_from(snapshot: Vec<Entry>) -> Resynced {
+    let mut h = H::new();
+    h.open(gapless(20));
+    for i in 1..=20u64 {
+        h.put(i, &format!("k{i:02}"), "v");
+    }
+    let outs = resync_at_40(&mut h, snapshot);
     let mut puts = puts(&outs);
     puts.sort();
     (removes(&outs), puts)
@@ -398,21 +404,7 @@ fn resync_removals_come_in_key_order() {
     for (i, k) in ["q", "b", "z", "a", "m"].iter().enumerate() {
         h.put(i as u64 + 1, k, "v");
     }
-    let token = h.feed.unwrap();
-    h.input(Input::FeedFailed {
-        token,
-        error: "x".into(),
-    });
-    h.run_to_timeout();
-    h.reopen(FeedInfo {
-        first_available: 30,
-        ..gapless(40)
-    });
-    let outs = h.input(Input::Snapshot {
-        token: h.request.unwrap(),
-        entries: vec![],
-        source_watermark: 40,
-    });
+    let outs = resync_at_40(&mut h, vec![]);
     let keys: Vec<_> = removes(&outs).into_iter().map(|(k, _)| k).collect();
     assert_eq!(
         keys,
