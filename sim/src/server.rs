@@ -126,6 +126,39 @@ struct Admission<'a> {
     accepted: usize,
 }
 
+/// What the source host does with a request.
+enum Admit {
+    /// Carries it out (every read, and a write the restores leave alone).
+    Carry,
+    /// Answers this refusal (a write while the writers pause after a restore).
+    Refuse(Response),
+    /// Drops the connection unanswered (a write on one accepted before a restore).
+    Reset,
+}
+
+impl Admission<'_> {
+    fn admit(&self, request: &Request, history: &History) -> Admit {
+        let (Request::Put { key, .. } | Request::Update { key, .. } | Request::Remove { key, .. }) =
+            request
+        else {
+            return Admit::Carry;
+        };
+        if let Some(refused) = self.gate.refuse(key) {
+            return Admit::Refuse(refused);
+        }
+        // A restore restarts the database server: a write on a connection accepted before
+        // it was reset with that server, never carried out (its writer sees the connection
+        // fail).
+        if history.epoch() != self.accepted {
+            self.gate
+                .trace
+                .line("source resets a write on a connection from before a restore".to_owned());
+            return Admit::Reset;
+        }
+        Admit::Carry
+    }
+}
+
 fn failed(e: impl std::fmt::Display) -> Response {
     Response::Failed(e.to_string())
 }
@@ -139,24 +172,11 @@ async fn connection(
     admission: Admission<'_>,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
-    let Admission { gate, accepted } = admission;
     let request: Request = proto::read_untimed(&mut stream).await?;
-    if let Request::Put { key, .. } | Request::Update { key, .. } | Request::Remove { key, .. } =
-        &request
-        && let Some(refused) = gate.refuse(key)
-    {
-        return proto::write(&mut stream, &refused).await;
-    }
-    // A restore restarts the database server: a write on a connection accepted before it
-    // was reset with that server, never carried out (its writer sees the connection fail).
-    let write = matches!(
-        request,
-        Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }
-    );
-    if write && history.epoch() != accepted {
-        gate.trace
-            .line("source resets a write on a connection from before a restore".to_owned());
-        return Ok(());
+    match admission.admit(&request, &history) {
+        Admit::Carry => {}
+        Admit::Refuse(refused) => return proto::write(&mut stream, &refused).await,
+        Admit::Reset => return Ok(()),
     }
     let announced = memory.announced_source(RELAYED_LEGS);
     let source = |relayed: bool| {
