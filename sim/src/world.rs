@@ -171,7 +171,16 @@ impl Drop for InFlight<'_> {
 }
 
 impl CrashAfterCommit {
-    async fn maybe_stall(&self) {
+    /// Runs one write to the source, counted in flight until it returns, then stalls for
+    /// good if the writer is to crash between commit and announce.
+    async fn write<T>(
+        &self,
+        write: impl std::future::Future<Output = tidemark::Result<T>>,
+    ) -> tidemark::Result<T> {
+        let done = {
+            let _sent = InFlight::start(&self.control.in_flight);
+            write.await?
+        };
         if self
             .control
             .crash_after_commit
@@ -179,33 +188,19 @@ impl CrashAfterCommit {
         {
             std::future::pending::<()>().await;
         }
+        Ok(done)
     }
 }
 
 impl Source for CrashAfterCommit {
     async fn put(&self, key: &str, value: Vec<u8>) -> tidemark::Result<u64> {
-        let seq = {
-            let _sent = InFlight::start(&self.control.in_flight);
-            self.remote.put(key, value).await?
-        };
-        self.maybe_stall().await;
-        Ok(seq)
+        self.write(self.remote.put(key, value)).await
     }
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> tidemark::Result<u64> {
-        let seq = {
-            let _sent = InFlight::start(&self.control.in_flight);
-            self.remote.update(key, value, expected).await?
-        };
-        self.maybe_stall().await;
-        Ok(seq)
+        self.write(self.remote.update(key, value, expected)).await
     }
     async fn remove(&self, key: &str) -> tidemark::Result<Option<u64>> {
-        let seq = {
-            let _sent = InFlight::start(&self.control.in_flight);
-            self.remote.remove(key).await?
-        };
-        self.maybe_stall().await;
-        Ok(seq)
+        self.write(self.remote.remove(key)).await
     }
     async fn watermark(&self) -> tidemark::Result<u64> {
         self.remote.watermark().await
@@ -1142,6 +1137,9 @@ impl Restores {
     /// Restores the backup if its time came at `now`.
     fn restore_if_due(&self, now: Duration, world: &World<'_>, trace: &Trace) {
         let mut at = lock(&self.restore_at);
+        if !at.is_some_and(|at| at <= now) {
+            return;
+        }
         // The writers stopped, and the writes they had sent landed or were given up: a
         // write sent before the restore and landing after it would be a writer that did
         // not stop (seed 128: a write held on its link since before the writers stopped
@@ -1151,9 +1149,6 @@ impl Restores {
             .controls
             .iter()
             .any(|c| c.in_flight.load(Ordering::SeqCst) > 0);
-        if !at.is_some_and(|at| at <= now) {
-            return;
-        }
         if writing {
             if !self.waited.swap(true, Ordering::SeqCst) {
                 trace.line_at(now, "restore waits for the writes in flight".to_owned());
