@@ -1016,6 +1016,16 @@ mod tests {
         (history, probe)
     }
 
+    /// [`restored_at_2`], then the restored history's own seq 3 (`c@3`), which the probe's
+    /// follower read: it left the replaced history.
+    fn read_the_restored_history_to_3() -> Probe {
+        let (history, probe) = restored_at_2();
+        history.record(3, "c", Some(b"w3".to_vec()));
+        probe.handler_put("c", 3, "w3");
+        probe.observe(3, true, 0);
+        probe
+    }
+
     #[test]
     fn a_follower_at_the_restored_seq_may_still_apply_the_replaced_history_then_take_the_restored_one()
      {
@@ -1037,10 +1047,7 @@ mod tests {
     #[test]
     fn a_follower_that_read_the_restored_history_past_its_seq_may_not_go_back_or_return_to_the_replaced_one()
      {
-        let (history, probe) = restored_at_2();
-        history.record(3, "c", Some(b"w3".to_vec()));
-        probe.handler_put("c", 3, "w3");
-        probe.observe(3, true, 0);
+        let probe = read_the_restored_history_to_3();
         assert_eq!(probe.state().violations, Vec::<String>::new());
         probe.handler_delete("c", 3);
         probe.observe(2, true, 0);
@@ -1052,10 +1059,7 @@ mod tests {
             "{violations:?}"
         );
 
-        let (history, probe) = restored_at_2();
-        history.record(3, "c", Some(b"w3".to_vec()));
-        probe.handler_put("c", 3, "w3");
-        probe.observe(3, true, 0);
+        let probe = read_the_restored_history_to_3();
         probe.handler_delete("c", 3);
         probe.handler_put("a", 3, "v3");
         probe.handler_delete("b", 4);
