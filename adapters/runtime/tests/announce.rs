@@ -14,6 +14,19 @@ use tidemark::{
 };
 use tidemark_memory::{Mangle, Memory, MemoryEvents, Port};
 
+/// A durable consumer of `m`'s events stream (its cursor saved under `cursor`), applying
+/// into `writer`.
+fn durable(
+    m: &Memory,
+    config: FollowerConfig,
+    cursor: &str,
+    writer: tidemark::CacheWriter<String>,
+) -> tidemark::FollowerHandle {
+    FollowerTask::new(config, Utf8, m.source.clone(), m.events.clone(), writer)
+        .with_cursor(m.events.clone(), cursor)
+        .spawn()
+}
+
 fn wake_config(name: &str) -> FollowerConfig {
     FollowerConfig::builder(name).seed(2).build().unwrap()
 }
@@ -251,15 +264,7 @@ async fn a_fresh_consumer_replays_the_stream_and_checkpoints_every_entry() {
         .await
         .unwrap();
     let (writer, cache) = cache();
-    let h = FollowerTask::new(
-        config("c1"),
-        Utf8,
-        m.source.clone(),
-        m.events.clone(),
-        writer,
-    )
-    .with_cursor(m.events.clone(), "c1")
-    .spawn();
+    let h = durable(&m, config("c1"), "c1", writer);
     cache.wait_ready().await.unwrap();
     until("the poison record is checkpointed past", || {
         h.status().counters.invalid == 1
@@ -350,17 +355,13 @@ async fn a_restarted_consumer_resumes_after_its_cursor() {
     r.put("a", b"1".to_vec()).await.unwrap();
     r.put("b", b"2".to_vec()).await.unwrap();
     let (w1, c1) = cache();
-    let h = FollowerTask::new(config("c"), Utf8, m.source.clone(), m.events.clone(), w1)
-        .with_cursor(m.events.clone(), "durable")
-        .spawn();
+    let h = durable(&m, config("c"), "durable", w1);
     c1.wait_ready().await.unwrap();
     until("both are checkpointed", || c1.len() == 2).await;
     h.stop_within(Duration::from_secs(1)).await.unwrap();
     r.put("c", b"3".to_vec()).await.unwrap();
     let (w2, c2) = cache();
-    let _h2 = FollowerTask::new(config("c"), Utf8, m.source.clone(), m.events.clone(), w2)
-        .with_cursor(m.events.clone(), "durable")
-        .spawn();
+    let _h2 = durable(&m, config("c"), "durable", w2);
     c2.wait_ready().await.unwrap();
     // A fresh cache reads the source first (an announcements stream may have lost
     // entries), then the stream from after the saved cursor: only c comes again.
@@ -391,15 +392,7 @@ async fn a_checkpoint_that_failed_to_save_is_saved_at_the_next_commit() {
     let r = registry(&m);
     r.put("a", b"1".to_vec()).await.unwrap();
     let (writer, cache) = cache();
-    let h = FollowerTask::new(
-        config("retry"),
-        Utf8,
-        m.source.clone(),
-        m.events.clone(),
-        writer,
-    )
-    .with_cursor(m.events.clone(), "retry")
-    .spawn();
+    let h = durable(&m, config("retry"), "retry", writer);
     cache.wait_ready().await.unwrap();
     until("the first entry is checkpointed", || {
         poll_saved(&m.events, "retry") == Some(1)
@@ -443,15 +436,7 @@ async fn duplicated_announcements_apply_once_and_the_next_reconcile_is_empty() {
     let m = Memory::new();
     let r = registry(&m);
     let (writer, cache) = cache();
-    let h = FollowerTask::new(
-        config("c2"),
-        Utf8,
-        m.source.clone(),
-        m.events.clone(),
-        writer,
-    )
-    .with_cursor(m.events.clone(), "c2")
-    .spawn();
+    let h = durable(&m, config("c2"), "c2", writer);
     cache.wait_ready().await.unwrap();
     m.faults.mangle_next(Mangle::Duplicate);
     r.put("k", b"1".to_vec()).await.unwrap();
@@ -491,15 +476,7 @@ async fn a_reordered_announcement_still_converges() {
     // as announcements, where per-key seqs, not the watermark, decide what is stale. The
     // config says nothing of it.
     let announcements = FollowerConfig::new("c3").unwrap();
-    let h = FollowerTask::new(
-        announcements,
-        Utf8,
-        m.source.clone(),
-        m.events.clone(),
-        writer,
-    )
-    .with_cursor(m.events.clone(), "c3")
-    .spawn();
+    let h = durable(&m, announcements, "c3", writer);
     cache.wait_ready().await.unwrap();
     r.put("k", b"1".to_vec()).await.unwrap();
     m.faults.mangle_next(Mangle::Reorder);
@@ -650,15 +627,7 @@ async fn a_second_consumer_that_converged_through_the_feed_finds_reconcile_empty
     let r = registry(&m);
     let consumer = |name: &'static str| {
         let (writer, cache) = cache::<String>();
-        let h = FollowerTask::new(
-            config(name),
-            Utf8,
-            m.source.clone(),
-            m.events.clone(),
-            writer,
-        )
-        .with_cursor(m.events.clone(), name)
-        .spawn();
+        let h = durable(&m, config(name), name, writer);
         (cache, h)
     };
     let (first, h1) = consumer("first");
