@@ -235,20 +235,23 @@ impl MemoryCacheStore {
             }
             let mark = watermark.or(s.watermark).unwrap_or(0);
             for op in ops {
-                let (key, seq, removed) = match op {
-                    CacheOp::Put { key, seq, value } => {
-                        s.rows.insert(key.clone(), (seq, value));
-                        (key, seq, false)
-                    }
-                    CacheOp::Remove { key, seq } => {
-                        s.rows.remove(&key);
-                        (key, seq, true)
-                    }
-                };
+                // What is held ahead is marked first: a change at or below the watermark
+                // (every one of a sync) costs no copy of its key, and nothing when nothing
+                // is held ahead.
+                let seq = op.seq();
                 if seq > mark {
-                    s.ahead.insert(key, (seq, removed));
-                } else {
-                    s.ahead.remove(&key);
+                    let removed = matches!(op, CacheOp::Remove { .. });
+                    s.ahead.insert(op.key().to_owned(), (seq, removed));
+                } else if !s.ahead.is_empty() {
+                    s.ahead.remove(op.key());
+                }
+                match op {
+                    CacheOp::Put { key, seq, value } => {
+                        s.rows.insert(key, (seq, value));
+                    }
+                    CacheOp::Remove { key, .. } => {
+                        s.rows.remove(&key);
+                    }
                 }
             }
             if let Some(w) = watermark {
