@@ -478,11 +478,17 @@ impl SweepLedger {
         s.removed.0 += seen.swept.log_rows;
         s.removed.1 += seen.swept.events;
         s.removed.2 += seen.swept.outbox_rows;
-        // The policy's marks reach back at most its maximum age (and one before it).
+        // The policy's marks reach back at most its maximum age, and one before it: the
+        // newest mark older than that still vouches that its history is old. Dropping it
+        // too forgot what an earlier sweep had proven, and history a restore put back
+        // was taken for young (seed 85219939: a mark at 4.39s showed the change log up to
+        // 56, the restore at 17.03s put back 45..56, and the ledger then said history
+        // younger than 2s started at 45 when the sweep at 17.84s cut it again).
         if let Some(age) = POLICY.max_age
             && let Some(cut) = now.checked_sub(age + SWEEP_EVERY * 4)
         {
-            s.marks.retain(|m| m.0 >= cut);
+            let newest_old = s.marks.iter().map(|m| m.0).filter(|&at| at < cut).max();
+            s.marks.retain(|m| m.0 >= cut || Some(m.0) == newest_old);
         }
         s.violations.extend(found);
     }
@@ -813,6 +819,35 @@ mod tests {
         assert_eq!(v.len(), 2, "{v:?}");
         assert!(v[0].contains("change log"), "{v:?}");
         assert!(v[1].contains("follower-2"), "{v:?}");
+    }
+
+    #[test]
+    fn history_a_sweep_long_ago_proved_old_may_go_again_after_a_restore_put_it_back() {
+        // Seed 85219939: a sweep at 3 s saw the change log up to 56; the next came 13 s
+        // later, past the marks' reach, and cut to 57; a restore then put back 45..56.
+        let ledger = SweepLedger::default();
+        let at = |now: u64, first_log: u64, first_available: u64| SweepSeen {
+            watermark: if now < 5 { 56 } else { 118 },
+            first_log,
+            events_head: 0,
+            ..seen(
+                now,
+                Swept {
+                    first_available,
+                    ..Swept::default()
+                },
+                &[],
+            )
+        };
+        ledger.check_sweep(&at(3, 45, 45));
+        ledger.check_sweep(&at(16, 45, 57));
+        assert!(ledger.violations().is_empty(), "{:?}", ledger.violations());
+        // After the restore the log starts at 45 again: 45..56 are 14 s old, not young.
+        ledger.check_sweep(&at(17, 45, 57));
+        assert!(ledger.violations().is_empty(), "{:?}", ledger.violations());
+        // The old mark vouches for nothing newer: cutting past 56 is still caught.
+        ledger.check_sweep(&at(17, 45, 58));
+        assert_eq!(ledger.violations().len(), 1, "{:?}", ledger.violations());
     }
 
     #[test]
