@@ -313,7 +313,12 @@ pub fn follower_inputs(data: &[u8]) {
             }
             11 => {
                 let value = (b.small(3) > 0).then(|| (b.seq(48), value(&mut b)));
-                Input::Fetched { token: req, value }
+                let source_watermark = (b.small(2) > 0).then(|| b.seq(48));
+                Input::Fetched {
+                    token: req,
+                    value,
+                    source_watermark,
+                }
             }
             12 => Input::RequestFailed {
                 token: req,

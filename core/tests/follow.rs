@@ -170,6 +170,7 @@ fn a_marker_that_arrives_while_a_fetch_waits_for_its_retry_is_not_lost() {
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((1, b"A".to_vec())),
+        source_watermark: None,
     });
     assert!(
         outs.iter()
@@ -179,6 +180,7 @@ fn a_marker_that_arrives_while_a_fetch_waits_for_its_retry_is_not_lost() {
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((2, b"B".to_vec())),
+        source_watermark: None,
     });
     assert_eq!(puts(&outs), [("b".into(), 2, "B".into())]);
     assert_eq!(h.f.watermark(), 2);
@@ -310,6 +312,7 @@ fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq(
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((5, b"old".to_vec())),
+        source_watermark: None,
     });
     assert!(
         puts(&outs).is_empty(),
@@ -325,6 +328,7 @@ fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq(
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((6, b"new".to_vec())),
+        source_watermark: None,
     });
     assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
 }
@@ -379,6 +383,7 @@ fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() 
         outs = h.input(Input::Fetched {
             token: h.request.unwrap(),
             value: Some((5, b"old".to_vec())),
+            source_watermark: None,
         });
         assert!(
             puts(&outs).is_empty(),
@@ -413,6 +418,7 @@ fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
     h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: None,
+        source_watermark: None,
     });
     assert_eq!(h.f.seq_of("a"), None);
     h.input(Input::Wake);
@@ -425,6 +431,81 @@ fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
         puts(&outs),
         [("a".into(), 6, "real".into())],
         "the put at the marker's seq lands: {outs:?}"
+    );
+}
+
+/// A key absent from a source whose watermark is below the marker's seq was read before
+/// the marker's change (a replica behind): it must be read again, not held as a removal
+/// at the marker's seq.
+#[test]
+fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::mutation(6, "a"));
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: None,
+        source_watermark: Some(5),
+    });
+    assert!(
+        removes(&outs).is_empty(),
+        "nothing removed on a read from before the marker: {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("a"), Some(5));
+    let retry = h.run_to_timeout();
+    assert!(
+        retry.iter().any(
+            |o| matches!(o, Output::Request(Request::Fetch { key, seq: 6, .. }) if key == "a")
+        ),
+        "the key is read again after a backoff: {retry:?}"
+    );
+    let outs = h.input(Input::Fetched {
+        token: h.request.unwrap(),
+        value: None,
+        source_watermark: Some(7),
+    });
+    assert_eq!(
+        removes(&outs),
+        [("a".into(), 6)],
+        "absent from a source past the marker, the key was removed after it: {outs:?}"
+    );
+}
+
+/// Seed 93041109: a marker of a history a restore replaced, fetched from the restored
+/// source (its watermark below both the marker and the follower's own), was held as a
+/// removal no history made. It is read again, then settled by a read of the whole source,
+/// which finds the source behind the follower and resyncs.
+#[test]
+fn a_marker_fetched_from_a_source_restored_below_it_ends_in_a_resync_not_a_removal() {
+    let mut h = announcements_at(10, vec![Entry::put(10, "a", "old")]);
+    h.entry(Entry::mutation(12, "a"));
+    let mut outs = Vec::new();
+    for read in 0..3 {
+        if read > 0 {
+            h.run_to_timeout();
+        }
+        outs = h.input(Input::Fetched {
+            token: h.request.unwrap(),
+            value: None,
+            source_watermark: Some(8),
+        });
+        assert!(
+            removes(&outs).is_empty(),
+            "no removal from a source behind the marker: {outs:?}"
+        );
+        assert_eq!(h.f.seq_of("a"), Some(10));
+    }
+    assert!(
+        asks_reconcile(&outs),
+        "after three reads the follower reads the whole source: {outs:?}"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 8,
+    });
+    assert!(
+        asks_snapshot(&outs),
+        "a source behind the follower's watermark is read whole: {outs:?}"
     );
 }
 
@@ -1031,6 +1112,7 @@ fn a_repeated_marker_claims_nothing() {
     h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((6, b"six".to_vec())),
+        source_watermark: None,
     });
     h.entry(Entry::mutation(6, "a"));
     h.input(Input::Wake);

@@ -545,6 +545,7 @@ fn a_fetched_value_newer_than_its_marker_is_never_replaced_by_an_older_entry() {
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((9, b"nine".to_vec())),
+        source_watermark: None,
     });
     assert_eq!(puts(&outs), [("a".into(), 9, "nine".into())]);
     assert_eq!(h.f.watermark(), 5, "seqs 6..=8 are not in the cache yet");
@@ -566,6 +567,7 @@ fn a_marker_for_an_absent_key_removes_it() {
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: None,
+        source_watermark: None,
     });
     assert_eq!(removes(&outs), [("a".into(), 2)]);
     assert!(is_ready(&outs));
@@ -584,6 +586,7 @@ fn entries_arriving_during_a_fetch_wait_for_it() {
     let outs = h.input(Input::Fetched {
         token: h.request.unwrap(),
         value: Some((1, b"1".to_vec())),
+        source_watermark: None,
     });
     assert_eq!(
         puts(&outs),

@@ -201,7 +201,15 @@ impl World {
             }
             Output::Request(Request::Fetch { token, key, .. }) => {
                 let value = self.src.live.get(&key).cloned();
-                let input = self.request_result(token, Input::Fetched { token, value });
+                let source_watermark = Some(self.src.seq);
+                let input = self.request_result(
+                    token,
+                    Input::Fetched {
+                        token,
+                        value,
+                        source_watermark,
+                    },
+                );
                 self.pending.push_back(input);
             }
             Output::Apply(Apply::Put { key, seq, value }) => {

@@ -43,6 +43,8 @@ pub enum Request {
     Snapshot,
     /// Source::get.
     Get { key: String },
+    /// Source::get_at: the value and the watermark, read at one point.
+    GetAt { key: String },
     /// Source::first_available.
     FirstAvailable,
     /// Open the source's change log at `from`; the connection then streams items.
@@ -352,6 +354,11 @@ pub enum Response {
     },
     /// A value and its seq, or none.
     Value(Option<(u64, Vec<u8>)>),
+    /// A value and the source's watermark, read at one point.
+    ValueAt {
+        value: Option<(u64, Vec<u8>)>,
+        watermark: u64,
+    },
     /// The feed opened; items follow.
     FeedOpened(WireFeedInfo),
     /// A feed item.

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 use tidemark::tidemark_core::{Entry, FeedInfo, Follow};
 use tidemark::{
     Changes, Claimed, Cursors, Error, Feed, FeedItem, FeedStream, Opened, Outbox, OutboxUpdate,
-    OutboxWatch, Publish, Received, Result, Snapshot, Source, Versioned, Wake, WakeListener,
+    OutboxWatch, Publish, Received, Result, Snapshot, Source, ValueAt, Versioned, Wake,
+    WakeListener,
 };
 use turmoil::net::TcpStream;
 
@@ -243,6 +244,24 @@ impl Source for Remote {
             .await?
         {
             Response::Value(v) => Ok(v.map(|(seq, value)| Versioned { seq, value })),
+            r => Err(unexpected("source", &r)),
+        }
+    }
+
+    async fn get_at(&self, key: &str) -> Result<ValueAt> {
+        match self
+            .call(
+                "source",
+                Request::GetAt {
+                    key: key.to_owned(),
+                },
+            )
+            .await?
+        {
+            Response::ValueAt { value, watermark } => Ok(ValueAt {
+                value: value.map(|(seq, value)| Versioned { seq, value }),
+                watermark,
+            }),
             r => Err(unexpected("source", &r)),
         }
     }

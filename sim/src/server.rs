@@ -247,6 +247,13 @@ async fn connection(
             Ok(v) => Response::Value(v.map(|v| (v.seq, v.value))),
             Err(e) => failed(e),
         },
+        Request::GetAt { key } => match memory.source.get_at(&key).await {
+            Ok(at) => Response::ValueAt {
+                value: at.value.map(|v| (v.seq, v.value)),
+                watermark: at.watermark,
+            },
+            Err(e) => failed(e),
+        },
         Request::Publish { key, payload, by } => {
             let seq = Event::decode(&payload).ok().map(|e| e.seq());
             match memory.events.publish(&key, payload).await {

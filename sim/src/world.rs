@@ -214,6 +214,9 @@ impl Source for CrashAfterCommit {
     async fn get(&self, key: &str) -> tidemark::Result<Option<tidemark::Versioned>> {
         self.remote.get(key).await
     }
+    async fn get_at(&self, key: &str) -> tidemark::Result<tidemark::ValueAt> {
+        self.remote.get_at(key).await
+    }
     async fn first_available(&self) -> tidemark::Result<u64> {
         self.remote.first_available().await
     }

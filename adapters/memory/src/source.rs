@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Op};
 use tidemark::{
-    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
-    check_key_within, check_value,
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, ValueAt,
+    Versioned, check_key_within, check_value,
 };
 
 use crate::faults::{Faults, Port};
@@ -390,6 +390,20 @@ impl Source for MemorySource {
             return Ok(None);
         }
         Ok(self.state().entries.get(key).cloned())
+    }
+
+    async fn get_at(&self, key: &str) -> Result<ValueAt> {
+        self.inner.faults.check(Port::Source)?;
+        let s = self.state();
+        let value = if self.holds(key) {
+            s.entries.get(key).cloned()
+        } else {
+            None
+        };
+        Ok(ValueAt {
+            value,
+            watermark: s.seq,
+        })
     }
 
     fn key_prefix(&self) -> Option<&KeyPrefix> {

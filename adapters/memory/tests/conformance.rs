@@ -21,6 +21,7 @@ conformance! {
     source_puts_typed_values_as_json => MemorySource::default();
     source_seqs_increase => MemorySource::default();
     source_get_returns_value_and_seq => MemorySource::default();
+    source_get_at_reads_the_watermark_with_the_value => MemorySource::default();
     source_update_is_compare_and_set => MemorySource::default();
     source_update_of_a_removed_key_expects_zero => MemorySource::default();
     source_remove_absent_is_none => MemorySource::default();

@@ -519,6 +519,7 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     };
     c::source_seqs_increase(&fresh("c1").await).await;
     c::source_get_returns_value_and_seq(&fresh("c2").await).await;
+    c::source_get_at_reads_the_watermark_with_the_value(&fresh("c12").await).await;
     c::source_update_is_compare_and_set(&fresh("c3").await).await;
     c::source_remove_absent_is_none(&fresh("c4").await).await;
     c::source_changes_cover_removals(&fresh("c5").await).await;

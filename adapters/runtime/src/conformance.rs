@@ -82,6 +82,30 @@ pub async fn source_get_returns_value_and_seq<S: Source>(s: &S) {
     );
 }
 
+/// `get_at` returns what `get` does, with a watermark at least the value's seq and at least
+/// every write made before the read: a follower takes a key absent from a source whose
+/// watermark is below a marker's seq for a read from before the marker's change.
+pub async fn source_get_at_reads_the_watermark_with_the_value<S: Source>(s: &S) {
+    let first = s.put("k", b"v".to_vec()).await.unwrap();
+    let last = s.put("other", b"w".to_vec()).await.unwrap();
+    let got = s.get_at("k").await.unwrap();
+    let value = got.value.expect("k was written");
+    assert_eq!((value.seq, value.value), (first, b"v".to_vec()));
+    assert!(
+        got.watermark >= last,
+        "the watermark {} covers every write before the read (the last at {last})",
+        got.watermark
+    );
+    let removed = s.remove("k").await.unwrap().expect("k was present");
+    let got = s.get_at("k").await.unwrap();
+    assert!(got.value.is_none(), "a removed key reads as None");
+    assert!(
+        got.watermark >= removed,
+        "an absent key's watermark {} is at or past its removal at {removed}",
+        got.watermark
+    );
+}
+
 /// `update` is a compare-and-set on the current seq: writers never overwrite a change
 /// they did not see.
 pub async fn source_update_is_compare_and_set<S: Source>(s: &S) {

@@ -764,16 +764,17 @@ where
                     }
                 }
                 Request::Fetch { token, key, .. } => {
-                    match or_stop(stop, self.source.get(&key)).await {
+                    match or_stop(stop, self.source.get_at(&key)).await {
                         None => None,
-                        Some(Ok(value)) => {
+                        Some(Ok(read)) => {
                             if let Err(e) = self.learn(vec![key]).await {
                                 self.sink_failed(e).await?;
                                 continue;
                             }
                             Some(Input::Fetched {
                                 token,
-                                value: value.map(|v| (v.seq, v.value)),
+                                value: read.value.map(|v| (v.seq, v.value)),
+                                source_watermark: Some(read.watermark),
                             })
                         }
                         Some(Err(e)) => Some(failed(token, &e)),

@@ -28,6 +28,7 @@ conformance! {
     source_puts_typed_values_as_json => |db| db.source();
     source_seqs_increase => |db| db.source();
     source_get_returns_value_and_seq => |db| db.source();
+    source_get_at_reads_the_watermark_with_the_value => |db| db.source();
     source_update_is_compare_and_set => |db| db.source();
     source_update_of_a_removed_key_expects_zero => |db| db.source();
     source_remove_absent_is_none => |db| db.source();

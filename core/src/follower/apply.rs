@@ -326,17 +326,27 @@ impl<D: Decode> Follower<D> {
     }
 
     /// A marker's fetch came back: `seq` is the marker's, `stale` how many reads of the
-    /// key before this one were older than it.
+    /// key before this one were older than it; `value` what the read found, and the
+    /// source's watermark then where the driver knows it.
     pub(super) fn on_fetched(
         &mut self,
         key: String,
         (seq, stale): (u64, u32),
         position: u64,
-        value: Option<(u64, Vec<u8>)>,
+        (value, source_watermark): (Option<(u64, Vec<u8>)>, Option<u64>),
         now: Time,
     ) {
-        if let Some((value_seq, _)) = &value
-            && *value_seq < seq
+        // How far the read had got: a value's own seq, or for an absent key the source's
+        // watermark. A source behind the marker cannot show its change, and an absent key
+        // there is no removal after it (seed 93041109: a marker of a history a restore
+        // replaced, read from the restored source, was held as a removal past the
+        // follower's watermark that no history made).
+        let read_at = match &value {
+            Some((value_seq, _)) => Some(*value_seq),
+            None => source_watermark,
+        };
+        if let Some(read_at) = read_at
+            && read_at < seq
         {
             if stale + 1 >= STALE_FETCHES {
                 // Read after read, the source has never had the change: the marker is not
@@ -358,7 +368,10 @@ impl<D: Decode> Follower<D> {
             // A read older than the marker (a replica behind the leader): the value the
             // marker announced is not there yet. Storing the old value under the marker's
             // seq would make the real one look stale; read again after a backoff.
-            let error = format!("stale read: {key} at seq {value_seq}, marker at {seq}");
+            let error = match value {
+                Some(_) => format!("stale read: {key} at seq {read_at}, marker at {seq}"),
+                None => format!("stale read: {key} absent at watermark {read_at}, marker at {seq}"),
+            };
             let request = Pending::Fetch {
                 key,
                 seq,

@@ -119,7 +119,11 @@ impl<D: Decode> Follower<D> {
                     self.on_snapshot(entries, source_watermark);
                 }
             }
-            Input::Fetched { token, value } => {
+            Input::Fetched {
+                token,
+                value,
+                source_watermark,
+            } => {
                 if let Some((
                     _,
                     Pending::Fetch {
@@ -133,7 +137,7 @@ impl<D: Decode> Follower<D> {
                     .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
                 {
                     self.backoffs.failure.healthy(now);
-                    self.on_fetched(key, (seq, stale), position, value, now);
+                    self.on_fetched(key, (seq, stale), position, (value, source_watermark), now);
                 } else {
                     self.counters.ignored += 1;
                 }

@@ -382,6 +382,12 @@ pub enum Input {
         token: Token,
         /// The value and the seq it was written at.
         value: Option<(u64, Vec<u8>)>,
+        /// The source's watermark when the value was read (or read before it), where the
+        /// driver knows it. A key absent from a source whose watermark is below the
+        /// marker's seq was read before the marker's change (a replica behind, a source
+        /// restored from an older backup), not removed after it: it is read again like a
+        /// value older than the marker. `None`: absence is taken as a removal.
+        source_watermark: Option<u64>,
     },
     /// The keys the source holds (a listing asked for by [`Request::ListKeys`]), and its
     /// watermark read before the listing.

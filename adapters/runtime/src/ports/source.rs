@@ -36,6 +36,16 @@ pub enum Changes {
     },
 }
 
+/// A key's value and the source's watermark: what a read of one key saw, and how far the
+/// source it read had got.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ValueAt {
+    /// The key's current value and the seq it was written at, or `None` if absent.
+    pub value: Option<Versioned>,
+    /// The source's watermark when the value was read, or read before it.
+    pub watermark: u64,
+}
+
 /// The keys a source may hold and its watermark read before listing them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PresentKeys {
@@ -87,6 +97,20 @@ pub trait Source: Send + Sync {
 
     /// `key`'s current value and its seq, or `None` if absent.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>>> + Send;
+
+    /// `key`'s current value, as [`get`](Self::get), and the source's watermark read at
+    /// the same point in time, or before the value where a source cannot read both at once
+    /// (the default). A follower fetching the key a mutation marker named needs both: a
+    /// key found absent by a source whose watermark is below the marker's seq was read
+    /// before that mutation (a replica behind, a source restored from an older backup),
+    /// not removed after it. Override it where one read can return both.
+    fn get_at(&self, key: &str) -> impl Future<Output = Result<ValueAt>> + Send {
+        async move {
+            let watermark = self.watermark().await?;
+            let value = self.get(key).await?;
+            Ok(ValueAt { value, watermark })
+        }
+    }
 
     /// Every key the source may hold (a key listed need not hold a value; a key not listed
     /// holds none), and its watermark read before the listing: what a follower's periodic
