@@ -331,12 +331,14 @@ async fn a_worker_failing_mid_sync_never_commits_a_lower_watermark() {
 }
 
 /// The memory feed with the pending count a KV bucket's feed reports: how many entries
-/// follow each one, up to the head the feed opened at.
-struct Counted(tidemark_memory::MemorySource);
+/// follow each one, up to the head the feed opened at (`Some(n)`: the first entry says
+/// only `n`, a count that understates).
+struct Counted(tidemark_memory::MemorySource, Option<u64>);
 
 struct CountedStream {
     inner: <tidemark_memory::MemorySource as tidemark::Feed>::Stream,
     head: u64,
+    first: Option<u64>,
 }
 
 impl tidemark::Feed for Counted {
@@ -350,6 +352,7 @@ impl tidemark::Feed for Counted {
             stream: CountedStream {
                 inner: opened.stream,
                 head: opened.info.head,
+                first: self.1,
             },
         })
     }
@@ -359,7 +362,10 @@ impl tidemark::FeedStream for CountedStream {
     async fn next(&mut self) -> Option<Result<tidemark::FeedItem>> {
         match self.inner.next().await {
             Some(Ok(tidemark::FeedItem::Entry(e))) => {
-                let pending = self.head.saturating_sub(e.seq);
+                let pending = match self.first.take() {
+                    Some(first) => first,
+                    None => self.head.saturating_sub(e.seq),
+                };
                 Some(Ok(tidemark::FeedItem::Entry(e.with_pending(pending))))
             }
             other => other,
@@ -378,7 +384,7 @@ async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
     }
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, None);
-    let started = start(&m, "presize", Counted(m.source.clone()), sink).await;
+    let started = start(&m, "presize", Counted(m.source.clone(), None), sink).await;
     // Live writes after ready: no more hints.
     for i in 0..300u32 {
         m.source.put(&format!("n{i:05}"), vec![2; 4]).await.unwrap();
@@ -398,6 +404,36 @@ async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
     assert!(
         tidemark::tidemark_core::presize_for(u64::MAX) <= (1 << 17) + 1,
         "a stream's long history is only a hint: bounded"
+    );
+}
+
+/// A first count that understates (or a table that fills for any reason during the
+/// initial sync) makes the follower grow its index by the counts that follow, and the
+/// sink is told again, before the changes that need the room reach it: once more, not
+/// key by key.
+#[tokio::test]
+async fn the_sink_is_told_again_when_the_followers_room_fills_during_the_sync() {
+    let m = Memory::new();
+    for i in 0..3_000u32 {
+        m.source.put(&format!("k{i:05}"), vec![1; 4]).await.unwrap();
+    }
+    let store = MemoryCacheStore::new();
+    let (sink, seen) = Checked::new(&store, None);
+    let started = start(&m, "regrow", Counted(m.source.clone(), Some(9)), sink).await;
+    started.shutdown.trigger();
+    started.run.await.unwrap().unwrap();
+    assert!(started.ready, "the follower did not become ready");
+    assert_eq!(store.entries().len(), 3_000);
+    let seen = seen.lock().unwrap();
+    let [first, (keys, held)] = seen.reserved[..] else {
+        panic!("two hints expected: {:?}", seen.reserved);
+    };
+    assert_eq!(first, (tidemark::tidemark_core::presize_for(9), 0));
+    assert!(held < 3_000, "told before the last change reached the sink: {held}");
+    assert!(
+        held + keys >= 3_000,
+        "the second hint covers every key still to come: {:?}",
+        seen.reserved
     );
 }
 
