@@ -96,7 +96,9 @@ pub use follower::{
     Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
-pub use limits::{KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, presize_for, shorten};
+pub use limits::{
+    KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, presize_for, presize_more, shorten,
+};
 pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};

@@ -97,6 +97,44 @@ fn a_pending_count_is_a_hint_that_cannot_reserve_without_limit() {
     assert_eq!((h.f.len(), h.f.watermark()), (3, 3));
 }
 
+#[test]
+fn an_initial_sync_grows_its_room_by_the_pending_count_bounded_by_the_keys_it_holds() {
+    // The first count makes room for 10 keys; once that room is full, a count that says
+    // far more follow (a stream's history, say) grows it by at most four times the keys
+    // held (and the first bound), once, not entry by entry; a ready follower stops.
+    let mut h = H::new();
+    h.open(sparse(1, 400));
+    h.entry(Entry::put(1, "k0001", "1").with_pending(9));
+    assert_eq!(h.f.presized(), tidemark_core::presize_for(9));
+    let mut grown = None;
+    for seq in 2..400u64 {
+        let (held, room) = (h.f.len(), h.f.presized());
+        h.entry(Entry::put(seq, format!("k{seq:04}"), "1").with_pending(u64::MAX));
+        if h.f.presized() != room {
+            assert!(grown.is_none(), "it grew twice");
+            assert!(
+                held >= 10,
+                "it grew at {held} keys, before its room of 10 was full"
+            );
+            assert_eq!(
+                h.f.presized(),
+                held + tidemark_core::presize_more(u64::MAX, held)
+            );
+            grown = Some(held);
+        }
+    }
+    assert!(grown.is_some(), "it never grew past its first room");
+    let room = h.f.presized();
+    let outs = h.entry(Entry::put(400, "k0400", "1").with_pending(0));
+    assert!(is_ready(&outs), "{outs:?}");
+    assert_eq!(h.f.presized(), room);
+    assert_eq!(
+        h.f.len(),
+        400,
+        "the room changes nothing the follower decides"
+    );
+}
+
 // ---- §4 resume ----
 
 #[test]

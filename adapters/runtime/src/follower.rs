@@ -453,18 +453,17 @@ where
                 _ => {}
             }
         }
-        // Before an initial sync, the sink makes room for what the feed says is coming, as
-        // the core does for its index (the first entry, while it holds no key).
-        if !self.core.is_ready()
-            && self.core.is_empty()
-            && let Some(Some(Ok(FeedItem::Entry(e)))) = items.first()
-            && let Some(pending) = e.pending
-        {
-            self.sink.reserve(tidemark_core::presize_for(pending));
-        }
+        // The keys the sink holds: every turn ends with its commit.
+        let held = self.core.len();
         let now = self.clock.now();
         for item in items {
+            let room = self.core.presized();
             self.core.handle_input(feed_input(token, item), now);
+            // During an initial sync the sink makes room for what the feed says is coming
+            // as the core does for its index, before the entry's change reaches it.
+            if self.core.presized() > room {
+                self.sink.reserve(self.core.presized().saturating_sub(held));
+            }
             // Each entry's apply goes to the sink while it is fresh, not queued behind a
             // whole turn's worth (16k outputs written and read back through memory).
             if !self.apply_now().await? {

@@ -170,6 +170,18 @@ where
 }
 
 /// Runs a follower task into `sink` until it is ready; returns its result.
+/// A memory source holding `n` keys (`k00000`, `k00001`, ...), each with `value`.
+async fn with_keys(n: u32, value: Vec<u8>) -> Memory {
+    let m = Memory::new();
+    for i in 0..n {
+        m.source
+            .put(&format!("k{i:05}"), value.clone())
+            .await
+            .unwrap();
+    }
+    m
+}
+
 async fn sync_once(m: &Memory, name: &str, sink: Checked) -> Result<u64> {
     let started = start(m, name, m.source.clone(), sink).await;
     started.shutdown.trigger();
@@ -183,10 +195,7 @@ async fn sync_once(m: &Memory, name: &str, sink: Checked) -> Result<u64> {
 
 #[tokio::test]
 async fn an_initial_sync_into_a_durable_sink_commits_in_big_batches() {
-    let m = Memory::new();
-    for i in 0..40_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![1; 8]).await.unwrap();
-    }
+    let m = with_keys(40_000, vec![1; 8]).await;
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, None);
     let watermark = sync_once(&m, "big", sink).await.unwrap();
@@ -216,10 +225,7 @@ async fn an_initial_sync_into_a_durable_sink_commits_in_big_batches() {
 /// (a removed key looks held again: a wrong key count, a key put twice by a resync).
 #[tokio::test]
 async fn a_warm_started_sync_asks_the_sink_only_between_commits() {
-    let m = Memory::new();
-    for i in 0..2_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![1]).await.unwrap();
-    }
+    let m = with_keys(2_000, vec![1]).await;
     let store = MemoryCacheStore::new();
     let (sink, _) = Checked::new(&store, None);
     sync_once(&m, "warm", sink).await.unwrap();
@@ -258,10 +264,7 @@ async fn a_warm_started_sync_asks_the_sink_only_between_commits() {
 /// cache's size. A sink that says what it committed ahead is not listed at all.
 #[tokio::test]
 async fn a_warm_start_on_announcements_lists_no_key_when_the_sink_says_what_it_holds_ahead() {
-    let m = Memory::new();
-    for i in 0..2_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![1]).await.unwrap();
-    }
+    let m = with_keys(2_000, vec![1]).await;
     let store = MemoryCacheStore::new();
     let (sink, _) = Checked::new(&store, None);
     sync_once(&m, "events", sink).await.unwrap();
@@ -286,10 +289,7 @@ async fn a_warm_start_on_announcements_lists_no_key_when_the_sink_says_what_it_h
 /// commit a watermark below one it committed.
 #[tokio::test]
 async fn a_worker_failing_mid_sync_never_commits_a_lower_watermark() {
-    let m = Memory::new();
-    for i in 0..40_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![3; 8]).await.unwrap();
-    }
+    let m = with_keys(40_000, vec![3; 8]).await;
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, Some(30_000));
     let mut task = FollowerTask::new(
@@ -331,12 +331,14 @@ async fn a_worker_failing_mid_sync_never_commits_a_lower_watermark() {
 }
 
 /// The memory feed with the pending count a KV bucket's feed reports: how many entries
-/// follow each one, up to the head the feed opened at.
-struct Counted(tidemark_memory::MemorySource);
+/// follow each one, up to the head the feed opened at (`Some(n)`: the first entry says
+/// only `n`, a count that understates).
+struct Counted(tidemark_memory::MemorySource, Option<u64>);
 
 struct CountedStream {
     inner: <tidemark_memory::MemorySource as tidemark::Feed>::Stream,
     head: u64,
+    first: Option<u64>,
 }
 
 impl tidemark::Feed for Counted {
@@ -350,6 +352,7 @@ impl tidemark::Feed for Counted {
             stream: CountedStream {
                 inner: opened.stream,
                 head: opened.info.head,
+                first: self.1,
             },
         })
     }
@@ -359,7 +362,10 @@ impl tidemark::FeedStream for CountedStream {
     async fn next(&mut self) -> Option<Result<tidemark::FeedItem>> {
         match self.inner.next().await {
             Some(Ok(tidemark::FeedItem::Entry(e))) => {
-                let pending = self.head.saturating_sub(e.seq);
+                let pending = match self.first.take() {
+                    Some(first) => first,
+                    None => self.head.saturating_sub(e.seq),
+                };
                 Some(Ok(tidemark::FeedItem::Entry(e.with_pending(pending))))
             }
             other => other,
@@ -372,13 +378,10 @@ impl tidemark::FeedStream for CountedStream {
 /// growing its table a dozen times on the way (the follower_task bench's profile).
 #[tokio::test]
 async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
-    let m = Memory::new();
-    for i in 0..3_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![1; 4]).await.unwrap();
-    }
+    let m = with_keys(3_000, vec![1; 4]).await;
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, None);
-    let started = start(&m, "presize", Counted(m.source.clone()), sink).await;
+    let started = start(&m, "presize", Counted(m.source.clone(), None), sink).await;
     // Live writes after ready: no more hints.
     for i in 0..300u32 {
         m.source.put(&format!("n{i:05}"), vec![2; 4]).await.unwrap();
@@ -401,15 +404,42 @@ async fn an_initial_sync_tells_the_sink_once_how_many_keys_are_coming() {
     );
 }
 
+/// A first count that understates (or a table that fills for any reason during the
+/// initial sync) makes the follower grow its index by the counts that follow, and the
+/// sink is told again, before the changes that need the room reach it: once more, not
+/// key by key.
+#[tokio::test]
+async fn the_sink_is_told_again_when_the_followers_room_fills_during_the_sync() {
+    let m = with_keys(3_000, vec![1; 4]).await;
+    let store = MemoryCacheStore::new();
+    let (sink, seen) = Checked::new(&store, None);
+    let started = start(&m, "regrow", Counted(m.source.clone(), Some(9)), sink).await;
+    started.shutdown.trigger();
+    started.run.await.unwrap().unwrap();
+    assert!(started.ready, "the follower did not become ready");
+    assert_eq!(store.entries().len(), 3_000);
+    let seen = seen.lock().unwrap();
+    let [first, (keys, held)] = seen.reserved[..] else {
+        panic!("two hints expected: {:?}", seen.reserved);
+    };
+    assert_eq!(first, (tidemark::tidemark_core::presize_for(9), 0));
+    assert!(
+        held < 3_000,
+        "told before the last change reached the sink: {held}"
+    );
+    assert!(
+        held + keys >= 3_000,
+        "the second hint covers every key still to come: {:?}",
+        seen.reserved
+    );
+}
+
 /// The follower task hands each entry's change to the sink as the core decides it,
 /// within a turn; a transient sink failure in the middle of a turn drops the rest of the
 /// turn with the feed, goes back to the last commit, and the sync still converges.
 #[tokio::test]
 async fn a_transient_sink_failure_mid_turn_goes_back_to_the_last_commit_and_converges() {
-    let m = Memory::new();
-    for i in 0..40_000u32 {
-        m.source.put(&format!("k{i:05}"), vec![4; 8]).await.unwrap();
-    }
+    let m = with_keys(40_000, vec![4; 8]).await;
     let store = MemoryCacheStore::new();
     let (mut sink, seen) = Checked::new(&store, Some(20_000));
     sink.transient = true;

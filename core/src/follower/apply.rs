@@ -80,7 +80,7 @@ impl<D: Decode> Follower<D> {
         } = entry;
         if let Some(pending) = pending
             && !self.is_ready()
-            && self.index.len() == 0
+            && self.index.seqs.len() >= self.index.seqs.capacity()
         {
             self.presize(pending);
         }
@@ -183,15 +183,24 @@ impl<D: Decode> Follower<D> {
         }
     }
 
-    /// Makes room in an empty key index for the `pending` entries the feed says are still
-    /// to come in an initial sync ([`presize_for`](crate::presize_for) says how many),
-    /// taken once.
+    /// Makes room in the key index for the `pending` entries the feed says are still to
+    /// come in an initial sync: first in an empty index
+    /// ([`presize_for`](crate::presize_for) says how many), then each time that room is
+    /// full ([`presize_more`](crate::presize_more)).
     pub(super) fn presize(&mut self, pending: u64) {
-        let want = crate::limits::presize_for(pending);
-        let seqs = &mut self.index.seqs;
-        if seqs.capacity() - seqs.len() < want {
-            seqs.reserve(want);
-        }
+        let index = &mut self.index;
+        let held = index.seqs.len();
+        let want = if index.presized == 0 {
+            if index.len() > 0 {
+                // A warm start or a resync: the index already has its size.
+                return;
+            }
+            crate::limits::presize_for(pending)
+        } else {
+            crate::limits::presize_more(pending, held)
+        };
+        index.seqs.reserve(want);
+        index.presized = held.saturating_add(want);
     }
 
     pub(super) fn invalid(&mut self, seq: u64, key: &str, reason: InvalidReason) {

@@ -39,6 +39,9 @@ pub(super) struct KeyIndex {
     /// When values expire (a source that drops aged values silently): (when, key, seq).
     /// An entry whose key no longer holds that seq is dropped when it comes due.
     pub(super) expiries: BTreeSet<(Time, Arc<str>, u64)>,
+    /// How many keys an initial sync into an empty index has made room for so far, from
+    /// the feed's pending counts (0: none).
+    pub(super) presized: usize,
 }
 
 impl KeyIndex {
@@ -49,6 +52,7 @@ impl KeyIndex {
             unknown: 0,
             undo: None,
             expiries: BTreeSet::new(),
+            presized: 0,
         }
     }
 

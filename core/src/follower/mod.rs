@@ -346,6 +346,17 @@ impl<D: Decode> Follower<D> {
         self.index.len()
     }
 
+    /// How many keys an initial sync into an empty cache has made room for in the
+    /// follower's index so far, from the feed's pending counts
+    /// ([`presize_for`](crate::presize_for), then [`presize_more`](crate::presize_more)
+    /// each time that room fills); 0 when it made none. A driver tells a sink that keeps
+    /// its keys in memory the same ([`len`](Self::len) is what it holds), so the two
+    /// tables grow together.
+    #[must_use]
+    pub fn presized(&self) -> usize {
+        self.index.presized
+    }
+
     /// Whether the cache is empty.
     #[must_use]
     pub fn is_empty(&self) -> bool {
