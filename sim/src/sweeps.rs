@@ -13,7 +13,8 @@
 //! - two owners never hold the sweeper lock at once (a grant while another owner's lease
 //!   is live and not released);
 //! - a sweep never removes history younger than the policy's `keep`, from the change log
-//!   or the events stream;
+//!   or the events stream (after a restore, the seqs above the backup's head are young
+//!   again: the new history reuses them);
 //! - a sweep never removes events a durable cursor still needs unless the policy's
 //!   `max_age` forces them out (then the cursor is counted as forced; the memory adapter
 //!   passes over records retention dropped, and its follower finds what it missed by
@@ -422,6 +423,16 @@ impl SweepLedger {
     fn released(&self, lease: &LockLease) {
         if let Some(h) = lock(&self.inner).holds.get_mut(&lease.fencing) {
             h.released = true;
+        }
+    }
+
+    /// The source was restored to a backup whose head is `head`: the seqs above it are
+    /// reused by the new history's changes, younger than any mark taken before. A mark
+    /// vouches from now on only for the seqs the backup kept, as the sweep's own marks do;
+    /// left as they were, the marks let a sweep cut the new history's young changes unseen.
+    pub fn restored(&self, head: u64) {
+        for mark in &mut lock(&self.inner).marks {
+            mark.1 = mark.1.min(head);
         }
     }
 
@@ -848,6 +859,37 @@ mod tests {
         // The old mark vouches for nothing newer: cutting past 56 is still caught.
         ledger.check_sweep(&at(17, 45, 58));
         assert_eq!(ledger.violations().len(), 1, "{:?}", ledger.violations());
+    }
+
+    #[test]
+    fn a_sweep_that_cuts_the_seqs_a_restore_gave_back_to_young_changes_is_a_violation() {
+        // Marks at 0..=3 s (ten writes a second), a restore at 3.5 s to a backup at 15,
+        // and the new history written on from 16 to 25 by 5 s: the old marks vouch for
+        // 15 at most, so a sweep at 5 s may cut below 16 but no further.
+        let ledger = SweepLedger::default();
+        for t in 0..4 {
+            ledger.check_sweep(&seen(t, Swept::default(), &[]));
+        }
+        ledger.restored(15);
+        let at = |first_available: u64| SweepSeen {
+            watermark: 25,
+            events_head: 0,
+            ..seen(
+                5,
+                Swept {
+                    first_available,
+                    ..Swept::default()
+                },
+                &[],
+            )
+        };
+        ledger.check_sweep(&at(16));
+        assert!(ledger.violations().is_empty(), "{:?}", ledger.violations());
+        // 16..25 were written after the restore, within the last 2 s.
+        ledger.check_sweep(&at(26));
+        let v = ledger.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("change log to 26"), "{v:?}");
     }
 
     #[test]

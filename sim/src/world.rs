@@ -1175,6 +1175,7 @@ impl Restores {
         world.memory.outbox.restore(&outbox);
         world.history.restore(head);
         world.ledger.restore(head, now);
+        world.sweeps.restored(head);
         for p in world.probes {
             p.restored(head, now);
         }

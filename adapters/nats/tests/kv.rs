@@ -886,3 +886,114 @@ async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile()
     );
     record.assert_applied_once();
 }
+
+/// Polls `fut` once, as the follower task does to fill a turn: its output if it is ready
+/// now, else `None`, and the call is dropped.
+fn poll_once<F: std::future::Future>(fut: F) -> Option<F::Output> {
+    let mut fut = std::pin::pin!(fut);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match fut.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(output) => Some(output),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// Spends what is left of the task's coop budget, as a long turn of the follower task
+/// does: from here on every tokio resource the task touches is pending until it yields.
+fn spend_budget() {
+    for _ in 0..1_000 {
+        if !tokio::task::coop::has_budget_remaining() {
+            return;
+        }
+        let _ = poll_once(tokio::task::coop::consume_budget());
+    }
+    panic!("a spawned task runs on a coop budget");
+}
+
+/// The follower task fills a turn by polling the feed once per item, and drops the call
+/// when it is pending: after a long turn its coop budget is spent, and sending anything
+/// on the client (a publish) is pending until the task yields. A flow-control request a
+/// dropped call took must still be answered: the server sends nothing more until it is,
+/// and a heartbeat later (a second) tells the consumer it is stalled on that request.
+/// Every read here is such a call, so every request the reader takes in the middle of a
+/// batch is taken by one; a second connection listening on the inboxes counts the
+/// requests and the stalls. Before the feed kept its replies owed, each request taken by
+/// a dropped call was lost and stalled delivery.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_read_dropped_at_a_flow_control_request_still_answers_it() {
+    use futures::{FutureExt as _, StreamExt as _};
+    use tidemark::{Feed as _, FeedItem, FeedStream as _};
+    const KEYS: u32 = 4_000;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "flow", 1, 1).await;
+    // 4 KiB values: 16 MB to replay, several times the consumer's flow-control window.
+    let value = Bytes::from(vec![b'x'; 4096]);
+    put_keys_with(&store, KEYS, 256, |_| value.clone()).await;
+    // The consumer delivers to an inbox; a listener on all of them sees what it is sent.
+    let listener = common::client(&server).await;
+    let mut inboxes = listener.subscribe("_INBOX.>").await.unwrap();
+    listener.flush().await.unwrap();
+    let bucket = KvBucket::new(client.clone(), "flow").unwrap();
+    let reader = tokio::spawn(async move {
+        let mut feed = bucket.open(1, None).await.unwrap().stream;
+        let mut entries = 0;
+        while entries < KEYS {
+            spend_budget();
+            let item = match poll_once(feed.next()) {
+                Some(item) => item,
+                None => feed.next().await,
+            };
+            match item {
+                Some(Ok(FeedItem::Entry(_))) => entries += 1,
+                other => panic!("the feed failed after {entries} entries: {other:?}"),
+            }
+        }
+        // Read on past a heartbeat: a request sent after the last entry is answered too.
+        let after = tokio::time::timeout(Duration::from_secs(3), feed.next()).await;
+        assert!(after.is_err(), "nothing follows the replay: {after:?}");
+    });
+    tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("the replay ends within two minutes")
+        .unwrap();
+    // A round trip: everything the server sent the listener before it has arrived.
+    listener.flush().await.unwrap();
+    let (mut delivered, mut requests, mut stalls) = (0, 0, 0);
+    // Read whole: with a coop budget the subscription would look empty after 128 reads.
+    let ready = tokio::task::coop::unconstrained(async {
+        let mut ready = Vec::new();
+        while let Some(Some(message)) = inboxes.next().now_or_never() {
+            ready.push(message);
+        }
+        ready
+    })
+    .await;
+    for message in ready {
+        if message.status != Some(async_nats::StatusCode::IDLE_HEARTBEAT) {
+            delivered += u32::from(
+                message
+                    .reply
+                    .as_ref()
+                    .is_some_and(|r| r.starts_with("$JS.ACK.")),
+            );
+            continue;
+        }
+        requests += u32::from(message.reply.is_some());
+        stalls += u32::from(
+            message
+                .headers
+                .as_ref()
+                .is_some_and(|h| h.get("Nats-Consumer-Stalled").is_some()),
+        );
+    }
+    assert_eq!(delivered, KEYS, "the listener saw the whole replay");
+    assert!(
+        requests > 0,
+        "the replay crosses the consumer's flow-control window"
+    );
+    assert_eq!(
+        stalls, 0,
+        "no flow-control request of the {requests} was left unanswered"
+    );
+}

@@ -21,9 +21,16 @@ pub const DEFAULT_SWEEP_EVERY: Duration = Duration::from_secs(60);
 pub const DEFAULT_SWEEP_LEASE: Duration = Duration::from_secs(60);
 
 /// Runs `sweep` once if this process can take the sweeper lock: `Ok(None)` when another
-/// holds it. The lease is renewed while the sweep runs; if it is lost (this process
-/// stalled past it and another took over) the sweep is abandoned with
-/// [`Error::LeaseLost`](crate::Error::LeaseLost), so two sweeps never run at once.
+/// holds it. The lease is renewed every third of it while the sweep runs; when a renewal
+/// fails (this process stalled past its lease and another took over) the sweep is
+/// abandoned there with [`Error::LeaseLost`](crate::Error::LeaseLost).
+///
+/// The lock keeps sweepers from repeating each other's work; it is not what keeps a sweep
+/// safe. A process stalled past its lease carries its sweep on until that next renewal,
+/// so two sweeps can overlap then, and the [`Sweep`] port takes no fencing token. Every
+/// sweep is built to be safe at any time: SQLite records its new horizon before it
+/// deletes below it, memory compacts in one step, NATS only puts limits on streams that
+/// the server enforces.
 pub async fn sweep_under_lock<L: Lock, S: Sweep>(
     lock: &L,
     sweep: &S,

@@ -458,3 +458,49 @@ async fn a_transient_sink_failure_mid_turn_goes_back_to_the_last_commit_and_conv
         seen.commits
     );
 }
+
+/// A reconcile that finds nothing (an idle wake) changes nothing the sink holds, so it
+/// costs the sink no commit (a SQLite transaction each); one that finds a change commits
+/// it once.
+#[tokio::test]
+async fn a_reconcile_that_finds_nothing_commits_nothing_to_the_sink() {
+    let m = Memory::new();
+    for i in 0..100u32 {
+        m.source.put(&format!("k{i:03}"), vec![1]).await.unwrap();
+    }
+    let store = MemoryCacheStore::new();
+    let (sink, seen) = Checked::new(&store, None);
+    let handle = FollowerTask::new(
+        config("idle"),
+        RawBytes,
+        m.source.clone(),
+        tidemark::NoFeed,
+        sink,
+    )
+    .spawn();
+    assert_eq!(handle.reconcile().await.unwrap().watermark, 100);
+    let synced = seen.lock().unwrap().commits.len();
+    for _ in 0..20 {
+        let idle = handle.reconcile().await.unwrap();
+        assert_eq!((idle.applied, idle.removed, idle.watermark), (0, 0, 100));
+    }
+    assert_eq!(
+        seen.lock().unwrap().commits.len(),
+        synced,
+        "twenty reconciles that found nothing committed nothing"
+    );
+    m.source.put("k000", vec![2]).await.unwrap();
+    let found = handle.reconcile().await.unwrap();
+    assert_eq!((found.applied, found.watermark), (1, 101));
+    assert_eq!(
+        seen.lock().unwrap().commits.len(),
+        synced + 1,
+        "a reconcile that finds a change commits it, once"
+    );
+    handle
+        .stop_within(std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(store.entries(), source_state(&m));
+    assert!(seen.lock().unwrap().violations.is_empty());
+}

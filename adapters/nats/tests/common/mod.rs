@@ -51,15 +51,22 @@ pub async fn create_bucket(
 /// Puts `k0`..`k{n-1}` with the values `v0`..`v{n-1}`, `depth` puts in flight at a
 /// time; panics on a failed put.
 pub async fn put_keys(store: &kv::Store, n: u32, depth: usize) {
+    put_keys_with(store, n, depth, |i| bytes::Bytes::from(format!("v{i}"))).await;
+}
+
+/// Puts `k0`..`k{n-1}` with the values `value(0)`..`value(n-1)`, `depth` puts in flight
+/// at a time; panics on a failed put.
+pub async fn put_keys_with(
+    store: &kv::Store,
+    n: u32,
+    depth: usize,
+    value: impl Fn(u32) -> bytes::Bytes,
+) {
     use futures::StreamExt as _;
     let mut acks = futures::stream::iter(0..n)
         .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i}"), bytes::Bytes::from(format!("v{i}")))
-                    .await
-            }
+            let (store, value) = (store.clone(), value(i));
+            async move { store.put(format!("k{i}"), value).await }
         })
         .buffer_unordered(depth);
     while let Some(ack) = acks.next().await {
