@@ -34,7 +34,7 @@ pub const JOB_ATTEMPTS: u32 = 3;
 #[allow(missing_docs)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum QueueCall {
-    Enqueue(Job),
+    Enqueue(#[serde(with = "crate::proto::job")] Job),
     /// `by`: the runner leasing, named to the ledger.
     Lease {
         visibility: Duration,
@@ -92,6 +92,7 @@ pub enum QueueAnswer {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct WireLease {
     pub id: JobId,
+    #[serde(with = "crate::proto::job")]
     pub job: Job,
     pub attempt: u32,
     pub receipt: u64,

@@ -23,13 +23,72 @@ type Commit = (String, Option<Vec<u8>>);
 /// is wrong.
 #[derive(Clone, Debug, Default)]
 pub struct History {
-    inner: Arc<Mutex<BTreeMap<u64, Commit>>>,
+    inner: Arc<Mutex<Current>>,
     /// The histories restores replaced, oldest first (epoch `i` is `past[i]`; the current
     /// one is epoch `past.len()`).
     past: Arc<Mutex<Vec<BTreeMap<u64, Commit>>>>,
     /// The seq each restore went back to, in order.
     heads: Arc<Mutex<Vec<u64>>>,
 }
+
+/// The current epoch's history, and how many times it changed other than by a commit
+/// past its last seq (a [`StateCursor`] on it is good only within one generation).
+#[derive(Debug, Default)]
+struct Current {
+    commits: BTreeMap<u64, Commit>,
+    generation: u64,
+}
+
+/// One epoch's state at a watermark (key → its last seq and value at or below it, `None`
+/// for a removal), kept by a probe between its checks and moved forward by the commits
+/// since, as its follower's watermark mostly moves forward; a step back, or a history
+/// that changed below the watermark, rebuilds it. Every committed watermark of every
+/// follower is checked against such a state: rebuilding it from the whole history each
+/// time made the oracle's cost grow with the history's length at every commit.
+#[derive(Debug, Default)]
+pub struct StateCursor {
+    /// The epoch and generation `state` is of, and the commits it holds: every one at or
+    /// below the seq given (`None`: none yet). That seq is the watermark asked for, or the
+    /// history's last seq then if lower: a commit recorded later, above that, is one
+    /// `state` does not hold yet.
+    at: Option<(usize, u64, Option<u64>)>,
+    state: BTreeMap<String, (u64, Option<Vec<u8>>)>,
+}
+
+impl StateCursor {
+    /// The state of `history` (epoch `epoch`, generation `generation`) at `watermark`.
+    fn seek(
+        &mut self,
+        (epoch, generation): (usize, u64),
+        history: &BTreeMap<u64, Commit>,
+        watermark: u64,
+    ) -> &BTreeMap<String, (u64, Option<Vec<u8>>)> {
+        use std::ops::Bound::{Excluded, Included, Unbounded};
+        let from = match self.at {
+            Some((e, g, held)) if e == epoch && g == generation && held <= Some(watermark) => {
+                held.map_or(Unbounded, Excluded)
+            }
+            _ => {
+                self.state.clear();
+                Unbounded
+            }
+        };
+        for (seq, (key, value)) in history.range((from, Included(watermark))) {
+            match self.state.get_mut(key.as_str()) {
+                Some(slot) => *slot = (*seq, value.clone()),
+                None => {
+                    self.state.insert(key.clone(), (*seq, value.clone()));
+                }
+            }
+        }
+        let last = history.last_key_value().map(|(seq, _)| *seq);
+        self.at = Some((epoch, generation, last.map(|l| l.min(watermark))));
+        &self.state
+    }
+}
+
+/// A probe's [`StateCursor`]s, one for each epoch it was checked against.
+pub type StateCursors = BTreeMap<usize, StateCursor>;
 
 /// What a follower's cache should hold for one key.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -44,7 +103,15 @@ pub enum Expect {
 impl History {
     /// Records a commit: `Some(value)` for a put, `None` for a removal.
     pub fn record(&self, seq: u64, key: &str, value: Option<Vec<u8>>) {
-        lock(&self.inner).insert(seq, (key.to_owned(), value));
+        let mut current = lock(&self.inner);
+        if current
+            .commits
+            .last_key_value()
+            .is_some_and(|(last, _)| *last >= seq)
+        {
+            current.generation += 1;
+        }
+        current.commits.insert(seq, (key.to_owned(), value));
     }
 
     /// Whether the source put `value` in `key` at `seq` (not so: a foreign event's claim,
@@ -52,6 +119,7 @@ impl History {
     #[must_use]
     pub fn wrote(&self, key: &str, seq: u64, value: &str) -> bool {
         lock(&self.inner)
+            .commits
             .get(&seq)
             .is_some_and(|(k, v)| k == key && v.as_deref() == Some(value.as_bytes()))
     }
@@ -60,9 +128,10 @@ impl History {
     /// another epoch's history.
     pub fn restore(&self, head: u64) {
         let mut current = lock(&self.inner);
-        lock(&self.past).push(current.clone());
+        lock(&self.past).push(current.commits.clone());
         lock(&self.heads).push(head);
-        current.split_off(&(head + 1));
+        current.commits.split_off(&(head + 1));
+        current.generation += 1;
     }
 
     /// The seq the last restore went back to (0 before any).
@@ -91,16 +160,34 @@ impl History {
         cache: &BTreeMap<String, (u64, String)>,
         watermark: u64,
         since: usize,
+        cursors: &mut StateCursors,
     ) -> (Vec<String>, usize) {
+        // Cursors of epochs before `since` are no longer asked for.
+        *cursors = cursors.split_off(&since);
         {
             let past = lock(&self.past);
             for (epoch, history) in past.iter().enumerate().skip(since) {
-                if inconsistencies_in(history, &past, cache, watermark).is_empty() {
+                let state = cursors
+                    .entry(epoch)
+                    .or_default()
+                    .seek((epoch, 0), history, watermark);
+                if inconsistencies_in(history, &past, state, cache, watermark).is_empty() {
                     return (Vec::new(), epoch);
                 }
             }
         }
-        (self.inconsistencies(cache, watermark), self.epoch())
+        let current = lock(&self.inner);
+        let past = lock(&self.past);
+        let epoch = past.len();
+        let state = cursors.entry(epoch).or_default().seek(
+            (epoch, current.generation),
+            &current.commits,
+            watermark,
+        );
+        (
+            inconsistencies_in(&current.commits, &past, state, cache, watermark),
+            epoch,
+        )
     }
 
     /// The lowest seq the restores since `epoch` went back to: past it, that epoch's
@@ -116,6 +203,7 @@ impl History {
     #[must_use]
     pub fn removed(&self, key: &str, seq: u64) -> bool {
         lock(&self.inner)
+            .commits
             .get(&seq)
             .is_some_and(|(k, v)| k == key && v.is_none())
     }
@@ -123,14 +211,19 @@ impl History {
     /// The highest seq committed.
     #[must_use]
     pub fn watermark(&self) -> u64 {
-        lock(&self.inner).keys().next_back().copied().unwrap_or(0)
+        lock(&self.inner)
+            .commits
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(0)
     }
 
     /// What a cache converged at `watermark` should hold.
     #[must_use]
     pub fn expected_at(&self, watermark: u64) -> BTreeMap<String, Expect> {
         let mut state: BTreeMap<String, (u64, Option<Vec<u8>>)> = BTreeMap::new();
-        for (seq, (key, value)) in lock(&self.inner).range(..=watermark) {
+        for (seq, (key, value)) in lock(&self.inner).commits.range(..=watermark) {
             state.insert(key.clone(), (*seq, value.clone()));
         }
         state
@@ -157,26 +250,26 @@ impl History {
         cache: &BTreeMap<String, (u64, String)>,
         watermark: u64,
     ) -> Vec<String> {
-        let history = lock(&self.inner);
+        let current = lock(&self.inner);
         let past = lock(&self.past);
-        inconsistencies_in(&history, &past, cache, watermark)
+        let epoch = past.len();
+        let mut cursor = StateCursor::default();
+        let state = cursor.seek((epoch, current.generation), &current.commits, watermark);
+        inconsistencies_in(&current.commits, &past, state, cache, watermark)
     }
 }
 
-/// [`History::inconsistencies`] against one epoch's `history`. A key may also be absent
-/// through a removal past the watermark in one of the `other` epochs: an announcement of a
-/// history a restore replaced, applied ahead of the watermark like any announcement, and
-/// held unconfirmed until the next read of the source.
+/// [`History::inconsistencies`] against one epoch's `history`, whose state at `watermark`
+/// is `state`. A key may also be absent through a removal past the watermark in one of the
+/// `other` epochs: an announcement of a history a restore replaced, applied ahead of the
+/// watermark like any announcement, and held unconfirmed until the next read of the source.
 fn inconsistencies_in(
     history: &BTreeMap<u64, Commit>,
     other: &[BTreeMap<u64, Commit>],
+    state: &BTreeMap<String, (u64, Option<Vec<u8>>)>,
     cache: &BTreeMap<String, (u64, String)>,
     watermark: u64,
 ) -> Vec<String> {
-    let mut state: BTreeMap<&str, (u64, Option<&Vec<u8>>)> = BTreeMap::new();
-    for (seq, (key, value)) in history.range(..=watermark) {
-        state.insert(key, (*seq, value.as_ref()));
-    }
     let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
         std::iter::once(history).chain(other).any(|h| {
             h.range(watermark + 1..)
@@ -200,9 +293,9 @@ fn inconsistencies_in(
             )),
         }
     }
-    for (key, (seq, value)) in &state {
+    for (key, (seq, value)) in state {
         let Some(bytes) = value else { continue };
-        if cache.contains_key(*key) || std::str::from_utf8(bytes).is_err() {
+        if cache.contains_key(key) || std::str::from_utf8(bytes).is_err() {
             continue;
         }
         // Absent: fine only if a newer removal (or a newer poison put) explains it.
@@ -245,6 +338,36 @@ pub fn differences(
         }
     }
     out
+}
+
+/// Whether `cache` holds what it should: [`differences`] is empty. One pass over both
+/// (each is in key order) and nothing built: the liveness phase asks it of every follower
+/// at every step from the first one where all reach the head until the run converges.
+#[must_use]
+pub fn holds(cache: &BTreeMap<String, (u64, String)>, expected: &BTreeMap<String, Expect>) -> bool {
+    let mut have = cache.iter().peekable();
+    for (key, want) in expected {
+        let got = match have.peek() {
+            // A key the source does not have.
+            Some((k, _)) if *k < key => return false,
+            Some((k, v)) if *k == key => {
+                let v = *v;
+                have.next();
+                Some(v)
+            }
+            _ => None,
+        };
+        let fine = match (want, got) {
+            (Expect::Value(seq, value), Some((s, v))) => s == seq && v == value,
+            (Expect::Value(..), None) => false,
+            (Expect::OlderThan(seq), Some((s, _))) => s < seq,
+            (Expect::OlderThan(_), None) => true,
+        };
+        if !fine {
+            return false;
+        }
+    }
+    have.next().is_none()
 }
 
 /// One change of a batch not yet committed: key, seq, and the value (`None`: removed).
@@ -291,6 +414,8 @@ pub struct ProbeState {
     /// back to: their puts above it were of the replaced history, and commit or not, they
     /// are no applies a new-history change could repeat.
     replaced_pending: Option<(usize, u64)>,
+    /// The source's state at the watermark last checked, in each epoch checked.
+    cursors: StateCursors,
 }
 
 impl ProbeState {
@@ -500,9 +625,9 @@ impl Probe {
     /// ahead of the watermark can hide the only replaced change, so taking the restored
     /// history puts the same seqs again.
     fn inconsistencies(&self, s: &mut ProbeState, watermark: u64) -> Vec<String> {
-        let (diff, epoch) = self
-            .history
-            .inconsistencies_since(&s.cache, watermark, s.epoch);
+        let (diff, epoch) =
+            self.history
+                .inconsistencies_since(&s.cache, watermark, s.epoch, &mut s.cursors);
         if diff.is_empty() {
             s.epoch = epoch;
         }
@@ -1024,6 +1149,95 @@ mod tests {
         probe.handler_put("c", 3, "w3");
         probe.observe(3, true, 0);
         probe
+    }
+
+    /// The state of the current epoch at `watermark`, rebuilt from the whole history.
+    fn rebuilt(history: &History, watermark: u64) -> BTreeMap<String, (u64, Option<Vec<u8>>)> {
+        lock(&history.inner)
+            .commits
+            .range(..=watermark)
+            .map(|(seq, (key, value))| (key.clone(), (*seq, value.clone())))
+            .collect()
+    }
+
+    #[test]
+    fn a_cache_holds_what_it_should_exactly_when_it_has_no_differences() {
+        let mut rng = tidemark::tidemark_core::Rng::new(11);
+        let mut seen = (0, 0);
+        for _ in 0..5_000 {
+            let mut cache = BTreeMap::new();
+            let mut expected = BTreeMap::new();
+            for k in 0..4 {
+                let key = format!("k{k}");
+                let (seq, value) = (rng.next_u64() % 3, format!("v{}", rng.next_u64() % 2));
+                match rng.next_u64() % 4 {
+                    0 => {}
+                    1 => {
+                        expected.insert(key.clone(), Expect::Value(seq, value.clone()));
+                    }
+                    _ => {
+                        expected.insert(key.clone(), Expect::OlderThan(seq));
+                    }
+                }
+                if rng.next_u64() % 3 != 0 {
+                    let (s, v) = if rng.next_u64() % 2 == 0 {
+                        (seq, value)
+                    } else {
+                        (rng.next_u64() % 3, format!("v{}", rng.next_u64() % 2))
+                    };
+                    cache.insert(key, (s, v));
+                }
+            }
+            let want = differences(&cache, &expected).is_empty();
+            assert_eq!(holds(&cache, &expected), want, "{cache:?} {expected:?}");
+            if want {
+                seen.0 += 1;
+            } else {
+                seen.1 += 1;
+            }
+        }
+        assert!(
+            seen.0 > 100 && seen.1 > 100,
+            "both outcomes drawn: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_state_cursor_is_the_state_rebuilt_from_the_history_wherever_it_moves() {
+        let history = History::default();
+        let mut cursors = StateCursors::new();
+        let mut rng = tidemark::tidemark_core::Rng::new(7);
+        let mut head = 0;
+        for step in 0..2_000 {
+            match rng.next_u64() % 10 {
+                // Commits, some past a watermark a cursor was already asked for.
+                0..=4 => {
+                    head += 1;
+                    let key = format!("k{}", rng.next_u64() % 12);
+                    let value = (rng.next_u64() % 3 != 0).then(|| vec![b'v'; step % 5]);
+                    history.record(head, &key, value);
+                }
+                // A restore back to an earlier seq: the next commits reuse seqs.
+                5 if head > 3 => {
+                    head -= rng.next_u64() % 4;
+                    history.restore(head);
+                }
+                // Checks at watermarks forward, back, past the head and at zero.
+                _ => {
+                    let watermark = rng.next_u64() % (head + 3);
+                    let current = lock(&history.inner);
+                    let epoch = lock(&history.past).len();
+                    let state = cursors.entry(epoch).or_default().seek(
+                        (epoch, current.generation),
+                        &current.commits,
+                        watermark,
+                    );
+                    let state = state.clone();
+                    drop(current);
+                    assert_eq!(state, rebuilt(&history, watermark), "step {step}");
+                }
+            }
+        }
     }
 
     #[test]

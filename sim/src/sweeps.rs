@@ -85,6 +85,7 @@ pub enum SweepCall {
     PutSchedule {
         name: String,
         every: Duration,
+        #[serde(with = "crate::proto::job")]
         job: Job,
     },
     RemoveSchedule {
@@ -136,6 +137,7 @@ impl From<WireLockLease> for LockLease {
 pub struct WireDue {
     pub name: String,
     pub every: Duration,
+    #[serde(with = "crate::proto::job")]
     pub job: Job,
     pub last_fired: Option<u64>,
     pub anchor: Duration,

@@ -18,7 +18,7 @@ use tidemark_memory::{
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
 use crate::ops::{self, JobFaults, JobLedger};
-use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences};
+use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences, holds};
 use crate::remote::{Remote, RemoteEvents};
 use crate::scenario::{
     Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, relay_host,
@@ -1090,9 +1090,7 @@ fn converged(
         Some((at, want)) if *at == wm => want,
         _ => &expected.insert((wm, history.expected_at(wm))).1,
     };
-    probes
-        .iter()
-        .all(|p| differences(&p.state().cache, want).is_empty())
+    probes.iter().all(|p| holds(&p.state().cache, want))
 }
 
 /// What the orchestrator acts on.

@@ -36,7 +36,7 @@ fn a_frame_crosses_the_network_as_one_segment() {
         tokio::time::sleep(Duration::from_secs(2)).await;
         Ok(())
     });
-    let body = serde_json::to_vec(&Request::Watermark).expect("a request serializes");
+    let body = proto::encode(&Request::Watermark).expect("a request serializes");
     // Every data segment seen in flight from the client, by its sequence number.
     let mut data: BTreeMap<u64, usize> = BTreeMap::new();
     let client: IpAddr = sim.lookup("client");
