@@ -272,8 +272,13 @@ fn inconsistencies_in(
 ) -> Vec<String> {
     let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
         std::iter::once(history).chain(other).any(|h| {
-            h.range(watermark + 1..)
-                .any(|(_, (k, v))| k == key && pred(v))
+            // Past the watermark: nothing, at the top of the seqs (a follower may commit
+            // u64::MAX, where `watermark + 1` would wrap to the whole history).
+            h.range((
+                std::ops::Bound::Excluded(watermark),
+                std::ops::Bound::Unbounded,
+            ))
+            .any(|(_, (k, v))| k == key && pred(v))
         })
     };
     let mut out = Vec::new();
@@ -1199,6 +1204,21 @@ mod tests {
         assert!(
             seen.0 > 100 && seen.1 > 100,
             "both outcomes drawn: {seen:?}"
+        );
+    }
+
+    #[test]
+    fn a_cache_checked_at_the_top_seq_is_compared_not_overflowed() {
+        // A follower may commit u64::MAX (a foreign event's seq); "past the watermark" is
+        // then nothing, not the whole history from 0, whose removal at 2 would excuse the
+        // missing key.
+        let history = History::default();
+        history.record(1, "a", Some(b"v".to_vec()));
+        history.record(2, "a", None);
+        history.record(3, "a", Some(b"w".to_vec()));
+        assert_eq!(
+            history.inconsistencies(&BTreeMap::new(), u64::MAX),
+            vec!["a: missing; the source at 18446744073709551615 has seq 3"]
         );
     }
 
