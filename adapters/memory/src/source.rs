@@ -385,11 +385,7 @@ impl Source for MemorySource {
 
     /// `None` for a key outside this view's prefix.
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
-        self.inner.faults.check(Port::Source)?;
-        if !self.holds(key) {
-            return Ok(None);
-        }
-        Ok(self.state().entries.get(key).cloned())
+        Ok(self.get_at(key).await?.value)
     }
 
     async fn get_at(&self, key: &str) -> Result<ValueAt> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_nats::HeaderMap;
 use bytes::Bytes;
+use futures::FutureExt;
 use tidemark::tidemark_core::{BackoffPolicy, Follower, FollowerConfig, Phase, RawBytes, Utf8};
 use tidemark::{FollowerTask, Source, spawn_cache};
 use tidemark_nats::{KvBucket, NatsOptions};
@@ -887,17 +888,6 @@ async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile()
     record.assert_applied_once();
 }
 
-/// Polls `fut` once, as the follower task does to fill a turn: its output if it is ready
-/// now, else `None`, and the call is dropped.
-fn poll_once<F: std::future::Future>(fut: F) -> Option<F::Output> {
-    let mut fut = std::pin::pin!(fut);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match fut.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(output) => Some(output),
-        std::task::Poll::Pending => None,
-    }
-}
-
 /// Spends what is left of the task's coop budget, as a long turn of the follower task
 /// does: from here on every tokio resource the task touches is pending until it yields.
 fn spend_budget() {
@@ -905,7 +895,7 @@ fn spend_budget() {
         if !tokio::task::coop::has_budget_remaining() {
             return;
         }
-        let _ = poll_once(tokio::task::coop::consume_budget());
+        let _ = tokio::task::coop::consume_budget().now_or_never();
     }
     panic!("a spawned task runs on a coop budget");
 }
@@ -940,7 +930,7 @@ async fn a_feed_read_dropped_at_a_flow_control_request_still_answers_it() {
         let mut entries = 0;
         while entries < KEYS {
             spend_budget();
-            let item = match poll_once(feed.next()) {
+            let item = match feed.next().now_or_never() {
                 Some(item) => item,
                 None => feed.next().await,
             };

@@ -7,6 +7,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
+
 use tidemark_core::{
     Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
     Input, Notice, Output, Phase, Request, Rng, Status, Token,
@@ -422,7 +424,9 @@ where
         let mut items = vec![first];
         while items.len() < turn && matches!(items.last(), Some(Some(Ok(_)))) {
             match &mut self.stream {
-                Some((t, s)) if *t == token => match poll_now(s.next()) {
+                // Polled once and dropped when not ready, which the cancel-safety of feed
+                // reads allows.
+                Some((t, s)) if *t == token => match s.next().now_or_never() {
                     Some(item) => items.push(item),
                     None => break,
                 },
@@ -1005,17 +1009,6 @@ fn feed_input(token: Token, item: Option<Result<FeedItem>>) -> Input {
             error: e.to_string(),
         },
         None => Input::FeedEnded { token },
-    }
-}
-
-/// Polls `fut` once: its output if it is ready now, else `None` (and it is dropped, which
-/// the cancel-safety of feed reads allows).
-fn poll_now<F: std::future::Future>(fut: F) -> Option<F::Output> {
-    let mut fut = std::pin::pin!(fut);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match fut.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(output) => Some(output),
-        std::task::Poll::Pending => None,
     }
 }
 

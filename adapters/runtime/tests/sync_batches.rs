@@ -464,10 +464,7 @@ async fn a_transient_sink_failure_mid_turn_goes_back_to_the_last_commit_and_conv
 /// it once.
 #[tokio::test]
 async fn a_reconcile_that_finds_nothing_commits_nothing_to_the_sink() {
-    let m = Memory::new();
-    for i in 0..100u32 {
-        m.source.put(&format!("k{i:03}"), vec![1]).await.unwrap();
-    }
+    let m = with_keys(100, vec![1]).await;
     let store = MemoryCacheStore::new();
     let (sink, seen) = Checked::new(&store, None);
     let handle = FollowerTask::new(
