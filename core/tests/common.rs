@@ -99,6 +99,20 @@ impl H {
         self.input(Input::FeedOpened { token, info })
     }
 
+    /// Answers the fetch in flight: `value` (its seq and text) and the source's watermark
+    /// read with it, where the driver knows it.
+    pub fn fetched(
+        &mut self,
+        value: Option<(u64, &str)>,
+        source_watermark: Option<u64>,
+    ) -> Vec<Output<String>> {
+        self.input(Input::Fetched {
+            token: self.request.unwrap(),
+            value: value.map(|(seq, text)| (seq, text.as_bytes().to_vec())),
+            source_watermark,
+        })
+    }
+
     pub fn entry(&mut self, entry: Entry) -> Vec<Output<String>> {
         let token = self.feed.expect("a feed is open");
         self.input(Input::Entry { token, entry })

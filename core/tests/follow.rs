@@ -167,21 +167,13 @@ fn a_marker_that_arrives_while_a_fetch_waits_for_its_retry_is_not_lost() {
         outs.iter()
             .any(|o| matches!(o, Output::Request(Request::Fetch { key, .. }) if key == "a"))
     );
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((1, b"A".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((1, "A")), None);
     assert!(
         outs.iter()
             .any(|o| matches!(o, Output::Request(Request::Fetch { key, .. }) if key == "b")),
         "the held marker is fetched next: {outs:?}"
     );
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((2, b"B".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((2, "B")), None);
     assert_eq!(puts(&outs), [("b".into(), 2, "B".into())]);
     assert_eq!(h.f.watermark(), 2);
 }
@@ -309,11 +301,7 @@ fn announcements_at(w: u64, changes: Vec<Entry>) -> H {
 fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
     h.entry(Entry::mutation(6, "a"));
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((5, b"old".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((5, "old")), None);
     assert!(
         puts(&outs).is_empty(),
         "nothing stored from a stale read: {outs:?}"
@@ -325,11 +313,7 @@ fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq(
             |o| matches!(o, Output::Request(Request::Fetch { key, seq: 6, .. }) if key == "a")
         )
     );
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((6, b"new".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((6, "new")), None);
     assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
 }
 
@@ -380,11 +364,7 @@ fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() 
                 "a stale read is read again first (a replica may be behind): {retry:?}"
             );
         }
-        outs = h.input(Input::Fetched {
-            token: h.request.unwrap(),
-            value: Some((5, b"old".to_vec())),
-            source_watermark: None,
-        });
+        outs = h.fetched(Some((5, "old")), None);
         assert!(
             puts(&outs).is_empty(),
             "nothing stored from a stale read: {outs:?}"
@@ -415,11 +395,7 @@ fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() 
 fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
     let mut h = announcements_at(5, vec![]);
     h.entry(Entry::mutation(6, "a"));
-    h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: None,
-        source_watermark: None,
-    });
+    h.fetched(None, None);
     assert_eq!(h.f.seq_of("a"), None);
     h.input(Input::Wake);
     let outs = h.input(Input::Changes {
@@ -441,11 +417,7 @@ fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
 fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
     h.entry(Entry::mutation(6, "a"));
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: None,
-        source_watermark: Some(5),
-    });
+    let outs = h.fetched(None, Some(5));
     assert!(
         removes(&outs).is_empty(),
         "nothing removed on a read from before the marker: {outs:?}"
@@ -458,11 +430,7 @@ fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
         ),
         "the key is read again after a backoff: {retry:?}"
     );
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: None,
-        source_watermark: Some(7),
-    });
+    let outs = h.fetched(None, Some(7));
     assert_eq!(
         removes(&outs),
         [("a".into(), 6)],
@@ -483,11 +451,7 @@ fn a_marker_fetched_from_a_source_restored_below_it_ends_in_a_resync_not_a_remov
         if read > 0 {
             h.run_to_timeout();
         }
-        outs = h.input(Input::Fetched {
-            token: h.request.unwrap(),
-            value: None,
-            source_watermark: Some(8),
-        });
+        outs = h.fetched(None, Some(8));
         assert!(
             removes(&outs).is_empty(),
             "no removal from a source behind the marker: {outs:?}"
@@ -1109,11 +1073,7 @@ fn a_replayed_feed_never_reads_the_source_per_entry() {
 fn a_repeated_marker_claims_nothing() {
     let mut h = announcements_at(5, vec![]);
     h.entry(Entry::mutation(6, "a"));
-    h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((6, b"six".to_vec())),
-        source_watermark: None,
-    });
+    h.fetched(Some((6, "six")), None);
     h.entry(Entry::mutation(6, "a"));
     h.input(Input::Wake);
     let outs = h.input(Input::Changes {

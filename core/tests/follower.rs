@@ -580,11 +580,7 @@ fn a_fetched_value_newer_than_its_marker_is_never_replaced_by_an_older_entry() {
         "{outs:?}"
     );
     // The source already holds the value written at 9.
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((9, b"nine".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((9, "nine")), None);
     assert_eq!(puts(&outs), [("a".into(), 9, "nine".into())]);
     assert_eq!(h.f.watermark(), 5, "seqs 6..=8 are not in the cache yet");
     let outs = h.put(7, "a", "seven");
@@ -602,11 +598,7 @@ fn a_marker_for_an_absent_key_removes_it() {
     h.open(gapless(2));
     h.put(1, "a", "1");
     h.entry(Entry::new(2, 2, "a", Op::Mutation, vec![]));
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: None,
-        source_watermark: None,
-    });
+    let outs = h.fetched(None, None);
     assert_eq!(removes(&outs), [("a".into(), 2)]);
     assert!(is_ready(&outs));
 }
@@ -621,11 +613,7 @@ fn entries_arriving_during_a_fetch_wait_for_it() {
         puts(&outs).is_empty(),
         "held until the fetch answers, to keep seq order"
     );
-    let outs = h.input(Input::Fetched {
-        token: h.request.unwrap(),
-        value: Some((1, b"1".to_vec())),
-        source_watermark: None,
-    });
+    let outs = h.fetched(Some((1, "1")), None);
     assert_eq!(
         puts(&outs),
         [("a".into(), 1, "1".into()), ("b".into(), 2, "2".into())]
