@@ -52,7 +52,7 @@ pub struct StateCursor {
     /// history's last seq then if lower: a commit recorded later, above that, is one
     /// `state` does not hold yet.
     at: Option<(usize, u64, Option<u64>)>,
-    state: BTreeMap<String, (u64, Option<Vec<u8>>)>,
+    state: State,
 }
 
 impl StateCursor {
@@ -62,7 +62,7 @@ impl StateCursor {
         (epoch, generation): (usize, u64),
         history: &BTreeMap<u64, Commit>,
         watermark: u64,
-    ) -> &BTreeMap<String, (u64, Option<Vec<u8>>)> {
+    ) -> &State {
         use std::ops::Bound::{Excluded, Included, Unbounded};
         let from = match self.at {
             Some((e, g, held)) if e == epoch && g == generation && held <= Some(watermark) => {
@@ -85,7 +85,18 @@ impl StateCursor {
         self.at = Some((epoch, generation, last.map(|l| l.min(watermark))));
         &self.state
     }
+
+    /// The state of `history` at `watermark`, built once from its start.
+    fn state_at(history: &BTreeMap<u64, Commit>, watermark: u64) -> State {
+        let mut cursor = StateCursor::default();
+        cursor.seek((0, 0), history, watermark);
+        cursor.state
+    }
 }
+
+/// One epoch's state at a watermark: key → its last seq and value at or below it (`None`
+/// for a removal).
+type State = BTreeMap<String, (u64, Option<Vec<u8>>)>;
 
 /// A probe's [`StateCursor`]s, one for each epoch it was checked against.
 pub type StateCursors = BTreeMap<usize, StateCursor>;
@@ -222,11 +233,7 @@ impl History {
     /// What a cache converged at `watermark` should hold.
     #[must_use]
     pub fn expected_at(&self, watermark: u64) -> BTreeMap<String, Expect> {
-        let mut state: BTreeMap<String, (u64, Option<Vec<u8>>)> = BTreeMap::new();
-        for (seq, (key, value)) in lock(&self.inner).commits.range(..=watermark) {
-            state.insert(key.clone(), (*seq, value.clone()));
-        }
-        state
+        StateCursor::state_at(&lock(&self.inner).commits, watermark)
             .into_iter()
             .filter_map(|(key, (seq, value))| {
                 let value = value?;
@@ -252,10 +259,8 @@ impl History {
     ) -> Vec<String> {
         let current = lock(&self.inner);
         let past = lock(&self.past);
-        let epoch = past.len();
-        let mut cursor = StateCursor::default();
-        let state = cursor.seek((epoch, current.generation), &current.commits, watermark);
-        inconsistencies_in(&current.commits, &past, state, cache, watermark)
+        let state = StateCursor::state_at(&current.commits, watermark);
+        inconsistencies_in(&current.commits, &past, &state, cache, watermark)
     }
 }
 
@@ -266,7 +271,7 @@ impl History {
 fn inconsistencies_in(
     history: &BTreeMap<u64, Commit>,
     other: &[BTreeMap<u64, Commit>],
-    state: &BTreeMap<String, (u64, Option<Vec<u8>>)>,
+    state: &State,
     cache: &BTreeMap<String, (u64, String)>,
     watermark: u64,
 ) -> Vec<String> {
@@ -1157,7 +1162,7 @@ mod tests {
     }
 
     /// The state of the current epoch at `watermark`, rebuilt from the whole history.
-    fn rebuilt(history: &History, watermark: u64) -> BTreeMap<String, (u64, Option<Vec<u8>>)> {
+    fn rebuilt(history: &History, watermark: u64) -> State {
         lock(&history.inner)
             .commits
             .range(..=watermark)

@@ -135,12 +135,12 @@ pub trait Sink<V>: Send {
     fn remove(&mut self, key: Arc<str>, seq: u64) -> impl Future<Output = Result<()>> + Send;
 
     /// A hint, during an initial sync: about `keys` more keys than it held at its last
-    /// commit are coming
-    /// (the feed's pending count, bounded by [`presize_for`](tidemark_core::presize_for)
-    /// before the first key and by [`presize_more`](tidemark_core::presize_more) each
-    /// time the follower's own room fills: [`Follower::presized`]). A sink that keeps its
-    /// keys in a table in memory makes room for them at once rather than growing it on the
-    /// way; the default does nothing.
+    /// commit are coming (the feed's pending count, bounded by
+    /// [`presize_for`](tidemark_core::presize_for) before the first key and by
+    /// [`presize_more`](tidemark_core::presize_more) each time the follower's own room
+    /// fills: [`Follower::presized`]). A sink that keeps its keys in a table in memory
+    /// makes room for them at once rather than growing it on the way; the default does
+    /// nothing.
     ///
     /// [`Follower::presized`]: tidemark_core::Follower::presized
     fn reserve(&mut self, keys: usize) {
