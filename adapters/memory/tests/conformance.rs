@@ -29,6 +29,7 @@ conformance! {
     source_changes_since_watermark_is_empty => MemorySource::default();
     source_lists_its_present_keys => MemorySource::default();
     source_snapshot_is_current => MemorySource::default();
+    source_snapshot_parts_are_one_point_in_time => MemorySource::default();
     source_refuses_invalid_keys => MemorySource::default();
     source_writes_refuse_what_followers_refuse => MemorySource::default();
     change_log_replays_then_follows => MemorySource::default();

@@ -530,6 +530,7 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     c::source_writes_refuse_what_followers_refuse(&fresh("c9").await).await;
     c::source_lists_its_present_keys(&fresh("c10").await).await;
     c::source_puts_typed_values_as_json(&fresh("c11").await).await;
+    c::source_snapshot_parts_are_one_point_in_time(&fresh("c13").await).await;
 }
 
 /// The same body against a server whose max_payload (16 MiB) is above the core's

@@ -204,6 +204,54 @@ pub async fn source_snapshot_is_current<S: Source>(s: &S) {
     );
 }
 
+/// A snapshot read in parts is the snapshot, in key order, in parts no longer than asked,
+/// and all of it from the point in time its watermark was read at: writes made between
+/// two parts show in none. A resync that kept a later part's keys from another moment
+/// would hold a state the source never had, with a watermark that vouches for it.
+pub async fn source_snapshot_parts_are_one_point_in_time<S: Source>(s: &S) {
+    use futures::StreamExt;
+    for (k, v) in [("a", "1"), ("b", "2"), ("c", "3"), ("d", "4"), ("e", "5")] {
+        s.put(k, v.as_bytes().to_vec()).await.unwrap();
+    }
+    s.remove("c").await.unwrap();
+    let before = s.snapshot().await.unwrap();
+    assert_eq!(before.entries.len(), 4);
+    let mut read = s.snapshot_parts(2).await.unwrap();
+    assert_eq!(read.watermark, before.watermark);
+    let mut got = Vec::new();
+    let first = read.parts.next().await.expect("a part").unwrap();
+    assert!(
+        !first.is_empty() && first.len() <= 2,
+        "a part holds 1..=2 entries: {first:?}"
+    );
+    got.extend(first);
+    // Between parts: a key added past every other, one changed and one removed.
+    s.put("zz", b"new".to_vec()).await.unwrap();
+    s.put("d", b"changed".to_vec()).await.unwrap();
+    s.remove("e").await.unwrap();
+    while let Some(part) = read.parts.next().await {
+        let part = part.unwrap();
+        assert!(
+            !part.is_empty() && part.len() <= 2,
+            "a part holds 1..=2 entries: {part:?}"
+        );
+        got.extend(part);
+    }
+    assert_eq!(
+        got, before.entries,
+        "every part comes from the snapshot's point in time, in key order"
+    );
+    drop(read);
+    let after = s.snapshot_parts(3).await.unwrap();
+    let keys: Vec<String> = after
+        .parts
+        .flat_map(|p| futures::stream::iter(p.unwrap()))
+        .map(|e| e.key.to_string())
+        .collect()
+        .await;
+    assert_eq!(keys, ["a", "b", "d", "zz"], "a new read sees the writes");
+}
+
 /// Empty keys and control characters are refused with a typed error, never stored.
 pub async fn source_refuses_invalid_keys<S: Source>(s: &S) {
     assert!(matches!(

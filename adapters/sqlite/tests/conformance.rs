@@ -36,6 +36,7 @@ conformance! {
     source_changes_since_watermark_is_empty => |db| db.source();
     source_lists_its_present_keys => |db| db.source();
     source_snapshot_is_current => |db| db.source();
+    source_snapshot_parts_are_one_point_in_time => |db| db.source();
     source_refuses_invalid_keys => |db| db.source();
     source_writes_refuse_what_followers_refuse => |db| db.source();
     change_log_replays_then_follows => |db| db.source();

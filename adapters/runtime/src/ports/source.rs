@@ -2,6 +2,8 @@
 
 use std::future::Future;
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use tidemark_core::{Entry, KeyPrefix};
 use tokio::sync::watch;
 
@@ -64,6 +66,29 @@ pub struct Snapshot {
     pub watermark: u64,
 }
 
+/// A snapshot read part by part ([`Source::snapshot_parts`]): the watermark it was read
+/// at, and its current puts in key order, in parts of at most the length asked for.
+///
+/// Every part comes from the one point in time the watermark was read at, however long
+/// the reader takes between parts: writes made meanwhile show in none of them. A follower
+/// reading it keeps only the entries that differ from its cache, so a resync after a
+/// short outage costs a part's memory, not a second copy of the source.
+pub struct SnapshotParts<'a> {
+    /// The source's watermark at the snapshot.
+    pub watermark: u64,
+    /// The parts, in key order; none for an empty source. An error ends the read: the
+    /// follower drops what it kept and reads the snapshot again after a backoff.
+    pub parts: BoxStream<'a, Result<Vec<Entry>>>,
+}
+
+impl std::fmt::Debug for SnapshotParts<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotParts")
+            .field("watermark", &self.watermark)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The durable, keyed source of truth (the registry).
 ///
 /// Each mutation gets the next seq: positive and strictly increasing. Removals leave
@@ -94,6 +119,30 @@ pub trait Source: Send + Sync {
 
     /// Every current entry and the watermark, read at one point in time.
     fn snapshot(&self) -> impl Future<Output = Result<Snapshot>> + Send;
+
+    /// The snapshot [`snapshot`](Self::snapshot) reads, served in parts of at most
+    /// `part_len` entries (at least one) in key order, all from one point in time (see
+    /// [`SnapshotParts`]). The default reads the whole snapshot and hands it out in parts,
+    /// which holds it all at once: override it where the source can read a point in time
+    /// piece by piece (a read transaction, a consumer, a copy-on-write map).
+    fn snapshot_parts(
+        &self,
+        part_len: usize,
+    ) -> impl Future<Output = Result<SnapshotParts<'_>>> + Send {
+        async move {
+            let snap = self.snapshot().await?;
+            let part_len = part_len.max(1);
+            let mut entries = snap.entries.into_iter();
+            let parts = std::iter::from_fn(move || {
+                let part: Vec<Entry> = entries.by_ref().take(part_len).collect();
+                (!part.is_empty()).then_some(Ok(part))
+            });
+            Ok(SnapshotParts {
+                watermark: snap.watermark,
+                parts: futures::stream::iter(parts).boxed(),
+            })
+        }
+    }
 
     /// `key`'s current value and its seq, or `None` if absent.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>>> + Send;
