@@ -79,7 +79,7 @@ impl<V> Clone for Cache<V> {
 struct Pending<V> {
     key: Arc<str>,
     seq: u64,
-    value: Option<V>,
+    value: Option<Arc<V>>,
 }
 
 /// The follower's side of a [`Cache`]: the only writer. It gathers a batch's changes and
@@ -240,7 +240,7 @@ impl<V> CacheWriter<V> {
                                 seq,
                             });
                         }
-                        map.insert(key, (seq, Arc::new(value)));
+                        map.insert(key, (seq, value));
                     }
                     None => {
                         map.remove(&key);
@@ -266,7 +266,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         self.pending.push(Pending {
             key,
             seq,
-            value: Some(value),
+            value: Some(Arc::new(value)),
         });
         Ok(())
     }
