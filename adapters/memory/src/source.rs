@@ -423,50 +423,87 @@ pub struct LogStream {
     buf: VecDeque<Entry>,
 }
 
+impl LogStream {
+    /// The entry due now, if the stream holds or can read one without waiting; `Err(None)`
+    /// when the feed was ended (a new history), `Err(Some(e))` when it failed.
+    fn ready(&mut self) -> std::result::Result<Option<Entry>, Option<Error>> {
+        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+            return Err(None);
+        }
+        self.inner.faults.check(Port::Feed).map_err(Some)?;
+        if let Some(entry) = self.buf.pop_front() {
+            return Ok(Some(entry));
+        }
+        self.seen = self.inner.head.version();
+        self.refill().map_err(Some)?;
+        Ok(None)
+    }
+
+    /// Copies up to [`READ_BATCH`] log entries from `next_seq` on, under one lock.
+    fn refill(&mut self) -> Result<()> {
+        let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        if self.next_seq < s.log_base {
+            return Err(Error::unavailable(
+                "feed",
+                "history compacted under an open feed",
+            ));
+        }
+        let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
+        let read: Vec<&Entry> = s.log.iter().skip(skip).take(READ_BATCH).collect();
+        self.next_seq += read.len() as u64;
+        match self.prefix.as_ref() {
+            // The whole log: every seq after an entry is one more to come, so it says how
+            // many (a follower presizes its index and cache by it).
+            None => {
+                let head = s.seq;
+                self.buf.extend(
+                    read.into_iter()
+                        .map(|e| e.clone().with_pending(head.saturating_sub(e.seq))),
+                );
+            }
+            // A view delivers only its prefix's entries: how many is not known.
+            Some(p) => self
+                .buf
+                .extend(read.into_iter().filter(|e| p.matches(&e.key)).cloned()),
+        }
+        Ok(())
+    }
+}
+
 impl FeedStream for LogStream {
     async fn next(&mut self) -> Option<Result<FeedItem>> {
         loop {
-            if self.inner.generation.load(Ordering::Acquire) != self.generation {
-                return None;
-            }
-            if let Err(e) = self.inner.faults.check(Port::Feed) {
-                return Some(Err(e));
-            }
-            if let Some(entry) = self.buf.pop_front() {
-                return Some(Ok(FeedItem::Entry(entry)));
-            }
-            self.seen = self.inner.head.version();
-            {
-                let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
-                if self.next_seq < s.log_base {
-                    return Some(Err(Error::unavailable(
-                        "feed",
-                        "history compacted under an open feed",
-                    )));
-                }
-                let skip = usize::try_from(self.next_seq - s.log_base).unwrap_or(usize::MAX);
-                let read: Vec<&Entry> = s.log.iter().skip(skip).take(READ_BATCH).collect();
-                self.next_seq += read.len() as u64;
-                match self.prefix.as_ref() {
-                    // The whole log: every seq after an entry is one more to come, so it
-                    // says how many (a follower presizes its index and cache by it).
-                    None => {
-                        let head = s.seq;
-                        self.buf.extend(
-                            read.into_iter()
-                                .map(|e| e.clone().with_pending(head.saturating_sub(e.seq))),
-                        );
-                    }
-                    // A view delivers only its prefix's entries: how many is not known.
-                    Some(p) => self
-                        .buf
-                        .extend(read.into_iter().filter(|e| p.matches(&e.key)).cloned()),
-                }
+            match self.ready() {
+                Ok(Some(entry)) => return Some(Ok(FeedItem::Entry(entry))),
+                Ok(None) => {}
+                Err(None) => return None,
+                Err(Some(e)) => return Some(Err(e)),
             }
             if self.buf.is_empty() {
                 self.inner.head.changed_since(self.seen).await;
             }
         }
+    }
+
+    /// What the log holds from `next_seq` on, up to `max`, read 1,024 entries a lock:
+    /// the items `next` would give at once, with the same checks per item.
+    fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        let mut taken = 0;
+        while taken < max {
+            match self.ready() {
+                Ok(Some(entry)) => into.push(Some(Ok(FeedItem::Entry(entry)))),
+                // Read more: nothing new, and `next` would wait.
+                Ok(None) if self.buf.is_empty() => break,
+                Ok(None) => continue,
+                Err(None) => into.push(None),
+                Err(Some(e)) => into.push(Some(Err(e))),
+            }
+            taken += 1;
+            if !matches!(into.last(), Some(Some(Ok(_)))) {
+                break;
+            }
+        }
+        taken
     }
 }
 

@@ -7,8 +7,6 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-
 use tidemark_core::{
     Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
     Input, Notice, Output, Phase, Request, Rng, Status, Token,
@@ -421,17 +419,13 @@ where
         } else {
             SYNC_FEED_BATCH
         };
+        let more = matches!(first, Some(Ok(_)));
         let mut items = vec![first];
-        while items.len() < turn && matches!(items.last(), Some(Some(Ok(_)))) {
-            match &mut self.stream {
-                // Polled once and dropped when not ready, which the cancel-safety of feed
-                // reads allows.
-                Some((t, s)) if *t == token => match s.next().now_or_never() {
-                    Some(item) => items.push(item),
-                    None => break,
-                },
-                _ => break,
-            }
+        if more
+            && let Some((t, s)) = &mut self.stream
+            && *t == token
+        {
+            s.next_ready(turn - 1, &mut items);
         }
         if self.core.needs_keys() {
             let keys: Vec<String> = items

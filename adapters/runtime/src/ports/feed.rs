@@ -2,6 +2,8 @@
 
 use std::future::Future;
 
+use futures::FutureExt;
+
 use tidemark_core::{Entry, FeedInfo, Follow};
 use tokio::sync::watch;
 
@@ -43,6 +45,30 @@ pub trait FeedStream: Send {
     /// and stop, and drops it when another branch wins. A dropped call must lose no item
     /// (buffer what was read, like `tokio::io::AsyncReadExt::read` or an mpsc receiver).
     fn next(&mut self) -> impl Future<Output = Option<Result<FeedItem>>> + Send;
+
+    /// Appends to `into`, in order, up to `max` items that are ready now, without
+    /// waiting: what [`next`](Self::next) would give at once, call after call, until it
+    /// would wait. The stream's end (`None`) or an error, once reached, is appended too and
+    /// is the last item. Returns how many were appended.
+    ///
+    /// The follower task takes a turn's items this way. The default polls `next` once per
+    /// item; a stream that reads in batches (the memory source's log, 1,024 entries a
+    /// lock) hands over what it already holds without a future per item.
+    fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        let mut taken = 0;
+        while taken < max {
+            let Some(item) = self.next().now_or_never() else {
+                break;
+            };
+            let last = !matches!(item, Some(Ok(_)));
+            into.push(item);
+            taken += 1;
+            if last {
+                break;
+            }
+        }
+        taken
+    }
 }
 
 /// A feed of entries: a source's change log (gapless), a KV watch (sparse), or an events
