@@ -93,16 +93,22 @@ impl<D: Decode> Follower<D> {
         }
         let parts = match self.parts.take() {
             Some(parts) if parts.token == token => parts,
-            _ => Box::new(Parts {
-                token,
-                source_watermark,
-                reset: source_watermark < self.watermark,
-                // The snapshot names about as many keys as the cache holds: no regrowth.
-                seen: Seen::Sorted(Vec::with_capacity(self.index.len())),
-                kept: Vec::new(),
-                found: BTreeMap::new(),
-                top: source_watermark,
-            }),
+            _ => {
+                let reset = source_watermark < self.watermark;
+                // The snapshot names about as many keys as the cache holds: room for them
+                // at once, not a regrowth that holds one and a half times as much.
+                let keys = self.index.len();
+                Box::new(Parts {
+                    token,
+                    source_watermark,
+                    reset,
+                    seen: Seen::Sorted(Vec::with_capacity(keys)),
+                    // A new history keeps every entry.
+                    kept: Vec::with_capacity(if reset { keys } else { 0 }),
+                    found: BTreeMap::new(),
+                    top: source_watermark,
+                })
+            }
         };
         let Some(mut parts) = self.same_point(parts, source_watermark, now) else {
             return;
