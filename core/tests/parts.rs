@@ -97,7 +97,10 @@ fn resyncing(start: &Start) -> (H, Token) {
 }
 
 /// A snapshot entry: (key index, seq, value, expires, op is a delete).
-fn snapshot() -> impl Strategy<Value = (Vec<(u8, u64, u8, bool, bool)>, bool, u64)> {
+type RawEntry = (u8, u64, u8, bool, bool);
+
+/// A snapshot's entries, whether they come in key order, and its watermark.
+fn snapshot() -> impl Strategy<Value = (Vec<RawEntry>, bool, u64)> {
     (
         prop::collection::vec(
             (
