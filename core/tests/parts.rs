@@ -165,11 +165,7 @@ proptest! {
         let entries = entries(&start, &raw, sorted);
 
         let (mut whole, token) = resyncing(&start);
-        let whole_out = whole.input(Input::Snapshot {
-            token,
-            entries: entries.clone(),
-            source_watermark,
-        });
+        let whole_out = last(&mut whole, token, entries.clone(), source_watermark);
 
         let (mut split, token) = resyncing(&start);
         let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(entries.len())).collect();
@@ -181,13 +177,13 @@ proptest! {
         }
         parts.push(rest);
         parts.reverse();
-        let last = parts.pop().unwrap();
-        for part in parts {
-            let out = split.input(Input::SnapshotPart { token, entries: part, source_watermark });
+        let rest = parts.pop().unwrap();
+        for entries in parts {
+            let out = part(&mut split, token, entries, source_watermark);
             prop_assert!(out.is_empty(), "a part decides nothing: {out:?}");
             prop_assert_eq!(split.f.phase(), Phase::Resyncing);
         }
-        let split_out = split.input(Input::Snapshot { token, entries: last, source_watermark });
+        let split_out = last(&mut split, token, rest, source_watermark);
 
         prop_assert_eq!(&split_out, &whole_out);
         prop_assert_eq!(split.f.counters(), whole.f.counters());
@@ -196,6 +192,34 @@ proptest! {
             prop_assert_eq!(split.f.seq_of(&key(k)), whole.f.seq_of(&key(k)));
         }
     }
+}
+
+/// Hands `h` a part of the snapshot asked for under `token`.
+fn part(
+    h: &mut H,
+    token: Token,
+    entries: Vec<Entry>,
+    source_watermark: u64,
+) -> Vec<Output<String>> {
+    h.input(Input::SnapshotPart {
+        token,
+        entries,
+        source_watermark,
+    })
+}
+
+/// Hands `h` the last part (or the whole) of the snapshot asked for under `token`.
+fn last(
+    h: &mut H,
+    token: Token,
+    entries: Vec<Entry>,
+    source_watermark: u64,
+) -> Vec<Output<String>> {
+    h.input(Input::Snapshot {
+        token,
+        entries,
+        source_watermark,
+    })
 }
 
 /// A cache of `n` keys `k0..` at seqs 1..=n, watermark `n`, resyncing.
@@ -216,24 +240,16 @@ fn held(k: u8, seq: u64) -> Entry {
 #[test]
 fn a_part_keeps_only_the_entries_that_differ_from_the_cache() {
     let (mut h, token) = cache_of(4);
-    let part: Vec<Entry> = vec![held(0, 1), held(1, 9), held(2, 3), held(3, 4)];
-    let keys: Vec<Arc<str>> = part.iter().map(|e| Arc::clone(&e.key)).collect();
-    h.input(Input::SnapshotPart {
-        token,
-        entries: part,
-        source_watermark: 9,
-    });
+    let entries = vec![held(0, 1), held(1, 9), held(2, 3), held(3, 4)];
+    let keys: Vec<Arc<str>> = entries.iter().map(|e| Arc::clone(&e.key)).collect();
+    part(&mut h, token, entries, 9);
     // The unchanged entries were dropped whole (their keys are recorded with the index's
     // own allocation); the changed one is held for the last part.
     assert_eq!(Arc::strong_count(&keys[0]), 1);
     assert!(Arc::strong_count(&keys[1]) > 1, "the changed entry is kept");
     assert_eq!(Arc::strong_count(&keys[2]), 1);
     assert_eq!(Arc::strong_count(&keys[3]), 1);
-    let out = h.input(Input::Snapshot {
-        token,
-        entries: Vec::new(),
-        source_watermark: 9,
-    });
+    let out = last(&mut h, token, Vec::new(), 9);
     assert_eq!(puts(&out), vec![(key(1), 9, "v1".to_owned())]);
     assert!(removes(&out).is_empty());
     assert_eq!(h.f.watermark(), 9);
@@ -242,22 +258,14 @@ fn a_part_keeps_only_the_entries_that_differ_from_the_cache() {
 #[test]
 fn a_new_history_in_parts_keeps_every_entry_and_replaces_the_cache() {
     let (mut h, token) = cache_of(4);
-    let part = vec![held(0, 1), held(1, 2)];
-    let keys: Vec<Arc<str>> = part.iter().map(|e| Arc::clone(&e.key)).collect();
-    h.input(Input::SnapshotPart {
-        token,
-        entries: part,
-        source_watermark: 2,
-    });
+    let entries = vec![held(0, 1), held(1, 2)];
+    let keys: Vec<Arc<str>> = entries.iter().map(|e| Arc::clone(&e.key)).collect();
+    part(&mut h, token, entries, 2);
     assert!(
         keys.iter().all(|k| Arc::strong_count(k) > 1),
         "a new history keeps all"
     );
-    let out = h.input(Input::Snapshot {
-        token,
-        entries: Vec::new(),
-        source_watermark: 2,
-    });
+    let out = last(&mut h, token, Vec::new(), 2);
     assert_eq!(h.f.counters().resets, 1);
     assert_eq!(puts(&out).len(), 2);
     assert_eq!(removes(&out), vec![(key(2), 2), (key(3), 2)]);
@@ -268,19 +276,11 @@ fn a_new_history_in_parts_keeps_every_entry_and_replaces_the_cache() {
 fn a_part_for_another_token_is_ignored() {
     let (mut h, token) = cache_of(2);
     let stale = Token(token.0 + 100);
-    let out = h.input(Input::SnapshotPart {
-        token: stale,
-        entries: vec![held(0, 7)],
-        source_watermark: 7,
-    });
+    let out = part(&mut h, stale, vec![held(0, 7)], 7);
     assert!(out.is_empty());
     assert_eq!(h.f.counters().ignored, 1);
     // The stale part kept nothing: the real answer decides alone.
-    let out = h.input(Input::Snapshot {
-        token,
-        entries: vec![held(0, 1), held(1, 2)],
-        source_watermark: 7,
-    });
+    let out = last(&mut h, token, vec![held(0, 1), held(1, 2)], 7);
     assert!(puts(&out).is_empty());
     assert_eq!(h.f.seq_of("k0"), Some(1));
     assert_eq!(h.f.watermark(), 7);
@@ -289,16 +289,8 @@ fn a_part_for_another_token_is_ignored() {
 #[test]
 fn parts_from_different_points_in_time_fail_the_read_and_it_is_read_again() {
     let (mut h, token) = cache_of(2);
-    h.input(Input::SnapshotPart {
-        token,
-        entries: vec![held(0, 8)],
-        source_watermark: 8,
-    });
-    let out = h.input(Input::Snapshot {
-        token,
-        entries: vec![held(1, 2)],
-        source_watermark: 9,
-    });
+    part(&mut h, token, vec![held(0, 8)], 8);
+    let out = last(&mut h, token, vec![held(1, 2)], 9);
     assert!(
         puts(&out).is_empty() && removes(&out).is_empty(),
         "nothing applied: {out:?}"
@@ -319,17 +311,9 @@ fn parts_from_different_points_in_time_fail_the_read_and_it_is_read_again() {
     let again = h.request.unwrap();
     assert_ne!(again, token);
     // The late rest of the failed read is ignored; the new read decides.
-    h.input(Input::Snapshot {
-        token,
-        entries: vec![held(1, 9)],
-        source_watermark: 9,
-    });
+    last(&mut h, token, vec![held(1, 9)], 9);
     assert_eq!(h.f.seq_of("k1"), Some(2));
-    let out = h.input(Input::Snapshot {
-        token: again,
-        entries: vec![held(0, 8), held(1, 9)],
-        source_watermark: 9,
-    });
+    let out = last(&mut h, again, vec![held(0, 8), held(1, 9)], 9);
     assert_eq!(puts(&out).len(), 2);
     assert_eq!(h.f.watermark(), 9);
 }
@@ -337,11 +321,7 @@ fn parts_from_different_points_in_time_fail_the_read_and_it_is_read_again() {
 #[test]
 fn a_read_that_fails_midway_drops_its_parts() {
     let (mut h, token) = cache_of(2);
-    h.input(Input::SnapshotPart {
-        token,
-        entries: vec![held(0, 8)],
-        source_watermark: 8,
-    });
+    part(&mut h, token, vec![held(0, 8)], 8);
     h.input(Input::RequestFailed {
         token,
         error: "gone".into(),
@@ -350,11 +330,7 @@ fn a_read_that_fails_midway_drops_its_parts() {
     let again = h.request.unwrap();
     assert_ne!(again, token);
     // Only the new read counts: k0 unchanged there, k1 gone.
-    let out = h.input(Input::Snapshot {
-        token: again,
-        entries: vec![held(0, 1)],
-        source_watermark: 8,
-    });
+    let out = last(&mut h, again, vec![held(0, 1)], 8);
     assert!(puts(&out).is_empty());
     assert_eq!(removes(&out), vec![(key(1), 8)]);
 }
@@ -366,16 +342,8 @@ fn a_value_that_expires_after_its_part_passed_has_the_snapshot_read_again() {
     let (mut h, token) = cache_of(1);
     let mut e = Entry::put(5, "k9", "v1");
     e.expires_in = Some(Duration::from_secs(1));
-    h.input(Input::SnapshotPart {
-        token,
-        entries: vec![held(0, 1)],
-        source_watermark: 5,
-    });
-    h.input(Input::Snapshot {
-        token,
-        entries: vec![e],
-        source_watermark: 5,
-    });
+    part(&mut h, token, vec![held(0, 1)], 5);
+    last(&mut h, token, vec![e], 5);
     assert_eq!(h.f.seq_of("k9"), Some(5));
     // A second resync (a compaction again), the part passes, then the value expires.
     let feed = h.feed.unwrap();
@@ -386,11 +354,12 @@ fn a_value_that_expires_after_its_part_passed_has_the_snapshot_read_again() {
     h.run_to_timeout();
     h.reopen(sparse(20, 30));
     let token = h.request.unwrap();
-    h.input(Input::SnapshotPart {
+    part(
+        &mut h,
         token,
-        entries: vec![held(0, 1), Entry::put(5, "k9", "v1")],
-        source_watermark: 5,
-    });
+        vec![held(0, 1), Entry::put(5, "k9", "v1")],
+        5,
+    );
     let out = h.advance(Duration::from_secs(2));
     assert_eq!(removes(&out), vec![("k9".to_owned(), 5)]);
     let again = h.request.unwrap();
@@ -399,11 +368,12 @@ fn a_value_that_expires_after_its_part_passed_has_the_snapshot_read_again() {
         out.iter()
             .any(|o| matches!(o, Output::Request(Request::Snapshot { .. })))
     );
-    let out = h.input(Input::Snapshot {
-        token: again,
-        entries: vec![held(0, 1), Entry::put(5, "k9", "v1")],
-        source_watermark: 5,
-    });
+    let out = last(
+        &mut h,
+        again,
+        vec![held(0, 1), Entry::put(5, "k9", "v1")],
+        5,
+    );
     assert_eq!(puts(&out), vec![("k9".to_owned(), 5, "v1".to_owned())]);
 }
 
@@ -415,11 +385,7 @@ fn an_expiring_value_is_kept_so_its_expiry_between_parts_needs_no_second_read() 
         e
     };
     let (mut h, token) = cache_of(1);
-    h.input(Input::Snapshot {
-        token,
-        entries: vec![held(0, 1), expiring()],
-        source_watermark: 5,
-    });
+    last(&mut h, token, vec![held(0, 1), expiring()], 5);
     let feed = h.feed.unwrap();
     h.input(Input::FeedFailed {
         token: feed,
@@ -428,19 +394,11 @@ fn an_expiring_value_is_kept_so_its_expiry_between_parts_needs_no_second_read() 
     h.run_to_timeout();
     h.reopen(sparse(20, 30));
     let token = h.request.unwrap();
-    h.input(Input::SnapshotPart {
-        token,
-        entries: vec![held(0, 1), expiring()],
-        source_watermark: 5,
-    });
+    part(&mut h, token, vec![held(0, 1), expiring()], 5);
     let out = h.advance(Duration::from_secs(2));
     assert_eq!(removes(&out), vec![("k9".to_owned(), 5)]);
     assert_eq!(h.request, Some(token), "the same read goes on");
     // As the whole snapshot read before the expiry would: the source still held it.
-    let out = h.input(Input::Snapshot {
-        token,
-        entries: Vec::new(),
-        source_watermark: 5,
-    });
+    let out = last(&mut h, token, Vec::new(), 5);
     assert_eq!(puts(&out), vec![("k9".to_owned(), 5, "v1".to_owned())]);
 }
