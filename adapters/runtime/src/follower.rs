@@ -752,11 +752,7 @@ where
                         self.sink_failed(e).await?;
                         continue;
                     }
-                    match self.read_snapshot(token, stop).await {
-                        SnapshotRead::Answer(input) => Some(input),
-                        SnapshotRead::Stopped => None,
-                        SnapshotRead::GivenUp => continue,
-                    }
+                    self.read_snapshot(token, stop).await
                 }
                 Request::ListKeys { token } => {
                     match or_stop(stop, self.source.present_keys()).await {
@@ -809,12 +805,13 @@ where
     /// Reads the snapshot asked for under `token` part by part
     /// ([`Source::snapshot_parts`]), handing the core each part as it comes
     /// ([`Input::SnapshotPart`]) and the last as [`Input::Snapshot`], which is the answer
-    /// returned. One part is held back so that the last can be told apart; a snapshot of
-    /// one part is handed over whole.
-    async fn read_snapshot(&mut self, token: Token, stop: &mut StopSignal) -> SnapshotRead {
+    /// returned (`None`: a stop came first). One part is held back so that the last can
+    /// be told apart; a snapshot of one part is handed over whole. A part decides nothing,
+    /// so nothing waits to be carried out between parts.
+    async fn read_snapshot(&mut self, token: Token, stop: &mut StopSignal) -> Option<Input> {
         let read = match or_stop(stop, self.source.snapshot_parts(self.snapshot_part_len)).await {
-            None => return SnapshotRead::Stopped,
-            Some(Err(e)) => return SnapshotRead::Answer(failed(token, &e)),
+            None => return None,
+            Some(Err(e)) => return Some(failed(token, &e)),
             Some(Ok(read)) => read,
         };
         // A snapshot reads the source whole: its head now, even a lower one.
@@ -824,10 +821,10 @@ where
         let mut held: Vec<tidemark_core::Entry> = Vec::new();
         loop {
             let next = match or_stop(stop, parts.next()).await {
-                None => return SnapshotRead::Stopped,
+                None => return None,
                 Some(None) => break,
                 // The core drops what it kept and reads again after a backoff.
-                Some(Some(Err(e))) => return SnapshotRead::Answer(failed(token, &e)),
+                Some(Some(Err(e))) => return Some(failed(token, &e)),
                 Some(Some(Ok(next))) => next,
             };
             let entries = std::mem::replace(&mut held, next);
@@ -842,13 +839,8 @@ where
                 },
                 self.clock.now(),
             );
-            if self.core.peek_output().is_some() {
-                // A part decides nothing unless the core gave the read up: the rest of
-                // these parts would be ignored, and what it decided comes first.
-                return SnapshotRead::GivenUp;
-            }
         }
-        SnapshotRead::Answer(Input::Snapshot {
+        Some(Input::Snapshot {
             token,
             entries: held,
             source_watermark,
@@ -1081,16 +1073,6 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-/// How a snapshot read in parts ended.
-enum SnapshotRead {
-    /// The answer to hand the core: the last part, or the failure.
-    Answer(Input),
-    /// A stop came first.
-    Stopped,
-    /// The core gave the read up midway and decided something else, which comes next.
-    GivenUp,
 }
 
 /// The input that reports request `token` failed with `e`.
