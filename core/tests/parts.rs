@@ -402,3 +402,49 @@ fn an_expiring_value_is_kept_so_its_expiry_between_parts_needs_no_second_read() 
     let out = last(&mut h, token, Vec::new(), 5);
     assert_eq!(puts(&out), vec![("k9".to_owned(), 5, "v1".to_owned())]);
 }
+
+#[test]
+fn a_sink_that_fails_between_parts_drops_them_and_the_rest_is_ignored() {
+    let (mut h, token) = cache_of(2);
+    part(&mut h, token, vec![held(0, 8)], 8);
+    let out = h.input(Input::SinkFailed {
+        error: "disk full".into(),
+    });
+    assert!(puts(&out).is_empty() && removes(&out).is_empty());
+    let ignored = h.f.counters().ignored;
+    let out = last(&mut h, token, vec![held(1, 2)], 8);
+    assert!(puts(&out).is_empty(), "the old read's last part is ignored");
+    assert_eq!(h.f.counters().ignored, ignored + 1);
+    assert_eq!(h.f.watermark(), 2);
+    // The read asked for again after the backoff decides alone.
+    h.run_to_timeout();
+    let again = h.request.unwrap();
+    assert_ne!(again, token);
+    let out = last(&mut h, again, vec![held(0, 8)], 8);
+    assert_eq!(puts(&out), vec![(key(0), 8, "v1".to_owned())]);
+    assert_eq!(removes(&out), vec![(key(1), 8)]);
+}
+
+#[test]
+fn keys_remembered_between_parts_have_the_snapshot_read_again() {
+    let (mut h, token) = cache_of(2);
+    part(&mut h, token, vec![held(0, 1)], 8);
+    h.f.remember([(key(5), 4)]);
+    let out = h.drain();
+    assert!(
+        out.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "the snapshot is asked for again: {out:?}"
+    );
+    let again = h.request.unwrap();
+    assert_ne!(again, token);
+    last(&mut h, token, vec![held(1, 2)], 8);
+    assert_eq!(h.f.watermark(), 2, "the old read's last part is ignored");
+    let out = last(&mut h, again, vec![held(0, 1), held(1, 2)], 8);
+    assert_eq!(
+        removes(&out),
+        vec![(key(5), 8)],
+        "the remembered key is judged too"
+    );
+    assert_eq!(h.f.watermark(), 8);
+}
