@@ -379,10 +379,11 @@ pub enum Input {
     /// have. A part for another token is ignored like any stale answer. A part whose
     /// watermark differs from the first's (parts from different points in time) fails the
     /// read: what was kept is dropped and the snapshot read again after the failure
-    /// backoff. Should the index change between parts (a sink that failed, a value that
-    /// expired after its part passed, keys remembered), the follower drops what it kept
-    /// and asks for the snapshot again under a new token. [`Input::RequestFailed`] for the
-    /// token drops what was kept too.
+    /// backoff. Should the index change between parts (a value that expired after its
+    /// part passed without its entry being kept, keys remembered), the follower drops what
+    /// it kept and asks for the snapshot again under a new token; [`Input::SinkFailed`]
+    /// and [`Input::RequestFailed`] for the token drop it too, and what they schedule
+    /// reads again.
     SnapshotPart {
         /// The request's token.
         token: Token,
