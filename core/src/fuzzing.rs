@@ -305,10 +305,20 @@ pub fn follower_inputs(data: &[u8]) {
             },
             10 => {
                 let entries = (0..b.small(4)).map(|_| entry(&mut b)).collect();
-                Input::Snapshot {
-                    token: req,
-                    entries,
-                    source_watermark: b.seq(48),
+                let source_watermark = b.seq(48);
+                // Sometimes a part of a snapshot read in parts, whose rest may never come.
+                if b.small(3) == 0 {
+                    Input::SnapshotPart {
+                        token: req,
+                        entries,
+                        source_watermark,
+                    }
+                } else {
+                    Input::Snapshot {
+                        token: req,
+                        entries,
+                        source_watermark,
+                    }
                 }
             }
             11 => {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
+use tidemark_sim::remote::PartReads;
 use tidemark_sim::scenario::{FaultKind, Scenario, Strategy, plan};
 use tidemark_sim::world::{Outcome, run};
 
@@ -322,6 +323,19 @@ fn summary(args: &Args, outcomes: &[Outcome], elapsed: Duration) -> ExitCode {
         total(|o| o.sweeps.removed.2),
         total(|o| o.sweeps.jobs_removed),
         sum(|o| o.sweeps.forced),
+    );
+    let reads = outcomes.iter().fold(PartReads::default(), |mut all, o| {
+        all.reads += o.part_reads.reads;
+        all.split += o.part_reads.split;
+        all.parts += o.part_reads.parts;
+        all
+    });
+    println!(
+        "resync snapshots read in parts {} · of more than one part {} · parts {} · seeds with a read of more than one part {}",
+        reads.reads,
+        reads.split,
+        reads.parts,
+        outcomes.iter().filter(|o| o.part_reads.split > 0).count(),
     );
     println!(
         "convergence after healing (simulated): p50 {:.2}s  p90 {:.2}s  p99 {:.2}s  max {:.2}s",

@@ -1,17 +1,19 @@
 //! The ports, implemented over the sim's wire protocol: what writers and followers on
 //! other hosts use to reach the source host through turmoil's network.
 
+use std::cell::Cell;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::sync::watch;
 
 use tidemark::tidemark_core::{Entry, FeedInfo, Follow};
 use tidemark::{
     Changes, Claimed, Cursors, Error, Feed, FeedItem, FeedStream, Opened, Outbox, OutboxUpdate,
-    OutboxWatch, Publish, Received, Result, Snapshot, Source, ValueAt, Versioned, Wake,
-    WakeListener,
+    OutboxWatch, Publish, Received, Result, Snapshot, SnapshotParts, Source, ValueAt, Versioned,
+    Wake, WakeListener,
 };
 use turmoil::net::TcpStream;
 
@@ -21,10 +23,43 @@ use crate::server::PORT;
 /// How long connecting may take before the link counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+thread_local! {
+    /// The snapshots read in parts on this thread (a run is simulated on one): reads,
+    /// reads of more than one part, parts.
+    static PART_READS: Cell<PartReads> = const { Cell::new(PartReads { reads: 0, split: 0, parts: 0 }) };
+}
+
+/// Snapshots read in parts during a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartReads {
+    /// Snapshots read in parts.
+    pub reads: u32,
+    /// Of them, those of more than one part.
+    pub split: u32,
+    /// Parts in all.
+    pub parts: u64,
+}
+
+/// The snapshots read in parts on this thread since the last call.
+#[must_use]
+pub fn take_part_reads() -> PartReads {
+    PART_READS.replace(PartReads::default())
+}
+
+/// What a part of a snapshot read part by part comes from: the read the first came from,
+/// or (a naive client) a read of its own, after the last key of the part before.
+enum NextPart {
+    Part(Vec<Entry>),
+    After(Arc<str>),
+}
+
 /// A client of the source host named `host`. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Remote {
     host: String,
+    /// A naive client: each part of a snapshot read in parts is read at its own moment,
+    /// not at the first part's point in time.
+    parts_apart: bool,
     /// Writes go through the announcing source (an outbox row in the same step).
     announced: bool,
     /// The relay publishing through this client, named to the source host's ledger.
@@ -73,10 +108,20 @@ impl Remote {
     pub fn new(host: impl Into<String>) -> Self {
         Remote {
             host: host.into(),
+            parts_apart: false,
             announced: false,
             by: None,
             link: Arc::default(),
         }
+    }
+
+    /// A naive client that reads each part of a snapshot read in parts at its own moment
+    /// (a paging query outside any read transaction): the parts come from different
+    /// points in time under one watermark.
+    #[must_use]
+    pub fn reading_parts_apart(mut self) -> Self {
+        self.parts_apart = true;
+        self
     }
 
     /// A client whose writes go through the source host's announcing source: each
@@ -231,6 +276,56 @@ impl Source for Remote {
             }),
             r => Err(unexpected("source", &r)),
         }
+    }
+
+    /// The source host answers a snapshot in one message: it is read once and handed out
+    /// in parts (the default's way), counted for the campaign's summary. A naive client
+    /// ([`reading_parts_apart`](Self::reading_parts_apart)) reads every part after the
+    /// first again, at its own moment.
+    async fn snapshot_parts(&self, part_len: usize) -> Result<SnapshotParts<'_>> {
+        let snap = self.snapshot().await?;
+        let part_len = part_len.max(1);
+        let parts = snap.entries.len().div_ceil(part_len);
+        PART_READS.with(|c| {
+            let mut r = c.get();
+            r.reads += 1;
+            r.split += u32::from(parts > 1);
+            r.parts += parts as u64;
+            c.set(r);
+        });
+        let watermark = snap.watermark;
+        let mut entries = snap.entries.into_iter();
+        if !self.parts_apart {
+            let parts = std::iter::from_fn(move || {
+                let part: Vec<Entry> = entries.by_ref().take(part_len).collect();
+                (!part.is_empty()).then_some(Ok(part))
+            });
+            return Ok(SnapshotParts {
+                watermark,
+                parts: futures::stream::iter(parts).boxed(),
+            });
+        }
+        let first: Vec<Entry> = entries.by_ref().take(part_len).collect();
+        let parts = futures::stream::unfold(Some(NextPart::Part(first)), move |next| async move {
+            let part = match next? {
+                NextPart::Part(part) => part,
+                NextPart::After(after) => match self.snapshot().await {
+                    Ok(now) => now
+                        .entries
+                        .into_iter()
+                        .filter(|e| *e.key > *after)
+                        .take(part_len)
+                        .collect(),
+                    Err(e) => return Some((Err(e), None)),
+                },
+            };
+            let after = Arc::clone(&part.last()?.key);
+            Some((Ok(part), Some(NextPart::After(after))))
+        });
+        Ok(SnapshotParts {
+            watermark,
+            parts: parts.boxed(),
+        })
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {

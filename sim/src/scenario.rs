@@ -162,6 +162,10 @@ pub enum Strategy {
     /// Persisted followers save the watermark before the batch's rows, in two writes: a
     /// crash between them loses rows the watermark claims.
     WatermarkBeforeRows,
+    /// Followers read a resync's snapshot in parts each read at its own moment (paging
+    /// outside a read transaction), under the first part's watermark: a change made
+    /// between parts shows in some and not others.
+    PartsApart,
 }
 
 /// The default simulation step. Every step runs every host's runtime for the step, idle or

@@ -19,7 +19,7 @@ use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
 use crate::ops::{self, JobFaults, JobLedger};
 use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences, holds};
-use crate::remote::{Remote, RemoteEvents};
+use crate::remote::{PartReads, Remote, RemoteEvents};
 use crate::scenario::{
     Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, relay_host,
     writer_host,
@@ -71,6 +71,8 @@ pub struct FollowerSpec {
     /// Runs as a user's worker under a [`Supervisor`] that restarts it when a handler
     /// fails (keeping what it applied), instead of as a bare follower task.
     pub supervised: bool,
+    /// Reads each part of a resync's snapshot at its own moment (a naive strategy).
+    pub parts_apart: bool,
 }
 
 impl FollowerSpec {
@@ -116,6 +118,8 @@ pub struct Outcome {
     pub jobs: (u32, u32, u32, u32),
     /// The sweepers: sweeps, takeovers, rows removed, cursors forced past.
     pub sweeps: SweepCounts,
+    /// The followers' snapshots read in parts.
+    pub part_reads: PartReads,
 }
 
 impl Outcome {
@@ -407,23 +411,17 @@ async fn follower(
     }
     match (spec.durability, store) {
         (Durability::Volatile, _) | (_, None) => {
-            drive(spec.kind, config, probe.sink(Volatile), false).await
+            drive(&spec, config, probe.sink(Volatile), false).await
         }
         (Durability::Store, Some(store)) => {
-            drive(spec.kind, config, probe.sink(store.sink()), true).await
+            drive(&spec, config, probe.sink(store.sink()), true).await
         }
         (Durability::ForgetsIndex, Some(store)) => {
-            drive(
-                spec.kind,
-                config,
-                probe.sink(ForgetsIndex(store.sink())),
-                true,
-            )
-            .await
+            drive(&spec, config, probe.sink(ForgetsIndex(store.sink())), true).await
         }
         (Durability::WatermarkFirst, Some(store)) => {
             drive(
-                spec.kind,
+                &spec,
                 config,
                 probe.sink(WatermarkFirst(store.sink())),
                 true,
@@ -489,6 +487,26 @@ impl Worker for ProbeWorker {
     }
 }
 
+/// A follower's client of the source host: a naive one for a follower that reads a
+/// snapshot's parts apart.
+fn source_client(spec: &FollowerSpec) -> Remote {
+    let remote = Remote::new(SOURCE);
+    if spec.parts_apart {
+        remote.reading_parts_apart()
+    } else {
+        remote
+    }
+}
+
+/// How many entries a part of a follower's resync snapshot holds: small (1 to 8) and
+/// drawn from its seed, so that resyncs in a campaign come in many parts, split at many
+/// places.
+fn snapshot_part_len(config: &FollowerConfig) -> usize {
+    let seed = config.seed().unwrap_or(0);
+    // Bits the follower's other seeded choices do not start from.
+    1 + usize::try_from((seed >> 17) % 8).unwrap_or(0)
+}
+
 /// Runs a follower as a supervised worker (change log and wakes), restarted with a
 /// backoff whenever a handler fails, and reports its supervisor's view to the probe.
 async fn supervised(
@@ -498,7 +516,7 @@ async fn supervised(
     probe: Probe,
     fail_next: Arc<AtomicU32>,
 ) -> turmoil::Result {
-    let remote = Remote::new(SOURCE);
+    let remote = source_client(&spec);
     let worker = ProbeWorker {
         name: spec.name.clone(),
         config: config.clone(),
@@ -506,6 +524,7 @@ async fn supervised(
         fail_next,
     };
     let supervisor = Supervisor::new(seed);
+    let part_len = snapshot_part_len(&config);
     let task = FollowerTask::new(
         config,
         Utf8,
@@ -513,6 +532,7 @@ async fn supervised(
         remote.clone(),
         WorkerSink(worker),
     )
+    .snapshot_part_len(part_len)
     .with_wake(ReconnectingListener::new(remote.clone(), CHANNEL));
     supervisor.supervise(task, RestartPolicy::with_backoff())?;
     let mut phase = None;
@@ -532,23 +552,27 @@ async fn supervised(
 /// Runs one follower of `kind` into `sink` on the runtime's one driver; a `durable` one
 /// that follows the events stream keeps a durable cursor on it.
 async fn drive<K: Sink<String> + 'static>(
-    kind: Kind,
+    spec: &FollowerSpec,
     config: FollowerConfig,
     sink: K,
     durable: bool,
 ) -> turmoil::Result {
-    let remote = Remote::new(SOURCE);
+    let kind = spec.kind;
+    let remote = source_client(spec);
     let wake = || ReconnectingListener::new(remote.clone(), CHANNEL);
     let stop = StopSignal::never();
+    let part_len = snapshot_part_len(&config);
     let status = match kind {
         Kind::Log => {
             FollowerTask::new(config, Utf8, remote.clone(), remote.clone(), sink)
+                .snapshot_part_len(part_len)
                 .with_wake(wake())
                 .run(stop)
                 .await
         }
         Kind::WakeOnly => {
             FollowerTask::new(config, Utf8, remote.clone(), NoFeed, sink)
+                .snapshot_part_len(part_len)
                 .with_wake(wake())
                 .run(stop)
                 .await
@@ -559,6 +583,7 @@ async fn drive<K: Sink<String> + 'static>(
             let events = RemoteEvents(remote.clone());
             let name = config.name().to_owned();
             FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .snapshot_part_len(part_len)
                 .with_cursor(remote.clone(), name)
                 .with_wake(wake())
                 .run(stop)
@@ -567,6 +592,7 @@ async fn drive<K: Sink<String> + 'static>(
         Kind::Events => {
             let events = RemoteEvents(remote.clone());
             FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .snapshot_part_len(part_len)
                 .with_wake(wake())
                 .run(stop)
                 .await
@@ -574,12 +600,14 @@ async fn drive<K: Sink<String> + 'static>(
         Kind::NewOnly => {
             let feed = NewOnlyFeed(remote.clone());
             FollowerTask::new(config, Utf8, remote.clone(), feed, sink)
+                .snapshot_part_len(part_len)
                 .run(stop)
                 .await
         }
         Kind::EventsNoReconcile => {
             let events = EventsAsReplay(RemoteEvents(remote.clone()));
             FollowerTask::new(config, Utf8, remote.clone(), events, sink)
+                .snapshot_part_len(part_len)
                 .run(stop)
                 .await
         }
@@ -602,6 +630,7 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 Strategy::NoReconcile => (Kind::EventsNoReconcile, Durability::Store),
                 Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
                 Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
+                Strategy::PartsApart => (correct, Durability::Store),
             };
             let persisted = s.persisted(i);
             FollowerSpec {
@@ -613,6 +642,7 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                     Durability::Volatile
                 },
                 supervised: !persisted && kind == Kind::Log,
+                parts_apart: s.strategy == Strategy::PartsApart,
             }
         })
         .collect()
@@ -621,6 +651,8 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
 /// Runs one seed of `scenario`.
 #[must_use]
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
+    // Counted from here: a run is simulated on one thread, which may have run others.
+    let _ = crate::remote::take_part_reads();
     let trace = Trace::new(scenario.keep_trace);
     let history = History::default();
     let ledger = RelayLedger::default();
@@ -1459,5 +1491,6 @@ fn finish(
             jobs_removed: seen.jobs.jobs_removed(),
             ..seen.sweeps.counts()
         },
+        part_reads: crate::remote::take_part_reads(),
     }
 }

@@ -4,10 +4,12 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use futures::StreamExt;
+
 use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Op};
 use tidemark::{
-    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, ValueAt,
-    Versioned, check_key_within, check_value,
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, SnapshotParts, Source,
+    ValueAt, Versioned, check_key_within, check_value,
 };
 
 use crate::faults::{Faults, Port};
@@ -18,12 +20,29 @@ pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
 /// How many log entries a feed copies per lock of the source.
 const READ_BATCH: usize = 1024;
 
+/// A current value: shared, so that a snapshot read in parts can hold every value of its
+/// point in time without copying them all at once.
+#[derive(Clone, Debug)]
+struct Stored {
+    seq: u64,
+    value: Arc<[u8]>,
+}
+
+impl Stored {
+    fn versioned(&self) -> Versioned {
+        Versioned {
+            seq: self.seq,
+            value: self.value.to_vec(),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default)]
 struct State {
     seq: u64,
     /// Keys shared with the log's entries: a snapshot, the log and a follower's cache
     /// hold one allocation per key.
-    entries: BTreeMap<Arc<str>, Versioned>,
+    entries: BTreeMap<Arc<str>, Stored>,
     /// Every mutation from `log_base` on, in seq order (`log[i].seq == log_base + i`).
     log: VecDeque<Entry>,
     log_base: u64,
@@ -134,7 +153,7 @@ impl MemorySource {
     }
 
     /// The current entries this view carries, in key order.
-    fn current<'s>(&self, s: &'s State) -> impl Iterator<Item = (&'s Arc<str>, &'s Versioned)> {
+    fn current<'s>(&self, s: &'s State) -> impl Iterator<Item = (&'s Arc<str>, &'s Stored)> {
         let from = self.prefix.as_ref().map_or("", KeyPrefix::as_str);
         let prefix = self.prefix.clone();
         s.entries
@@ -171,9 +190,9 @@ impl MemorySource {
             if op == Op::Put {
                 s.entries.insert(
                     Arc::clone(&key),
-                    Versioned {
+                    Stored {
                         seq,
-                        value: value.clone(),
+                        value: value.as_slice().into(),
                     },
                 );
             } else {
@@ -270,7 +289,7 @@ impl MemorySource {
         let s = self.state();
         s.entries
             .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
+            .map(|(k, v)| (k.to_string(), v.versioned()))
             .collect()
     }
 
@@ -311,9 +330,9 @@ impl Source for MemorySource {
             };
             s.entries.insert(
                 Arc::clone(&key),
-                Versioned {
+                Stored {
                     seq,
-                    value: value.clone(),
+                    value: value.as_slice().into(),
                 },
             );
             if let Some(announce) = &self.announce {
@@ -377,9 +396,46 @@ impl Source for MemorySource {
         Ok(Snapshot {
             entries: self
                 .current(&s)
-                .map(|(k, v)| Entry::put(v.seq, Arc::clone(k), v.value.clone()))
+                .map(|(k, v)| Entry::put(v.seq, Arc::clone(k), v.value.to_vec()))
                 .collect(),
             watermark: s.seq,
+        })
+    }
+
+    /// Takes a handle on every current value under the lock (its key, seq and shared
+    /// bytes, about 40 bytes an entry) and copies each part's values as the part is read:
+    /// one point in time, without a second copy of the source at once. Each part consults
+    /// the faults, as a read over a connection that can drop midway would.
+    async fn snapshot_parts(&self, part_len: usize) -> Result<SnapshotParts<'_>> {
+        self.inner.faults.check(Port::Source)?;
+        let (watermark, handles) = {
+            let s = self.state();
+            let handles: Vec<(Arc<str>, u64, Arc<[u8]>)> = self
+                .current(&s)
+                .map(|(k, v)| (Arc::clone(k), v.seq, Arc::clone(&v.value)))
+                .collect();
+            (s.seq, handles)
+        };
+        let part_len = part_len.max(1);
+        let faults = self.inner.faults.clone();
+        let mut handles = handles.into_iter();
+        let parts = std::iter::from_fn(move || {
+            if handles.len() == 0 {
+                return None;
+            }
+            if let Err(e) = faults.check(Port::Source) {
+                return Some(Err(e));
+            }
+            let part: Vec<Entry> = handles
+                .by_ref()
+                .take(part_len)
+                .map(|(key, seq, value)| Entry::put(seq, key, value.to_vec()))
+                .collect();
+            Some(Ok(part))
+        });
+        Ok(SnapshotParts {
+            watermark,
+            parts: futures::stream::iter(parts).boxed(),
         })
     }
 
@@ -392,7 +448,7 @@ impl Source for MemorySource {
         self.inner.faults.check(Port::Source)?;
         let s = self.state();
         let value = if self.holds(key) {
-            s.entries.get(key).cloned()
+            s.entries.get(key).map(Stored::versioned)
         } else {
             None
         };

@@ -7,6 +7,8 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+
 use tidemark_core::{
     Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
     Input, Notice, Output, Phase, Request, Rng, Status, Token,
@@ -25,6 +27,11 @@ use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::Sink;
 use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
+
+/// Entries a part of a resync's snapshot holds at most, unless
+/// [`FollowerTask::snapshot_part_len`] says otherwise: with 100-byte values about 3.5 MB a
+/// part, a small share of a large cache's memory, in calls few enough not to matter.
+pub const DEFAULT_SNAPSHOT_PART_LEN: usize = 16_384;
 
 /// What one reconcile caught up.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -113,6 +120,8 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// Its series, registered when it first runs (with the recorder installed then).
     metrics: Option<FollowerMetrics>,
     progress: Arc<Progress>,
+    /// Entries a part of a resync's snapshot holds at most.
+    snapshot_part_len: usize,
 }
 
 impl<S, F, D, K> FollowerTask<S, F, NoCursors, NoWake, D, K>
@@ -175,6 +184,7 @@ where
             head: 0,
             metrics: None,
             progress: Arc::default(),
+            snapshot_part_len: DEFAULT_SNAPSHOT_PART_LEN,
         }
     }
 }
@@ -192,6 +202,16 @@ where
     #[must_use]
     pub fn source_name(mut self, name: impl Into<String>) -> Self {
         self.source_name = name.into();
+        self
+    }
+
+    /// Reads a resync's snapshot in parts of at most `len` entries (at least 1; default
+    /// [`DEFAULT_SNAPSHOT_PART_LEN`]): the follower keeps only what differs from its cache
+    /// as each part passes, so a resync holds about one part of the source beside what
+    /// changed. Smaller parts cost more calls to the source; larger ones more memory.
+    #[must_use]
+    pub fn snapshot_part_len(mut self, len: usize) -> Self {
+        self.snapshot_part_len = len.max(1);
         self
     }
 
@@ -228,6 +248,7 @@ where
             head: self.head,
             metrics: self.metrics,
             progress: self.progress,
+            snapshot_part_len: self.snapshot_part_len,
         }
     }
 
@@ -720,23 +741,15 @@ where
                         Some(Err(e)) => Some(failed(token, &e)),
                     }
                 }
-                Request::Snapshot { token } => match or_stop(stop, self.source.snapshot()).await {
-                    None => None,
-                    Some(Ok(snap)) => {
-                        // A snapshot reads the source whole: its head now, even a lower one.
-                        self.head = snap.watermark;
-                        if let Err(e) = self.complete_index().await {
-                            self.sink_failed(e).await?;
-                            continue;
-                        }
-                        Some(Input::Snapshot {
-                            token,
-                            entries: snap.entries,
-                            source_watermark: snap.watermark,
-                        })
+                Request::Snapshot { token } => {
+                    // The resync judges every cached key: a lazily resumed core must know
+                    // them all before the first part.
+                    if let Err(e) = self.complete_index().await {
+                        self.sink_failed(e).await?;
+                        continue;
                     }
-                    Some(Err(e)) => Some(failed(token, &e)),
-                },
+                    self.read_snapshot(token, stop).await
+                }
                 Request::ListKeys { token } => {
                     match or_stop(stop, self.source.present_keys()).await {
                         None => None,
@@ -783,6 +796,51 @@ where
                 .handle_input(answer.unwrap_or(Input::Stop), self.clock.now());
         }
         Ok(())
+    }
+
+    /// Reads the snapshot asked for under `token` part by part
+    /// ([`Source::snapshot_parts`]), handing the core each part as it comes
+    /// ([`Input::SnapshotPart`]) and the last as [`Input::Snapshot`], which is the answer
+    /// returned (`None`: a stop came first). One part is held back so that the last can
+    /// be told apart; a snapshot of one part is handed over whole. A part decides nothing,
+    /// so nothing waits to be carried out between parts.
+    async fn read_snapshot(&mut self, token: Token, stop: &mut StopSignal) -> Option<Input> {
+        let read = match or_stop(stop, self.source.snapshot_parts(self.snapshot_part_len)).await {
+            None => return None,
+            Some(Err(e)) => return Some(failed(token, &e)),
+            Some(Ok(read)) => read,
+        };
+        // A snapshot reads the source whole: its head now, even a lower one.
+        self.head = read.watermark;
+        let source_watermark = read.watermark;
+        let mut parts = read.parts;
+        let mut held: Vec<tidemark_core::Entry> = Vec::new();
+        loop {
+            let next = match or_stop(stop, parts.next()).await {
+                None => return None,
+                Some(None) => break,
+                // The core drops what it kept and reads again after a backoff.
+                Some(Some(Err(e))) => return Some(failed(token, &e)),
+                Some(Some(Ok(next))) => next,
+            };
+            let entries = std::mem::replace(&mut held, next);
+            if entries.is_empty() {
+                continue;
+            }
+            self.core.handle_input(
+                Input::SnapshotPart {
+                    token,
+                    entries,
+                    source_watermark,
+                },
+                self.clock.now(),
+            );
+        }
+        Some(Input::Snapshot {
+            token,
+            entries: held,
+            source_watermark,
+        })
     }
 
     async fn open(

@@ -531,10 +531,18 @@ impl<D: Decode> Follower<D> {
                 .unwrap_or(Confirmation::Replaced)
         });
         self.settle_ahead(source_watermark, verdicts);
-        let reset = source_watermark < self.watermark;
-        if reset {
-            // A new history: seqs held from the old one mean nothing against it. Forget
-            // them, so every snapshot entry is applied and every other key removed.
+        self.reset_if_behind(source_watermark);
+        let present = Present::of(&entries);
+        let gone = self.gone(source_watermark, |key| present.contains(key));
+        drop(present);
+        self.apply_snapshot(entries, gone, source_watermark, source_watermark);
+    }
+
+    /// A snapshot below the watermark is of a new history: seqs held from the old one
+    /// mean nothing against it. They are forgotten, so every snapshot entry is applied and
+    /// every other key removed.
+    pub(super) fn reset_if_behind(&mut self, source_watermark: u64) {
+        if source_watermark < self.watermark {
             self.counters.resets += 1;
             let watermark = self.watermark;
             self.diag(Diagnostic::SourceReset {
@@ -546,18 +554,37 @@ impl<D: Decode> Follower<D> {
             self.ahead.clear();
             self.index.forget_seqs();
         }
-        let present = Present::of(&entries);
-        // A key missing from the snapshot is gone, unless the cache holds it at a seq past
-        // the snapshot (applied from a fetch or an announcement after it was read).
+    }
+
+    /// The cached keys a snapshot at `source_watermark` leaves out (`present` says which
+    /// it names), in key order: gone, unless the cache holds one at a seq past the snapshot
+    /// (applied from a fetch or an announcement after it was read).
+    pub(super) fn gone(
+        &self,
+        source_watermark: u64,
+        present: impl Fn(&str) -> bool,
+    ) -> Vec<Arc<str>> {
         let mut gone: Vec<Arc<str>> = self
             .index
             .seqs
             .iter()
-            .filter(|(k, seq)| **seq <= source_watermark && !present.contains(k))
+            .filter(|(k, seq)| **seq <= source_watermark && !present(k))
             .map(|(k, _)| k.clone())
             .collect();
-        drop(present);
         gone.sort_unstable();
+        gone
+    }
+
+    /// Applies a snapshot once its verdicts are settled: removes the `gone` keys, puts
+    /// each entry the index does not hold at its seq, and catches up to the highest seq
+    /// named (`top`, at least `source_watermark`).
+    pub(super) fn apply_snapshot(
+        &mut self,
+        entries: Vec<Entry>,
+        gone: Vec<Arc<str>>,
+        source_watermark: u64,
+        top: u64,
+    ) {
         let removal_seq = source_watermark.max(self.watermark);
         for key in &gone {
             self.index.remove(key);
@@ -567,7 +594,7 @@ impl<D: Decode> Follower<D> {
                 seq: removal_seq,
             }));
         }
-        let (mut applied, mut top) = (0, source_watermark);
+        let (mut applied, mut top) = (0, top.max(source_watermark));
         for entry in entries {
             top = top.max(entry.seq);
             if entry.seq == 0 {

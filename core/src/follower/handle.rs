@@ -114,11 +114,18 @@ impl<D: Decode> Follower<D> {
                 entries,
                 source_watermark,
             } => {
-                if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
+                if self.has_parts(token) {
+                    self.on_last_part(entries, source_watermark, now);
+                } else if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
                     self.backoffs.failure.healthy(now);
                     self.on_snapshot(entries, source_watermark);
                 }
             }
+            Input::SnapshotPart {
+                token,
+                entries,
+                source_watermark,
+            } => self.on_snapshot_part(token, entries, source_watermark, now),
             Input::Fetched {
                 token,
                 value,
@@ -161,6 +168,8 @@ impl<D: Decode> Follower<D> {
                     self.schedule_presence_check();
                     self.settle();
                 } else if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
+                    // A read that failed midway: what its parts kept goes with it.
+                    self.parts = None;
                     let cause = match request {
                         Pending::Lookup => Cause::Lookup,
                         _ => Cause::RequestFailed,
@@ -193,6 +202,7 @@ impl<D: Decode> Follower<D> {
                     self.request_out(Request::CloseFeed { token: feed.token });
                 }
                 self.request = None;
+                self.parts = None;
                 self.timers.clear();
                 self.timers.presence_at(None);
                 self.timers.confirmed();

@@ -201,8 +201,8 @@ pub enum Request {
         /// The watermark to read after.
         since: u64,
     },
-    /// Read a full snapshot of the source; answer [`Input::Snapshot`] or
-    /// [`Input::RequestFailed`].
+    /// Read a full snapshot of the source; answer [`Input::Snapshot`] (after zero or more
+    /// [`Input::SnapshotPart`]s) or [`Input::RequestFailed`].
     Snapshot {
         /// The request's token.
         token: Token,
@@ -367,7 +367,33 @@ pub enum Input {
         /// The first seq the source can serve.
         first_available: u64,
     },
-    /// A snapshot: every current entry of the source, and its watermark.
+    /// A part of a snapshot read part by part: some of its entries, in the source's key
+    /// order, and the watermark the whole snapshot was read at. Zero or more parts, then
+    /// [`Input::Snapshot`] with the rest (its `entries` may be empty) end the answer to
+    /// one [`Request::Snapshot`]; a driver may also answer with the one
+    /// [`Input::Snapshot`] alone.
+    ///
+    /// While parts arrive the follower keeps only what it needs: the keys named, and the
+    /// entries that differ from its cache (every one when the snapshot is of a new
+    /// history). The last part then changes the cache exactly as the whole snapshot would
+    /// have. A part for another token is ignored like any stale answer. A part whose
+    /// watermark differs from the first's (parts from different points in time) fails the
+    /// read: what was kept is dropped and the snapshot read again after the failure
+    /// backoff. Should the index change between parts (a value that expired after its
+    /// part passed without its entry being kept, keys remembered), the follower drops what
+    /// it kept and asks for the snapshot again under a new token; [`Input::SinkFailed`]
+    /// and [`Input::RequestFailed`] for the token drop it too, and what they schedule
+    /// reads again.
+    SnapshotPart {
+        /// The request's token.
+        token: Token,
+        /// Some of the current entries (puts), in key order.
+        entries: Vec<Entry>,
+        /// The source's watermark at the snapshot: the same in every part.
+        source_watermark: u64,
+    },
+    /// A snapshot: every current entry of the source, and its watermark. After
+    /// [`Input::SnapshotPart`]s, the last part: the entries no part carried.
     Snapshot {
         /// The request's token.
         token: Token,

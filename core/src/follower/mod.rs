@@ -2,7 +2,8 @@
 //!
 //! One idea a file: [`io`] what goes in and out, [`status`] what an operator sees,
 //! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
-//! [`apply`] how entries, reconciles and snapshots change the cache, [`feed`] the feed's
+//! [`apply`] how entries, reconciles and snapshots change the cache, [`parts`] what a
+//! snapshot read in parts keeps until its last part, [`feed`] the feed's
 //! life, [`handle`] the dispatch of inputs and timeouts, [`confirm`] announcements awaiting
 //! the source's confirmation, [`vanishing`] what a source drops without a message. This file holds the machine
 //! itself: its state, constructors, getters, mutators and requests.
@@ -13,6 +14,7 @@ mod feed;
 mod handle;
 mod index;
 mod io;
+mod parts;
 mod status;
 mod timers;
 mod vanishing;
@@ -152,6 +154,8 @@ pub struct Follower<D: Decode> {
     now: Time,
     /// The prefixes every key it keeps begins with (none: every key).
     prefixes: Vec<KeyPrefix>,
+    /// A resync whose snapshot parts are arriving: what it keeps of them.
+    parts: Option<Box<parts::Parts>>,
 }
 
 impl<D: Decode> Follower<D> {
@@ -212,6 +216,7 @@ impl<D: Decode> Follower<D> {
             read_asked: 0,
             now: Time::ZERO,
             prefixes: Vec::new(),
+            parts: None,
         };
         f.send(Pending::Lookup);
         f
@@ -402,6 +407,7 @@ impl<D: Decode> Follower<D> {
     /// knows keeps what it knows (its own applies since are newer than anything the sink
     /// can say, and a key a read set aside must stay so); the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
+        self.parts_disturbed(None);
         for (key, seq) in keys {
             // Held past the watermark on an announcements stream: applied from an
             // announcement no read of the source has covered (before a restart, maybe):
@@ -435,6 +441,7 @@ impl<D: Decode> Follower<D> {
     /// read's put at that seq is applied again), and a removal committed ahead leaves it
     /// nothing to check.
     pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
+        self.parts_disturbed(None);
         self.ahead_told = true;
         for change in changes {
             match change {
@@ -554,6 +561,8 @@ impl<D: Decode> Follower<D> {
             // them all (see `judge_ahead`).
             self.timers.confirmed();
         }
+        // A new request supersedes a snapshot read in parts: its parts are ignored now.
+        self.parts = None;
         let token = self.token();
         let output = match &request {
             Pending::Lookup => Request::LookupSource { token },

@@ -193,6 +193,7 @@ impl<D: Decode> Follower<D> {
             self.request_out(Request::CloseFeed { token: feed.token });
         }
         self.request = None;
+        self.parts = None;
         self.timers.clear();
         self.held.clear();
         self.rewake = false;

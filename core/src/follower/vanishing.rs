@@ -15,6 +15,7 @@ impl<D: Decode> Follower<D> {
         for (key, seq) in self.index.take_expired(now) {
             if self.index.get(&key) == Some(seq) {
                 self.index.remove(&key);
+                self.parts_disturbed(Some(&key));
                 self.counters.expired += 1;
                 self.out
                     .push_back(Output::Apply(Apply::Remove { key, seq }));

@@ -1,0 +1,242 @@
+//! A snapshot read part by part ([`Input::SnapshotPart`](crate::Input::SnapshotPart)):
+//! what a resync keeps while the parts pass — the keys they name, and only the entries that
+//! differ from the cache — so that it holds what changed, not a second copy of the source,
+//! and how the last part applies exactly what the whole snapshot would have.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use super::confirm::Confirmation;
+use super::{Follower, Pending};
+use crate::decode::Decode;
+use crate::entry::{Entry, Op};
+use crate::follower::io::Token;
+use crate::follower::status::Cause;
+use crate::time::Time;
+
+/// A resync whose parts are arriving.
+#[derive(Debug)]
+pub(super) struct Parts {
+    /// The snapshot request's token.
+    pub(super) token: Token,
+    /// The watermark of the first part: every other must carry it.
+    source_watermark: u64,
+    /// The snapshot is of a new history (its watermark is below the follower's): every
+    /// entry is kept, since the seqs held mean nothing against it.
+    reset: bool,
+    /// The keys named so far.
+    seen: Seen,
+    /// The entries the last part must see, in the order they came: every entry that
+    /// differs from the index, names a key an announcement claims, carries an expiry,
+    /// repeats a key, or is invalid.
+    kept: Vec<Entry>,
+    /// What the entries passed so far say of the announcements held unconfirmed: the first
+    /// verdict found for each key (the whole snapshot's `find_map`).
+    found: BTreeMap<String, Confirmation>,
+    /// The highest seq named so far.
+    top: u64,
+}
+
+/// The keys a snapshot named, to tell at its end which cached keys are gone. Parts in key
+/// order (every source's) are kept in a sorted vector of the keys, 16 bytes a key sharing
+/// the index's own allocation where the entry is dropped; any other order falls back to a
+/// set.
+#[derive(Debug)]
+enum Seen {
+    Sorted(Vec<Arc<str>>),
+    Set(HashSet<Arc<str>, foldhash::fast::FixedState>),
+}
+
+impl Seen {
+    /// Records `key`; `false` when it was named before.
+    fn insert(&mut self, key: Arc<str>) -> bool {
+        match self {
+            Seen::Sorted(keys) => match keys.last() {
+                Some(last) if **last == *key => false,
+                Some(last) if **last > *key => {
+                    let mut set: HashSet<Arc<str>, _> =
+                        HashSet::with_capacity_and_hasher(keys.len() + 1, Default::default());
+                    set.extend(keys.drain(..));
+                    let new = set.insert(key);
+                    *self = Seen::Set(set);
+                    new
+                }
+                _ => {
+                    keys.push(key);
+                    true
+                }
+            },
+            Seen::Set(keys) => keys.insert(key),
+        }
+    }
+
+    fn contains(&self, key: &str) -> bool {
+        match self {
+            Seen::Sorted(keys) => keys.binary_search_by(|k| (**k).cmp(key)).is_ok(),
+            Seen::Set(keys) => keys.contains(key),
+        }
+    }
+}
+
+impl<D: Decode> Follower<D> {
+    /// A part of the snapshot asked for under `token` arrived.
+    pub(super) fn on_snapshot_part(
+        &mut self,
+        token: Token,
+        entries: Vec<Entry>,
+        source_watermark: u64,
+        now: Time,
+    ) {
+        if !self.snapshot_outstanding(token) {
+            self.counters.ignored += 1;
+            return;
+        }
+        let parts = match self.parts.take() {
+            Some(parts) if parts.token == token => parts,
+            _ => {
+                let reset = source_watermark < self.watermark;
+                // The snapshot names about as many keys as the cache holds: room for them
+                // at once, not a regrowth that holds one and a half times as much.
+                let keys = self.index.len();
+                Box::new(Parts {
+                    token,
+                    source_watermark,
+                    reset,
+                    seen: Seen::Sorted(Vec::with_capacity(keys)),
+                    // A new history keeps every entry.
+                    kept: Vec::with_capacity(if reset { keys } else { 0 }),
+                    found: BTreeMap::new(),
+                    top: source_watermark,
+                })
+            }
+        };
+        let Some(mut parts) = self.same_point(parts, source_watermark, now) else {
+            return;
+        };
+        self.absorb(&mut parts, entries);
+        self.parts = Some(parts);
+    }
+
+    /// Whether parts of the snapshot asked for under `token` were kept: its
+    /// [`Input::Snapshot`](crate::Input::Snapshot) is then the last part.
+    pub(super) fn has_parts(&self, token: Token) -> bool {
+        self.snapshot_outstanding(token) && self.parts.as_ref().is_some_and(|p| p.token == token)
+    }
+
+    /// The last part of a snapshot read in parts ([`has_parts`](Self::has_parts)).
+    pub(super) fn on_last_part(&mut self, entries: Vec<Entry>, source_watermark: u64, now: Time) {
+        let Some(parts) = self.parts.take() else {
+            return;
+        };
+        let Some(mut parts) = self.same_point(parts, source_watermark, now) else {
+            return;
+        };
+        self.request = None;
+        self.backoffs.failure.healthy(now);
+        self.absorb(&mut parts, entries);
+        self.finish_parts(*parts);
+    }
+
+    fn snapshot_outstanding(&self, token: Token) -> bool {
+        matches!(self.request, Some((t, Pending::Snapshot)) if t == token)
+    }
+
+    /// `parts` back when `source_watermark` is theirs; otherwise the parts came from
+    /// different points in time, and no cache built from them is the source's: what was
+    /// kept is dropped and the snapshot read again after the failure backoff.
+    fn same_point(
+        &mut self,
+        parts: Box<Parts>,
+        source_watermark: u64,
+        now: Time,
+    ) -> Option<Box<Parts>> {
+        if parts.source_watermark == source_watermark {
+            return Some(parts);
+        }
+        let error = format!(
+            "snapshot parts from different points in time: watermark {} then {source_watermark}",
+            parts.source_watermark
+        );
+        drop(parts);
+        self.request = None;
+        self.schedule_retry(Pending::Snapshot, Cause::RequestFailed, error, now);
+        None
+    }
+
+    /// Takes a part's entries in: records their keys and keeps those the last part must
+    /// see. An entry dropped here is one the whole snapshot would have passed over (the
+    /// index holds the key at its seq), and its key is recorded with the index's own
+    /// allocation, so the entry is freed whole.
+    fn absorb(&mut self, parts: &mut Parts, entries: Vec<Entry>) {
+        for entry in entries {
+            parts.top = parts.top.max(entry.seq);
+            let claim = self.ahead.get(&*entry.key);
+            if let Some(claim) = claim
+                && !parts.found.contains_key(&*entry.key)
+                && let Some(verdict) = claim.is(&entry)
+            {
+                parts.found.insert(entry.key.to_string(), verdict);
+            }
+            // An expiring value is kept: the index may drop its key before the last part
+            // (the expiry comes due), and the whole snapshot would then put it again.
+            let unchanged = !parts.reset
+                && claim.is_none()
+                && entry.seq != 0
+                && entry.op == Op::Put
+                && entry.expires_in.is_none();
+            let held = self
+                .index
+                .seqs
+                .get_key_value(&*entry.key)
+                .filter(|(_, seq)| unchanged && **seq == entry.seq)
+                .map(|(key, _)| Arc::clone(key));
+            // A repeated key is kept even when unchanged: an earlier entry of it may
+            // change the index before this one is looked at.
+            let dropped = match held {
+                Some(key) => parts.seen.insert(key),
+                None => {
+                    parts.seen.insert(Arc::clone(&entry.key));
+                    false
+                }
+            };
+            if !dropped {
+                parts.kept.push(entry);
+            }
+        }
+    }
+
+    /// The parts are all in: the cache becomes what the whole snapshot would have made it.
+    fn finish_parts(&mut self, parts: Parts) {
+        let Parts {
+            source_watermark,
+            seen,
+            kept,
+            found,
+            top,
+            ..
+        } = parts;
+        let verdicts = self.judge_ahead(source_watermark, |key, _| {
+            found.get(key).copied().unwrap_or(Confirmation::Replaced)
+        });
+        drop(found);
+        self.settle_ahead(source_watermark, verdicts);
+        self.reset_if_behind(source_watermark);
+        let gone = self.gone(source_watermark, |key| seen.contains(key));
+        drop(seen);
+        self.apply_snapshot(kept, gone, source_watermark, top);
+    }
+
+    /// The index changed between parts (`key` expired, or keys were learned): what was
+    /// kept may no longer be what the last part needs, so it is dropped and the snapshot
+    /// asked for again under a new token (the old one's parts are ignored). An expiry of a
+    /// key whose part has not come, or whose entry was kept, changes nothing kept.
+    pub(super) fn parts_disturbed(&mut self, key: Option<&str>) {
+        let Some(parts) = &self.parts else { return };
+        let harmless = key.is_some_and(|key| {
+            parts.reset || !parts.seen.contains(key) || parts.kept.iter().any(|e| *e.key == *key)
+        });
+        if !harmless && self.snapshot_outstanding(parts.token) {
+            self.send(Pending::Snapshot);
+        }
+    }
+}
