@@ -23,6 +23,6 @@ pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
 pub use queue::{JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal};
 pub use schedule::{DueSchedule, ScheduleStore};
-pub use source::{Changes, PresentKeys, Snapshot, Source, ValueAt, Versioned};
+pub use source::{Changes, PresentKeys, Snapshot, SnapshotParts, Source, ValueAt, Versioned};
 pub use sweep::{Sweep, Swept};
 pub use wake::{Received, Wake, WakeListener};
