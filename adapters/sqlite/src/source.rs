@@ -7,6 +7,7 @@ use std::ops::ControlFlow;
 use std::task::{Poll, ready};
 
 use futures::StreamExt as _;
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs};
 use tidemark::{
@@ -160,15 +161,25 @@ fn mutate(
     Ok(seq)
 }
 
+/// A row's value as bytes: a blob, or text (stored by a foreign writer), as they are; no
+/// value (`NULL`) as none. A number is no value a reader can carry.
+fn value_bytes(value: ValueRef<'_>) -> std::result::Result<Vec<u8>, String> {
+    match value {
+        ValueRef::Blob(b) | ValueRef::Text(b) => Ok(b.to_vec()),
+        ValueRef::Null => Ok(Vec::new()),
+        other => Err(format!("value is not bytes: {:?}", other.data_type())),
+    }
+}
+
 fn read_entry(
-    key: rusqlite::types::ValueRef<'_>,
-    value: Option<Vec<u8>>,
+    key: ValueRef<'_>,
+    value: ValueRef<'_>,
     seq: i64,
     deleted: bool,
 ) -> std::result::Result<Entry, (u64, String)> {
     let seq = to_u64(seq);
     let key = match key {
-        rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+        ValueRef::Text(b) | ValueRef::Blob(b) => {
             String::from_utf8(b.to_vec()).map_err(|e| (seq, format!("key is not UTF-8: {e}")))?
         }
         other => return Err((seq, format!("key is not text: {:?}", other.data_type()))),
@@ -176,7 +187,7 @@ fn read_entry(
     Ok(if deleted {
         Entry::delete(seq, key)
     } else {
-        Entry::put(seq, key, value.unwrap_or_default())
+        Entry::put(seq, key, value_bytes(value).map_err(|e| (seq, e))?)
     })
 }
 
@@ -196,7 +207,7 @@ fn walk_live(
     let mut rows = stmt.query([lowest(prefix)])?;
     let mut last: Option<std::sync::Arc<str>> = None;
     while let Some(row) = rows.next()? {
-        match read_entry(row.get_ref(0)?, row.get(1)?, row.get(2)?, false) {
+        match read_entry(row.get_ref(0)?, row.get_ref(1)?, row.get(2)?, false) {
             Ok(e) if last.as_ref().is_some_and(|l| *l >= e.key) => {
                 tracing::warn!(seq = e.seq, key = %e.key, "skipping a registry row out of key order");
             }
@@ -444,7 +455,7 @@ impl SqliteSource {
         let mut rows = stmt.query([to_i64(since)])?;
         let mut entries = Vec::new();
         while let Some(row) = rows.next()? {
-            match read_entry(row.get_ref(0)?, row.get(1)?, row.get(2)?, row.get(3)?) {
+            match read_entry(row.get_ref(0)?, row.get_ref(1)?, row.get(2)?, row.get(3)?) {
                 Ok(e) if within(prefix, &e.key) => entries.push(e),
                 Ok(_) => {}
                 Err((seq, reason)) => {
@@ -629,13 +640,18 @@ impl Source for SqliteSource {
                 )
                 .and_then(|mut s| {
                     s.query_row([&key], |r| {
-                        Ok(Versioned {
-                            seq: to_u64(r.get(0)?),
-                            value: r.get::<_, Option<Vec<u8>>>(1)?.unwrap_or_default(),
-                        })
+                        let seq = to_u64(r.get(0)?);
+                        // A row no snapshot hands out is no value here either.
+                        Ok(value_bytes(r.get_ref(1)?)
+                            .inspect_err(|reason| {
+                                tracing::warn!(seq, reason, "reading past a registry row");
+                            })
+                            .ok()
+                            .map(|value| Versioned { seq, value }))
                     })
                     .optional()
                 })
+                .map(Option::flatten)
                 .map_err(sql)
             })
             .await
@@ -712,7 +728,7 @@ impl FeedStream for ChangeLogStream {
                         while let Some(row) = rows.next().map_err(sql)? {
                             let e = read_entry(
                                 row.get_ref(0).map_err(sql)?,
-                                row.get(1).map_err(sql)?,
+                                row.get_ref(1).map_err(sql)?,
                                 row.get(2).map_err(sql)?,
                                 row.get(3).map_err(sql)?,
                             );
