@@ -297,6 +297,11 @@ impl KvBucket {
                 }
                 Some(Ok(Seen::Message(d))) => {
                     let (seq, pending) = (d.seq, d.pending);
+                    if out.is_empty() {
+                        // The first message says how many follow: room for them at once,
+                        // not a doubling that ends with up to half the room unused.
+                        out.reserve(usize::try_from(pending).map_or(1, |p| p.min(1 << 22) + 1));
+                    }
                     if let FeedItem::Entry(mut e) =
                         to_item(&store.prefix, d, silent_max_age(&store))
                     {
@@ -415,6 +420,17 @@ pub(crate) fn remaining_life(max_age: Duration, published_ns: u64) -> Duration {
     max_age.saturating_sub(age)
 }
 
+/// A message's payload as a `Vec` that holds only its bytes. A payload that is the only
+/// owner of the buffer it was read into becomes a `Vec` of that whole buffer: a 100-byte
+/// value kept its message's 295 bytes, and a cache fed by a bucket held 2.6× what a bare
+/// map of its entries does (the `snapshot_memory` bench). Shrinking gives the rest back
+/// in place, with no copy.
+fn owned(payload: Bytes) -> Vec<u8> {
+    let mut value = Vec::from(payload);
+    value.shrink_to_fit();
+    value
+}
+
 fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
     let Some(key) = d.subject.strip_prefix(prefix) else {
         return FeedItem::Undecodable {
@@ -425,7 +441,7 @@ fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
     };
     let op = operation(d.headers.as_ref());
     let value = if op == Op::Put {
-        Vec::from(d.payload)
+        owned(d.payload)
     } else {
         Vec::new()
     };
@@ -592,17 +608,25 @@ impl Source for KvBucket {
 
     async fn snapshot(&self) -> Result<Snapshot> {
         let store = self.store("source").await?;
-        let (entries, state) = self
+        let (mut entries, state) = self
             .replay(&store, DeliverPolicy::LastPerSubject, "source")
             .await?;
-        let mut latest: HashMap<std::sync::Arc<str>, Entry> = HashMap::new();
-        let mut top = state.last_sequence;
-        for e in entries {
-            top = top.max(e.seq);
-            latest.insert(e.key.clone(), e);
-        }
-        let mut entries: Vec<Entry> = latest.into_values().filter(|e| e.op == Op::Put).collect();
-        entries.sort_by(|a, b| a.key.cmp(&b.key));
+        let top = entries
+            .iter()
+            .map(|e| e.seq)
+            .fold(state.last_sequence, u64::max);
+        // The latest revision per key, sorted in place rather than gathered in a map: a
+        // key overwritten during the read came twice, and the map cost more memory than
+        // the entries it held.
+        entries.sort_unstable_by(|a, b| a.key.cmp(&b.key).then(a.seq.cmp(&b.seq)));
+        entries.dedup_by(|later, kept| {
+            let same = later.key == kept.key;
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        entries.retain(|e| e.op == Op::Put);
         Ok(Snapshot {
             entries,
             watermark: top,
@@ -618,7 +642,7 @@ impl Source for KvBucket {
         Ok(self.entry(key).await?.and_then(|e| {
             (e.operation == Operation::Put).then(|| Versioned {
                 seq: e.revision,
-                value: Vec::from(e.value),
+                value: owned(e.value),
             })
         }))
     }
