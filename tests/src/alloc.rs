@@ -1,9 +1,18 @@
 //! A global allocator that counts the bytes live and their peak, for the benches that
-//! measure memory (never for library code). A bench installs it:
+//! measure memory (never for library code). A bench installs it and reads the peak:
 //!
-//! ```ignore
+//! ```
+//! use tidemark_tests::alloc::{live, peak_above, reset_peak};
+//!
 //! #[global_allocator]
 //! static GLOBAL: tidemark_tests::CountingAlloc = tidemark_tests::CountingAlloc;
+//!
+//! let before = live();
+//! reset_peak();
+//! let buffer = vec![0u8; 4096];
+//! drop(buffer);
+//! assert!(peak_above(before) >= 4096, "the buffer counted while it lived");
+//! assert!(live() < before + 4096, "and no longer");
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
