@@ -191,3 +191,49 @@ async fn a_row_out_of_key_order_is_skipped_from_snapshots() {
         .collect();
     assert_eq!(parts, ["a", "b"]);
 }
+
+/// A read that fails halfway (here, pages of the file damaged under it) ends with a typed
+/// error, never as a shorter snapshot: a reader that took the parts it got for the whole
+/// would remove every key it did not see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_that_fails_halfway_ends_with_an_error_not_a_short_snapshot() {
+    use std::io::{Seek, SeekFrom, Write as _};
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    fill(&src, 20_000).await;
+    assert!(!checkpoint_blocked(&path), "every row is in the main file");
+    let mut read = src.snapshot_parts(10).await.unwrap();
+    let first = read.parts.next().await.unwrap().unwrap();
+    assert_eq!(first.len(), 10);
+    {
+        let mut file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+        let len = file.metadata().unwrap().len();
+        file.seek(SeekFrom::Start(len / 4)).unwrap();
+        file.write_all(&vec![0xA5; usize::try_from(len / 2).unwrap()])
+            .unwrap();
+        file.sync_all().unwrap();
+    }
+    let mut got = first.len();
+    let mut failed = None;
+    while let Some(part) = read.parts.next().await {
+        match part {
+            Ok(part) => got += part.len(),
+            Err(e) => {
+                failed = Some(e);
+                break;
+            }
+        }
+    }
+    let Some(e) = failed else {
+        panic!("a read over damaged pages ended as if whole, with {got} of 20000 entries");
+    };
+    assert!(
+        matches!(e, tidemark::Error::Unavailable { .. }),
+        "a typed, retryable error: {e:?}"
+    );
+    assert!(got < 20_000);
+    assert!(
+        read.parts.next().await.is_none(),
+        "nothing follows the error"
+    );
+}
