@@ -589,8 +589,10 @@ impl Source for SqliteSource {
     /// in time while writers carry on beside it, and the handle's connection stays free.
     /// The thread takes room for a part before it reads it, so at most one part waits
     /// while the caller holds another. Dropping the parts ends the transaction and the
-    /// thread at the next row. A file not in WAL mode (WAL unavailable) is read whole
-    /// first, since a read held open there would stop every writer.
+    /// thread at the next row. While a read is held, the WAL cannot be checkpointed past
+    /// its point in time: it grows with the writes made meanwhile until the read ends. A
+    /// file not in WAL mode (WAL unavailable) is read whole first, since a read held open
+    /// there would stop every writer.
     async fn snapshot_parts(&self, part_len: usize) -> Result<SnapshotParts<'_>> {
         let part_len = part_len.max(1);
         let (began, watermark) = oneshot::channel();
