@@ -4,7 +4,8 @@
 #
 #   bash scripts/bench.sh                 # every bench, once
 #   bash scripts/bench.sh --runs 3        # every bench three times (a row per run)
-#   bash scripts/bench.sh core memory     # only those (core memory sqlite nats recovery pauses)
+#   bash scripts/bench.sh core memory     # only those (core memory sqlite nats nats-memory
+#                                         #   recovery pauses)
 #
 # The NATS benches provision nats-server first (scripts/provision-nats.sh). Full logs are
 # kept in a temporary directory named at the end. The machine's load is printed beside
@@ -17,23 +18,24 @@ selected=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) runs="$2"; shift 2 ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) selected+=("$1"); shift ;;
     esac
 done
-[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite nats recovery pauses)
+[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite nats nats-memory recovery pauses)
 
 # name | command | the lines of its output that carry its headline figures (an ERE)
 benches=(
     "core|cargo bench -q -p tidemark-core|^ratio core/bare|^follower \\(in"
     "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
-    "sqlite|cargo bench -q -p tidemark-sqlite|^writes \\(|^reconcile of|^persisted follower|wake latency"
+    "sqlite|cargo bench -q -p tidemark-sqlite|^writes \\(|^reconcile of|^persisted follower|wake latency|^snapshot of"
     "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^persisted mirror"
+    "nats-memory|cargo bench -q -p tidemark-nats --bench snapshot_memory|^snapshot of|^cache of"
     "recovery|cargo bench -q -p tidemark-nats --bench recovery|catch-up p50|not caught up"
     "pauses|cargo bench -q -p tidemark-nats --bench pauses|^pause "
 )
 
-if printf '%s\n' "${selected[@]}" | grep -qE '^(nats|recovery|pauses)$'; then
+if printf '%s\n' "${selected[@]}" | grep -qE '^(nats|nats-memory|recovery|pauses)$'; then
     bash scripts/provision-nats.sh >/dev/null
     if [ -z "${NATS_SERVER_BIN:-}" ] && [ -x .tools/nats/bin/nats-server ]; then
         export NATS_SERVER_BIN="$PWD/.tools/nats/bin/nats-server"

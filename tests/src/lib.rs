@@ -11,12 +11,15 @@
 //! installs, then `PATH`. A missing server or one older than [`MIN_VERSION`] is an error
 //! that says how to get a good one; tests must fail on it, never skip.
 //!
-//! [`fuzz_corpus`] hands the checked-in fuzz corpus to the tests that replay it.
+//! [`fuzz_corpus`] hands the checked-in fuzz corpus to the tests that replay it, and
+//! [`CountingAlloc`] counts the heap for the benches that measure memory.
 
+pub mod alloc;
 mod corpus;
 mod nats_bin;
 mod nats_server;
 
+pub use alloc::CountingAlloc;
 pub use corpus::fuzz_corpus;
 pub use nats_bin::{MIN_VERSION, NatsServerBin, NatsVersion, PROVISION_HINT};
 pub use nats_server::{

@@ -220,6 +220,23 @@ impl SqliteDb {
         self.shared.commits.send_modify(|n| *n = n.wrapping_add(1));
     }
 
+    /// A connection of its own for a read held open across awaits (a snapshot read part by
+    /// part), so the handle's shared connection stays free for every other call. It can
+    /// neither create the file nor write to it.
+    pub(crate) fn reader(&self) -> Result<Connection> {
+        let path = &self.shared.path;
+        let sql = |e| Error::from_sqlite(path, e);
+        let conn = Connection::open_with_flags(
+            path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .map_err(sql)?;
+        conn.busy_timeout(self.shared.options.busy_timeout)
+            .map_err(sql)?;
+        conn.pragma_update(None, "query_only", true).map_err(sql)?;
+        Ok(conn)
+    }
+
     /// A receiver that changes after every commit to the file by anyone.
     pub(crate) fn commits(&self) -> watch::Receiver<u64> {
         self.shared.commits.subscribe()

@@ -3,14 +3,18 @@
 //! outbox row written in each mutation's own transaction.
 
 use std::collections::VecDeque;
+use std::ops::ControlFlow;
+use std::task::{Poll, ready};
 
+use futures::StreamExt as _;
+use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
 use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs};
 use tidemark::{
-    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
-    check_key_within, check_value,
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, SnapshotParts, Source,
+    Versioned, check_key_within, check_value,
 };
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::db::{SqliteDb, to_i64, to_u64};
 use crate::error::unavailable;
@@ -157,15 +161,25 @@ fn mutate(
     Ok(seq)
 }
 
+/// A row's value as bytes: a blob, or text (stored by a foreign writer), as they are; no
+/// value (`NULL`) as none. A number is no value a reader can carry.
+fn value_bytes(value: ValueRef<'_>) -> std::result::Result<Vec<u8>, String> {
+    match value {
+        ValueRef::Blob(b) | ValueRef::Text(b) => Ok(b.to_vec()),
+        ValueRef::Null => Ok(Vec::new()),
+        other => Err(format!("value is not bytes: {:?}", other.data_type())),
+    }
+}
+
 fn read_entry(
-    key: rusqlite::types::ValueRef<'_>,
-    value: Option<Vec<u8>>,
+    key: ValueRef<'_>,
+    value: ValueRef<'_>,
     seq: i64,
     deleted: bool,
 ) -> std::result::Result<Entry, (u64, String)> {
     let seq = to_u64(seq);
     let key = match key {
-        rusqlite::types::ValueRef::Text(b) | rusqlite::types::ValueRef::Blob(b) => {
+        ValueRef::Text(b) | ValueRef::Blob(b) => {
             String::from_utf8(b.to_vec()).map_err(|e| (seq, format!("key is not UTF-8: {e}")))?
         }
         other => return Err((seq, format!("key is not text: {:?}", other.data_type()))),
@@ -173,8 +187,158 @@ fn read_entry(
     Ok(if deleted {
         Entry::delete(seq, key)
     } else {
-        Entry::put(seq, key, value.unwrap_or_default())
+        Entry::put(seq, key, value_bytes(value).map_err(|e| (seq, e))?)
     })
+}
+
+/// Hands each live entry of the registry under `prefix` to `each`, in key order, until it
+/// breaks; run on a connection already in a read transaction. A row whose key does not
+/// come after the last one handed out (a key stored as a blob by a foreign writer, which
+/// SQLite sorts after every text key) is skipped like a row no reader can carry: a reader
+/// of parts relies on the order.
+fn walk_live(
+    conn: &Connection,
+    prefix: Option<&KeyPrefix>,
+    mut each: impl FnMut(Entry) -> ControlFlow<()>,
+) -> rusqlite::Result<()> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT key, value, seq FROM registry WHERE deleted = 0 AND key >= ?1 ORDER BY key",
+    )?;
+    let mut rows = stmt.query([lowest(prefix)])?;
+    let mut last: Option<std::sync::Arc<str>> = None;
+    while let Some(row) = rows.next()? {
+        match read_entry(row.get_ref(0)?, row.get_ref(1)?, row.get(2)?, false) {
+            Ok(e) if last.as_ref().is_some_and(|l| *l >= e.key) => {
+                tracing::warn!(seq = e.seq, key = %e.key, "skipping a registry row out of key order");
+            }
+            Ok(e) if within(prefix, &e.key) => {
+                last = Some(e.key.clone());
+                if each(e).is_break() {
+                    break;
+                }
+            }
+            // Past the prefix's keys, which come first in key order.
+            Ok(_) => break,
+            Err((seq, reason)) => tracing::warn!(seq, reason, "skipping a registry row"),
+        }
+    }
+    Ok(())
+}
+
+/// What the thread reading a snapshot part by part sends its reader.
+enum Read {
+    /// The next part.
+    Part(Vec<Entry>),
+    /// Every part was sent.
+    End,
+    /// The read failed; nothing follows.
+    Failed(Error),
+}
+
+/// Entries a part is given room for up front: a caller asking for huge parts (to read
+/// the whole snapshot in one) must not make the reader reserve that much.
+const PART_ROOM: usize = 4096;
+
+/// The sending end of a snapshot read part by part. It takes room in the channel (of one
+/// message) before the next part is read, so a part waits there only while the reader
+/// holds the one before it: two parts at most, never a backlog.
+struct PartSender<'a> {
+    sender: &'a mpsc::Sender<Read>,
+    room: Option<mpsc::Permit<'a, Read>>,
+}
+
+impl PartSender<'_> {
+    /// Waits for room for the next message; `false` once the reader is gone.
+    fn reserve(&mut self) -> bool {
+        if self.room.is_none() {
+            self.room = futures::executor::block_on(self.sender.reserve()).ok();
+        }
+        self.room.is_some()
+    }
+
+    /// Sends `read` once there is room; `false` once the reader is gone.
+    fn send(&mut self, read: Read) -> bool {
+        self.reserve();
+        self.room.take().is_some_and(|room| {
+            room.send(read);
+            true
+        })
+    }
+}
+
+/// Reads the snapshot [`Source::snapshot_parts`] serves, on the blocking thread it runs
+/// on: sends the watermark through `began` once the read transaction holds it, then the
+/// parts through `sender`.
+fn read_parts(
+    db: &SqliteDb,
+    prefix: Option<&KeyPrefix>,
+    part_len: usize,
+    began: oneshot::Sender<Result<u64>>,
+    sender: &mpsc::Sender<Read>,
+) {
+    let mut conn = match db.reader() {
+        Ok(conn) => conn,
+        Err(e) => {
+            let _ = began.send(Err(e.into()));
+            return;
+        }
+    };
+    let opened = conn
+        .pragma_query_value(None, "journal_mode", |r| r.get::<_, String>(0))
+        .map(|mode| mode.eq_ignore_ascii_case("wal"));
+    let (held, tx) = match opened.and_then(|held| Ok((held, conn.transaction()?))) {
+        Ok(opened) => opened,
+        Err(e) => {
+            let _ = began.send(Err(sql(e)));
+            return;
+        }
+    };
+    // The read transaction takes its point in time at this first read.
+    let watermark = meta(&tx, "watermark").map_err(sql);
+    let failed = watermark.is_err();
+    if began.send(watermark).is_err() || failed {
+        return;
+    }
+    let mut out = PartSender { sender, room: None };
+    let new_part = || Vec::with_capacity(part_len.min(PART_ROOM));
+    let (mut whole, mut part) = (Vec::new(), new_part());
+    let walked = walk_live(&tx, prefix, |e| {
+        if !held {
+            whole.push(e);
+            return ControlFlow::Continue(());
+        }
+        if sender.is_closed() {
+            return ControlFlow::Break(());
+        }
+        part.push(e);
+        if part.len() < part_len {
+            return ControlFlow::Continue(());
+        }
+        let full = std::mem::replace(&mut part, new_part());
+        if out.send(Read::Part(full)) && out.reserve() {
+            ControlFlow::Continue(())
+        } else {
+            ControlFlow::Break(())
+        }
+    });
+    // What is left is in hand: the transaction ends before it is handed out.
+    drop(tx);
+    drop(conn);
+    if let Err(e) = walked {
+        out.send(Read::Failed(sql(e)));
+        return;
+    }
+    let mut whole = whole.into_iter();
+    let rest = std::iter::from_fn(|| {
+        let next: Vec<Entry> = whole.by_ref().take(part_len).collect();
+        (!next.is_empty()).then_some(next)
+    });
+    for next in rest.chain((!part.is_empty()).then_some(part)) {
+        if !out.send(Read::Part(next)) {
+            return;
+        }
+    }
+    out.send(Read::End);
 }
 
 impl SqliteSource {
@@ -291,7 +455,7 @@ impl SqliteSource {
         let mut rows = stmt.query([to_i64(since)])?;
         let mut entries = Vec::new();
         while let Some(row) = rows.next()? {
-            match read_entry(row.get_ref(0)?, row.get(1)?, row.get(2)?, row.get(3)?) {
+            match read_entry(row.get_ref(0)?, row.get_ref(1)?, row.get(2)?, row.get(3)?) {
                 Ok(e) if within(prefix, &e.key) => entries.push(e),
                 Ok(_) => {}
                 Err((seq, reason)) => {
@@ -408,37 +572,61 @@ impl Source for SqliteSource {
             .call(PORT, move |conn| {
                 let tx = conn.transaction().map_err(sql)?;
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
-                let prefix = prefix.as_ref();
                 let mut entries = Vec::new();
-                {
-                    let mut stmt = tx
-                        .prepare_cached(
-                            "SELECT key, value, seq, deleted FROM registry
-                             WHERE deleted = 0 AND key >= ?1 ORDER BY key",
-                        )
-                        .map_err(sql)?;
-                    let mut rows = stmt.query([lowest(prefix)]).map_err(sql)?;
-                    while let Some(row) = rows.next().map_err(sql)? {
-                        let e = read_entry(
-                            row.get_ref(0).map_err(sql)?,
-                            row.get(1).map_err(sql)?,
-                            row.get(2).map_err(sql)?,
-                            false,
-                        );
-                        match e {
-                            Ok(e) if within(prefix, &e.key) => entries.push(e),
-                            // Past the prefix's keys, which come first in key order.
-                            Ok(_) => break,
-                            Err((seq, reason)) => {
-                                tracing::warn!(seq, reason, "skipping a registry row");
-                            }
-                        }
-                    }
-                }
+                walk_live(&tx, prefix.as_ref(), |e| {
+                    entries.push(e);
+                    ControlFlow::Continue(())
+                })
+                .map_err(sql)?;
                 tx.finish().map_err(sql)?;
                 Ok(Snapshot { entries, watermark })
             })
             .await
+    }
+
+    /// Read in one read transaction held across parts, on a connection and a blocking
+    /// thread of its own: WAL snapshot isolation keeps every part at the watermark's point
+    /// in time while writers carry on beside it, and the handle's connection stays free.
+    /// The thread takes room for a part before it reads it, so at most one part waits
+    /// while the caller holds another. Dropping the parts ends the transaction and the
+    /// thread at the next row. While a read is held, the WAL cannot be checkpointed past
+    /// its point in time: it grows with the writes made meanwhile until the read ends. A
+    /// file not in WAL mode (WAL unavailable) is read whole first, since a read held open
+    /// there would stop every writer.
+    async fn snapshot_parts(&self, part_len: usize) -> Result<SnapshotParts<'_>> {
+        let part_len = part_len.max(1);
+        let (began, watermark) = oneshot::channel();
+        let (sender, mut receiver) = mpsc::channel(1);
+        let (db, prefix) = (self.db.clone(), self.prefix.clone());
+        tokio::task::spawn_blocking(move || {
+            read_parts(&db, prefix.as_ref(), part_len, began, &sender);
+        });
+        let watermark = watermark
+            .await
+            .map_err(|_| Error::unavailable(PORT, "the snapshot reader ended before it began"))??;
+        // A reader that stops without saying it reached the end fails the read: a snapshot
+        // cut short must never pass for a whole one (its missing keys would be removed).
+        let mut done = false;
+        let parts = futures::stream::poll_fn(move |cx| {
+            if done {
+                return Poll::Ready(None);
+            }
+            let last = match ready!(receiver.poll_recv(cx)) {
+                Some(Read::Part(part)) => return Poll::Ready(Some(Ok(part))),
+                Some(Read::Failed(e)) => Some(Err(e)),
+                Some(Read::End) => None,
+                None => Some(Err(Error::unavailable(
+                    PORT,
+                    "the snapshot reader stopped before its last part",
+                ))),
+            };
+            done = true;
+            Poll::Ready(last)
+        });
+        Ok(SnapshotParts {
+            watermark,
+            parts: parts.boxed(),
+        })
     }
 
     /// `None` for a key outside this view's prefix.
@@ -454,13 +642,18 @@ impl Source for SqliteSource {
                 )
                 .and_then(|mut s| {
                     s.query_row([&key], |r| {
-                        Ok(Versioned {
-                            seq: to_u64(r.get(0)?),
-                            value: r.get::<_, Option<Vec<u8>>>(1)?.unwrap_or_default(),
-                        })
+                        let seq = to_u64(r.get(0)?);
+                        // A row no snapshot hands out is no value here either.
+                        Ok(value_bytes(r.get_ref(1)?)
+                            .inspect_err(|reason| {
+                                tracing::warn!(seq, reason, "reading past a registry row");
+                            })
+                            .ok()
+                            .map(|value| Versioned { seq, value }))
                     })
                     .optional()
                 })
+                .map(Option::flatten)
                 .map_err(sql)
             })
             .await
@@ -537,7 +730,7 @@ impl FeedStream for ChangeLogStream {
                         while let Some(row) = rows.next().map_err(sql)? {
                             let e = read_entry(
                                 row.get_ref(0).map_err(sql)?,
-                                row.get(1).map_err(sql)?,
+                                row.get_ref(1).map_err(sql)?,
                                 row.get(2).map_err(sql)?,
                                 row.get(3).map_err(sql)?,
                             );

@@ -315,3 +315,62 @@ async fn a_batch_carries_typed_values_and_a_view_refuses_a_batch_reaching_outsid
         "an empty prefix is no view"
     );
 }
+
+/// A foreign writer's row whose value is text is read as its bytes; one whose value is a
+/// number is no value a reader can carry: skipped from snapshots (whole or in parts) and
+/// changes, undecodable on the feed, absent to `get`. Before, either failed every
+/// snapshot and reconcile of the registry, which wedged a resync.
+#[tokio::test]
+async fn a_row_whose_value_is_text_or_a_number_is_read_or_skipped_not_a_wedge() {
+    use futures::StreamExt;
+    let (_dir, path, db) = common::fresh().await;
+    let src = db.source();
+    src.put("a", b"1".to_vec()).await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "BEGIN IMMEDIATE;
+             INSERT INTO registry (key, value, seq, deleted) VALUES ('b', 'text', 2, 0);
+             INSERT INTO changelog (seq, key, deleted, value) VALUES (2, 'b', 0, 'text');
+             INSERT INTO registry (key, value, seq, deleted) VALUES ('c', 42, 3, 0);
+             INSERT INTO changelog (seq, key, deleted, value) VALUES (3, 'c', 0, 42);
+             UPDATE tidemark_meta SET value = 3 WHERE name = 'watermark';
+             COMMIT;",
+        )
+        .unwrap();
+    }
+    let read = |entries: Vec<Entry>| -> Vec<(String, Vec<u8>)> {
+        entries
+            .into_iter()
+            .map(|e| (e.key.to_string(), e.value))
+            .collect()
+    };
+    let expected = vec![
+        ("a".to_owned(), b"1".to_vec()),
+        ("b".into(), b"text".to_vec()),
+    ];
+    let snap = src.snapshot().await.unwrap();
+    assert_eq!((read(snap.entries), snap.watermark), (expected.clone(), 3));
+    let parts = src.snapshot_parts(1).await.unwrap().parts;
+    let parts: Vec<Entry> = parts
+        .flat_map(|p| futures::stream::iter(p.unwrap()))
+        .collect()
+        .await;
+    assert_eq!(read(parts), expected);
+    let Changes::Since { entries, watermark } = src.changes_since(0).await.unwrap() else {
+        panic!("nothing was compacted");
+    };
+    assert_eq!((read(entries), watermark), (expected, 3));
+    assert_eq!(src.get("b").await.unwrap().unwrap().value, b"text");
+    assert_eq!(src.get("c").await.unwrap(), None);
+    let mut feed = Feed::open(&src, 1, None).await.unwrap().stream;
+    let mut items = Vec::new();
+    for _ in 0..3 {
+        items.push(feed.next().await.unwrap().unwrap());
+    }
+    assert!(
+        matches!(&items[2], FeedItem::Undecodable { seq: Some(3), .. }),
+        "the number is undecodable, with its seq: {:?}",
+        items[2]
+    );
+}
