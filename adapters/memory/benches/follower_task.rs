@@ -1,6 +1,11 @@
 //! The follower task applying 1,000,000 entries from the memory feed into a cache, and the
 //! core alone on the same entries; prints both rates (best of 3) and their ratio.
 //!
+//! Beside them it times the same task over a sink that keeps no map (each value wrapped
+//! and queued as the cache does, then set aside in a list at the commit): the ceiling of
+//! any cache design, even one whose map is the follower's own index, since there the
+//! cache's map costs nothing at all.
+//!
 //! Everything runs on this one thread (a current-thread runtime), so beside the wall clock
 //! each part is also timed by the thread's own time on a CPU (Linux's
 //! `/proc/thread-self/schedstat`): on a shared machine, time spent waiting for a core
@@ -9,6 +14,7 @@
 //! `cargo bench -p tidemark-memory --bench follower_task`
 #![allow(clippy::unwrap_used)]
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use tidemark::tidemark_core::{
@@ -122,6 +128,78 @@ fn follower_task(rt: &tokio::runtime::Runtime, source: &MemorySource) -> Took {
     })
 }
 
+/// A sink that keeps no map: it wraps and queues each value as the cache does (an `Arc`
+/// per value, a pending list per batch) and at the commit sets the batch aside in a list,
+/// so that, as in the cache, nothing is freed while the clock runs.
+struct NoMap {
+    pending: Vec<(Arc<str>, u64, Arc<Vec<u8>>)>,
+    kept: Vec<(Arc<str>, Arc<Vec<u8>>)>,
+    ready: Option<tokio::sync::oneshot::Sender<u64>>,
+}
+
+impl NoMap {
+    fn keep(&mut self) {
+        self.kept
+            .extend(self.pending.drain(..).map(|(key, _, value)| (key, value)));
+    }
+}
+
+impl tidemark::Sink<Vec<u8>> for NoMap {
+    const FALLIBLE: bool = false;
+
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: Vec<u8>) -> tidemark::Result<()> {
+        self.pending.push((key, seq, Arc::new(value)));
+        Ok(())
+    }
+
+    async fn remove(&mut self, _key: Arc<str>, _seq: u64) -> tidemark::Result<()> {
+        Ok(())
+    }
+
+    fn reserve(&mut self, keys: usize) {
+        // A turn of the initial sync, as the cache reserves its pending list.
+        self.pending.reserve(keys.min(16_384));
+    }
+
+    async fn commit(&mut self, _watermark: u64) -> tidemark::Result<()> {
+        self.keep();
+        Ok(())
+    }
+
+    fn ready(&mut self, watermark: u64) {
+        self.keep();
+        if let Some(tx) = self.ready.take() {
+            let _ = tx.send(watermark);
+        }
+    }
+}
+
+/// The follower task over a sink that keeps no map: what the task costs beside the core
+/// when the cache's map costs nothing (teardown untimed, as for the task).
+fn task_without_map(rt: &tokio::runtime::Runtime, source: &MemorySource) -> Took {
+    rt.block_on(async {
+        let started = Clock::start();
+        let config = FollowerConfig::builder("bench").build().unwrap();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sink = NoMap {
+            pending: Vec::new(),
+            kept: Vec::new(),
+            ready: Some(tx),
+        };
+        let handle =
+            tidemark::FollowerTask::new(config, RawBytes, source.clone(), source.clone(), sink)
+                .spawn();
+        let wm = rx.await.unwrap();
+        let took = started.took();
+        assert_eq!(wm, N);
+        handle
+            .stop_within(std::time::Duration::from_secs(60))
+            .await
+            .unwrap();
+        took
+    })
+}
+
 /// The memory feed alone: the same entries read off the log, nothing applied.
 fn feed_alone(rt: &tokio::runtime::Runtime, source: &MemorySource) -> Took {
     rt.block_on(async {
@@ -161,7 +239,7 @@ fn cache_alone(rt: &tokio::runtime::Runtime, entries: Vec<Entry>) -> Took {
     })
 }
 
-type Value = (u64, std::sync::Arc<Vec<u8>>);
+type Value = (u64, Arc<Vec<u8>>);
 
 /// Secs to insert `keys` into a map built by `insert`, best of 3 (the map is dropped
 /// outside the clock).
@@ -175,11 +253,7 @@ fn time_map<M>(
         let mut map = new();
         let started = Instant::now();
         for (i, k) in keys.iter().enumerate() {
-            insert(
-                &mut map,
-                k.clone(),
-                (i as u64, std::sync::Arc::new(vec![b'x'; 32])),
-            );
+            insert(&mut map, k.clone(), (i as u64, Arc::new(vec![b'x'; 32])));
         }
         best = best.min(started.elapsed().as_secs_f64());
         drop(map);
@@ -248,11 +322,12 @@ fn main() {
         return;
     }
     // Best of 3 each, alternating, so a busy moment on the machine skews neither.
-    let (mut core, mut task, mut feed, mut cache) =
-        (Best::NONE, Best::NONE, Best::NONE, Best::NONE);
+    let (mut core, mut task, mut feed, mut cache, mut bare) =
+        (Best::NONE, Best::NONE, Best::NONE, Best::NONE, Best::NONE);
     for _ in 0..3 {
         core = core.with(core_alone(entries.clone()));
         task = task.with(follower_task(&rt, &source));
+        bare = bare.with(task_without_map(&rt, &source));
         feed = feed.with(feed_alone(&rt, &source));
         cache = cache.with(cache_alone(&rt, entries.clone()));
     }
@@ -278,16 +353,27 @@ fn main() {
         task.wall
     );
     let wall_ratio = 100.0 * core.wall / task.wall;
-    match (core.cpu, task.cpu, feed.cpu, cache.cpu) {
-        (Some(core_cpu), Some(task_cpu), Some(feed_cpu), Some(cache_cpu)) => {
+    match (core.cpu, task.cpu, feed.cpu, cache.cpu, bare.cpu) {
+        (Some(core_cpu), Some(task_cpu), Some(feed_cpu), Some(cache_cpu), Some(bare_cpu)) => {
             println!(
                 "  on CPU: core alone {core_cpu:.3}s, follower task {task_cpu:.3}s; parts: feed {feed_cpu:.3}s, cache {cache_cpu:.3}s"
+            );
+            println!(
+                "  the task over a sink keeping no map: {bare_cpu:.3}s on CPU = {:.1}% of the core alone's rate (the ceiling of any cache's map)",
+                100.0 * core_cpu / bare_cpu
             );
             println!(
                 "ratio task/core: {:.1}% on CPU time, {wall_ratio:.1}% wall (goal >= 70%)",
                 100.0 * core_cpu / task_cpu
             );
         }
-        _ => println!("ratio task/core: {wall_ratio:.1}% wall (goal >= 70%)"),
+        _ => {
+            println!(
+                "  the task over a sink keeping no map: {:.3}s wall = {:.1}% of the core alone's rate",
+                bare.wall,
+                100.0 * core.wall / bare.wall
+            );
+            println!("ratio task/core: {wall_ratio:.1}% wall (goal >= 70%)");
+        }
     }
 }
