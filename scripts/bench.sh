@@ -27,7 +27,7 @@ done
 # name | command | the lines of its output that carry its headline figures (an ERE)
 benches=(
     "core|cargo bench -q -p tidemark-core|^ratio core/bare|^follower \\(in"
-    "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
+    "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^  the task over a sink keeping no map|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
     "sqlite|cargo bench -q -p tidemark-sqlite|^writes \\(|^reconcile of|^persisted follower|wake latency|^snapshot of"
     "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^persisted mirror"
     "nats-memory|cargo bench -q -p tidemark-nats --bench snapshot_memory|^snapshot of|^cache of"
