@@ -2,9 +2,11 @@
 //! core alone on the same entries; prints both rates (best of 3) and their ratio.
 //!
 //! Beside them it times the same task over a sink that keeps no map (each value wrapped
-//! and queued as the cache does, then set aside in a list at the commit): the ceiling of
-//! any cache design, even one whose map is the follower's own index, since there the
-//! cache's map costs nothing at all.
+//! and queued as the cache does, then set aside in a list at the commit): the bound of
+//! any cache that queues a batch's values and files them at the commit, even one whose
+//! map is the follower's own index, since there the cache's map costs nothing at all. (A
+//! cache that wrote each value into the index's slot at once, with no queue, could pass
+//! it by what the queue costs.)
 //!
 //! Everything runs on this one thread (a current-thread runtime), so beside the wall clock
 //! each part is also timed by the thread's own time on a CPU (Linux's
@@ -359,7 +361,7 @@ fn main() {
                 "  on CPU: core alone {core_cpu:.3}s, follower task {task_cpu:.3}s; parts: feed {feed_cpu:.3}s, cache {cache_cpu:.3}s"
             );
             println!(
-                "  the task over a sink keeping no map: {bare_cpu:.3}s on CPU = {:.1}% of the core alone's rate (the ceiling of any cache's map)",
+                "  the task over a sink keeping no map: {bare_cpu:.3}s on CPU = {:.1}% of the core alone's rate (the bound of a cache that queues its batch)",
                 100.0 * core_cpu / bare_cpu
             );
             println!(
