@@ -8,69 +8,20 @@
 //! `cargo bench -p tidemark-memory --bench memory`
 #![allow(clippy::unwrap_used)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::Layout;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tidemark::tidemark_core::{FollowerConfig, RawBytes};
 use tidemark::{Source, spawn_cache};
 use tidemark_memory::MemorySource;
-
-/// Counts the bytes live now and the most live since the last [`reset_peak`].
-struct Counting;
-
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every call forwards to `System` with the caller's layout; the counters are
-// plain atomics.
-#[allow(unsafe_code)]
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        // SAFETY: the caller's contract is passed on unchanged.
-        let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
-            PEAK.fetch_max(now, Ordering::Relaxed);
-        }
-        p
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        // SAFETY: as above.
-        let p = unsafe { System.realloc(ptr, layout, new_size) };
-        if !p.is_null() {
-            if new_size >= layout.size() {
-                let now = LIVE.fetch_add(new_size - layout.size(), Ordering::Relaxed) + new_size
-                    - layout.size();
-                PEAK.fetch_max(now, Ordering::Relaxed);
-            } else {
-                LIVE.fetch_sub(layout.size() - new_size, Ordering::Relaxed);
-            }
-        }
-        p
-    }
-}
+use tidemark_tests::alloc::{live, reset_peak};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: tidemark_tests::CountingAlloc = tidemark_tests::CountingAlloc;
 
-fn live() -> usize {
-    LIVE.load(Ordering::Relaxed)
-}
-
-fn reset_peak() {
-    PEAK.store(live(), Ordering::Relaxed);
-}
-
+/// The most bytes live since the last [`reset_peak`].
 fn peak() -> usize {
-    PEAK.load(Ordering::Relaxed)
+    tidemark_tests::alloc::peak_above(0)
 }
 
 const N: usize = 1_000_000;
