@@ -14,11 +14,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use futures::StreamExt as _;
 use tidemark_nats::KvBucket;
-use tidemark_tests::NatsServer;
 
 const TURN: u32 = 16_384;
 
@@ -47,32 +44,13 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
-    let server = NatsServer::start()
-        .await
-        .unwrap_or_else(|e| panic!("a real nats-server is required: {e}"));
-    let client = server.connect().await.expect("connect");
-    tidemark_tests::wait_jetstream_ready(&client)
-        .await
-        .expect("ready");
-    let js = jetstream::new(client.clone());
-    let store = js
-        .create_key_value(kv::Config {
-            bucket: "pauses".into(),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .expect("bucket");
-    let mut acks = futures::stream::iter(0..n)
-        .map(|i| {
-            let store = store.clone();
-            let v = Bytes::from(format!("v-{i}-................................"));
-            async move { store.put(format!("k{i}"), v).await }
-        })
-        .buffer_unordered(512);
-    while let Some(r) = acks.next().await {
-        r.expect("put");
-    }
+    let (_server, client) = common::filled_bucket(
+        "pauses",
+        n,
+        |i| format!("k{i}"),
+        |i| Bytes::from(format!("v-{i}-................................")),
+    )
+    .await;
     let b = KvBucket::new(client.clone(), "pauses").unwrap();
     for pause in [
         Duration::ZERO,

@@ -13,15 +13,12 @@
 
 mod common;
 
-use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use futures::StreamExt;
 use std::collections::HashMap;
 
 use tidemark::tidemark_core::{FollowerConfig, RawBytes};
 use tidemark::{Source, spawn_cache};
 use tidemark_nats::KvBucket;
-use tidemark_tests::NatsServer;
 use tidemark_tests::alloc::{live, peak_above, reset_peak};
 
 #[global_allocator]
@@ -40,35 +37,13 @@ async fn run() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(200_000);
-    let server = NatsServer::start()
-        .await
-        .unwrap_or_else(|e| panic!("a real nats-server is required: {e}"));
-    let client = server.connect().await.expect("connect");
-    tidemark_tests::wait_jetstream_ready(&client)
-        .await
-        .expect("ready");
-    let js = jetstream::new(client.clone());
-    let store = js
-        .create_key_value(kv::Config {
-            bucket: "snap".into(),
-            history: 1,
-            ..Default::default()
-        })
-        .await
-        .expect("bucket");
-    let mut acks = futures::stream::iter(0..n)
-        .map(|i| {
-            let store = store.clone();
-            async move {
-                store
-                    .put(format!("k{i:07}"), Bytes::from(vec![b'v'; 100]))
-                    .await
-            }
-        })
-        .buffer_unordered(512);
-    while let Some(r) = acks.next().await {
-        r.expect("put");
-    }
+    let (_server, client) = common::filled_bucket(
+        "snap",
+        n,
+        |i| format!("k{i:07}"),
+        |_| Bytes::from(vec![b'v'; 100]),
+    )
+    .await;
     let bucket = KvBucket::new(client.clone(), "snap").unwrap();
     // A first read warms the client's buffers, which stay: they are no part of a read.
     drop(bucket.snapshot().await.unwrap());
