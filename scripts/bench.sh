@@ -4,8 +4,11 @@
 #
 #   bash scripts/bench.sh                 # every bench, once
 #   bash scripts/bench.sh --runs 3        # every bench three times (a row per run)
-#   bash scripts/bench.sh core memory     # only those (core memory sqlite nats nats-memory
-#                                         #   recovery pauses)
+#   bash scripts/bench.sh core memory     # only those (core memory sqlite relay nats
+#                                         #   nats-memory recovery pauses)
+#
+# The soaks (`--bench soak` of tidemark-sqlite and tidemark-nats) are left out: they write
+# for minutes at a paced rate (the README gives their own commands).
 #
 # The NATS benches provision nats-server first (scripts/provision-nats.sh). Full logs are
 # kept in a temporary directory named at the end. The machine's load is printed beside
@@ -22,13 +25,14 @@ while [ $# -gt 0 ]; do
         *) selected+=("$1"); shift ;;
     esac
 done
-[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite nats nats-memory recovery pauses)
+[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite relay nats nats-memory recovery pauses)
 
 # name | command | the lines of its output that carry its headline figures (an ERE)
 benches=(
     "core|cargo bench -q -p tidemark-core|^ratio core/bare|^follower \\(in"
     "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^  the task over a sink keeping no map|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
-    "sqlite|cargo bench -q -p tidemark-sqlite|^writes \\(|^reconcile of|^persisted follower|wake latency|^snapshot of"
+    "sqlite|cargo bench -q -p tidemark-sqlite --bench sqlite --bench resync_memory|^writes \\(|^reconcile of|^persisted follower|wake latency|^snapshot of"
+    "relay|cargo bench -q -p tidemark-sqlite --bench relay -- --rows 20000|^relay:|x$"
     "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^persisted mirror"
     "nats-memory|cargo bench -q -p tidemark-nats --bench snapshot_memory|^snapshot of|^cache of"
     "recovery|cargo bench -q -p tidemark-nats --bench recovery|catch-up p50|not caught up"

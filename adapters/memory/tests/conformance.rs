@@ -30,6 +30,7 @@ conformance! {
     source_lists_its_present_keys => MemorySource::default();
     source_snapshot_is_current => MemorySource::default();
     source_snapshot_parts_are_one_point_in_time => MemorySource::default();
+    source_reads_hold_keys_overwritten_meanwhile => MemorySource::default(), 200;
     source_refuses_invalid_keys => MemorySource::default();
     source_writes_refuse_what_followers_refuse => MemorySource::default();
     change_log_replays_then_follows => MemorySource::default();
@@ -155,4 +156,91 @@ async fn a_snapshot_shares_each_key_with_the_log_instead_of_copying_it() {
     );
     assert!(Arc::ptr_eq(&snapshot[0].key, &logged[0]));
     assert!(Arc::ptr_eq(&snapshot[1].key, &logged[2]));
+}
+
+/// A naive source: it reads the whole source page by page in seq order, each page a read
+/// of its own, up to the head it saw first, keeping only the latest change per key, as a
+/// replay of a history-1 NATS bucket did before it read on to the catch-up. A key
+/// overwritten past that head before its page came is in no page.
+struct PagedToFirstHead(MemorySource);
+
+impl PagedToFirstHead {
+    async fn paged(
+        &self,
+        since: u64,
+    ) -> tidemark::Result<(Vec<tidemark::tidemark_core::Entry>, u64)> {
+        use tidemark::{Changes, Source};
+        let head = self.0.watermark().await?;
+        let (mut cursor, mut latest) = (since, std::collections::BTreeMap::new());
+        loop {
+            let Changes::Since { entries, .. } = self.0.changes_since(cursor).await? else {
+                unreachable!("nothing is compacted in these tests");
+            };
+            let page: Vec<_> = entries
+                .into_iter()
+                .filter(|e| e.seq <= head)
+                .take(10)
+                .collect();
+            let Some(last) = page.last() else { break };
+            cursor = last.seq;
+            for e in page {
+                latest.insert(e.key.clone(), e);
+            }
+            tokio::task::yield_now().await;
+        }
+        Ok((latest.into_values().collect(), head))
+    }
+}
+
+impl tidemark::Source for PagedToFirstHead {
+    async fn put(&self, key: &str, value: Vec<u8>) -> tidemark::Result<u64> {
+        self.0.put(key, value).await
+    }
+    async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> tidemark::Result<u64> {
+        self.0.update(key, value, expected).await
+    }
+    async fn remove(&self, key: &str) -> tidemark::Result<Option<u64>> {
+        self.0.remove(key).await
+    }
+    async fn watermark(&self) -> tidemark::Result<u64> {
+        self.0.watermark().await
+    }
+    async fn changes_since(&self, since: u64) -> tidemark::Result<tidemark::Changes> {
+        let (mut entries, watermark) = self.paged(since).await?;
+        entries.sort_by_key(|e| e.seq);
+        Ok(tidemark::Changes::Since { entries, watermark })
+    }
+    async fn snapshot(&self) -> tidemark::Result<tidemark::Snapshot> {
+        use tidemark::tidemark_core::Op;
+        let (entries, watermark) = self.paged(0).await?;
+        let entries = entries.into_iter().filter(|e| e.op == Op::Put).collect();
+        Ok(tidemark::Snapshot { entries, watermark })
+    }
+    async fn get(&self, key: &str) -> tidemark::Result<Option<tidemark::Versioned>> {
+        self.0.get(key).await
+    }
+    async fn first_available(&self) -> tidemark::Result<u64> {
+        self.0.first_available().await
+    }
+}
+
+/// The body has teeth: a source that reads page by page up to its first head, as the NATS
+/// replay did, fails it.
+#[tokio::test(start_paused = true)]
+async fn reads_that_stop_at_their_first_head_fail_the_overwrite_body() {
+    use futures::FutureExt;
+    let naive = PagedToFirstHead(MemorySource::default());
+    let result =
+        std::panic::AssertUnwindSafe(c::source_reads_hold_keys_overwritten_meanwhile(&naive, 200))
+            .catch_unwind()
+            .await;
+    let message = result
+        .expect_err("a read that stops at its first head loses overwritten keys")
+        .downcast::<String>()
+        .map(|m| *m)
+        .unwrap_or_default();
+    assert!(
+        message.contains("reads missing keys"),
+        "it fails for the keys it lost: {message}"
+    );
 }

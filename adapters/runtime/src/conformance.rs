@@ -252,6 +252,75 @@ pub async fn source_snapshot_parts_are_one_point_in_time<S: Source>(s: &S) {
     assert_eq!(keys, ["a", "b", "d", "zz"], "a new read sees the writes");
 }
 
+/// Every read of the whole source — a snapshot, a snapshot read in parts, the changes since
+/// 0 — holds every one of `keys` keys that exist throughout, while a writer keeps
+/// overwriting the keys such a read reaches last. A read that pages through the source
+/// and stops at the head it saw first (a history-1 NATS bucket replayed in stream order, a
+/// table paged by seq) loses a key overwritten past that head before its old version was
+/// read, and a resync built on it removes a key that was never removed.
+pub async fn source_reads_hold_keys_overwritten_meanwhile<S: Source>(s: &S, keys: u32) {
+    use futures::StreamExt;
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let keys = keys.max(10);
+    let name = |i: u32| format!("k{i:06}");
+    for i in 0..keys {
+        s.put(&name(i), b"v".to_vec()).await.unwrap();
+    }
+    let done = AtomicBool::new(false);
+    let writer = async {
+        let (mut i, hot) = (0u32, keys / 10);
+        while !done.load(Ordering::Relaxed) {
+            // The last tenth of the keys, in key order and in seq order alike.
+            s.put(&name(keys - 1 - i % hot), b"w".to_vec())
+                .await
+                .unwrap();
+            i += 1;
+            tokio::task::yield_now().await;
+        }
+        i
+    };
+    let reader = async {
+        let mut short = Vec::new();
+        for _ in 0..3 {
+            let snap = s.snapshot().await.unwrap();
+            if snap.entries.len() != keys as usize {
+                short.push(("snapshot", snap.watermark, snap.entries.len()));
+            }
+            let read = s.snapshot_parts((keys as usize / 7).max(1)).await.unwrap();
+            let watermark = read.watermark;
+            let parts: Vec<_> = read.parts.collect().await;
+            let got: usize = parts.into_iter().map(|p| p.unwrap().len()).sum();
+            if got != keys as usize {
+                short.push(("snapshot in parts", watermark, got));
+            }
+            if let Changes::Since { entries, watermark } = s.changes_since(0).await.unwrap() {
+                // The latest change of each key decides whether it is there.
+                let mut latest: BTreeMap<&str, (u64, Op)> = BTreeMap::new();
+                for e in &entries {
+                    let held = latest.entry(&*e.key).or_insert((0, Op::Put));
+                    if e.seq >= held.0 {
+                        *held = (e.seq, e.op.clone());
+                    }
+                }
+                let puts = latest.values().filter(|(_, op)| *op == Op::Put).count();
+                if puts != keys as usize {
+                    short.push(("changes since 0", watermark, puts));
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+        done.store(true, Ordering::Relaxed);
+        short
+    };
+    let (writes, short) = tokio::join!(writer, reader);
+    assert!(writes > 0, "the writer overwrote keys while the reads ran");
+    assert!(
+        short.is_empty(),
+        "reads missing keys that existed throughout (read, watermark, keys of {keys}): {short:?}"
+    );
+}
+
 /// Empty keys and control characters are refused with a typed error, never stored.
 pub async fn source_refuses_invalid_keys<S: Source>(s: &S) {
     assert!(matches!(

@@ -37,6 +37,7 @@ conformance! {
     source_lists_its_present_keys => |db| db.source();
     source_snapshot_is_current => |db| db.source();
     source_snapshot_parts_are_one_point_in_time => |db| db.source();
+    source_reads_hold_keys_overwritten_meanwhile => |db| db.source(), 500;
     source_refuses_invalid_keys => |db| db.source();
     source_writes_refuse_what_followers_refuse => |db| db.source();
     change_log_replays_then_follows => |db| db.source();
