@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tidemark::instant_after;
 use tidemark::{Error, Lock, LockLease, Result};
 use tokio::time::Instant;
 
@@ -71,7 +72,7 @@ impl Lock for MemoryLock {
                 return Ok(None);
             }
             // The holder asking again keeps its lease (and its fencing token).
-            h.expires = now + ttl;
+            h.expires = instant_after(now, ttl);
             return Ok(Some(LockLease {
                 name: name.to_owned(),
                 owner: owner.to_owned(),
@@ -88,7 +89,7 @@ impl Lock for MemoryLock {
             Held {
                 owner: owner.to_owned(),
                 fencing,
-                expires: now + ttl,
+                expires: instant_after(now, ttl),
             },
         );
         Ok(Some(LockLease {
@@ -104,7 +105,7 @@ impl Lock for MemoryLock {
         let mut s = self.state();
         match s.held.get_mut(&lease.name) {
             Some(h) if h.fencing == lease.fencing && h.expires > now => {
-                h.expires = now + ttl;
+                h.expires = instant_after(now, ttl);
                 Ok(())
             }
             _ => Err(Error::LeaseLost(format!(

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tidemark::instant_after;
 use tidemark::tidemark_core::{AnnouncePlan, AnnounceReport};
 use tidemark::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch, Result};
 use tokio::time::Instant;
@@ -178,7 +179,7 @@ impl Outbox for MemoryOutbox {
     async fn claim(&self, owner: &str, after: u64, max: usize, lease: Duration) -> Result<Claimed> {
         self.inner.faults.check(Port::Outbox)?;
         let now = self.now();
-        let until = now + lease;
+        let until = instant_after(now, lease);
         let mut s = self.state();
         let mut claimed = Claimed::default();
         for slot in s.pending.values_mut() {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
@@ -228,7 +229,7 @@ impl Queue for MemoryQueue {
         slot.record.attempts += 1;
         slot.record.state = JobState::Leased;
         slot.receipt = receipt;
-        slot.lease_until = Some(now + visibility);
+        slot.lease_until = Some(instant_after(now, visibility));
         Ok(Some(Leased {
             id: slot.record.id,
             job: slot.record.job.clone(),
@@ -260,7 +261,7 @@ impl Queue for MemoryQueue {
             slot.finished_at = Some(now);
             JobState::DeadLettered
         } else {
-            slot.visible_at = now + retry_after;
+            slot.visible_at = instant_after(now, retry_after);
             JobState::Ready
         };
         let state = slot.record.state;
@@ -276,7 +277,7 @@ impl Queue for MemoryQueue {
         let now = self.now();
         let mut s = self.state();
         let slot = s.held(lease, now)?;
-        slot.lease_until = Some(now + visibility);
+        slot.lease_until = Some(instant_after(now, visibility));
         Ok(())
     }
 

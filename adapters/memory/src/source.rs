@@ -179,33 +179,36 @@ impl MemorySource {
     }
 
     fn commit(&self, key: &str, op: Op, value: Vec<u8>) -> u64 {
-        let seq = {
-            let mut s = self.state();
-            s.seq += 1;
-            let seq = s.seq;
-            let key: Arc<str> = match s.entries.get_key_value(key) {
-                Some((held, _)) => Arc::clone(held),
-                None => key.into(),
-            };
-            if op == Op::Put {
-                s.entries.insert(
-                    Arc::clone(&key),
-                    Stored {
-                        seq,
-                        value: value.as_slice().into(),
-                    },
-                );
-            } else {
-                s.entries.remove(&*key);
-            }
-            if let Some(announce) = &self.announce {
-                let value = (op == Op::Put).then_some(value.as_slice());
-                append_announcement(announce, seq, &key, value);
-            }
-            s.log.push_back(Entry::new(seq, seq, key, op, value));
-            seq
-        };
+        let seq = self.commit_in(&mut self.state(), key, op, value);
         self.inner.head.bump();
+        seq
+    }
+
+    /// Writes one mutation under the state's lock, which the caller holds (so that what it
+    /// checked before, a removal's key being there, still holds when it commits).
+    fn commit_in(&self, s: &mut State, key: &str, op: Op, value: Vec<u8>) -> u64 {
+        s.seq += 1;
+        let seq = s.seq;
+        let key: Arc<str> = match s.entries.get_key_value(key) {
+            Some((held, _)) => Arc::clone(held),
+            None => key.into(),
+        };
+        if op == Op::Put {
+            s.entries.insert(
+                Arc::clone(&key),
+                Stored {
+                    seq,
+                    value: value.as_slice().into(),
+                },
+            );
+        } else {
+            s.entries.remove(&*key);
+        }
+        if let Some(announce) = &self.announce {
+            let value = (op == Op::Put).then_some(value.as_slice());
+            append_announcement(announce, seq, &key, value);
+        }
+        s.log.push_back(Entry::new(seq, seq, key, op, value));
         seq
     }
 
@@ -348,10 +351,17 @@ impl Source for MemorySource {
     async fn remove(&self, key: &str) -> Result<Option<u64>> {
         self.inner.faults.check(Port::Source)?;
         check_key_within(key, self.prefix.as_ref())?;
-        if !self.state().entries.contains_key(key) {
-            return Ok(None);
-        }
-        Ok(Some(self.commit(key, Op::Delete, Vec::new())))
+        // Checked and removed under one lock: two removes of a key racing each other
+        // commit one removal between them, not two (two seqs, two announcements).
+        let seq = {
+            let mut s = self.state();
+            if !s.entries.contains_key(key) {
+                return Ok(None);
+            }
+            self.commit_in(&mut s, key, Op::Delete, Vec::new())
+        };
+        self.inner.head.bump();
+        Ok(Some(seq))
     }
 
     async fn watermark(&self) -> Result<u64> {

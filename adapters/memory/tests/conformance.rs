@@ -52,6 +52,8 @@ conformance! {
     runner_dead_letters_what_it_cannot_run => MemoryQueue::default();
     runner_crash_redelivers_its_job => MemoryQueue::default(), Duration::from_millis(300);
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
+    lock_for_ever_is_held => MemoryLock::default();
+    queue_lease_for_ever_holds_the_job => MemoryQueue::default();
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
     schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
@@ -242,5 +244,52 @@ async fn reads_that_stop_at_their_first_head_fail_the_overwrite_body() {
     assert!(
         message.contains("reads missing keys"),
         "it fails for the keys it lost: {message}"
+    );
+}
+
+/// An outbox claim for `Duration::MAX` holds its rows for ever: no overflow panic on the
+/// instant it would end at, and no other relay gets them.
+#[tokio::test(start_paused = true)]
+async fn an_outbox_claim_for_ever_holds_its_rows() {
+    use tidemark::{Outbox, Source};
+    let m = Memory::new();
+    let announced = m.announced_source(Legs::default());
+    announced.put("k", b"v".to_vec()).await.unwrap();
+    let mine = m.outbox.claim("a", 0, 10, Duration::MAX).await.unwrap();
+    assert_eq!(mine.rows.len(), 1, "the one row is claimed");
+    tokio::time::sleep(Duration::from_secs(86_400 * 365)).await;
+    let theirs = m
+        .outbox
+        .claim("b", 0, 10, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(theirs.rows.is_empty(), "a year on, still held: {theirs:?}");
+}
+
+/// Two removes of one key racing each other commit one removal: one seq, one change-log
+/// entry, and the other remove finds the key absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_removes_of_a_key_commit_one_removal() {
+    use tidemark::{Changes, Source};
+    let source = MemorySource::default();
+    for round in 0..200u32 {
+        let key = format!("k{round}");
+        source.put(&key, b"v".to_vec()).await.unwrap();
+        let (a, b) = (source.clone(), source.clone());
+        let (ka, kb) = (key.clone(), key.clone());
+        let ta = tokio::spawn(async move { a.remove(&ka).await.unwrap() });
+        let tb = tokio::spawn(async move { b.remove(&kb).await.unwrap() });
+        let (ra, rb) = (ta.await.unwrap(), tb.await.unwrap());
+        assert!(
+            ra.is_some() != rb.is_some(),
+            "round {round}: exactly one remove removes the key ({ra:?}, {rb:?})"
+        );
+    }
+    let Changes::Since { watermark, .. } = source.changes_since(0).await.unwrap() else {
+        panic!("nothing was compacted");
+    };
+    assert_eq!(
+        watermark, 400,
+        "one put and one removal a round, no seq more"
     );
 }

@@ -12,6 +12,7 @@ use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
+use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
 use tokio::sync::Mutex;
@@ -517,7 +518,7 @@ impl Queue for NatsQueue {
                 Held {
                     attempt,
                     message,
-                    until: now + guard.1,
+                    until: instant_after(now, guard.1),
                 },
             );
             return Ok(Some(Leased {
@@ -592,7 +593,7 @@ impl Queue for NatsQueue {
             .ack_with(AckKind::Progress)
             .await
             .map_err(|e| unavailable("queue", e))?;
-        held.until = now + ack_wait;
+        held.until = instant_after(now, ack_wait);
         Ok(())
     }
 

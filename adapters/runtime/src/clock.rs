@@ -5,6 +5,16 @@ use std::time::Duration;
 use tidemark_core::Time;
 use tokio::time::Instant;
 
+/// The instant `d` after `at`, or one about 30 years after `at` (tokio's own far future)
+/// when `at + d` is past what an [`Instant`] can hold: a lease, TTL, backoff or budget of
+/// [`Duration::MAX`] means "for ever", never an overflow panic.
+#[must_use]
+pub fn instant_after(at: Instant, d: Duration) -> Instant {
+    const FAR: Duration = Duration::from_secs(86_400 * 365 * 30);
+    at.checked_add(d)
+        .unwrap_or_else(|| at.checked_add(FAR).unwrap_or(at))
+}
+
 /// Converts between tokio's [`Instant`] and the core's [`Time`] (nanoseconds since the
 /// clock was made). Reading tokio's clock, never std's, is what lets paused time and
 /// simulators drive the drivers.
@@ -37,6 +47,6 @@ impl Clock {
     /// The instant a [`Time`] stands for.
     #[must_use]
     pub fn instant(&self, t: Time) -> Instant {
-        self.start + Duration::from_nanos(t.as_nanos())
+        instant_after(self.start, Duration::from_nanos(t.as_nanos()))
     }
 }

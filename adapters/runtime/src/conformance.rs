@@ -911,6 +911,64 @@ pub async fn runner_dead_letters_what_it_cannot_run<Q: Queue + Clone + 'static>(
     assert_eq!((counters.acked, counters.dead_lettered), (1, 2));
 }
 
+/// A lock taken for [`Duration::MAX`] is held for ever: never a panic on the instant it
+/// would expire at (an overflow), and no other owner takes it; renewing it for ever again
+/// and releasing it work.
+pub async fn lock_for_ever_is_held<L: Lock>(l: &L) {
+    let a = l
+        .try_lock("sweeper", "a", Duration::MAX)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    assert!(
+        l.try_lock("sweeper", "b", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_none(),
+        "held for ever: no other owner takes it"
+    );
+    l.renew(&a, Duration::MAX).await.unwrap();
+    l.release(&a).await.unwrap();
+    assert!(
+        l.try_lock("sweeper", "b", Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_some(),
+        "released: free"
+    );
+}
+
+/// A job leased for [`Duration::MAX`] is held for ever: never a panic on the instant its
+/// lease would end at, never delivered to another runner, and renewable and ackable by
+/// its holder. Retrying it after [`Duration::MAX`] keeps it out of sight, not a panic.
+pub async fn queue_lease_for_ever_holds_the_job<Q: Queue>(q: &Q) {
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(Duration::MAX).await.unwrap().expect("a ready job");
+    assert_eq!(lease.id, id);
+    assert!(
+        q.lease(Duration::from_secs(1)).await.unwrap().is_none(),
+        "held for ever: nobody else gets it"
+    );
+    q.renew(&lease, Duration::MAX).await.unwrap();
+    q.ack(&lease).await.unwrap();
+    let other = q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a ready job");
+    assert_eq!(lease.id, other);
+    let state = q
+        .fail(&lease, "try again in an eternity", Duration::MAX)
+        .await
+        .unwrap();
+    assert_eq!(state, JobState::Ready, "one failure: retried, not dead");
+    assert!(
+        q.lease(Duration::from_secs(1)).await.unwrap().is_none(),
+        "retried after an eternity: out of sight"
+    );
+}
+
 /// One holder at a time; an expired lease frees the lock with a higher fencing token, and
 /// the old holder can no longer renew.
 ///

@@ -400,7 +400,7 @@ where
                     // listener that keeps failing cannot spin.
                     let delay = self.wake_backoff.next_delay(now, &mut self.rng);
                     warn!(worker = %self.core.config().name(), error = %e, ?delay, "wake listener failed; catching up and listening again after a pause");
-                    self.wake_paused_until = Some(Instant::now() + delay);
+                    self.wake_paused_until = Some(crate::instant_after(Instant::now(), delay));
                     self.core.handle_input(Input::Wake, now);
                 }
                 Event::Wake(Err(e)) => {

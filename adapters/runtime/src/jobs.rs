@@ -645,13 +645,13 @@ impl<Q: Queue + 'static> RunJob<Q> {
         Fut: Future<Output = Result<T>>,
     {
         let policy = BackoffPolicy::fast_reopen();
-        let deadline = tokio::time::Instant::now() + self.visibility / 3;
+        let deadline = crate::instant_after(tokio::time::Instant::now(), self.visibility / 3);
         let mut attempt = 0;
         loop {
             match call().await {
                 Err(e) if e.is_retryable() => {
                     let delay = policy.base_delay(attempt);
-                    if tokio::time::Instant::now() + delay >= deadline {
+                    if crate::instant_after(tokio::time::Instant::now(), delay) >= deadline {
                         return Err(e);
                     }
                     Counts::bump(&self.counts.queue_errors);

@@ -62,7 +62,7 @@ mod worker;
 
 pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
-pub use clock::Clock;
+pub use clock::{Clock, instant_after};
 pub use error::{Error, Result, check_key, check_key_within, check_value, key_prefix};
 pub use follower::{
     DEFAULT_SNAPSHOT_PART_LEN, FollowerHandle, FollowerTask, Reconciled, spawn_cache,

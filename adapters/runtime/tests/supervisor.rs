@@ -413,3 +413,11 @@ async fn a_wake_only_worker_can_be_supervised_and_shut_down_through_a_shared_ref
         .unwrap();
     assert_eq!(infos[0].phase, WorkerPhase::Stopped);
 }
+
+/// A shutdown budget of `Duration::MAX` ("wait as long as it takes") is not an overflow
+/// panic on the deadline it would end at.
+#[tokio::test(start_paused = true)]
+async fn a_shutdown_budget_for_ever_is_not_a_panic() {
+    let sup = Supervisor::new(1);
+    assert!(sup.shutdown(Duration::MAX).await.unwrap().is_empty());
+}

@@ -58,6 +58,8 @@ conformance! {
     runner_dead_letters_what_it_cannot_run => |db| db.queue();
     runner_crash_redelivers_its_job => |db| db.queue(), REAL_LEASE;
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
+    lock_for_ever_is_held => |db| db.lock();
+    queue_lease_for_ever_holds_the_job => |db| db.queue();
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
     schedule_cron_fires_each_tick_once => |db| db.schedules(), &db.queue();
