@@ -65,19 +65,15 @@ impl Lock for MemoryLock {
         self.faults.check(Port::Lock)?;
         let now = self.clock.now();
         let mut s = self.state();
-        if let Some(h) = s.held.get_mut(name)
-            && h.expires > now
+        // Free, expired, or its holder asking again: a new lease with a new fencing token,
+        // as on SQLite. The holder's earlier lease is lost, so a second sweep of one
+        // process cannot release the lock from under the first, and a token grows with
+        // every acquisition.
+        if s.held
+            .get(name)
+            .is_some_and(|h| h.expires > now && h.owner != owner)
         {
-            if h.owner != owner {
-                return Ok(None);
-            }
-            // The holder asking again keeps its lease (and its fencing token).
-            h.expires = instant_after(now, ttl);
-            return Ok(Some(LockLease {
-                name: name.to_owned(),
-                owner: owner.to_owned(),
-                fencing: h.fencing,
-            }));
+            return Ok(None);
         }
         let fencing = {
             let f = s.fencing.entry(name.to_owned()).or_insert(0);

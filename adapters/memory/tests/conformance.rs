@@ -53,6 +53,7 @@ conformance! {
     runner_crash_redelivers_its_job => MemoryQueue::default(), Duration::from_millis(300);
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     lock_for_ever_is_held => MemoryLock::default();
+    lock_taken_again_by_its_owner_is_a_new_lease => MemoryLock::default();
     queue_lease_for_ever_holds_the_job => MemoryQueue::default();
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();

@@ -128,8 +128,8 @@ impl Lock for NatsLock {
                     let running = held.running(&entry, now);
                     match held.owner.as_deref() {
                         Some(o) if running && o != owner => return Ok(None),
-                        // The holder asking again keeps its lease and its fencing token.
-                        Some(_) if running => (Some(entry.revision), held.fencing),
+                        // Free, expired, or its holder asking again: a new lease with a
+                        // new fencing token (the holder's earlier lease is lost).
                         _ => (Some(entry.revision), held.fencing.saturating_add(1)),
                     }
                 }

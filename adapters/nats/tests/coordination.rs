@@ -21,8 +21,12 @@ const REAL_LEASE: Duration = Duration::from_secs(1);
 async fn lock_passes_the_conformance_suite() {
     let server = server().await;
     let client = client(&server).await;
-    let lock = NatsLock::open(client, "locks", 1).await.unwrap();
+    let lock = NatsLock::open(client.clone(), "locks", 1).await.unwrap();
     tidemark::conformance::lock_is_exclusive_and_expires(&lock, REAL_LEASE).await;
+    let lock = NatsLock::open(client.clone(), "locks2", 1).await.unwrap();
+    tidemark::conformance::lock_taken_again_by_its_owner_is_a_new_lease(&lock).await;
+    let lock = NatsLock::open(client, "locks3", 1).await.unwrap();
+    tidemark::conformance::lock_for_ever_is_held(&lock).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -911,6 +911,45 @@ pub async fn runner_dead_letters_what_it_cannot_run<Q: Queue + Clone + 'static>(
     assert_eq!((counters.acked, counters.dead_lettered), (1, 2));
 }
 
+/// An owner taking a lock it holds gets a new lease with a greater fencing token, and
+/// the earlier lease is lost: it cannot be renewed, and releasing it leaves the new one
+/// held. Two sweeps of one process under one owner name then never both hold the lock,
+/// and the first to finish cannot free it while the other still runs.
+pub async fn lock_taken_again_by_its_owner_is_a_new_lease<L: Lock>(l: &L) {
+    const TTL: Duration = Duration::from_secs(60);
+    let first = l
+        .try_lock("sweeper", "a", TTL)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    let second = l
+        .try_lock("sweeper", "a", TTL)
+        .await
+        .unwrap()
+        .expect("its owner takes it again");
+    assert!(
+        second.fencing > first.fencing,
+        "a token grows with every acquisition: {} then {}",
+        first.fencing,
+        second.fencing
+    );
+    assert!(
+        matches!(l.renew(&first, TTL).await, Err(crate::Error::LeaseLost(_))),
+        "the earlier lease is lost"
+    );
+    l.release(&first).await.unwrap();
+    assert!(
+        l.try_lock("sweeper", "b", TTL).await.unwrap().is_none(),
+        "releasing the earlier lease leaves the new one held"
+    );
+    l.renew(&second, TTL).await.unwrap();
+    l.release(&second).await.unwrap();
+    assert!(
+        l.try_lock("sweeper", "b", TTL).await.unwrap().is_some(),
+        "released: free"
+    );
+}
+
 /// A lock taken for [`Duration::MAX`] is held for ever: never a panic on the instant it
 /// would expire at (an overflow), and no other owner takes it; renewing it for ever again
 /// and releasing it work.

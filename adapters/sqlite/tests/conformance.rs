@@ -59,6 +59,7 @@ conformance! {
     runner_crash_redelivers_its_job => |db| db.queue(), REAL_LEASE;
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     lock_for_ever_is_held => |db| db.lock();
+    lock_taken_again_by_its_owner_is_a_new_lease => |db| db.lock();
     queue_lease_for_ever_holds_the_job => |db| db.queue();
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();

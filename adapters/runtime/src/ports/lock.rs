@@ -20,7 +20,10 @@ pub struct LockLease {
 /// Named, expiring locks.
 pub trait Lock: Send + Sync {
     /// Takes `name` for `owner` for `ttl`, if it is free or its holder's lease expired.
-    /// `None` if someone else holds it.
+    /// `None` if someone else holds it. An owner that holds it already gets a new lease
+    /// with a new fencing token, and its earlier lease is lost (renewing or releasing it
+    /// does nothing to the new one): two tasks of one process under one owner name never
+    /// both hold the lock.
     fn try_lock(
         &self,
         name: &str,
