@@ -42,6 +42,8 @@ conformance! {
     queue_dead_letters_after_max_attempts => MemoryQueue::default().with_max_attempts(3), 3;
     queue_renew_extends_a_lease => MemoryQueue::default(), Duration::from_millis(100);
     queue_dead_letters_list_and_requeue => MemoryQueue::default();
+    queue_stale_lease_cannot_act_after_requeue =>
+        MemoryQueue::default().with_max_attempts(1), Duration::from_millis(100);
     queue_counts_by_state => MemoryQueue::default();
     queue_coalesces_pending_jobs_per_key => MemoryQueue::default();
     queue_leases_sweeps_first => MemoryQueue::default();

@@ -42,6 +42,9 @@ async fn wake_and_queue_pass_the_conformance_suite() {
     tidemark::conformance::queue_lease_expiry_redelivers(&q, Duration::from_secs(1)).await;
     let q = NatsQueue::open(client.clone(), "JOBS3", 3).await.unwrap();
     tidemark::conformance::queue_dead_letters_after_max_attempts(&q, 3).await;
+    let q = NatsQueue::open(client.clone(), "JOBS4", 1).await.unwrap();
+    tidemark::conformance::queue_stale_lease_cannot_act_after_requeue(&q, Duration::from_secs(1))
+        .await;
 }
 
 /// The writer announces on all three legs; a durable stream consumer converges through

@@ -657,6 +657,75 @@ pub async fn queue_dead_letters_list_and_requeue<Q: Queue>(q: &Q) {
     assert_eq!(left, vec![ids[2]], "a requeued job leaves the dead letters");
 }
 
+/// A lease that expired before its job was dead-lettered and requeued can do nothing to
+/// the job's next lease: its renew, ack, fail and dead letter are all
+/// [`Error::LeaseLost`](crate::Error::LeaseLost), and the new holder acks. Why: a runner
+/// that stalls past its visibility (a pause, a partition) wakes holding a receipt for a
+/// job someone else now runs; if that receipt still matched, its fail would put the job
+/// back while it runs and its ack would mark it done under the new holder, whose own ack
+/// would then be refused. A receipt must name one lease for ever, however often the job
+/// is requeued and its attempts start over.
+///
+/// `q` must dead-letter after one attempt (`max_attempts` 1), so that the lapsed lease's
+/// job is dead-lettered rather than delivered again. `visibility` is the first lease's
+/// length: short under paused time, long enough on a real clock to be taken and let lapse.
+pub async fn queue_stale_lease_cannot_act_after_requeue<Q: Queue>(q: &Q, visibility: Duration) {
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let stale = q.lease(visibility).await.unwrap().expect("a ready job");
+    assert_eq!((stale.id, stale.attempt), (id, 1));
+    tokio::time::sleep(visibility * 3 / 2).await;
+    // The lease has lapsed with the only attempt used: the job is dead-lettered (at once
+    // on some adapters, by the next lease on others; a busy server may take a moment).
+    let deadline = tokio::time::Instant::now() + visibility * 50;
+    loop {
+        let state = q.get(id).await.unwrap().map(|r| r.state);
+        if state == Some(JobState::DeadLettered) {
+            break;
+        }
+        assert!(
+            q.lease(visibility).await.unwrap().is_none(),
+            "with one attempt allowed, a lapsed lease's job is dead-lettered, not redelivered"
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a lapsed lease's job with its attempts used up is dead-lettered (now {state:?})"
+        );
+        tokio::time::sleep(visibility / 20).await;
+    }
+    let again = q.requeue(id).await.expect("a dead letter requeues");
+    let fresh = q
+        .lease(Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("the requeued job is ready");
+    assert_eq!(
+        (fresh.id, fresh.attempt),
+        (again, 1),
+        "a requeued job runs again with fresh attempts"
+    );
+    let lost = |what: &str, result: crate::Result<()>| {
+        assert!(
+            matches!(result, Err(crate::Error::LeaseLost(_))),
+            "a lease from before the requeue must not {what} the job's new lease: {result:?}"
+        );
+    };
+    lost("renew", q.renew(&stale, Duration::from_secs(30)).await);
+    lost("ack", q.ack(&stale).await);
+    lost(
+        "fail",
+        q.fail(&stale, "stale", Duration::ZERO).await.map(|_| ()),
+    );
+    lost("dead-letter", q.dead_letter(&stale, "stale").await);
+    let rec = q.get(again).await.unwrap().unwrap();
+    assert_eq!(
+        (rec.state, rec.attempts),
+        (JobState::Leased, 1),
+        "the stale lease changed nothing"
+    );
+    q.ack(&fresh).await.expect("the new lease still acks");
+    assert_eq!(q.get(again).await.unwrap().unwrap().state, JobState::Done);
+}
+
 /// Counts by state: what a status command and the queue-depth gauge read.
 pub async fn queue_counts_by_state<Q: Queue>(q: &Q) {
     let visibility = Duration::from_secs(30);

@@ -35,8 +35,12 @@ fn state_of(code: i64) -> JobState {
 ///
 /// A leased job whose visibility timeout passes is delivered again (its last error reads
 /// "lease expired"); after [`Options::max_attempts`](crate::Options::max_attempts) leases
-/// it is dead-lettered instead. Receipts are attempt numbers: acking or failing with an
-/// older attempt's receipt is [`Error::LeaseLost`].
+/// it is dead-lettered instead. A receipt is the job's lease count (the `leases` column,
+/// which a requeue does not reset as it does attempts), so it names one lease for ever:
+/// renewing, acking, failing or dead-lettering with any other lease's receipt, one from
+/// before a requeue included, is [`Error::LeaseLost`]. Those writes match the attempt as
+/// well: a process still running a build from before the count (schema version 7) leases
+/// by bumping attempts alone, and a receipt of this build must not name its lease.
 ///
 /// A `pack_housekeeping` job still ready and never leased absorbs later enqueues for its
 /// key (a unique partial index on `dedupe` decides, across processes), and sweeps are
@@ -95,31 +99,40 @@ impl SqliteQueue {
         SqliteQueue { db }
     }
 
-    /// A write to a job this lease still holds (`?1` id, `?2` attempt, `?3` now, then the
-    /// statement's own parameters); [`Error::LeaseLost`] if it holds it no longer.
+    /// A write to a job this lease still holds (`?1` id, `?2` receipt, `?3` now, `?4` attempt,
+    /// then the statement's own parameters); [`Error::LeaseLost`] if it holds it no longer.
     async fn on_held(
         &self,
         lease: &Leased,
         statement: &'static str,
         extra: Vec<rusqlite::types::Value>,
     ) -> Result<()> {
-        let (id, receipt) = (lease.id, lease.receipt);
+        let (id, receipt, attempt) = (lease.id, lease.receipt, lease.attempt);
         self.db
             .write("queue", move |conn| {
-                let mut values: Vec<rusqlite::types::Value> =
-                    vec![to_i64(id.0).into(), to_i64(receipt).into(), now_ms().into()];
+                let mut values: Vec<rusqlite::types::Value> = vec![
+                    to_i64(id.0).into(),
+                    to_i64(receipt).into(),
+                    now_ms().into(),
+                    i64::from(attempt).into(),
+                ];
                 values.extend(extra);
                 let n = conn
                     .prepare_cached(statement)
                     .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
                     .map_err(sql)?;
                 if n == 0 {
-                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
+                    return Err(lease_lost(id, receipt, attempt));
                 }
                 Ok(())
             })
             .await
     }
+}
+
+/// The error for a lease that is not the job's current one.
+fn lease_lost(id: JobId, receipt: u64, attempt: u32) -> Error {
+    Error::LeaseLost(format!("{id} attempt {attempt} (receipt {receipt})"))
 }
 
 /// A record from a row; bytes that are no job read as [`Job::undecodable`].
@@ -268,25 +281,28 @@ impl Queue for SqliteQueue {
                         }
                     };
                     let attempt = attempts + 1;
-                    tx.execute(
-                        "UPDATE jobs SET state = ?2, attempts = ?3, lease_until = ?4,
-                         last_error = CASE WHEN ?5 THEN 'lease expired' ELSE last_error END
-                         WHERE id = ?1",
-                        params![
-                            id,
-                            LEASED,
-                            attempt,
-                            now.saturating_add(ms(visibility)),
-                            expired
-                        ],
-                    )
-                    .map_err(sql)?;
+                    let receipt: i64 = tx
+                        .query_row(
+                            "UPDATE jobs SET state = ?2, attempts = ?3, lease_until = ?4,
+                             leases = leases + 1,
+                             last_error = CASE WHEN ?5 THEN 'lease expired' ELSE last_error END
+                             WHERE id = ?1 RETURNING leases",
+                            params![
+                                id,
+                                LEASED,
+                                attempt,
+                                now.saturating_add(ms(visibility)),
+                                expired
+                            ],
+                            |r| r.get(0),
+                        )
+                        .map_err(sql)?;
                     changed = true;
                     break Some(Leased {
                         id: JobId(to_u64(id)),
                         job,
                         attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                        receipt: to_u64(attempt),
+                        receipt: to_u64(receipt),
                     });
                 };
                 tx.commit().map_err(sql)?;
@@ -300,20 +316,26 @@ impl Queue for SqliteQueue {
     }
 
     async fn ack(&self, lease: &Leased) -> Result<()> {
-        let (id, receipt) = (lease.id, lease.receipt);
+        let (id, receipt, attempt) = (lease.id, lease.receipt, lease.attempt);
         self.db
             .write("queue", move |conn| {
                 let n = conn
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, lease_until = ?4
-                         WHERE id = ?1 AND state = 1 AND attempts = ?3",
+                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?5",
                     )
                     .and_then(|mut s| {
-                        s.execute(params![to_i64(id.0), DONE, to_i64(receipt), now_ms()])
+                        s.execute(params![
+                            to_i64(id.0),
+                            DONE,
+                            to_i64(receipt),
+                            now_ms(),
+                            attempt
+                        ])
                     })
                     .map_err(sql)?;
                 if n == 0 {
-                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
+                    return Err(lease_lost(id, receipt, attempt));
                 }
                 Ok(())
             })
@@ -321,22 +343,18 @@ impl Queue for SqliteQueue {
     }
 
     async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
-        let (id, receipt) = (lease.id, lease.receipt);
+        let (id, receipt, attempt) = (lease.id, lease.receipt, lease.attempt);
         let error = error.to_owned();
-        let max_attempts = i64::from(self.db.options().max_attempts);
+        let max_attempts = self.db.options().max_attempts;
         self.db
             .write("queue", move |conn| {
                 let now = now_ms();
-                let state = if to_i64(receipt) >= max_attempts {
-                    DEAD
-                } else {
-                    READY
-                };
+                let state = if attempt >= max_attempts { DEAD } else { READY };
                 let n = conn
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5,
                          lease_until = CASE WHEN ?2 = 3 THEN ?6 ELSE lease_until END
-                         WHERE id = ?1 AND state = 1 AND attempts = ?3",
+                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?7",
                     )
                     .and_then(|mut s| {
                         s.execute(params![
@@ -345,12 +363,13 @@ impl Queue for SqliteQueue {
                             to_i64(receipt),
                             error,
                             now.saturating_add(ms(retry_after)),
-                            now
+                            now,
+                            attempt
                         ])
                     })
                     .map_err(sql)?;
                 if n == 0 {
-                    return Err(Error::LeaseLost(format!("{id} attempt {receipt}")));
+                    return Err(lease_lost(id, receipt, attempt));
                 }
                 Ok(state_of(state))
             })
@@ -360,8 +379,9 @@ impl Queue for SqliteQueue {
     async fn renew(&self, lease: &Leased, visibility: Duration) -> Result<()> {
         self.on_held(
             lease,
-            "UPDATE jobs SET lease_until = ?3 + ?4
-             WHERE id = ?1 AND state = 1 AND attempts = ?2 AND lease_until > ?3",
+            "UPDATE jobs SET lease_until = ?3 + ?5
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4
+                AND lease_until > ?3",
             vec![ms(visibility).into()],
         )
         .await
@@ -370,8 +390,8 @@ impl Queue for SqliteQueue {
     async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
         self.on_held(
             lease,
-            "UPDATE jobs SET state = 3, last_error = ?4, lease_until = ?3
-             WHERE id = ?1 AND state = 1 AND attempts = ?2",
+            "UPDATE jobs SET state = 3, last_error = ?5, lease_until = ?3
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
             vec![error.to_owned().into()],
         )
         .await

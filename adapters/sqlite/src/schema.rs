@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -168,6 +168,15 @@ const MIGRATIONS: &[&str] = &[
         removed INTEGER NOT NULL,
         PRIMARY KEY (name, key)
     ) WITHOUT ROWID;
+    ",
+    // 7 → 8: how many leases each job has had, never reset (a requeue starts its attempts
+    // over, not this): the current lease's receipt. Receipts were attempt numbers, so a
+    // lease from before a requeue named the next lease of the same attempt too. Seeded
+    // from attempts, so a job leased when the file is migrated keeps the receipt its holder
+    // was given; every later lease of it counts on from there.
+    "
+    ALTER TABLE jobs ADD COLUMN leases INTEGER NOT NULL DEFAULT 0;
+    UPDATE jobs SET leases = attempts;
     ",
 ];
 

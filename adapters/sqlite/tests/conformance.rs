@@ -75,6 +75,20 @@ async fn queue_dead_letters_after_max_attempts() {
     c::queue_dead_letters_after_max_attempts(&db.queue(), max).await;
 }
 
+/// On a queue that dead-letters after one attempt, so the lapsed lease's job is dead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_stale_lease_cannot_act_after_requeue() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = tidemark_sqlite::Options {
+        max_attempts: 1,
+        ..tidemark_sqlite::Options::default()
+    };
+    let db = tidemark_sqlite::SqliteDb::open_with(dir.path().join("tidemark.db"), opts)
+        .await
+        .unwrap();
+    c::queue_stale_lease_cannot_act_after_requeue(&db.queue(), REAL_LEASE).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prefix_view_carries_only_its_keys() {
     let (_dir, _path, db) = common::fresh().await;

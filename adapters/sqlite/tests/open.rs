@@ -5,8 +5,8 @@ mod common;
 
 use std::io::{Seek, SeekFrom, Write as _};
 
-use tidemark::tidemark_core::Legs;
-use tidemark::{Outbox, Source};
+use tidemark::tidemark_core::{Job, Legs};
+use tidemark::{JobState, Leased, Outbox, Queue, Source};
 use tidemark_sqlite::{Error, SCHEMA_VERSION, SqliteDb};
 
 /// Moves the whole WAL into the main file and empties it, retrying while the dropped
@@ -164,8 +164,8 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
     drop(db);
     // Back to the version 1 shape: an outbox with no claim columns, one row pending,
     // follower states without their key count, no record of follower starts, schedules
-    // without cron, no retention marks, jobs without coalesce keys or priorities, nothing
-    // kept of what followers committed ahead of their watermarks.
+    // without cron, no retention marks, jobs without coalesce keys, priorities or lease
+    // counts, nothing kept of what followers committed ahead of their watermarks.
     {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
@@ -180,6 +180,7 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
              ALTER TABLE jobs DROP COLUMN dedupe;
              ALTER TABLE jobs DROP COLUMN priority;
              DROP TABLE follower_ahead;
+             ALTER TABLE jobs DROP COLUMN leases;
              PRAGMA user_version = 1;",
         )
         .unwrap();
@@ -225,5 +226,118 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
         db.source().watermark().await.unwrap(),
         1,
         "the data survived"
+    );
+}
+
+/// A job row but its lease count: id, job, state, attempts, last error, not before, lease
+/// until.
+type JobRow = (i64, Vec<u8>, i64, i64, Option<String>, i64, i64);
+
+/// Every job row but its lease count: what a migration must keep as it was.
+fn job_rows(path: &std::path::Path) -> Vec<JobRow> {
+    let c = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = c
+        .prepare(
+            "SELECT id, job, state, attempts, last_error, not_before, lease_until
+             FROM jobs ORDER BY id",
+        )
+        .unwrap();
+    stmt.query_map([], |r| {
+        Ok((
+            r.get(0)?,
+            r.get(1)?,
+            r.get(2)?,
+            r.get(3)?,
+            r.get(4)?,
+            r.get(5)?,
+            r.get(6)?,
+        ))
+    })
+    .unwrap()
+    .collect::<rusqlite::Result<_>>()
+    .unwrap()
+}
+
+/// A version 7 file's receipts were attempt numbers. Migrated, every job is as it was, a
+/// job leased across the migration keeps the receipt its holder was given, and every later
+/// lease counts on from it, so the lease from before a requeue names nothing after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_7_file_keeps_its_jobs_and_its_leases_receipts() {
+    let (_dir, path, db) = common::fresh().await;
+    let q = db.queue();
+    let visibility = std::time::Duration::from_secs(30);
+    let keys = ["done", "dead", "held", "ready"];
+    for key in keys {
+        q.enqueue(Job::PackHousekeeping { key: key.into() })
+            .await
+            .unwrap();
+    }
+    let done = q.lease(visibility).await.unwrap().unwrap();
+    q.ack(&done).await.unwrap();
+    let dead = q.lease(visibility).await.unwrap().unwrap();
+    q.dead_letter(&dead, "no hope").await.unwrap();
+    let held = q.lease(visibility).await.unwrap().unwrap();
+    drop((q, db));
+    // Back to the version 7 shape: no lease counts.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "ALTER TABLE jobs DROP COLUMN leases;
+             PRAGMA user_version = 7;",
+        )
+        .unwrap();
+    }
+    let before = job_rows(&path);
+    let db = SqliteDb::open(&path).await.unwrap();
+    let q = db.queue();
+    assert_eq!(job_rows(&path), before, "the migration changes no job");
+    let c = rusqlite::Connection::open(&path).unwrap();
+    let version: i64 = c
+        .pragma_query_value(None, "user_version", |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        version, SCHEMA_VERSION,
+        "a version 7 file is migrated on open"
+    );
+    let unseeded: i64 = c
+        .query_row(
+            "SELECT count(*) FROM jobs WHERE leases != attempts",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(unseeded, 0, "lease counts start from the attempts");
+    // The lease taken before the migration, with the receipt version 7 gave it (its
+    // attempt), is still the job's lease.
+    let old = Leased {
+        receipt: u64::from(held.attempt),
+        ..held.clone()
+    };
+    q.renew(&old, visibility)
+        .await
+        .expect("a lease held across the migration renews");
+    q.ack(&old)
+        .await
+        .expect("a lease held across the migration acks");
+    // The dead letter from before the migration, requeued: its next lease is a new
+    // receipt, and the one it had before is lost.
+    q.requeue(dead.id).await.unwrap();
+    let fresh = q.lease(visibility).await.unwrap().unwrap();
+    assert_eq!((fresh.id, fresh.attempt), (dead.id, 1));
+    assert_ne!(fresh.receipt, dead.receipt, "a new lease, a new receipt");
+    assert!(matches!(
+        q.ack(&dead).await,
+        Err(tidemark::Error::LeaseLost(_))
+    ));
+    q.ack(&fresh).await.unwrap();
+    for id in [done.id, dead.id, held.id] {
+        assert_eq!(q.get(id).await.unwrap().unwrap().state, JobState::Done);
+    }
+    assert_eq!(
+        q.lease(visibility).await.unwrap().map(|l| l.job),
+        Some(Job::PackHousekeeping {
+            key: keys[3].into()
+        }),
+        "the ready job is still there"
     );
 }
