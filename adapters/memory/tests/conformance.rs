@@ -53,6 +53,7 @@ conformance! {
     runner_crash_redelivers_its_job => MemoryQueue::default(), Duration::from_millis(300);
     lock_is_exclusive_and_expires => MemoryLock::default(), Duration::from_millis(100);
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
+    schedule_mark_fired_refuses_a_replaced_schedule => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
     schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
 }

@@ -59,6 +59,7 @@ conformance! {
     runner_crash_redelivers_its_job => |db| db.queue(), REAL_LEASE;
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
+    schedule_mark_fired_refuses_a_replaced_schedule => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
     schedule_cron_fires_each_tick_once => |db| db.schedules(), &db.queue();
     outbox_claims_are_exclusive_and_expire =>
