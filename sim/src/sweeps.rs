@@ -91,9 +91,9 @@ pub enum SweepCall {
     RemoveSchedule {
         name: String,
     },
+    /// The schedule as the runner read it, and the tick it fires.
     MarkFired {
-        name: String,
-        expected: Option<u64>,
+        due: WireDue,
         tick: u64,
     },
     /// `by`: the owner sweeping, named to the ledger.
@@ -142,6 +142,34 @@ pub struct WireDue {
     pub last_fired: Option<u64>,
     pub anchor: Duration,
     pub now: Duration,
+}
+
+impl WireDue {
+    /// An interval schedule as read, for the wire (`None` for a cron schedule).
+    fn of(d: &DueSchedule) -> Option<WireDue> {
+        Some(WireDue {
+            name: d.schedule.name().to_owned(),
+            every: d.schedule.interval()?,
+            job: d.schedule.job().clone(),
+            last_fired: d.last_fired,
+            anchor: d.clock.anchor,
+            now: d.clock.now,
+        })
+    }
+
+    /// The schedule as read, back from the wire.
+    fn into_due(self) -> Result<DueSchedule> {
+        let schedule = Schedule::new(self.name, self.every, self.job)
+            .map_err(|e| Error::unavailable("schedules", e.to_string()))?;
+        Ok(DueSchedule {
+            schedule,
+            last_fired: self.last_fired,
+            clock: ScheduleClock {
+                anchor: self.anchor,
+                now: self.now,
+            },
+        })
+    }
 }
 
 /// A retention call's answer on the wire.
@@ -225,20 +253,7 @@ impl Sweeps {
                 })
             }
             SweepCall::Schedules => self.schedules.schedules().await.map(|all| {
-                SweepAnswer::Schedules(
-                    all.into_iter()
-                        .filter_map(|d| {
-                            Some(WireDue {
-                                name: d.schedule.name().to_owned(),
-                                every: d.schedule.interval()?,
-                                job: d.schedule.job().clone(),
-                                last_fired: d.last_fired,
-                                anchor: d.clock.anchor,
-                                now: d.clock.now,
-                            })
-                        })
-                        .collect(),
-                )
+                SweepAnswer::Schedules(all.into_iter().filter_map(|d| WireDue::of(&d)).collect())
             }),
             SweepCall::PutSchedule { name, every, job } => match Schedule::new(name, every, job) {
                 Ok(s) => self
@@ -253,15 +268,14 @@ impl Sweeps {
                 .remove_schedule(&name)
                 .await
                 .map(SweepAnswer::Yes),
-            SweepCall::MarkFired {
-                name,
-                expected,
-                tick,
-            } => self
-                .schedules
-                .mark_fired(&name, expected, tick)
-                .await
-                .map(SweepAnswer::Yes),
+            SweepCall::MarkFired { due, tick } => match due.into_due() {
+                Ok(read) => self
+                    .schedules
+                    .mark_fired(&read, tick)
+                    .await
+                    .map(SweepAnswer::Yes),
+                Err(e) => Err(e),
+            },
             SweepCall::Sweep { by } => self.swept(memory, by.as_deref().unwrap_or("?"), now).await,
         };
         match answer {
@@ -653,31 +667,19 @@ impl ScheduleStore for Remote {
 
     async fn schedules(&self) -> Result<Vec<DueSchedule>> {
         match self.sweep_call(SweepCall::Schedules).await? {
-            SweepAnswer::Schedules(all) => all
-                .into_iter()
-                .map(|d| {
-                    let schedule = Schedule::new(d.name, d.every, d.job)
-                        .map_err(|e| Error::unavailable("schedules", e.to_string()))?;
-                    Ok(DueSchedule {
-                        schedule,
-                        last_fired: d.last_fired,
-                        clock: ScheduleClock {
-                            anchor: d.anchor,
-                            now: d.now,
-                        },
-                    })
-                })
-                .collect(),
+            SweepAnswer::Schedules(all) => all.into_iter().map(WireDue::into_due).collect(),
             a => Err(unexpected(&a)),
         }
     }
 
-    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
-        let call = SweepCall::MarkFired {
-            name: name.to_owned(),
-            expected,
-            tick,
+    async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        let Some(due) = WireDue::of(read) else {
+            return Err(Error::unavailable(
+                "schedules",
+                "cron schedules are not served over the simulator's wire",
+            ));
         };
+        let call = SweepCall::MarkFired { due, tick };
         match self.sweep_call(call).await? {
             SweepAnswer::Yes(y) => Ok(y),
             a => Err(unexpected(&a)),

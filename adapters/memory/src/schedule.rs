@@ -125,11 +125,15 @@ impl ScheduleStore for MemorySchedules {
             .collect())
     }
 
-    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
+    async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
         self.faults.check(Port::Schedule)?;
         let mut s = self.state();
-        match s.get_mut(name) {
-            Some(stored) if stored.last_fired == expected => {
+        match s.get_mut(read.schedule.name()) {
+            Some(stored)
+                if stored.last_fired == read.last_fired
+                    && stored.anchor == read.clock.anchor
+                    && stored.schedule == read.schedule =>
+            {
                 stored.last_fired = Some(tick);
                 Ok(true)
             }

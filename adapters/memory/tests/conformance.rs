@@ -58,6 +58,7 @@ conformance! {
     lock_taken_again_by_its_owner_is_a_new_lease => MemoryLock::default();
     queue_lease_for_ever_holds_the_job => MemoryQueue::default();
     schedule_mark_fired_is_compare_and_set => MemorySchedules::default();
+    schedule_mark_fired_refuses_a_replaced_schedule => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
     schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
 }

@@ -169,12 +169,17 @@ impl ScheduleStore for NatsSchedules {
         Ok(out)
     }
 
-    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
-        let key = coord::key("schedule", name);
+    async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        let key = coord::key("schedule", read.schedule.name());
         let Some((revision, stored)) = self.read(&key).await? else {
             return Ok(false);
         };
-        if stored.last_fired != expected {
+        // Still the schedule as read: a replacement has a new anchor (and maybe another
+        // interval or job), and its last fired tick reset.
+        if stored.last_fired != read.last_fired
+            || stored.anchor_ns != nanos(read.clock.anchor)
+            || stored.schedule().as_ref() != Ok(&read.schedule)
+        {
             return Ok(false);
         }
         let fired = Stored {

@@ -41,6 +41,10 @@ async fn schedules_pass_the_conformance_suite() {
         .await
         .unwrap();
     tidemark::conformance::schedule_replace_and_remove(&s).await;
+    let s = NatsSchedules::open(client.clone(), "sched4", 1)
+        .await
+        .unwrap();
+    tidemark::conformance::schedule_mark_fired_refuses_a_replaced_schedule(&s).await;
     let s = NatsSchedules::open(client.clone(), "sched3", 1)
         .await
         .unwrap();

@@ -1123,19 +1123,52 @@ pub async fn schedule_mark_fired_is_compare_and_set<T: ScheduleStore>(t: &T) {
     let due = t.schedules().await.unwrap();
     assert_eq!(due.len(), 1);
     assert_eq!((due[0].schedule.clone(), due[0].last_fired), (s, None));
-    assert!(t.mark_fired("sweep", None, 1).await.unwrap());
+    assert!(t.mark_fired(&due[0], 1).await.unwrap());
     assert!(
-        !t.mark_fired("sweep", None, 1).await.unwrap(),
+        !t.mark_fired(&due[0], 1).await.unwrap(),
         "the loser of the race sees false"
     );
     assert_eq!(t.schedules().await.unwrap()[0].last_fired, Some(1));
+}
+
+/// `mark_fired` refuses a schedule replaced since it was read: a runner that read it, then
+/// lost the race to a process that put a new one of the same name (last fired reset, a new
+/// anchor and job), must neither fire the old job nor set the new schedule's last tick to
+/// one counted on the old schedule's clock (a cron tick, a unix second, would stop an
+/// interval replacement from ever firing). The replacement as read afterwards still fires.
+pub async fn schedule_mark_fired_refuses_a_replaced_schedule<T: ScheduleStore>(t: &T) {
+    let old = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(old).await.unwrap();
+    let read = t.schedules().await.unwrap().remove(0);
+    let new = Schedule::new(
+        "sweep",
+        Duration::from_secs(3600),
+        Job::PackHousekeeping { key: "new".into() },
+    )
+    .unwrap();
+    t.put_schedule(new.clone()).await.unwrap();
+    assert!(
+        !t.mark_fired(&read, 1_767_225_600).await.unwrap(),
+        "a schedule replaced since it was read is not fired with the old read's tick"
+    );
+    let now = t.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (now.schedule.clone(), now.last_fired),
+        (new, None),
+        "the replacement's clock is untouched by the stale compare-and-set"
+    );
+    assert!(
+        t.mark_fired(&now, 1).await.unwrap(),
+        "the replacement, as read, fires"
+    );
 }
 
 /// Schedules can be replaced (ticks restart) and removed.
 pub async fn schedule_replace_and_remove<T: ScheduleStore>(t: &T) {
     let s = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
     t.put_schedule(s).await.unwrap();
-    assert!(t.mark_fired("sweep", None, 3).await.unwrap());
+    let first = t.schedules().await.unwrap().remove(0);
+    assert!(t.mark_fired(&first, 3).await.unwrap());
     let faster = Schedule::new("sweep", Duration::from_secs(5), Job::Sweep).unwrap();
     t.put_schedule(faster.clone()).await.unwrap();
     let due = t.schedules().await.unwrap();
@@ -1148,7 +1181,7 @@ pub async fn schedule_replace_and_remove<T: ScheduleStore>(t: &T) {
     assert!(!t.remove_schedule("sweep").await.unwrap());
     assert!(t.schedules().await.unwrap().is_empty());
     assert!(
-        !t.mark_fired("sweep", None, 1).await.unwrap(),
+        !t.mark_fired(&due[0], 1).await.unwrap(),
         "a removed schedule never fires"
     );
 }

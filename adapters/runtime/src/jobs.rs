@@ -25,6 +25,7 @@ use crate::ports::{JobCounts, JobState, Leased, Queue};
 // A stable seed from the name: runners with different names do not retry in step.
 use crate::relay::seed_of;
 use crate::running::Running;
+use crate::settle;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::telemetry::{JobMetrics, QUEUE_COUNT_EVERY};
 
@@ -639,29 +640,17 @@ impl<Q: Queue + 'static> RunJob<Q> {
     /// (after the core's quick-reopen delays, 50 ms doubling) for up to a third of the
     /// visibility, which the lease still has: a blip must not cost a finished job a second
     /// run.
-    async fn settle<T, F, Fut>(&self, mut call: F) -> Result<T>
+    async fn settle<T, F, Fut>(&self, call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let policy = BackoffPolicy::fast_reopen();
         let deadline = crate::instant_after(tokio::time::Instant::now(), self.visibility / 3);
-        let mut attempt = 0;
-        loop {
-            match call().await {
-                Err(e) if e.is_retryable() => {
-                    let delay = policy.base_delay(attempt);
-                    if crate::instant_after(tokio::time::Instant::now(), delay) >= deadline {
-                        return Err(e);
-                    }
-                    Counts::bump(&self.counts.queue_errors);
-                    debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");
-                    tokio::time::sleep(delay).await;
-                    attempt += 1;
-                }
-                result => return result,
-            }
-        }
+        settle::settle(deadline, call, |e, delay| {
+            Counts::bump(&self.counts.queue_errors);
+            debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");
+        })
+        .await
     }
 
     fn record_error(&self, e: &Error, what: &str) {

@@ -54,6 +54,7 @@ mod relay;
 mod retention;
 mod running;
 mod scheduler;
+mod settle;
 mod shutdown;
 mod sink;
 mod supervisor;

@@ -12,6 +12,7 @@ use crate::clock::Clock;
 use crate::error::Result;
 use crate::ports::{Outbox, OutboxUpdate, OutboxWatch, Publish, Queue, Wake};
 use crate::running::Running;
+use crate::settle::settle;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::telemetry::RelayMetrics;
 
@@ -61,8 +62,11 @@ pub struct RelayReport {
 /// With the claim and the completion (one transaction each), relaying a batch of 256 rows
 /// on SQLite takes about 20 commits instead of about 770.
 ///
-/// Delivery is at least once: a relay that dies after a leg landed but before it
-/// completed the row, or whose lease ran out, has that leg run again. Readers are
+/// A complete that fails is tried again with what landed (the core's quick-reopen delays)
+/// while the claim's lease lasts, so an outbox blip after the legs ran costs no second
+/// publish. Delivery is at least once: a relay that dies after a leg landed but before it
+/// completed the row, whose lease ran out, or whose outbox refused the complete for the
+/// whole lease, has that leg run again. Readers are
 /// idempotent per seq. The stream gets a pass's rows in outbox order, but a retried publish
 /// lands after later rows and relays in several processes interleave: follow the events
 /// stream in `Sync::Announcements` (per-key seqs decide), as with any announcements.
@@ -247,7 +251,7 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
                 chunk = (chunk * 2).min(LEGS_CHUNK);
             }
             let claimed = updates.len() as u64;
-            let recorded = self.outbox.complete(&self.owner, updates).await?;
+            let recorded = self.complete(claimed_at, updates, report).await?;
             if recorded < claimed {
                 let lost = claimed - recorded;
                 report.lost += lost;
@@ -265,6 +269,39 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
                 });
             }
         }
+    }
+
+    /// Records what landed for the rows claimed at `claimed_at`. A failed complete is tried
+    /// again with the same updates while the claim's lease lasts: the legs already ran,
+    /// and dropping what landed would have this relay claim its own rows back and run
+    /// every leg again. Only once the lease is gone (another relay may take the rows over)
+    /// does it give up, and then the rows' legs run again, at least once.
+    async fn complete(
+        &self,
+        claimed_at: tokio::time::Instant,
+        updates: Vec<OutboxUpdate>,
+        report: &mut RelayReport,
+    ) -> Result<u64> {
+        let rows = updates.len();
+        let recorded = settle(
+            crate::instant_after(claimed_at, self.lease),
+            || self.outbox.complete(&self.owner, updates.clone()),
+            |e, delay| {
+                report.failures += 1;
+                debug!(owner = %self.owner, rows, error = %e, ?delay, "completing outbox rows failed; trying again");
+            },
+        )
+        .await;
+        if let Err(e) = &recorded {
+            warn!(
+                owner = %self.owner,
+                rows,
+                lease = ?self.lease,
+                error = %e,
+                "completing outbox rows failed until their lease ran out; their legs will run again"
+            );
+        }
+        recorded
     }
 
     /// Relays until `stop`: a pass over every pending row, then waits for new rows (or

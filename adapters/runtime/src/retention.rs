@@ -248,10 +248,7 @@ async fn pass<T: ScheduleStore, L: Lock, S: Sweep>(
     let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.clock) else {
         return Ok((None, next));
     };
-    if !store
-        .mark_fired(due.schedule.name(), due.last_fired, tick)
-        .await?
-    {
+    if !store.mark_fired(&due, tick).await? {
         return Ok((None, next));
     }
     let swept = sweep_under_lock(lock, sweep, &retention.owner, retention.lease).await?;

@@ -34,7 +34,7 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     for due in store.schedules().await? {
         let s = &due.schedule;
         if let Some(tick) = s.tick_to_fire(due.last_fired, due.clock)
-            && store.mark_fired(s.name(), due.last_fired, tick).await?
+            && store.mark_fired(&due, tick).await?
         {
             match queue.enqueue(s.job().clone()).await {
                 Ok(job) => {

@@ -321,3 +321,86 @@ async fn a_relay_that_dies_mid_batch_has_its_rows_relayed_again_after_its_lease(
     assert_eq!(report.done, 10, "the survivor finished every row");
     assert_eq!(report.lost, 0);
 }
+
+/// An events stream whose first publish batch lands, then makes the next `fails` outbox
+/// calls fail: the relay's `complete` of a batch whose legs all landed (a SQLite busy
+/// past its timeout, say).
+#[derive(Clone, Debug)]
+struct ThenOutboxFails {
+    inner: MemoryEvents,
+    faults: tidemark_memory::Faults,
+    fails: Arc<Mutex<Option<u32>>>,
+}
+
+impl ThenOutboxFails {
+    fn new(m: &Memory, fails: u32) -> Self {
+        ThenOutboxFails {
+            inner: m.events.clone(),
+            faults: m.faults.clone(),
+            fails: Arc::new(Mutex::new(Some(fails))),
+        }
+    }
+}
+
+impl Publish for ThenOutboxFails {
+    async fn publish(&self, key: &str, payload: Vec<u8>) -> tidemark::Result<u64> {
+        self.inner.publish(key, payload).await
+    }
+
+    async fn publish_batch(&self, items: Vec<(String, Vec<u8>)>) -> Vec<tidemark::Result<u64>> {
+        let landed = self.inner.publish_batch(items).await;
+        if let Some(n) = self.fails.lock().unwrap().take() {
+            self.faults.fail_next(Port::Outbox, n);
+        }
+        landed
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_complete_that_fails_once_does_not_publish_its_rows_again() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..3 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    let relay = relay_with(&m, ThenOutboxFails::new(&m, 1), "only-relay").with_batch(3);
+    let first = relay.drain().await;
+    let again = relay.drain().await;
+    assert_eq!(
+        published_seqs(&m),
+        vec![1, 2, 3],
+        "one relay, no crash, no lease expiry: a complete that failed once is tried again \
+         with what landed, so each row is published once (first pass {first:?}, second \
+         {again:?})"
+    );
+    let first = first.unwrap();
+    assert_eq!(first.done, 3, "the first pass finished every row");
+    assert_eq!(first.failures, 1, "the failed complete is counted");
+    assert_eq!(relay.pending().await.unwrap(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_relay_retries_a_failing_complete_until_its_lease_is_gone() {
+    let m = Memory::new();
+    let src = m.announced_source(Legs::default());
+    for i in 0..3 {
+        src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
+    }
+    let lease = Duration::from_secs(4);
+    let relay = relay_with(&m, ThenOutboxFails::new(&m, u32::MAX), "only-relay")
+        .with_batch(3)
+        .with_lease(lease);
+    let started = Instant::now();
+    let pass = relay.drain().await;
+    let took = started.elapsed();
+    assert!(
+        pass.is_err(),
+        "an outbox that never answers ends the pass with its error: {pass:?}"
+    );
+    assert_eq!(
+        took, lease,
+        "the complete is retried while the lease lasts (the relay would take its own rows \
+         back at once and run their legs again), and given up when the lease is gone, \
+         when another relay may take them over"
+    );
+}

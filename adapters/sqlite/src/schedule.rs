@@ -47,7 +47,7 @@ impl SqliteSchedules {
                         continue;
                     };
                     let name = due.schedule.name();
-                    if cas(&tx, name, due.last_fired, tick)? {
+                    if cas(&tx, &due, tick)? {
                         fired.push((name.to_owned(), enqueue_on(&tx, due.schedule.job())?));
                     }
                 }
@@ -58,14 +58,38 @@ impl SqliteSchedules {
     }
 }
 
-fn cas(conn: &rusqlite::Connection, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
+/// Records `tick` as the last fired tick of the schedule `read` names, only if its row is
+/// still the one read: its last fired tick, its anchor (a replacement restarts it) and its
+/// interval, cron expression and job.
+fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64) -> Result<bool> {
+    let job = read
+        .schedule
+        .job()
+        .encode()
+        .map_err(|e| Error::unavailable("schedule", e.to_string()))?;
     let n = conn
         .execute(
-            "UPDATE schedules SET last_fired = ?3 WHERE name = ?1 AND last_fired IS ?2",
-            params![name, expected.map(to_i64), to_i64(tick)],
+            "UPDATE schedules SET last_fired = ?3 WHERE name = ?1 AND last_fired IS ?2
+             AND anchor = ?4 AND interval_ns = ?5 AND cron IS ?6 AND job = ?7",
+            params![
+                read.schedule.name(),
+                read.last_fired.map(to_i64),
+                to_i64(tick),
+                i64::try_from(read.clock.anchor.as_millis()).unwrap_or(i64::MAX),
+                interval_ns(&read.schedule),
+                read.schedule.cron_expr(),
+                job
+            ],
         )
         .map_err(sql)?;
     Ok(n == 1)
+}
+
+/// A schedule's interval as stored (0 for a cron schedule).
+fn interval_ns(schedule: &Schedule) -> i64 {
+    schedule
+        .interval()
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
 }
 
 impl ScheduleStore for SqliteSchedules {
@@ -84,9 +108,7 @@ impl ScheduleStore for SqliteSchedules {
                      last_fired = NULL",
                     params![
                         schedule.name(),
-                        schedule
-                            .interval()
-                            .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX)),
+                        interval_ns(&schedule),
                         schedule.cron_expr(),
                         job,
                         now_ms()
@@ -113,10 +135,10 @@ impl ScheduleStore for SqliteSchedules {
         self.db.call("schedule", |conn| read_due(conn)).await
     }
 
-    async fn mark_fired(&self, name: &str, expected: Option<u64>, tick: u64) -> Result<bool> {
-        let name = name.to_owned();
+    async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        let read = read.clone();
         self.db
-            .write("schedule", move |conn| cas(conn, &name, expected, tick))
+            .write("schedule", move |conn| cas(conn, &read, tick))
             .await
     }
 }

@@ -62,6 +62,7 @@ conformance! {
     lock_taken_again_by_its_owner_is_a_new_lease => |db| db.lock();
     queue_lease_for_ever_holds_the_job => |db| db.queue();
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
+    schedule_mark_fired_refuses_a_replaced_schedule => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
     schedule_cron_fires_each_tick_once => |db| db.schedules(), &db.queue();
     outbox_claims_are_exclusive_and_expire =>

@@ -30,12 +30,15 @@ pub trait ScheduleStore: Send + Sync {
     /// Every stored schedule with its last fired tick and clock, in name order.
     fn schedules(&self) -> impl Future<Output = Result<Vec<DueSchedule>>> + Send;
 
-    /// Compare-and-set of the last fired tick: records `tick` only if the stored last tick
-    /// is still `expected`. Exactly one of several runners racing for a tick gets `true`.
+    /// Compare-and-set of the last fired tick: records `tick` as the last fired tick of the
+    /// schedule `read` names only if the store still holds that schedule as it was read —
+    /// the same schedule, anchor and last fired tick — so exactly one of several runners
+    /// racing for a tick gets `true`, and a schedule replaced (or removed) since `read` was
+    /// taken is refused: a stale read neither fires the old job nor sets a tick counted on
+    /// the old schedule's clock as the replacement's last.
     fn mark_fired(
         &self,
-        name: &str,
-        expected: Option<u64>,
+        read: &DueSchedule,
         tick: u64,
     ) -> impl Future<Output = Result<bool>> + Send;
 }
