@@ -16,7 +16,7 @@ use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
 };
 use tokio::sync::Mutex;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use crate::consumer::{Delivered, PushReader, Seen};
 use crate::error::{check_key, check_name, check_prefix, unavailable};
@@ -53,13 +53,46 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// [`Error::Unavailable`] and the follower's lookup backoff retries until it appears.
 /// Cheap to clone.
 ///
+/// A bucket deleted and made again is a new history that reuses the old one's revisions.
+/// Where its head is below a follower's watermark the follower sees that on its own; where
+/// it was written past the watermark only the stream's identity (the time the server
+/// created it) tells. The handle remembers the stream it first saw, and each clone the
+/// stream its own feed, replays and snapshots last read: the first of each to find
+/// another stream reports it as a new history — a feed opened at a seq past 1 with a head
+/// of 0, [`Changes::Compacted`] for changes since a seq, a snapshot at watermark 0 — so the
+/// follower resyncs and replaces its cache (counted as a reset) instead of resuming in the
+/// new history at its old watermark. Give each follower clones of its own (a clone starts
+/// from the stream the handle first saw, not from what another clone read).
+///
+/// What is remembered lives as long as the handle: a process that starts with a new
+/// handle takes whatever stream it finds for the one it first saw, so a follower resumed
+/// from a persisted watermark after the bucket was recreated and written past that
+/// watermark is not told (the identity would have to be persisted with the watermark).
+/// Nor is a stream that kept its identity but lost its newest messages and then took new
+/// writes past the watermark.
+///
 /// [`with_prefix`](Self::with_prefix) makes a view over part of the bucket: the server
 /// filters every consumer, replay and listing on the prefix's subjects.
-#[derive(Clone)]
 pub struct KvBucket {
     inner: Arc<Inner>,
     prefix: Option<KeyPrefix>,
     max_in_flight: Option<usize>,
+    /// The streams this clone's reads last found; each clone has its own.
+    held: Arc<std::sync::Mutex<Held>>,
+}
+
+/// A clone is another reader: it starts from the stream the handle first saw, never from
+/// what this one's reads found, so two followers on clones of one handle are each told of
+/// a new stream.
+impl Clone for KvBucket {
+    fn clone(&self) -> Self {
+        KvBucket {
+            inner: Arc::clone(&self.inner),
+            prefix: self.prefix.clone(),
+            max_in_flight: self.max_in_flight,
+            held: Arc::default(),
+        }
+    }
 }
 
 struct Inner {
@@ -68,6 +101,33 @@ struct Inner {
     bucket: String,
     store: Mutex<Option<kv::Store>>,
     read: AtomicU64,
+    /// The stream the handle first saw.
+    first: std::sync::Mutex<Option<Created>>,
+}
+
+/// A stream's identity: when the server created it, in nanoseconds since the Unix epoch.
+/// A bucket deleted and made again has another, and its revisions start again at 1.
+type Created = i128;
+
+fn created(info: &jetstream::stream::Info) -> Created {
+    info.created.unix_timestamp_nanos()
+}
+
+/// The stream each kind of read of one clone last found (`None`: none yet, which stands
+/// for the stream the handle first saw).
+#[derive(Debug, Default)]
+struct Held {
+    feed: Option<Created>,
+    changes: Option<Created>,
+    snapshot: Option<Created>,
+}
+
+/// A kind of read that reports a new stream once.
+#[derive(Clone, Copy, Debug)]
+enum Reader {
+    Feed,
+    Changes,
+    Snapshot,
 }
 
 impl std::fmt::Debug for KvBucket {
@@ -109,9 +169,11 @@ impl KvBucket {
                 bucket,
                 store: Mutex::new(None),
                 read: AtomicU64::new(0),
+                first: std::sync::Mutex::new(None),
             }),
             prefix: None,
             max_in_flight: None,
+            held: Arc::default(),
         })
     }
 
@@ -151,6 +213,7 @@ impl KvBucket {
             inner: Arc::clone(&self.inner),
             prefix: Some(check_prefix(prefix)?),
             max_in_flight: self.max_in_flight,
+            held: Arc::default(),
         })
     }
 
@@ -195,19 +258,54 @@ impl KvBucket {
             .get_key_value(self.inner.bucket.clone())
             .await
             .map_err(|e| unavailable(port, format!("bucket {}: {e}", self.inner.bucket)))?;
+        self.saw(created(store.stream.cached_info()));
         *cached = Some(store.clone());
         Ok(store)
+    }
+
+    /// Notes the stream found, if the handle saw none before.
+    fn saw(&self, stream: Created) {
+        let mut first = self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(stream);
+    }
+
+    /// Whether `stream` is not the one `reader` last found on this clone (or, before it
+    /// found any, the one the handle first saw): a new history. It is taken as found, so
+    /// each kind of read reports a new stream once.
+    fn new_stream(&self, reader: Reader, stream: Created) -> bool {
+        let first = *self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = match reader {
+            Reader::Feed => &mut held.feed,
+            Reader::Changes => &mut held.changes,
+            Reader::Snapshot => &mut held.snapshot,
+        };
+        let before = slot.or(first).unwrap_or(stream);
+        *slot = Some(stream);
+        if before == stream {
+            return false;
+        }
+        warn!(
+            bucket = %self.inner.bucket,
+            ?reader,
+            "the bucket's stream is not the one read before (deleted and made again): a new history"
+        );
+        true
     }
 
     async fn forget(&self) {
         *self.inner.store.lock().await = None;
     }
 
-    /// The bucket's stream state, read now.
-    async fn state(&self, port: &'static str) -> Result<(kv::Store, State)> {
+    /// The bucket's stream state and identity, read now.
+    async fn state(&self, port: &'static str) -> Result<(kv::Store, State, Created)> {
         let store = self.store(port).await?;
         match store.stream.get_info().await {
-            Ok(info) => Ok((store, info.state)),
+            Ok(info) => {
+                let stream = created(&info);
+                self.saw(stream);
+                Ok((store, info.state, stream))
+            }
             Err(e) => {
                 // Deleted and recreated, or never there: look it up afresh next time.
                 self.forget().await;
@@ -252,8 +350,8 @@ impl KvBucket {
     }
 
     /// Replays the bucket with `deliver` until the last message present arrived and the
-    /// consumer caught up; returns the entries and the stream's state read once the
-    /// consumer existed. The entries are then every mutation up to the last one delivered
+    /// consumer caught up; returns the entries and the stream's state and identity read
+    /// once the consumer existed. The entries are then every mutation up to the last one delivered
     /// (or the latest per key): on a bucket keeping one revision per key, a key overwritten
     /// during the read loses the revision the consumer had not delivered yet, and only its
     /// new one, which may come after the head read at the start, stands for it.
@@ -262,7 +360,7 @@ impl KvBucket {
         store: &kv::Store,
         deliver: DeliverPolicy,
         port: &'static str,
-    ) -> Result<(Vec<Entry>, State)> {
+    ) -> Result<(Vec<Entry>, State, Created)> {
         let from = match deliver {
             DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
             _ => 1,
@@ -278,12 +376,12 @@ impl KvBucket {
             port,
         )
         .await?;
-        let (store, state) = self.state(port).await?;
+        let (store, state, stream) = self.state(port).await?;
         let head = self.head(&store, &state, port).await?;
         if head < from {
             // Nothing this consumer could deliver (an empty bucket, or nothing left after
             // the start).
-            return Ok((out, state));
+            return Ok((out, state, stream));
         }
         let mut reached = false;
         loop {
@@ -291,7 +389,7 @@ impl KvBucket {
                 None => return Err(unavailable(port, "replay subscription closed")),
                 Some(Err(e)) => return Err(e),
                 // Past the head, quiet means caught up.
-                Some(Ok(Seen::Idle)) if reached => return Ok((out, state)),
+                Some(Ok(Seen::Idle)) if reached => return Ok((out, state, stream)),
                 Some(Ok(Seen::Idle)) => {
                     return Err(unavailable(port, "replay stalled below the stream's head"));
                 }
@@ -312,7 +410,7 @@ impl KvBucket {
                     // Not done at the head: a key overwritten after the head was read,
                     // before its old revision was delivered, is only in what follows.
                     if reached && pending == 0 {
-                        return Ok((out, state));
+                        return Ok((out, state, stream));
                     }
                 }
             }
@@ -545,8 +643,14 @@ impl Source for KvBucket {
     }
 
     async fn changes_since(&self, since: u64) -> Result<Changes> {
-        let (store, state) = self.state("source").await?;
+        let (store, state, stream) = self.state("source").await?;
         let first = first_available(&state);
+        if self.new_stream(Reader::Changes, stream) && since > 0 {
+            // The seq `since` is another stream's: nothing since it can be served.
+            return Ok(Changes::Compacted {
+                first_available: first,
+            });
+        }
         if since.saturating_add(1) < first && since < state.last_sequence {
             return Ok(Changes::Compacted {
                 first_available: first,
@@ -558,7 +662,7 @@ impl Source for KvBucket {
             let deliver = DeliverPolicy::ByStartSequence {
                 start_sequence: since + 1,
             };
-            let (entries, after) = self.replay(&store, deliver, "source").await?;
+            let (entries, after, _) = self.replay(&store, deliver, "source").await?;
             state = after;
             for e in entries {
                 latest.insert(e.key.clone(), e);
@@ -586,7 +690,7 @@ impl Source for KvBucket {
     /// read), the last sequence read first.
     async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
         use futures::TryStreamExt as _;
-        let (store, state) = self.state("source").await?;
+        let (store, state, _) = self.state("source").await?;
         let watermark = state.last_sequence;
         let subjects = store
             .stream
@@ -608,7 +712,7 @@ impl Source for KvBucket {
 
     async fn snapshot(&self) -> Result<Snapshot> {
         let store = self.store("source").await?;
-        let (mut entries, state) = self
+        let (mut entries, state, stream) = self
             .replay(&store, DeliverPolicy::LastPerSubject, "source")
             .await?;
         let top = entries
@@ -627,10 +731,15 @@ impl Source for KvBucket {
             same
         });
         entries.retain(|e| e.op == Op::Put);
-        Ok(Snapshot {
-            entries,
-            watermark: top,
-        })
+        // A new stream: a watermark below any follower's, so a follower that held the old
+        // stream's seqs forgets them and replaces its cache (its watermark becomes the
+        // highest seq of the entries, and its feed reads the rest).
+        let watermark = if self.new_stream(Reader::Snapshot, stream) {
+            0
+        } else {
+            top
+        };
+        Ok(Snapshot { entries, watermark })
     }
 
     /// `None` for a key outside this view's prefix.
@@ -734,12 +843,17 @@ impl Feed for KvBucket {
             "feed",
         )
         .await?;
-        let (store, state) = self.state("feed").await?;
-        let head = FeedInfo::filtered_head(
+        let (store, state, stream) = self.state("feed").await?;
+        let mut head = FeedInfo::filtered_head(
             self.head(&store, &state, "feed").await?,
             state.last_sequence,
             from,
         );
+        if self.new_stream(Reader::Feed, stream) && from > 1 {
+            // The watermark is another stream's: a head behind it makes the follower
+            // resync, and the snapshot it reads says the rest.
+            head = 0;
+        }
         Ok(Opened {
             info: FeedInfo::kv(first_available(&state), head),
             stream: KvStream {

@@ -581,6 +581,92 @@ async fn a_recreated_bucket_replaces_the_cache_and_counts_a_reset() {
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+/// A bucket deleted and made again while a follower is away, and written past the
+/// follower's watermark before it resumes (with the same handle): its head is not behind
+/// the watermark, yet its revisions are another history's. Resuming at watermark + 1 would
+/// keep the old keys and miss the new bucket's first revisions for good; the handle sees
+/// the stream is not the one it first saw, and the follower replaces its cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_recreated_and_written_past_the_watermark_while_away_is_a_new_history() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "reborn2", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "reborn2").unwrap();
+    for key in ["a", "b", "c"] {
+        bucket.put(key, b"old".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = record.follow("reborn2", &bucket);
+    wait_until(WAIT, "the initial sync", || record.ready() == Some(3)).await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+
+    let js = async_nats::jetstream::new(client.clone());
+    js.delete_key_value("reborn2").await.unwrap();
+    let store = create_bucket(&client, "reborn2", 1, 1).await;
+    for key in ["x1", "x2", "x3", "x4", "x5"] {
+        store.put(key, Bytes::from_static(b"new")).await.unwrap();
+    }
+
+    let core = Follower::resume(config("reborn2"), RawBytes, status.watermark, record.keys());
+    let handle =
+        FollowerTask::from_core(core, bucket.clone(), bucket.clone(), record.sink()).spawn();
+    wait_until(WAIT, "caught up to the new bucket's last revision", || {
+        record.watermark() >= 5
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keys: Vec<String> = record.map().into_keys().collect();
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        keys,
+        ["x1", "x2", "x3", "x4", "x5"],
+        "the cache must hold the new bucket, not old keys plus its tail"
+    );
+    assert_eq!(
+        status.counters.resets, 1,
+        "the new history is reported as a reset"
+    );
+}
+
+/// The same while the follower runs: the bucket is deleted, made again and written past
+/// the watermark before the feed notices its consumer is gone. The new bucket reuses the
+/// old keys at the old revisions (`a`@1, `b`@2, `c`@3) with other bytes, so only a reset
+/// — not a resync that compares revisions — gives the cache the new values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_follower_takes_a_bucket_recreated_past_its_watermark_for_a_new_history() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "reborn3", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "reborn3").unwrap();
+    for key in ["a", "b", "c"] {
+        bucket.put(key, b"old".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = record.follow("reborn3", &bucket);
+    wait_until(WAIT, "the initial sync", || record.ready() == Some(3)).await;
+    let js = async_nats::jetstream::new(client.clone());
+    js.delete_key_value("reborn3").await.unwrap();
+    let store = create_bucket(&client, "reborn3", 1, 1).await;
+    for key in ["a", "b", "c", "d", "e"] {
+        store.put(key, Bytes::from_static(b"new")).await.unwrap();
+    }
+    let expected: BTreeMap<String, (u64, Vec<u8>)> = ["a", "b", "c", "d", "e"]
+        .into_iter()
+        .zip(1..)
+        .map(|(k, seq)| (k.to_owned(), (seq, b"new".to_vec())))
+        .collect();
+    wait_until(WAIT, "the cache holds the new bucket", || {
+        record.map() == expected
+    })
+    .await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(status.watermark, 5);
+    assert_eq!(
+        status.counters.resets, 1,
+        "the new history is reported as a reset"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_bucket_is_retried_with_backoff_until_it_appears() {
     let server = server().await;
