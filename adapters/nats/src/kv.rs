@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKind};
-use async_nats::jetstream::stream::State;
+use async_nats::jetstream::stream::{self, State};
 use async_nats::{Client, HeaderMap, jetstream};
 use bytes::Bytes;
 use tidemark::tidemark_core::{Entry, FeedInfo, KeyPrefix, Op};
@@ -299,12 +299,20 @@ impl KvBucket {
 
     /// The bucket's stream state and identity, read now.
     async fn state(&self, port: &'static str) -> Result<(kv::Store, State, Created)> {
+        let (store, info, stream) = self.info(port).await?;
+        Ok((store, info.state, stream))
+    }
+
+    /// The bucket's stream info (state and config) and identity, read now. The store's
+    /// own copy (`cached_info`) is from when the handle looked the bucket up, and an
+    /// operator may have edited the bucket since (its `max_age`, its limit markers).
+    async fn info(&self, port: &'static str) -> Result<(kv::Store, stream::Info, Created)> {
         let store = self.store(port).await?;
         match store.stream.get_info().await {
             Ok(info) => {
                 let stream = created(&info);
                 self.saw(stream);
-                Ok((store, info.state, stream))
+                Ok((store, info, stream))
             }
             Err(e) => {
                 // Deleted and recreated, or never there: look it up afresh next time.
@@ -376,7 +384,8 @@ impl KvBucket {
             port,
         )
         .await?;
-        let (store, state, stream) = self.state(port).await?;
+        let (store, info, stream) = self.info(port).await?;
+        let (max_age, state) = (silent_max_age(&info.config), info.state);
         let head = self.head(&store, &state, port).await?;
         if head < from {
             // Nothing this consumer could deliver (an empty bucket, or nothing left after
@@ -400,9 +409,7 @@ impl KvBucket {
                         // not a doubling that ends with up to half the room unused.
                         out.reserve(usize::try_from(pending).map_or(1, |p| p.min(1 << 22) + 1));
                     }
-                    if let FeedItem::Entry(mut e) =
-                        to_item(&store.prefix, d, silent_max_age(&store))
-                    {
+                    if let FeedItem::Entry(mut e) = to_item(&store.prefix, d, max_age) {
                         e.pending = None;
                         out.push(e);
                     }
@@ -501,8 +508,10 @@ pub(crate) fn operation(headers: Option<&HeaderMap>) -> Op {
 
 /// How long values live in a bucket that drops them silently when they age: its
 /// `max_age`, when it writes no limit markers (with markers, the follower sees removals).
-fn silent_max_age(store: &kv::Store) -> Option<Duration> {
-    let config = &store.stream.cached_info().config;
+/// From `config` as read now ([`KvBucket::info`]), not as cached when the bucket was
+/// looked up: a limit lifted since would expire values the bucket keeps, one set since
+/// would never be applied.
+fn silent_max_age(config: &stream::Config) -> Option<Duration> {
     (!config.max_age.is_zero() && config.subject_delete_marker_ttl.is_none())
         .then_some(config.max_age)
 }
@@ -776,7 +785,8 @@ impl Source for KvBucket {
 pub struct KvStream {
     reader: PushReader,
     prefix: String,
-    /// The bucket's `max_age` when it drops values silently (no limit markers).
+    /// The bucket's `max_age` when it drops values silently (no limit markers), as the
+    /// server said when this feed opened.
     max_age: Option<Duration>,
     head: u64,
     seen: u64,
@@ -843,7 +853,8 @@ impl Feed for KvBucket {
             "feed",
         )
         .await?;
-        let (store, state, stream) = self.state("feed").await?;
+        let (store, info, stream) = self.info("feed").await?;
+        let (max_age, state) = (silent_max_age(&info.config), info.state);
         let mut head = FeedInfo::filtered_head(
             self.head(&store, &state, "feed").await?,
             state.last_sequence,
@@ -859,7 +870,7 @@ impl Feed for KvBucket {
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),
-                max_age: silent_max_age(&store),
+                max_age,
                 head,
                 seen: from.saturating_sub(1),
                 owner: Arc::clone(&self.inner),

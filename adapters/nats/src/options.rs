@@ -127,9 +127,12 @@ impl NatsOptions {
     /// Options for these server URLs (`nats://host:port`, `tls://host:port`, or a bare
     /// `host:port`). The client fails over between them. A password or token in a URL
     /// (`nats://user:password@host`, `nats://token@host`) is never shown: `Debug`, errors
-    /// and logs print `<redacted>` in its place. async-nats does not send credentials
-    /// written in a URL, so this type does not hand them to it (where its logs would show
-    /// them): use [`user_password`](Self::user_password) or [`token`](Self::token).
+    /// and logs print `<redacted>` in its place. It may hold `/`, `?`, `#`, `@`, `:` or
+    /// `%`, percent-encoded or not: the userinfo ends at the URL's last `@` (so an `@` in
+    /// a path, which a server URL has no use for, is read as one). async-nats does not
+    /// send credentials written in a URL, so this type does not hand them to it (where its
+    /// logs would show them): use [`user_password`](Self::user_password) or
+    /// [`token`](Self::token).
     #[must_use]
     pub fn new<I, S>(servers: I) -> Self
     where
@@ -347,7 +350,12 @@ impl NatsOptions {
     /// `text` with every secret these options hold (passwords and tokens, in URLs or
     /// set) replaced, for a message from the client that might quote one.
     fn scrub(&self, mut text: String) -> String {
-        let in_urls = self.servers.iter().filter_map(|url| url_secret(url));
+        // A URL's secret as written and as it stands decoded (`s3cr%23t` is `s3cr#t`).
+        let in_urls = self
+            .servers
+            .iter()
+            .filter_map(|url| url_secret(url))
+            .flat_map(|secret| [secret.to_owned(), percent_decoded(secret)]);
         let set = [
             self.user_password
                 .as_ref()
@@ -355,9 +363,14 @@ impl NatsOptions {
             self.token.as_deref(),
             self.nkey.as_deref(),
         ];
-        for secret in in_urls.chain(set.into_iter().flatten()) {
+        let mut secrets: Vec<String> = in_urls
+            .chain(set.into_iter().flatten().map(str::to_owned))
+            .collect();
+        // The longest first: a secret inside another must not leave the other's rest.
+        secrets.sort_by_key(|secret| std::cmp::Reverse(secret.len()));
+        for secret in secrets {
             if !secret.is_empty() {
-                text = text.replace(secret, REDACTED);
+                text = text.replace(&secret, REDACTED);
             }
         }
         text
@@ -382,12 +395,58 @@ const REDACTED: &str = "<redacted>";
 
 /// Splits `url` into what precedes its userinfo (the scheme), the userinfo, and the rest
 /// (`@host:port…`); `None` if it has no userinfo.
+///
+/// The userinfo ends at the last `@` after the scheme, wherever it stands: a password
+/// may hold `/`, `?`, `#`, `@` or `:` unencoded, which a strict URL parser would take
+/// for the end of the authority (and then show the rest of the password as host, path
+/// or fragment). A server URL has no use for an `@` in a path; one written there
+/// (percent-encode it as `%40`) is taken for the end of a userinfo and never shown.
 fn split_userinfo(url: &str) -> Option<(&str, &str, &str)> {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let authority = &url[start..];
-    let end = authority.find(['/', '?', '#']).unwrap_or(authority.len());
-    let at = start + authority[..end].rfind('@')?;
+    let start = scheme_end(url);
+    let at = start + url[start..].rfind('@')?;
     Some((&url[..start], &url[start..at], &url[at..]))
+}
+
+/// Where `url`'s scheme (`nats://`) ends; 0 if it has none. Only letters, digits, `+`, `-`
+/// and `.` make a scheme, so a `://` inside a password of a URL written without one
+/// (`user:pa://ss@host`) is not taken for it.
+fn scheme_end(url: &str) -> usize {
+    match url.find("://") {
+        Some(i)
+            if url[..i].starts_with(|c: char| c.is_ascii_alphabetic())
+                && url[..i]
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) =>
+        {
+            i + 3
+        }
+        _ => 0,
+    }
+}
+
+/// `text` with its `%XX` escapes decoded (an invalid one kept as written), for the
+/// password a percent-encoded URL stands for.
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The secret in `url`'s userinfo: the password of `user:password@`, or the token of
@@ -474,11 +533,24 @@ mod tests {
             ),
             ("tls://u:p@ss@h", "tls://u:<redacted>@h", "tls://h"),
             ("u:p@h:1", "u:<redacted>@h:1", "h:1"),
+            // The userinfo ends at the last `@`, so what a strict parser takes for the
+            // end of the authority (`/`, `?`, `#`) stays inside the password.
             (
-                "nats://h:4222/x@y",
-                "nats://h:4222/x@y",
-                "nats://h:4222/x@y",
+                "nats://u:s3cr#t@h:4222",
+                "nats://u:<redacted>@h:4222",
+                "nats://h:4222",
             ),
+            (
+                "nats://u:s3/c?r#e@t:%40@h:4222",
+                "nats://u:<redacted>@h:4222",
+                "nats://h:4222",
+            ),
+            ("nats://t/k#n@h", "nats://<redacted>@h", "nats://h"),
+            // Without a scheme, a `://` in the password is not taken for one.
+            ("u:pa://ss@h:1", "u:<redacted>@h:1", "h:1"),
+            // An `@` in a path is taken for the end of a userinfo: over-redacted, never
+            // shown.
+            ("nats://h:4222/x@y", "nats://h:<redacted>@y", "nats://y"),
             ("nats://h:4222", "nats://h:4222", "nats://h:4222"),
         ];
         for (url, redacted, bare) in cases {
@@ -489,6 +561,12 @@ mod tests {
         assert_eq!(
             options.scrub("p4ss and t0k".to_owned()),
             "<redacted> and <redacted>"
+        );
+        let encoded = NatsOptions::new(["nats://u:s3cr%23t%2Fx@h"]);
+        assert_eq!(
+            encoded.scrub("s3cr%23t%2Fx, s3cr#t/x".to_owned()),
+            "<redacted>, <redacted>",
+            "a percent-encoded password is hidden as written and as decoded"
         );
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use tidemark::{FollowerConfig, FollowerTask, RawBytes, Status, spawn_cache};
+use tidemark::{FollowerConfig, FollowerTask, RawBytes, Source, Status, spawn_cache};
 use tidemark_nats::KvBucket;
 
 use common::*;
@@ -58,6 +58,95 @@ async fn values_aged_out_silently_leave_the_cache_on_the_followers_own_clock() {
     })
     .await;
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
+/// Sets the bucket's `max_age` as an operator would, on its stream.
+async fn set_max_age(js: &jetstream::Context, bucket: &str, max_age: Duration) {
+    let mut stream = js.get_stream(format!("KV_{bucket}")).await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.max_age = max_age;
+    // The server refuses a duplicates window longer than the age limit.
+    if !max_age.is_zero() {
+        config.duplicate_window = config.duplicate_window.min(max_age);
+    }
+    js.update_stream(config).await.unwrap();
+}
+
+/// The handle looks the bucket up (at a write) before an operator lifts its age limit:
+/// a feed opened after the edit must read the limit as it is now, or the follower expires
+/// on its own clock values the bucket keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lifted_max_age_stops_the_followers_own_expiry() {
+    let server = server().await;
+    let client = client(&server).await;
+    let js = jetstream::new(client.clone());
+    retry(WAIT, || {
+        js.create_key_value(kv::Config {
+            bucket: "lifted".into(),
+            history: 1,
+            max_age: Duration::from_secs(2),
+            ..Default::default()
+        })
+    })
+    .await;
+    let bucket = KvBucket::new(client.clone(), "lifted").unwrap();
+    bucket.put("a", b"1".to_vec()).await.unwrap();
+    set_max_age(&js, "lifted", Duration::ZERO).await;
+    bucket.put("b", b"2".to_vec()).await.unwrap();
+    let (cache, handle) = spawn_cache(config("lifted"), RawBytes, bucket.clone(), bucket.clone());
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cache.len(), 2);
+    // Past the old limit, with room: both values would have aged out under it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let kept = (
+        bucket.get("a").await.unwrap().is_some(),
+        bucket.get("b").await.unwrap().is_some(),
+    );
+    let (len, expired) = (cache.len(), handle.status().counters.expired);
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(kept, (true, true), "the bucket keeps its values");
+    assert_eq!(
+        (len, expired),
+        (2, 0),
+        "the cache must keep what the bucket keeps (cached, expired by the follower)"
+    );
+}
+
+/// The other way: an age limit set (without limit markers) after the handle looked the
+/// bucket up. The server drops the values silently; only the follower's own expiry, from
+/// the limit as it is now, takes them out of the cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_age_limit_set_later_is_applied_by_the_followers_own_expiry() {
+    let server = server().await;
+    let client = client(&server).await;
+    let js = jetstream::new(client.clone());
+    create_bucket(&client, "limited", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "limited").unwrap();
+    bucket.put("a", b"1".to_vec()).await.unwrap();
+    bucket.put("b", b"2".to_vec()).await.unwrap();
+    set_max_age(&js, "limited", Duration::from_secs(2)).await;
+    let (cache, handle) = spawn_cache(config("limited"), RawBytes, bucket.clone(), bucket.clone());
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cache.len(), 2, "synced before the values aged out");
+    let emptied = tokio::time::timeout(Duration::from_secs(10), async {
+        while !cache.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    let (len, expired) = (cache.len(), handle.status().counters.expired);
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert!(
+        emptied.is_ok() && expired == 2,
+        "the follower must expire values aged out under the new limit (cached {len}, \
+         expired {expired})"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

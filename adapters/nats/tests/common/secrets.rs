@@ -7,9 +7,11 @@ use std::sync::{Arc, Mutex};
 
 pub const PASSWORD: &str = "pa55-w0rd-secret";
 pub const TOKEN: &str = "t0ken-secret";
+/// A password holding what a URL parser takes for the end of the authority or userinfo.
+pub const AWKWARD_PASSWORD: &str = "aw#k/w?a@r:d%-secret";
 
 pub fn assert_no_secret(what: &str, text: &str) {
-    for secret in [PASSWORD, TOKEN] {
+    for secret in [PASSWORD, TOKEN, AWKWARD_PASSWORD, "aw#k"] {
         assert!(
             !text.contains(secret),
             "{what} must not show the secret {secret:?}: {text}"
@@ -23,11 +25,12 @@ pub fn closed_port() -> u16 {
     listener.local_addr().unwrap().port()
 }
 
-/// Server URLs carrying a password and a token.
-pub fn urls(port: u16) -> [String; 2] {
+/// Server URLs carrying a password, a token, and a password with URL delimiters in it.
+pub fn urls(port: u16) -> [String; 3] {
     [
         format!("nats://mirror:{PASSWORD}@127.0.0.1:{port}"),
         format!("nats://{TOKEN}@127.0.0.1:{port}"),
+        format!("nats://mirror:{AWKWARD_PASSWORD}@127.0.0.1:{port}"),
     ]
 }
 
