@@ -984,6 +984,56 @@ async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile()
     record.assert_applied_once();
 }
 
+/// The cap on messages in flight is there for sinks that pause long, so a pause longer
+/// than the consumer's idle heartbeat (1 s) must not cost a reopen. While the sink commits
+/// the server delivers up to the cap, is held back by it (the reader acknowledges only
+/// when it reads on) and sends idle heartbeats meanwhile; once the reader reads on it
+/// reaches them with nothing unread before them. Before the reader judged such a
+/// heartbeat by what it had acknowledged when the server sent it, it took the first for
+/// "nothing more to send" below the head and failed the feed: `reopened 2 times` for these
+/// three 1.6 s pauses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_feed_survives_a_sink_pause_longer_than_a_heartbeat() {
+    const KEYS: u32 = 30_000;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "paused2", 1, 1).await;
+    put_keys(&store, KEYS, 256).await;
+    let bucket = KvBucket::new(client.clone(), "paused2")
+        .unwrap()
+        .with_max_in_flight(512);
+    let head = bucket.watermark().await.unwrap();
+    let record = Record::default();
+    let sink = SlowCommits {
+        inner: record.sink(),
+        pause: Duration::from_millis(1_600),
+        slow_commits: 3,
+    };
+    let handle = FollowerTask::new(
+        config("paused2"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        sink,
+    )
+    .spawn();
+    let mut status = handle.watch_status();
+    let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready))
+        .await
+        .expect("ready in 60 s")
+        .unwrap()
+        .clone();
+    let stopped = handle.stop_within(WAIT).await.unwrap();
+    assert_eq!(ready.watermark, head);
+    assert_eq!(
+        stopped.counters.reopens, 0,
+        "the capped feed was reopened {} times though nothing was lost",
+        stopped.counters.reopens
+    );
+    assert_eq!(record.len(), KEYS as usize);
+    record.assert_applied_once();
+}
+
 /// Spends what is left of the task's coop budget, as a long turn of the follower task
 /// does: from here on every tokio resource the task touches is pending until it yields.
 fn spend_budget() {
