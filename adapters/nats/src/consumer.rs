@@ -33,7 +33,8 @@ const ACK_WAIT: Duration = Duration::from_secs(120);
 /// How often the reader looks at the connection while waiting.
 const TICK: Duration = Duration::from_millis(250);
 /// Stalled-consumer heartbeats in a row (no message between them) before the reader gives
-/// up on the consumer: one per heartbeat interval, so about this many seconds.
+/// up on the consumer: one per heartbeat interval, so about this many seconds. Only those
+/// the server sent after it had the reader's answer count (see [`Sent`]).
 const MAX_STALLS: u32 = 3;
 
 /// What the reader had sent the server when a batch of deliveries arrived: the pump reads
@@ -47,11 +48,13 @@ const MAX_STALLS: u32 = 3;
 /// message before it: by what the server surely had, not by what the reader sent since.
 /// A reader its caller left alone for a while (a sink committing) then finds the
 /// heartbeats the server sent meanwhile for what they are — it was waiting on the reader
-/// — and not "nothing more to send".
+/// — and not "nothing more to send" nor "stalled" after the reader answered.
 #[derive(Clone, Copy, Debug, Default)]
 struct Sent {
     /// The consumer sequence acknowledged last (all up to it: the consumer acks all).
     acked: u64,
+    /// Flow-control answers sent so far.
+    answers: u64,
 }
 
 /// [`Sent`] as the reader updates it once a reply is handed to the client, shared with
@@ -59,12 +62,14 @@ struct Sent {
 #[derive(Debug, Default)]
 struct Replies {
     acked: AtomicU64,
+    answers: AtomicU64,
 }
 
 impl Replies {
     fn now(&self) -> Sent {
         Sent {
             acked: self.acked.load(Ordering::Acquire),
+            answers: self.answers.load(Ordering::Acquire),
         }
     }
 }
@@ -120,6 +125,10 @@ pub(crate) struct PushReader {
     before: Sent,
     /// What the reader sent, kept up to date as replies go out.
     replies: Arc<Replies>,
+    /// The flow-control request answered last, and the count of answers that first answer
+    /// made: a stalled heartbeat naming it that the server sent once it had the answer
+    /// says the answer was lost.
+    answered: Option<(async_nats::Subject, u64)>,
     /// With a cap: the server's `max_ack_pending`.
     cap: Option<u64>,
     pump: tokio::task::JoinHandle<()>,
@@ -226,6 +235,7 @@ impl PushReader {
             before: Sent::default(),
             pump: tokio::spawn(pump(subscriber, tx, Arc::clone(&replies))),
             replies,
+            answered: None,
             cap: max_in_flight.map(|m| m.max(1) as u64),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
@@ -332,9 +342,19 @@ impl PushReader {
                         .as_ref()
                         .and_then(|h| h.get("Nats-Consumer-Stalled"))
                     {
-                        // The server waits for a flow-control answer it missed: answer and
-                        // read on (this is not "nothing more to send"). If answers keep
-                        // getting lost, give up and let the follower reopen.
+                        // The server waits for a flow-control answer (this is not "nothing
+                        // more to send"). Sent before it had the reader's answer (the
+                        // reader was not reading: its caller paused), it says nothing:
+                        // read on.
+                        if let Some((answered, count)) = &self.answered
+                            && answered.as_str() == stalled.as_str()
+                            && before.answers < *count
+                        {
+                            debug!(consumer = %self.consumer, "stalled heartbeat sent before the answer arrived");
+                            continue;
+                        }
+                        // It missed the answer: answer and read on. If answers keep getting
+                        // lost, give up and let the follower reopen.
                         self.stalls += 1;
                         debug!(consumer = %self.consumer, stalls = self.stalls, "consumer stalled waiting for a flow-control answer; answering");
                         if self.stalls > MAX_STALLS {
@@ -417,7 +437,14 @@ impl PushReader {
     fn sent(&mut self, reply: Option<Reply>) {
         match reply {
             Some(Reply::Ack(_, seq)) => self.replies.acked.store(seq, Ordering::Release),
-            Some(Reply::Answer(_)) | None => {}
+            Some(Reply::Answer(subject)) => {
+                let count = self.replies.answers.load(Ordering::Relaxed) + 1;
+                self.replies.answers.store(count, Ordering::Release);
+                if self.answered.as_ref().is_none_or(|(s, _)| *s != subject) {
+                    self.answered = Some((subject, count));
+                }
+            }
+            None => {}
         }
     }
 
