@@ -7,6 +7,8 @@
 //! names another last sequence, missing heartbeats, a reconnect — ends the stream with an
 //! error, and the follower reopens from *its* watermark + 1.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, ReplayPolicy, push};
@@ -31,8 +33,55 @@ const ACK_WAIT: Duration = Duration::from_secs(120);
 /// How often the reader looks at the connection while waiting.
 const TICK: Duration = Duration::from_millis(250);
 /// Stalled-consumer heartbeats in a row (no message between them) before the reader gives
-/// up on the consumer: one per heartbeat interval, so about this many seconds.
+/// up on the consumer: one per heartbeat interval, so about this many seconds. Only those
+/// the server sent after it had the reader's answer count (see [`Sent`]).
 const MAX_STALLS: u32 = 3;
+
+/// What the reader had sent the server when a batch of deliveries arrived: the pump reads
+/// it off [`Replies`] as it takes each batch off the client.
+///
+/// A heartbeat says how the server stood when it sent it, and the server sends one only a
+/// heartbeat interval after it last sent a message or heartbeat. Whatever the reader had
+/// sent when that previous message arrived had reached the server by then, as long as a
+/// round trip (and the pump's lag behind the client) is shorter than the interval — what
+/// missed heartbeats assume already. So the reader judges a heartbeat by the `Sent` of the
+/// message before it: by what the server surely had, not by what the reader sent since.
+/// A reader its caller left alone for a while (a sink committing) then finds the
+/// heartbeats the server sent meanwhile for what they are — it was waiting on the reader
+/// — and not "nothing more to send" nor "stalled" after the reader answered.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sent {
+    /// The consumer sequence acknowledged last (all up to it: the consumer acks all).
+    acked: u64,
+    /// Flow-control answers sent so far.
+    answers: u64,
+}
+
+/// [`Sent`] as the reader updates it once a reply is handed to the client, shared with
+/// the pump.
+#[derive(Debug, Default)]
+struct Replies {
+    acked: AtomicU64,
+    answers: AtomicU64,
+}
+
+impl Replies {
+    fn now(&self) -> Sent {
+        Sent {
+            acked: self.acked.load(Ordering::Acquire),
+            answers: self.answers.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// A reply owed to the server.
+#[derive(Debug)]
+enum Reply {
+    /// Acknowledges every message up to this consumer sequence.
+    Ack(async_nats::Subject, u64),
+    /// Answers a flow-control request (or the stalled heartbeat naming it).
+    Answer(async_nats::Subject),
+}
 
 /// One stream message delivered to the consumer.
 #[derive(Debug)]
@@ -64,10 +113,24 @@ pub(crate) struct PushReader {
     statistics: std::sync::Arc<async_nats::Statistics>,
     context: jetstream::Context,
     /// The delivered messages, moved off the client's subscription as they arrive by
-    /// [`pump`] (see there why), in batches of whatever had arrived together.
-    delivered: mpsc::UnboundedReceiver<Vec<Message>>,
+    /// [`pump`] (see there why), in batches of whatever had arrived together, each with
+    /// what the reader had sent when it arrived.
+    delivered: mpsc::UnboundedReceiver<(Sent, Vec<Message>)>,
     /// The rest of the batch being read.
     batch: std::vec::IntoIter<Message>,
+    /// What the reader had sent when that batch arrived.
+    batch_sent: Sent,
+    /// The same for the last message or heartbeat read: what the server had when it sent
+    /// the heartbeat that follows (see [`Sent`]).
+    before: Sent,
+    /// What the reader sent, kept up to date as replies go out.
+    replies: Arc<Replies>,
+    /// The flow-control request answered last, and the count of answers that first answer
+    /// made: a stalled heartbeat naming it that the server sent once it had the answer
+    /// says the answer was lost.
+    answered: Option<(async_nats::Subject, u64)>,
+    /// With a cap: the server's `max_ack_pending`.
+    cap: Option<u64>,
     pump: tokio::task::JoinHandle<()>,
     stream: String,
     consumer: String,
@@ -88,13 +151,14 @@ pub(crate) struct PushReader {
     /// a message: a caller may drop it at any await (the follower polls it once to fill a
     /// turn), and a message taken by a dropped call would be lost — a flow-control
     /// request's answer lost so stalls delivery until the next heartbeat.
-    owed: std::collections::VecDeque<async_nats::Subject>,
+    owed: std::collections::VecDeque<Reply>,
     /// With a cap: every this many consumer sequences the reader acknowledges what it
     /// read (all up to there: the consumer acks all), which lets the server deliver that
     /// many more.
     ack_every: Option<u64>,
-    /// The ack subject of the last message read, while it is not acknowledged.
-    unacked: Option<async_nats::Subject>,
+    /// The ack subject and consumer sequence of the last message read, while it is not
+    /// acknowledged.
+    unacked: Option<(async_nats::Subject, u64)>,
 }
 
 impl std::fmt::Debug for PushReader {
@@ -160,13 +224,19 @@ impl PushReader {
             .await
             .map_err(|e| unavailable(port, format!("creating a consumer: {e}")))?;
         let (tx, delivered) = mpsc::unbounded_channel();
+        let replies = Arc::new(Replies::default());
         Ok(PushReader {
             statistics: client.statistics(),
             client: client.clone(),
             context: context.clone(),
             delivered,
             batch: Vec::new().into_iter(),
-            pump: tokio::spawn(pump(subscriber, tx)),
+            batch_sent: Sent::default(),
+            before: Sent::default(),
+            pump: tokio::spawn(pump(subscriber, tx, Arc::clone(&replies))),
+            replies,
+            answered: None,
+            cap: max_in_flight.map(|m| m.max(1) as u64),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
             last_consumer_seq: 0,
@@ -187,11 +257,15 @@ impl PushReader {
     pub(crate) async fn next(&mut self, port: &'static str) -> Option<Result<Seen>> {
         loop {
             // Cancel-safe: a reply leaves the list only once the client took it.
-            while let Some(subject) = self.owed.front() {
+            while let Some(reply) = self.owed.front() {
+                let subject = match reply {
+                    Reply::Ack(subject, _) | Reply::Answer(subject) => subject,
+                };
                 if let Err(e) = self.client.publish(subject.clone(), Bytes::new()).await {
                     debug!(consumer = %self.consumer, error = %e, "reply to the server failed");
                 }
-                self.owed.pop_front();
+                let sent = self.owed.pop_front();
+                self.sent(sent);
             }
             let message = if let Some(message) = self.batch.next() {
                 message
@@ -207,8 +281,9 @@ impl PushReader {
                     () = self.tick.as_mut() => None,
                 };
                 match next {
-                    Some(Some(batch)) => {
+                    Some(Some((sent, batch))) => {
                         self.batch = batch.into_iter();
+                        self.batch_sent = sent;
                         continue;
                     }
                     Some(None) => return None,
@@ -238,9 +313,12 @@ impl PushReader {
                 Some(StatusCode::IDLE_HEARTBEAT) => {
                     if let Some(reply) = message.reply {
                         // A flow-control request: answer it or delivery stops.
-                        self.owed.push_back(reply);
+                        self.owed.push_back(Reply::Answer(reply));
                         continue;
                     }
+                    // What the server surely had when it sent this heartbeat, and what it
+                    // has for the next one.
+                    let before = std::mem::replace(&mut self.before, self.batch_sent);
                     // Everything delivered before a heartbeat arrived before it: the last
                     // consumer sequence it names must be the one we read.
                     let last = message
@@ -264,9 +342,19 @@ impl PushReader {
                         .as_ref()
                         .and_then(|h| h.get("Nats-Consumer-Stalled"))
                     {
-                        // The server waits for a flow-control answer it missed: answer and
-                        // read on (this is not "nothing more to send"). If answers keep
-                        // getting lost, give up and let the follower reopen.
+                        // The server waits for a flow-control answer (this is not "nothing
+                        // more to send"). Sent before it had the reader's answer (the
+                        // reader was not reading: its caller paused), it says nothing:
+                        // read on.
+                        if let Some((answered, count)) = &self.answered
+                            && answered.as_str() == stalled.as_str()
+                            && before.answers < *count
+                        {
+                            debug!(consumer = %self.consumer, "stalled heartbeat sent before the answer arrived");
+                            continue;
+                        }
+                        // It missed the answer: answer and read on. If answers keep getting
+                        // lost, give up and let the follower reopen.
                         self.stalls += 1;
                         debug!(consumer = %self.consumer, stalls = self.stalls, "consumer stalled waiting for a flow-control answer; answering");
                         if self.stalls > MAX_STALLS {
@@ -275,12 +363,24 @@ impl PushReader {
                                 format!("consumer {} stays stalled", self.consumer),
                             )));
                         }
-                        self.owed.push_back(stalled.as_str().into());
+                        self.owed.push_back(Reply::Answer(stalled.as_str().into()));
                         continue;
                     }
-                    // Nothing more to send now: a capped consumer acknowledges the rest
-                    // of what was read, so no message it read is left to expire.
-                    self.owed.extend(self.unacked.take());
+                    // A capped consumer acknowledges the rest of what was read: so no
+                    // message it read is left to expire, and so a server the cap held
+                    // back delivers on.
+                    self.owed
+                        .extend(self.unacked.take().map(|(s, seq)| Reply::Ack(s, seq)));
+                    if let Some(cap) = self.cap
+                        && self.last_consumer_seq.saturating_sub(before.acked) >= cap
+                    {
+                        // As far as the server knew when it sent this, the cap was full: it
+                        // was waiting on the reader (its caller paused), not out of
+                        // messages.
+                        debug!(consumer = %self.consumer, "idle heartbeat sent while the cap held the server back");
+                        continue;
+                    }
+                    // Nothing more to send now.
                     return Some(Ok(Seen::Idle));
                 }
                 Some(status) => {
@@ -313,11 +413,13 @@ impl PushReader {
                 )));
             }
             self.last_consumer_seq = consumer_seq;
+            self.before = self.batch_sent;
             self.stalls = 0;
             if let Some(every) = self.ack_every {
-                self.unacked = message.reply;
+                self.unacked = message.reply.map(|s| (s, consumer_seq));
                 if consumer_seq % every == 0 {
-                    self.owed.extend(self.unacked.take());
+                    self.owed
+                        .extend(self.unacked.take().map(|(s, seq)| Reply::Ack(s, seq)));
                 }
             }
             return Some(Ok(Seen::Message(Delivered {
@@ -328,6 +430,21 @@ impl PushReader {
                 payload: message.payload,
                 published_ns,
             })));
+        }
+    }
+
+    /// Notes a reply the client took in what the pump stamps on the batches that follow.
+    fn sent(&mut self, reply: Option<Reply>) {
+        match reply {
+            Some(Reply::Ack(_, seq)) => self.replies.acked.store(seq, Ordering::Release),
+            Some(Reply::Answer(subject)) => {
+                let count = self.replies.answers.load(Ordering::Relaxed) + 1;
+                self.replies.answers.store(count, Ordering::Release);
+                if self.answered.as_ref().is_none_or(|(s, _)| *s != subject) {
+                    self.answered = Some((subject, count));
+                }
+            }
+            None => {}
         }
     }
 
@@ -366,9 +483,16 @@ impl PushReader {
 /// What the client already holds goes along with the message awaited, one batch per send
 /// (at most [`PUMP_BATCH`]): on an initial sync that is most of them, and the reader then
 /// takes them from its own batch without touching the channel.
-async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Vec<Message>>) {
+///
+/// Each batch goes with what the reader had sent when the pump took it (see [`Sent`]).
+async fn pump(
+    mut subscriber: Subscriber,
+    tx: mpsc::UnboundedSender<(Sent, Vec<Message>)>,
+    replies: Arc<Replies>,
+) {
     use futures::FutureExt as _;
     while let Some(first) = subscriber.next().await {
+        let sent = replies.now();
         let mut batch = vec![first];
         while batch.len() < PUMP_BATCH {
             match subscriber.next().now_or_never() {
@@ -377,7 +501,7 @@ async fn pump(mut subscriber: Subscriber, tx: mpsc::UnboundedSender<Vec<Message>
                 _ => break,
             }
         }
-        if tx.send(batch).is_err() {
+        if tx.send((sent, batch)).is_err() {
             return;
         }
     }

@@ -1070,6 +1070,104 @@ async fn a_sink_that_pauses_to_commit_loses_nothing_the_server_sends_meanwhile()
     record.assert_applied_once();
 }
 
+/// The cap on messages in flight is there for sinks that pause long, so a pause longer
+/// than the consumer's idle heartbeat (1 s) must not cost a reopen. While the sink commits
+/// the server delivers up to the cap, is held back by it (the reader acknowledges only
+/// when it reads on) and sends idle heartbeats meanwhile; once the reader reads on it
+/// reaches them with nothing unread before them. Before the reader judged such a
+/// heartbeat by what it had acknowledged when the server sent it, it took the first for
+/// "nothing more to send" below the head and failed the feed: `reopened 2 times` for these
+/// three 1.6 s pauses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_capped_feed_survives_a_sink_pause_longer_than_a_heartbeat() {
+    const KEYS: u32 = 30_000;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "paused2", 1, 1).await;
+    put_keys(&store, KEYS, 256).await;
+    let bucket = KvBucket::new(client.clone(), "paused2")
+        .unwrap()
+        .with_max_in_flight(512);
+    let head = bucket.watermark().await.unwrap();
+    let record = Record::default();
+    let sink = SlowCommits {
+        inner: record.sink(),
+        pause: Duration::from_millis(1_600),
+        slow_commits: 3,
+    };
+    let handle = FollowerTask::new(
+        config("paused2"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        sink,
+    )
+    .spawn();
+    let mut status = handle.watch_status();
+    let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready))
+        .await
+        .expect("ready in 60 s")
+        .unwrap()
+        .clone();
+    let stopped = handle.stop_within(WAIT).await.unwrap();
+    assert_eq!(ready.watermark, head);
+    assert_eq!(
+        stopped.counters.reopens, 0,
+        "the capped feed was reopened {} times though nothing was lost",
+        stopped.counters.reopens
+    );
+    assert_eq!(record.len(), KEYS as usize);
+    record.assert_applied_once();
+}
+
+/// Without a cap the server waits on a flow-control answer while the sink commits, and
+/// queues a stalled-consumer heartbeat per second behind the request; the reader answers
+/// the request once it reads on, and the heartbeats sent before that answer reached the
+/// server say nothing about it. Before the reader judged them by what it had answered
+/// when the server sent them, it counted them and gave up after three ("stays stalled"):
+/// one reopen for a 5 s pause.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncapped_feed_survives_a_sink_pause_of_five_seconds() {
+    const KEYS: u32 = 30_000;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "paused3", 1, 1).await;
+    // 1 KiB values: 30 MB, many times the consumer's flow-control window.
+    let value = Bytes::from(vec![b'x'; 1024]);
+    put_keys_with(&store, KEYS, 256, |_| value.clone()).await;
+    let bucket = KvBucket::new(client.clone(), "paused3").unwrap();
+    let head = bucket.watermark().await.unwrap();
+    let record = Record::default();
+    let sink = SlowCommits {
+        inner: record.sink(),
+        pause: Duration::from_secs(5),
+        slow_commits: 2,
+    };
+    let handle = FollowerTask::new(
+        config("paused3"),
+        RawBytes,
+        bucket.clone(),
+        bucket.clone(),
+        sink,
+    )
+    .spawn();
+    let mut status = handle.watch_status();
+    let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready))
+        .await
+        .expect("ready in 60 s")
+        .unwrap()
+        .clone();
+    let stopped = handle.stop_within(WAIT).await.unwrap();
+    assert_eq!(ready.watermark, head);
+    assert_eq!(
+        stopped.counters.reopens, 0,
+        "the feed was reopened {} times",
+        stopped.counters.reopens
+    );
+    assert_eq!(record.len(), KEYS as usize);
+    record.assert_applied_once();
+}
+
 /// Spends what is left of the task's coop budget, as a long turn of the follower task
 /// does: from here on every tokio resource the task touches is pending until it yields.
 fn spend_budget() {
@@ -1167,5 +1265,75 @@ async fn a_feed_read_dropped_at_a_flow_control_request_still_answers_it() {
     assert_eq!(
         stalls, 0,
         "no flow-control request of the {requests} was left unanswered"
+    );
+}
+
+/// A server that never gets the reader's flow-control answers (here the reader's user may
+/// not publish to `$JS.FC.>`) stays stalled, and the feed must give up on it soon so the
+/// follower reopens: the reader judges a stalled heartbeat by what it had answered when
+/// the server sent it, which lets the heartbeats queued behind a request it answered late
+/// pass (`an_uncapped_feed_survives_a_sink_pause_of_five_seconds`), not these.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_feed_whose_flow_control_answers_never_arrive_gives_up_within_seconds() {
+    use tidemark::{Feed as _, FeedItem, FeedStream as _};
+    use tidemark_tests::{NatsServer, NatsServerOptions};
+    const KEYS: u32 = 4_000;
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("server.conf");
+    std::fs::write(
+        &conf,
+        r#"authorization {
+  users = [
+    { user: "writer", password: "w" }
+    { user: "reader", password: "r", permissions: { publish: { deny: ["$JS.FC.>"] } } }
+  ]
+}
+"#,
+    )
+    .unwrap();
+    let server = NatsServer::start_with(NatsServerOptions::new().arg("-c").arg(&conf))
+        .await
+        .unwrap();
+    let connect = |user: &'static str, password: &'static str| {
+        async_nats::ConnectOptions::with_user_and_password(user.into(), password.into())
+            .connect(server.url())
+    };
+    let writer = connect("writer", "w").await.unwrap();
+    tidemark_tests::wait_jetstream_ready(&writer).await.unwrap();
+    let store = create_bucket(&writer, "unanswered", 1, 1).await;
+    // 4 KiB values: 16 MB, several times the consumer's flow-control window.
+    let value = Bytes::from(vec![b'x'; 4096]);
+    put_keys_with(&store, KEYS, 256, |_| value.clone()).await;
+    let reader = connect("reader", "r").await.unwrap();
+    let bucket = KvBucket::new(reader, "unanswered").unwrap();
+    let mut feed = bucket.open(1, None).await.unwrap().stream;
+    let (mut entries, mut last_entry) = (0, std::time::Instant::now());
+    let failure = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match feed.next().await {
+                Some(Ok(FeedItem::Entry(_))) => {
+                    entries += 1;
+                    last_entry = std::time::Instant::now();
+                }
+                Some(Ok(other)) => panic!("only entries: {other:?}"),
+                Some(Err(e)) => return e,
+                None => panic!("the feed ended"),
+            }
+        }
+    })
+    .await
+    .expect("the feed gives up within 30 s");
+    let waited = last_entry.elapsed();
+    assert!(
+        entries < KEYS,
+        "delivery stopped at the first unanswered request ({entries} of {KEYS})"
+    );
+    assert!(
+        failure.to_string().contains("stays stalled"),
+        "the feed gave up on the stall: {failure}"
+    );
+    assert!(
+        waited < Duration::from_secs(10),
+        "and within seconds of the last entry: {waited:?}"
     );
 }
