@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tidemark_core::JobId;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::error::Result;
 use crate::ports::{Queue, ScheduleStore};
@@ -19,6 +19,10 @@ pub struct Fired {
     /// The job enqueued.
     pub job: JobId,
 }
+
+/// How long a scheduler pass retries the enqueue of a tick it claimed (less when the
+/// schedule's next tick comes sooner).
+const CLAIMED_TICK_RETRY: Duration = Duration::from_secs(5);
 
 /// Fires every due tick once: for each schedule, the latest due tick newer than its last
 /// fired one is claimed by a compare-and-set in the store (so of several runners exactly
@@ -36,7 +40,23 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
         if let Some(tick) = s.tick_to_fire(due.last_fired, due.clock)
             && store.mark_fired(&due, tick).await?
         {
-            match queue.enqueue(s.job().clone()).await {
+            // The tick is this pass's now: its job is enqueued, a passing failure retried
+            // (until the next tick would be due, at most CLAIMED_TICK_RETRY), since no
+            // other scheduler will fire this tick again.
+            let within = s
+                .until_next(due.clock)
+                .unwrap_or(CLAIMED_TICK_RETRY)
+                .min(CLAIMED_TICK_RETRY);
+            let deadline = crate::instant_after(tokio::time::Instant::now(), within);
+            let enqueued = crate::settle::settle(
+                deadline,
+                || queue.enqueue(s.job().clone()),
+                |e, delay| {
+                    debug!(schedule = s.name(), tick, error = %e, ?delay, "enqueue of a claimed tick failed; trying again");
+                },
+            )
+            .await;
+            match enqueued {
                 Ok(job) => {
                     info!(schedule = s.name(), tick, %job, "schedule fired");
                     fired.push(Fired {
@@ -45,9 +65,12 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
                         job,
                     });
                 }
-                // The tick is claimed: the next one fires. Losing one sweep beats two.
+                // Still failing: the tick is lost and the next one fires (one lost tick
+                // beats two jobs for it). So is a tick whose process dies between the
+                // claim and the enqueue; `SqliteSchedules::fire_due` does both in one
+                // transaction.
                 Err(e) => {
-                    warn!(schedule = s.name(), tick, error = %e, "tick claimed but enqueue failed")
+                    warn!(schedule = s.name(), tick, error = %e, "tick claimed but its enqueue kept failing; the tick is lost")
                 }
             }
         }

@@ -65,6 +65,29 @@ async fn a_tick_missed_while_no_runner_ran_fires_once() {
     assert!(again.is_empty(), "the same tick never fires twice");
 }
 
+/// A tick this runner claimed whose enqueue fails for a moment still enqueues its job:
+/// no other runner will fire that tick again, so a blip of the queue must not lose it.
+#[tokio::test(start_paused = true)]
+async fn a_claimed_tick_whose_enqueue_fails_once_still_enqueues_its_job() {
+    use tidemark_memory::Port;
+    let m = Memory::new();
+    m.schedules
+        .put_schedule(sweep_every_minute())
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(61)).await;
+    m.faults.fail_next(Port::Queue, 2);
+    let (fired, _) = fire_due(&m.schedules, &m.queue).await.unwrap();
+    assert_eq!(
+        fired.iter().map(|f| f.tick).collect::<Vec<_>>(),
+        [1],
+        "the claimed tick fired once its enqueue went through"
+    );
+    assert_eq!(m.queue.jobs().len(), 1, "one job for the tick");
+    let (again, _) = fire_due(&m.schedules, &m.queue).await.unwrap();
+    assert!(again.is_empty(), "the same tick never fires twice");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_lock_lets_one_sweeper_run_at_a_time() {
     let m = Memory::new();
