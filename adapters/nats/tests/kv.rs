@@ -1088,36 +1088,12 @@ async fn a_capped_feed_survives_a_sink_pause_longer_than_a_heartbeat() {
     let bucket = KvBucket::new(client.clone(), "paused2")
         .unwrap()
         .with_max_in_flight(512);
-    let head = bucket.watermark().await.unwrap();
-    let record = Record::default();
-    let sink = SlowCommits {
-        inner: record.sink(),
-        pause: Duration::from_millis(1_600),
-        slow_commits: 3,
-    };
-    let handle = FollowerTask::new(
-        config("paused2"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        sink,
-    )
-    .spawn();
-    let mut status = handle.watch_status();
-    let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready))
-        .await
-        .expect("ready in 60 s")
-        .unwrap()
-        .clone();
-    let stopped = handle.stop_within(WAIT).await.unwrap();
-    assert_eq!(ready.watermark, head);
+    let reopens =
+        sync_through_slow_commits(&bucket, "paused2", KEYS, Duration::from_millis(1_600), 3).await;
     assert_eq!(
-        stopped.counters.reopens, 0,
-        "the capped feed was reopened {} times though nothing was lost",
-        stopped.counters.reopens
+        reopens, 0,
+        "the capped feed was reopened {reopens} times though nothing was lost"
     );
-    assert_eq!(record.len(), KEYS as usize);
-    record.assert_applied_once();
 }
 
 /// Without a cap the server waits on a flow-control answer while the sink commits, and
@@ -1136,21 +1112,30 @@ async fn an_uncapped_feed_survives_a_sink_pause_of_five_seconds() {
     let value = Bytes::from(vec![b'x'; 1024]);
     put_keys_with(&store, KEYS, 256, |_| value.clone()).await;
     let bucket = KvBucket::new(client.clone(), "paused3").unwrap();
+    let reopens =
+        sync_through_slow_commits(&bucket, "paused3", KEYS, Duration::from_secs(5), 2).await;
+    assert_eq!(reopens, 0, "the feed was reopened {reopens} times");
+}
+
+/// Syncs `bucket` (holding `keys` keys) into a sink whose first `slow_commits` commits
+/// each take `pause`, checks the follower became ready at the bucket's head with every
+/// key applied once, and returns how often the feed was reopened.
+async fn sync_through_slow_commits(
+    bucket: &KvBucket,
+    name: &str,
+    keys: u32,
+    pause: Duration,
+    slow_commits: u32,
+) -> u64 {
     let head = bucket.watermark().await.unwrap();
     let record = Record::default();
     let sink = SlowCommits {
         inner: record.sink(),
-        pause: Duration::from_secs(5),
-        slow_commits: 2,
+        pause,
+        slow_commits,
     };
-    let handle = FollowerTask::new(
-        config("paused3"),
-        RawBytes,
-        bucket.clone(),
-        bucket.clone(),
-        sink,
-    )
-    .spawn();
+    let handle =
+        FollowerTask::new(config(name), RawBytes, bucket.clone(), bucket.clone(), sink).spawn();
     let mut status = handle.watch_status();
     let ready = tokio::time::timeout(Duration::from_secs(60), status.wait_for(|s| s.ready))
         .await
@@ -1159,13 +1144,9 @@ async fn an_uncapped_feed_survives_a_sink_pause_of_five_seconds() {
         .clone();
     let stopped = handle.stop_within(WAIT).await.unwrap();
     assert_eq!(ready.watermark, head);
-    assert_eq!(
-        stopped.counters.reopens, 0,
-        "the feed was reopened {} times",
-        stopped.counters.reopens
-    );
-    assert_eq!(record.len(), KEYS as usize);
+    assert_eq!(record.len(), keys as usize);
     record.assert_applied_once();
+    stopped.counters.reopens
 }
 
 /// Spends what is left of the task's coop budget, as a long turn of the follower task
