@@ -285,6 +285,10 @@ pub async fn source_reads_hold_keys_overwritten_meanwhile<S: Source>(s: &S, keys
         for _ in 0..3 {
             let snap = s.snapshot().await.unwrap();
             if snap.entries.len() != keys as usize {
+                let held: std::collections::BTreeSet<&str> =
+                    snap.entries.iter().map(|e| &*e.key).collect();
+                let missing = (0..keys).map(name).find(|k| !held.contains(k.as_str()));
+                eprintln!("a snapshot at {} misses {missing:?}", snap.watermark);
                 short.push(("snapshot", snap.watermark, snap.entries.len()));
             }
             let read = s.snapshot_parts((keys as usize / 7).max(1)).await.unwrap();
