@@ -316,30 +316,13 @@ impl Queue for SqliteQueue {
     }
 
     async fn ack(&self, lease: &Leased) -> Result<()> {
-        let (id, receipt, attempt) = (lease.id, lease.receipt, lease.attempt);
-        self.db
-            .write("queue", move |conn| {
-                let n = conn
-                    .prepare_cached(
-                        "UPDATE jobs SET state = ?2, lease_until = ?4
-                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?5",
-                    )
-                    .and_then(|mut s| {
-                        s.execute(params![
-                            to_i64(id.0),
-                            DONE,
-                            to_i64(receipt),
-                            now_ms(),
-                            attempt
-                        ])
-                    })
-                    .map_err(sql)?;
-                if n == 0 {
-                    return Err(lease_lost(id, receipt, attempt));
-                }
-                Ok(())
-            })
-            .await
+        self.on_held(
+            lease,
+            "UPDATE jobs SET state = 2, lease_until = ?3
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
+            Vec::new(),
+        )
+        .await
     }
 
     async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
