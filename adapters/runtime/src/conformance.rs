@@ -288,15 +288,18 @@ pub async fn source_reads_hold_keys_overwritten_meanwhile<S: Source>(s: &S, keys
                 let held: std::collections::BTreeSet<&str> =
                     snap.entries.iter().map(|e| &*e.key).collect();
                 let missing = (0..keys).map(name).find(|k| !held.contains(k.as_str()));
-                eprintln!("a snapshot at {} misses {missing:?}", snap.watermark);
-                short.push(("snapshot", snap.watermark, snap.entries.len()));
+                short.push(format!(
+                    "a snapshot at {} holds {} (first missing: {missing:?})",
+                    snap.watermark,
+                    snap.entries.len()
+                ));
             }
             let read = s.snapshot_parts((keys as usize / 7).max(1)).await.unwrap();
             let watermark = read.watermark;
             let parts: Vec<_> = read.parts.collect().await;
             let got: usize = parts.into_iter().map(|p| p.unwrap().len()).sum();
             if got != keys as usize {
-                short.push(("snapshot in parts", watermark, got));
+                short.push(format!("a snapshot in parts at {watermark} holds {got}"));
             }
             if let Changes::Since { entries, watermark } = s.changes_since(0).await.unwrap() {
                 // The latest change of each key decides whether it is there.
@@ -309,7 +312,7 @@ pub async fn source_reads_hold_keys_overwritten_meanwhile<S: Source>(s: &S, keys
                 }
                 let puts = latest.values().filter(|(_, op)| *op == Op::Put).count();
                 if puts != keys as usize {
-                    short.push(("changes since 0", watermark, puts));
+                    short.push(format!("the changes since 0 at {watermark} hold {puts}"));
                 }
             }
             tokio::task::yield_now().await;
@@ -321,7 +324,7 @@ pub async fn source_reads_hold_keys_overwritten_meanwhile<S: Source>(s: &S, keys
     assert!(writes > 0, "the writer overwrote keys while the reads ran");
     assert!(
         short.is_empty(),
-        "reads missing keys that existed throughout (read, watermark, keys of {keys}): {short:?}"
+        "reads missing keys that existed throughout, of {keys}: {short:?}"
     );
 }
 
