@@ -1,0 +1,21 @@
+//! tidemark-jetstream: every decision tidemark takes about what a NATS JetStream server
+//! says, as deterministic pieces with no I/O, no async and no clock.
+//!
+//! The NATS adapter (`tidemark-nats`) reads facts off the wire — a delivered message's
+//! stream and consumer sequences, its pending count and the server's timestamp; an idle
+//! heartbeat; a flow-control request; stream info; a listing page — and hands them to the
+//! pieces here, which say what they mean: deliver this, answer that, confirm with a read
+//! that cannot race, the replay is done at watermark W, the consumer stalled (reopen), the
+//! stream is a new history (reset), the value expires in D. The adapter carries the
+//! decision out. This is quinn-proto's split applied to an adapter: the pieces decide,
+//! the async code does.
+//!
+//! Time comes in as a value (nanoseconds), never read. The same facts give the same
+//! decisions, so property tests and the simulator replay any run.
+//!
+//! With the `model` feature, [`model`] is a model of a JetStream stream and its consumers
+//! that misbehaves as nats-server does (pending counts one low for a moment after an
+//! overwrite removes an undelivered revision, idle heartbeats, flow control, purges,
+//! `max_age`, a stream deleted and recreated, listings paged by offset, clocks that
+//! disagree); the property tests drive every piece against it.
+#![forbid(unsafe_code)]
