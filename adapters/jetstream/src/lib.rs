@@ -19,3 +19,14 @@
 //! `max_age`, a stream deleted and recreated, listings paged by offset, clocks that
 //! disagree); the property tests drive every piece against it.
 #![forbid(unsafe_code)]
+
+mod liveness;
+mod replay;
+mod stream;
+
+pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
+pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
+pub use stream::{
+    Created, FirstMoved, Identity, LastPresent, Reader, Retention, StreamState, first_available,
+    first_moved, head,
+};

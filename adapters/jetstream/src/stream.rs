@@ -1,0 +1,232 @@
+//! What stream info says, and what it means: the first seq a replay can serve, the head an
+//! initial sync must reach, whether a moved first sequence is compaction, and whether the
+//! stream is the one read before.
+
+/// A stream's state as its info reports it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamState {
+    /// Messages it holds.
+    pub messages: u64,
+    /// The seq of its first message (or, when empty, one past the last).
+    pub first_seq: u64,
+    /// The seq of the last message ever stored (which may be gone).
+    pub last_seq: u64,
+}
+
+/// The first seq a replay from the stream can still serve.
+#[must_use]
+pub fn first_available(state: &StreamState) -> u64 {
+    if state.messages == 0 {
+        state.last_seq + 1
+    } else {
+        state.first_seq.max(1)
+    }
+}
+
+/// What a read of the last message present (for the view's subjects) found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastPresent {
+    /// The last message present has this seq.
+    At(u64),
+    /// No message is present for the view's subjects.
+    None,
+}
+
+impl LastPresent {
+    /// Its seq, 0 when none.
+    #[must_use]
+    pub fn seq(self) -> u64 {
+        match self {
+            LastPresent::At(seq) => seq,
+            LastPresent::None => 0,
+        }
+    }
+}
+
+/// The head an initial sync must reach: the seq of the last message still present, which
+/// every replay delivers (0 if none). The stream's last sequence can name a message that
+/// is gone (a purged delete marker), which no replay would reach; so it is never the head
+/// on its own.
+#[must_use]
+pub fn head(state: &StreamState, last: LastPresent) -> u64 {
+    if state.messages == 0 { 0 } else { last.seq() }
+}
+
+/// How the stream's messages can leave it, from its config: what tells a first sequence
+/// that moved past a follower's watermark + 1 apart from compaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retention {
+    /// Revisions kept per subject (a KV bucket's history; 0: no per-subject limit).
+    pub per_subject: u64,
+    /// Whether any limit other than the per-subject one can drop a subject's latest
+    /// message: an age (`max_age`), a message or byte count, a message TTL.
+    pub drops_latest: bool,
+}
+
+/// What a first sequence above a follower's `from` means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstMoved {
+    /// Nothing the follower needs is gone: everything from `from` is still served (or the
+    /// messages below the first sequence were only older revisions of subjects that have
+    /// newer ones, which the replay from `from` delivers).
+    Served,
+    /// Something the follower needs may be gone: resync.
+    Compacted {
+        /// The first seq still served.
+        first_available: u64,
+    },
+}
+
+/// Whether a stream whose first available seq is `first` can still bring a follower up to
+/// date from `from` (its watermark + 1).
+///
+/// On a stream that keeps a bounded history per subject and has no other limit that can
+/// drop a subject's latest message, a message leaves only when a newer revision of its
+/// subject arrives: a first sequence that moved past `from` then says only that every
+/// subject written at or after `from` below it was written again, and the replay from
+/// `from` delivers those newer revisions. A history-1 bucket whose keys below the watermark
+/// were all rewritten is such a stream, and a warm restart there must not resync in full.
+/// A delete marker purged on purpose (`purge_deletes`) is the exception a first sequence
+/// cannot tell apart: the presence check finds the key it leaves behind.
+#[must_use]
+pub fn first_moved(from: u64, first: u64, last_seq: u64, retention: Retention) -> FirstMoved {
+    if first <= from || from > last_seq {
+        return FirstMoved::Served;
+    }
+    if retention.per_subject > 0 && !retention.drops_latest {
+        return FirstMoved::Served;
+    }
+    FirstMoved::Compacted {
+        first_available: first,
+    }
+}
+
+/// A stream's identity: when the server created it, in nanoseconds since the Unix epoch. A
+/// stream deleted and made again has another, and its seqs start again at 1.
+pub type Created = i128;
+
+/// The kinds of read that each report a new stream once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reader {
+    /// The feed.
+    Feed,
+    /// Changes since a seq.
+    Changes,
+    /// A snapshot.
+    Snapshot,
+}
+
+/// Which stream each kind of read last found, against the stream the handle saw when the
+/// reader was made: the first of each kind of read to find another one is told it is a
+/// new history.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Identity {
+    /// The stream the reader started from (the handle's latest when the reader was made).
+    start: Option<Created>,
+    feed: Option<Created>,
+    changes: Option<Created>,
+    snapshot: Option<Created>,
+}
+
+impl Identity {
+    /// A reader that starts from `start`, the stream its handle knows now (`None`: none
+    /// yet; the first stream found is then taken as the one it follows).
+    #[must_use]
+    pub fn starting_from(start: Option<Created>) -> Self {
+        Identity {
+            start,
+            ..Identity::default()
+        }
+    }
+
+    /// Whether `stream`, found by a read of kind `reader`, is not the one that kind of
+    /// read last found (or, before it found any, the one the reader started from): a new
+    /// history. It is taken as found, so each kind of read reports a new stream once.
+    pub fn is_new(&mut self, reader: Reader, stream: Created) -> bool {
+        let slot = match reader {
+            Reader::Feed => &mut self.feed,
+            Reader::Changes => &mut self.changes,
+            Reader::Snapshot => &mut self.snapshot,
+        };
+        let before = slot.or(self.start).unwrap_or(stream);
+        *slot = Some(stream);
+        before != stream
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H1: Retention = Retention {
+        per_subject: 1,
+        drops_latest: false,
+    };
+
+    #[test]
+    fn a_history_one_bucket_without_other_limits_serves_past_a_moved_first_sequence() {
+        assert_eq!(first_moved(11, 40, 60, H1), FirstMoved::Served);
+        let aged = Retention {
+            drops_latest: true,
+            ..H1
+        };
+        assert_eq!(
+            first_moved(11, 40, 60, aged),
+            FirstMoved::Compacted {
+                first_available: 40
+            },
+            "an age limit can drop a key's only revision: compaction"
+        );
+        let stream = Retention {
+            per_subject: 0,
+            drops_latest: false,
+        };
+        assert_eq!(
+            first_moved(11, 40, 60, stream),
+            FirstMoved::Compacted {
+                first_available: 40
+            },
+            "a stream without a per-subject limit lost messages to something else"
+        );
+        assert_eq!(first_moved(40, 40, 60, stream), FirstMoved::Served);
+        assert_eq!(first_moved(70, 80, 60, stream), FirstMoved::Served);
+    }
+
+    #[test]
+    fn each_kind_of_read_reports_a_new_stream_once() {
+        let mut id = Identity::starting_from(Some(1));
+        assert!(!id.is_new(Reader::Feed, 1));
+        assert!(id.is_new(Reader::Feed, 2));
+        assert!(!id.is_new(Reader::Feed, 2));
+        assert!(
+            id.is_new(Reader::Snapshot, 2),
+            "the snapshot had not seen it"
+        );
+        let mut fresh = Identity::starting_from(Some(2));
+        assert!(
+            !fresh.is_new(Reader::Changes, 2),
+            "a reader made after the recreate follows the new stream"
+        );
+        let mut blank = Identity::starting_from(None);
+        assert!(!blank.is_new(Reader::Feed, 9));
+        assert!(blank.is_new(Reader::Feed, 10));
+    }
+
+    #[test]
+    fn the_head_is_the_last_present_message() {
+        let state = StreamState {
+            messages: 3,
+            first_seq: 4,
+            last_seq: 9,
+        };
+        assert_eq!(head(&state, LastPresent::At(7)), 7);
+        assert_eq!(head(&StreamState::default(), LastPresent::At(7)), 0);
+        assert_eq!(first_available(&state), 4);
+        let empty = StreamState {
+            messages: 0,
+            first_seq: 10,
+            last_seq: 9,
+        };
+        assert_eq!(first_available(&empty), 10);
+    }
+}
