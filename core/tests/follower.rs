@@ -31,6 +31,32 @@ fn ready_only_after_the_initial_sync_reaches_the_head() {
 }
 
 #[test]
+fn a_raised_head_keeps_the_initial_sync_going_until_it_is_reached() {
+    let mut h = H::new();
+    h.open(FeedInfo::kv(1, 3));
+    assert!(!is_ready(&h.put(1, "a", "1")));
+    // A read that cannot race found the source past the head the feed opened at: a key
+    // overwritten during the sync is only above it.
+    let token = h.feed.expect("a feed is open");
+    let outs = h.input(Input::FeedHead { token, head: 5 });
+    assert!(!is_ready(&outs));
+    assert!(
+        !is_ready(&h.put(3, "c", "3")),
+        "the old head is not complete: a key overwritten meanwhile is above it"
+    );
+    let outs = h.put(5, "b", "2");
+    assert!(is_ready(&outs), "ready once the raised head is reached");
+    assert_eq!(
+        outs.last(),
+        Some(&Output::Notice(Notice::Ready { watermark: 5 }))
+    );
+    let token = h.feed.expect("a feed is open");
+    let outs = h.input(Input::FeedHead { token, head: 9 });
+    assert!(outs.is_empty(), "a head raised after ready changes nothing");
+    assert_eq!(h.f.phase(), Phase::Live);
+}
+
+#[test]
 fn an_empty_source_becomes_ready_without_any_entry() {
     let mut h = H::new();
     let outs = h.open(gapless(0));

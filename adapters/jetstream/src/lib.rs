@@ -26,7 +26,4 @@ mod stream;
 
 pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
-pub use stream::{
-    Created, FirstMoved, Identity, LastPresent, Reader, Retention, StreamState, first_available,
-    first_moved, head,
-};
+pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_available, head};

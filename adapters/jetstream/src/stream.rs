@@ -52,55 +52,6 @@ pub fn head(state: &StreamState, last: LastPresent) -> u64 {
     if state.messages == 0 { 0 } else { last.seq() }
 }
 
-/// How the stream's messages can leave it, from its config: what tells a first sequence
-/// that moved past a follower's watermark + 1 apart from compaction.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Retention {
-    /// Revisions kept per subject (a KV bucket's history; 0: no per-subject limit).
-    pub per_subject: u64,
-    /// Whether any limit other than the per-subject one can drop a subject's latest
-    /// message: an age (`max_age`), a message or byte count, a message TTL.
-    pub drops_latest: bool,
-}
-
-/// What a first sequence above a follower's `from` means.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FirstMoved {
-    /// Nothing the follower needs is gone: everything from `from` is still served (or the
-    /// messages below the first sequence were only older revisions of subjects that have
-    /// newer ones, which the replay from `from` delivers).
-    Served,
-    /// Something the follower needs may be gone: resync.
-    Compacted {
-        /// The first seq still served.
-        first_available: u64,
-    },
-}
-
-/// Whether a stream whose first available seq is `first` can still bring a follower up to
-/// date from `from` (its watermark + 1).
-///
-/// On a stream that keeps a bounded history per subject and has no other limit that can
-/// drop a subject's latest message, a message leaves only when a newer revision of its
-/// subject arrives: a first sequence that moved past `from` then says only that every
-/// subject written at or after `from` below it was written again, and the replay from
-/// `from` delivers those newer revisions. A history-1 bucket whose keys below the watermark
-/// were all rewritten is such a stream, and a warm restart there must not resync in full.
-/// A delete marker purged on purpose (`purge_deletes`) is the exception a first sequence
-/// cannot tell apart: the presence check finds the key it leaves behind.
-#[must_use]
-pub fn first_moved(from: u64, first: u64, last_seq: u64, retention: Retention) -> FirstMoved {
-    if first <= from || from > last_seq {
-        return FirstMoved::Served;
-    }
-    if retention.per_subject > 0 && !retention.drops_latest {
-        return FirstMoved::Served;
-    }
-    FirstMoved::Compacted {
-        first_available: first,
-    }
-}
-
 /// A stream's identity: when the server created it, in nanoseconds since the Unix epoch. A
 /// stream deleted and made again has another, and its seqs start again at 1.
 pub type Created = i128;
@@ -157,40 +108,6 @@ impl Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    const H1: Retention = Retention {
-        per_subject: 1,
-        drops_latest: false,
-    };
-
-    #[test]
-    fn a_history_one_bucket_without_other_limits_serves_past_a_moved_first_sequence() {
-        assert_eq!(first_moved(11, 40, 60, H1), FirstMoved::Served);
-        let aged = Retention {
-            drops_latest: true,
-            ..H1
-        };
-        assert_eq!(
-            first_moved(11, 40, 60, aged),
-            FirstMoved::Compacted {
-                first_available: 40
-            },
-            "an age limit can drop a key's only revision: compaction"
-        );
-        let stream = Retention {
-            per_subject: 0,
-            drops_latest: false,
-        };
-        assert_eq!(
-            first_moved(11, 40, 60, stream),
-            FirstMoved::Compacted {
-                first_available: 40
-            },
-            "a stream without a per-subject limit lost messages to something else"
-        );
-        assert_eq!(first_moved(40, 40, 60, stream), FirstMoved::Served);
-        assert_eq!(first_moved(70, 80, 60, stream), FirstMoved::Served);
-    }
 
     #[test]
     fn each_kind_of_read_reports_a_new_stream_once() {

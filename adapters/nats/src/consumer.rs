@@ -20,10 +20,14 @@ use tidemark::Result;
 use tokio::sync::mpsc;
 use tracing::debug;
 
+use tidemark_jetstream::{Failure, Heard, Liveness, Sent};
+
 use crate::error::unavailable;
 
 /// How often an idle consumer proves it is alive. Three missed in a row end the stream.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
+/// [`HEARTBEAT`] in nanoseconds, as [`Liveness`] takes it.
+const HEARTBEAT_NS: u64 = 1_000_000_000;
 /// How long the server keeps a consumer nobody listens to (a crashed process's).
 const INACTIVE: Duration = Duration::from_secs(10);
 /// How long the server waits for an acknowledgement of a capped consumer before it counts
@@ -32,33 +36,12 @@ const INACTIVE: Duration = Duration::from_secs(10);
 const ACK_WAIT: Duration = Duration::from_secs(120);
 /// How often the reader looks at the connection while waiting.
 const TICK: Duration = Duration::from_millis(250);
-/// Stalled-consumer heartbeats in a row (no message between them) before the reader gives
-/// up on the consumer: one per heartbeat interval, so about this many seconds. Only those
-/// the server sent after it had the reader's answer count (see [`Sent`]).
-const MAX_STALLS: u32 = 3;
-
-/// What the reader had sent the server when a batch of deliveries arrived: the pump reads
-/// it off [`Replies`] as it takes each batch off the client.
-///
-/// A heartbeat says how the server stood when it sent it, and the server sends one only a
-/// heartbeat interval after it last sent a message or heartbeat. Whatever the reader had
-/// sent when that previous message arrived had reached the server by then, as long as a
-/// round trip (and the pump's lag behind the client) is shorter than the interval — what
-/// missed heartbeats assume already. So the reader judges a heartbeat by the `Sent` of the
-/// message before it: by what the server surely had, not by what the reader sent since.
-/// A reader its caller left alone for a while (a sink committing) then finds the
-/// heartbeats the server sent meanwhile for what they are — it was waiting on the reader
-/// — and not "nothing more to send" nor "stalled" after the reader answered.
-#[derive(Clone, Copy, Debug, Default)]
-struct Sent {
-    /// The consumer sequence acknowledged last (all up to it: the consumer acks all).
-    acked: u64,
-    /// Flow-control answers sent so far.
-    answers: u64,
-}
+/// [`TICK`] in nanoseconds.
+const TICK_NS: u64 = 250_000_000;
 
 /// [`Sent`] as the reader updates it once a reply is handed to the client, shared with
-/// the pump.
+/// the pump, which stamps each batch it takes off the client with it (what the server
+/// surely had when the heartbeat after that batch was sent: see [`Sent`]).
 #[derive(Debug, Default)]
 struct Replies {
     acked: AtomicU64,
@@ -118,47 +101,29 @@ pub(crate) struct PushReader {
     delivered: mpsc::UnboundedReceiver<(Sent, Vec<Message>)>,
     /// The rest of the batch being read.
     batch: std::vec::IntoIter<Message>,
-    /// What the reader had sent when that batch arrived.
-    batch_sent: Sent,
-    /// The same for the last message or heartbeat read: what the server had when it sent
-    /// the heartbeat that follows (see [`Sent`]).
-    before: Sent,
-    /// What the reader sent, kept up to date as replies go out.
+    /// What the reader sent, kept up to date as replies go out, for the pump.
     replies: Arc<Replies>,
-    /// The flow-control request answered last, and the count of answers that first answer
-    /// made: a stalled heartbeat naming it that the server sent once it had the answer
-    /// says the answer was lost.
-    answered: Option<(async_nats::Subject, u64)>,
-    /// With a cap: the server's `max_ack_pending`.
-    cap: Option<u64>,
+    /// What every message, heartbeat and tick means: the decisions of this reader.
+    liveness: Liveness,
     pump: tokio::task::JoinHandle<()>,
     stream: String,
     consumer: String,
-    last_consumer_seq: u64,
     connects: u64,
-    idle_limit: Duration,
-    since_traffic: Duration,
     /// One timer for the whole subscription, checked every TICK: arming a fresh timeout
     /// for every message cost a timer registration per entry on the initial sync's hot
     /// path.
     tick: std::pin::Pin<Box<tokio::time::Sleep>>,
-    /// Whether anything arrived since the tick last fired.
-    traffic: bool,
-    /// Stalled-consumer heartbeats since the last message.
-    stalls: u32,
     /// Replies owed to the server (flow-control answers, acknowledgements), sent before
     /// the next message is taken. [`next`](PushReader::next) awaits nothing once it holds
     /// a message: a caller may drop it at any await (the follower polls it once to fill a
     /// turn), and a message taken by a dropped call would be lost — a flow-control
     /// request's answer lost so stalls delivery until the next heartbeat.
     owed: std::collections::VecDeque<Reply>,
-    /// With a cap: every this many consumer sequences the reader acknowledges what it
-    /// read (all up to there: the consumer acks all), which lets the server deliver that
-    /// many more.
-    ack_every: Option<u64>,
-    /// The ack subject and consumer sequence of the last message read, while it is not
-    /// acknowledged.
-    unacked: Option<(async_nats::Subject, u64)>,
+    /// With a cap: the ack subject and consumer sequence of the last message read, which
+    /// an acknowledgement [`Liveness`] asks for names.
+    last_read: Option<(async_nats::Subject, u64)>,
+    /// Whether the consumer has a cap (and so acknowledgements).
+    capped: bool,
 }
 
 impl std::fmt::Debug for PushReader {
@@ -166,7 +131,7 @@ impl std::fmt::Debug for PushReader {
         f.debug_struct("PushReader")
             .field("stream", &self.stream)
             .field("consumer", &self.consumer)
-            .field("last_consumer_seq", &self.last_consumer_seq)
+            .field("last_consumer_seq", &self.liveness.last_consumer_seq())
             .finish_non_exhaustive()
     }
 }
@@ -231,29 +196,23 @@ impl PushReader {
             context: context.clone(),
             delivered,
             batch: Vec::new().into_iter(),
-            batch_sent: Sent::default(),
-            before: Sent::default(),
             pump: tokio::spawn(pump(subscriber, tx, Arc::clone(&replies))),
             replies,
-            answered: None,
-            cap: max_in_flight.map(|m| m.max(1) as u64),
+            liveness: Liveness::new(HEARTBEAT_NS, max_in_flight.map(|m| m.max(1) as u64)),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
-            last_consumer_seq: 0,
             connects,
-            idle_limit: HEARTBEAT * 3,
-            since_traffic: Duration::ZERO,
             tick: Box::pin(tokio::time::sleep(TICK)),
-            traffic: false,
-            stalls: 0,
             owed: std::collections::VecDeque::new(),
-            ack_every: max_in_flight.map(|m| (m as u64 / 4).max(1)),
-            unacked: None,
+            last_read: None,
+            capped: max_in_flight.is_some(),
         })
     }
 
     /// The next message or idle heartbeat; an error when the consumer can no longer be
     /// trusted to deliver every message in order; `None` if the subscription closed.
+    /// What each thing the server sent means is [`Liveness`]'s to say; this only reads
+    /// and replies.
     pub(crate) async fn next(&mut self, port: &'static str) -> Option<Result<Seen>> {
         loop {
             // Cancel-safe: a reply leaves the list only once the client took it.
@@ -264,16 +223,17 @@ impl PushReader {
                 if let Err(e) = self.client.publish(subject.clone(), Bytes::new()).await {
                     debug!(consumer = %self.consumer, error = %e, "reply to the server failed");
                 }
-                let sent = self.owed.pop_front();
-                self.sent(sent);
+                if let Some(sent) = self.owed.pop_front() {
+                    self.sent(&sent);
+                }
             }
             let message = if let Some(message) = self.batch.next() {
                 message
             } else {
                 // The connection is looked at once per batch (and every tick): a batch
                 // arrived in one piece, and a reconnect shows before the next.
-                if let Err(e) = self.check_connection(port) {
-                    return Some(Err(e));
+                if let Err(e) = self.check_connection() {
+                    return Some(Err(self.failed(port, &e)));
                 }
                 let next = tokio::select! {
                     biased;
@@ -283,114 +243,66 @@ impl PushReader {
                 match next {
                     Some(Some((sent, batch))) => {
                         self.batch = batch.into_iter();
-                        self.batch_sent = sent;
+                        self.liveness.on_batch(sent);
                         continue;
                     }
                     Some(None) => return None,
                     None => {
                         self.tick.as_mut().reset(tokio::time::Instant::now() + TICK);
-                        if std::mem::take(&mut self.traffic) {
-                            self.since_traffic = Duration::ZERO;
-                        } else {
-                            self.since_traffic += TICK;
-                        }
-                        if let Err(e) = self.check_connection(port) {
-                            return Some(Err(e));
-                        }
-                        if self.since_traffic >= self.idle_limit {
-                            return Some(Err(unavailable(
-                                port,
-                                format!("consumer {} missed its heartbeats", self.consumer),
-                            )));
+                        let judged = self
+                            .check_connection()
+                            .and_then(|()| self.liveness.on_tick(TICK_NS));
+                        if let Err(e) = judged {
+                            return Some(Err(self.failed(port, &e)));
                         }
                         continue;
                     }
                 }
             };
-            self.traffic = true;
-            self.since_traffic = Duration::ZERO;
             match message.status {
                 Some(StatusCode::IDLE_HEARTBEAT) => {
                     if let Some(reply) = message.reply {
                         // A flow-control request: answer it or delivery stops.
+                        self.liveness.on_flow_control();
                         self.owed.push_back(Reply::Answer(reply));
                         continue;
                     }
-                    // What the server surely had when it sent this heartbeat, and what it
-                    // has for the next one.
-                    let before = std::mem::replace(&mut self.before, self.batch_sent);
-                    // Everything delivered before a heartbeat arrived before it: the last
-                    // consumer sequence it names must be the one we read.
-                    let last = message
-                        .headers
-                        .as_ref()
+                    let headers = message.headers.as_ref();
+                    let last = headers
                         .and_then(|h| h.get_last(async_nats::header::NATS_LAST_CONSUMER))
                         .and_then(|v| v.as_str().parse::<u64>().ok());
-                    if let Some(last) = last
-                        && last != self.last_consumer_seq
-                    {
-                        return Some(Err(unavailable(
-                            port,
-                            format!(
-                                "consumer {} delivered up to {last} but {} arrived",
-                                self.consumer, self.last_consumer_seq
-                            ),
-                        )));
-                    }
-                    if let Some(stalled) = message
-                        .headers
-                        .as_ref()
+                    let stalled = headers
                         .and_then(|h| h.get("Nats-Consumer-Stalled"))
-                    {
-                        // The server waits for a flow-control answer (this is not "nothing
-                        // more to send"). Sent before it had the reader's answer (the
-                        // reader was not reading: its caller paused), it says nothing:
-                        // read on.
-                        if let Some((answered, count)) = &self.answered
-                            && answered.as_str() == stalled.as_str()
-                            && before.answers < *count
-                        {
-                            debug!(consumer = %self.consumer, "stalled heartbeat sent before the answer arrived");
-                            continue;
-                        }
-                        // It missed the answer: answer and read on. If answers keep getting
-                        // lost, give up and let the follower reopen.
-                        self.stalls += 1;
-                        debug!(consumer = %self.consumer, stalls = self.stalls, "consumer stalled waiting for a flow-control answer; answering");
-                        if self.stalls > MAX_STALLS {
-                            return Some(Err(unavailable(
-                                port,
-                                format!("consumer {} stays stalled", self.consumer),
-                            )));
-                        }
-                        self.owed.push_back(Reply::Answer(stalled.as_str().into()));
-                        continue;
+                        .map(async_nats::HeaderValue::as_str);
+                    let beat = match self.liveness.on_heartbeat(last, stalled) {
+                        Ok(beat) => beat,
+                        Err(e) => return Some(Err(self.failed(port, &e))),
+                    };
+                    if beat.ack {
+                        self.owed.extend(
+                            self.last_read
+                                .clone()
+                                .map(|(subject, seq)| Reply::Ack(subject, seq)),
+                        );
                     }
-                    // A capped consumer acknowledges the rest of what was read: so no
-                    // message it read is left to expire, and so a server the cap held
-                    // back delivers on.
-                    self.owed
-                        .extend(self.unacked.take().map(|(s, seq)| Reply::Ack(s, seq)));
-                    if let Some(cap) = self.cap
-                        && self.last_consumer_seq.saturating_sub(before.acked) >= cap
-                    {
-                        // As far as the server knew when it sent this, the cap was full: it
-                        // was waiting on the reader (its caller paused), not out of
-                        // messages.
-                        debug!(consumer = %self.consumer, "idle heartbeat sent while the cap held the server back");
-                        continue;
+                    match beat.heard {
+                        Heard::Idle => return Some(Ok(Seen::Idle)),
+                        Heard::Skip => {
+                            debug!(consumer = %self.consumer, "a heartbeat sent while the server waited on the reader");
+                        }
+                        Heard::Answer(subject) => {
+                            debug!(consumer = %self.consumer, "consumer stalled waiting for a flow-control answer; answering");
+                            self.owed.push_back(Reply::Answer(subject.into()));
+                        }
                     }
-                    // Nothing more to send now.
-                    return Some(Ok(Seen::Idle));
+                    continue;
                 }
                 Some(status) => {
+                    let e = Failure::Status(status.as_u16());
+                    let why = message.description.as_deref().unwrap_or("");
                     return Some(Err(unavailable(
                         port,
-                        format!(
-                            "consumer {}: status {status} {}",
-                            self.consumer,
-                            message.description.as_deref().unwrap_or("")
-                        ),
+                        format!("consumer {}: {e} {why}", self.consumer),
                     )));
                 }
                 None => {}
@@ -398,28 +310,20 @@ impl PushReader {
             let Some((seq, consumer_seq, pending, published_ns)) =
                 message.reply.as_deref().and_then(parse_ack)
             else {
-                return Some(Err(unavailable(
-                    port,
-                    format!("consumer {}: a message without metadata", self.consumer),
-                )));
+                return Some(Err(self.failed(port, &Failure::NoMetadata)));
             };
-            if consumer_seq != self.last_consumer_seq + 1 {
-                return Some(Err(unavailable(
-                    port,
-                    format!(
-                        "consumer {} skipped from {} to {consumer_seq}",
-                        self.consumer, self.last_consumer_seq
-                    ),
-                )));
-            }
-            self.last_consumer_seq = consumer_seq;
-            self.before = self.batch_sent;
-            self.stalls = 0;
-            if let Some(every) = self.ack_every {
-                self.unacked = message.reply.map(|s| (s, consumer_seq));
-                if consumer_seq % every == 0 {
-                    self.owed
-                        .extend(self.unacked.take().map(|(s, seq)| Reply::Ack(s, seq)));
+            let ack = match self.liveness.on_message(consumer_seq) {
+                Ok(ack) => ack,
+                Err(e) => return Some(Err(self.failed(port, &e))),
+            };
+            if self.capped {
+                self.last_read = message.reply.map(|s| (s, consumer_seq));
+                if ack {
+                    self.owed.extend(
+                        self.last_read
+                            .clone()
+                            .map(|(subject, seq)| Reply::Ack(subject, seq)),
+                    );
                 }
             }
             return Some(Ok(Seen::Message(Delivered {
@@ -433,33 +337,30 @@ impl PushReader {
         }
     }
 
-    /// Notes a reply the client took in what the pump stamps on the batches that follow.
-    fn sent(&mut self, reply: Option<Reply>) {
-        match reply {
-            Some(Reply::Ack(_, seq)) => self.replies.acked.store(seq, Ordering::Release),
-            Some(Reply::Answer(subject)) => {
-                let count = self.replies.answers.load(Ordering::Relaxed) + 1;
-                self.replies.answers.store(count, Ordering::Release);
-                if self.answered.as_ref().is_none_or(|(s, _)| *s != subject) {
-                    self.answered = Some((subject, count));
-                }
-            }
-            None => {}
-        }
+    /// Notes a reply the client took: in [`Liveness`], and in what the pump stamps on the
+    /// batches that follow.
+    fn sent(&mut self, reply: &Reply) {
+        let sent = match reply {
+            Reply::Ack(_, seq) => self.liveness.on_sent(tidemark_jetstream::Reply::Ack(*seq)),
+            Reply::Answer(subject) => self
+                .liveness
+                .on_sent(tidemark_jetstream::Reply::Answer(subject.as_str())),
+        };
+        self.replies.acked.store(sent.acked, Ordering::Release);
+        self.replies.answers.store(sent.answers, Ordering::Release);
     }
 
-    fn check_connection(&self, port: &'static str) -> Result<()> {
+    fn failed(&self, port: &'static str, failure: &Failure) -> tidemark::Error {
+        unavailable(port, format!("consumer {}: {failure}", self.consumer))
+    }
+
+    fn check_connection(&self) -> std::result::Result<(), Failure> {
         let connects = self
             .statistics
             .connects
             .load(std::sync::atomic::Ordering::Relaxed);
-        if connects != self.connects {
-            return Err(unavailable(port, "reconnected: the consumer may be gone"));
-        }
-        if self.client.connection_state() != State::Connected {
-            return Err(unavailable(port, "disconnected from the server"));
-        }
-        Ok(())
+        let connected = self.client.connection_state() == State::Connected;
+        tidemark_jetstream::connection(self.connects, connects, connected)
     }
 }
 

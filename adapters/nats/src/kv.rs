@@ -18,6 +18,10 @@ use tidemark::{
 use tokio::sync::Mutex;
 use tracing::{debug, warn};
 
+use tidemark_jetstream::{
+    Confirmed, Created, Gate, Identity, LastPresent, Reader, ReadyGate, Replay, Step, StreamState,
+};
+
 use crate::consumer::{Delivered, PushReader, Seen};
 use crate::error::{check_key, check_name, check_prefix, unavailable};
 
@@ -78,19 +82,20 @@ pub struct KvBucket {
     prefix: Option<KeyPrefix>,
     max_in_flight: Option<usize>,
     /// The streams this clone's reads last found; each clone has its own.
-    held: Arc<std::sync::Mutex<Held>>,
+    identity: Arc<std::sync::Mutex<Identity>>,
 }
 
-/// A clone is another reader: it starts from the stream the handle first saw, never from
-/// what this one's reads found, so two followers on clones of one handle are each told of
-/// a new stream.
+/// A clone is another reader: it starts from the stream the handle knows now (the one
+/// any of its reads found last), never from what this clone's reads go on to find, so two
+/// followers on clones of one handle are each told of a new stream, and a clone made
+/// after a recreate that the handle has seen follows the new stream from the start.
 impl Clone for KvBucket {
     fn clone(&self) -> Self {
         KvBucket {
             inner: Arc::clone(&self.inner),
             prefix: self.prefix.clone(),
             max_in_flight: self.max_in_flight,
-            held: Arc::default(),
+            identity: self.inner.reader(),
         }
     }
 }
@@ -101,33 +106,20 @@ struct Inner {
     bucket: String,
     store: Mutex<Option<kv::Store>>,
     read: AtomicU64,
-    /// The stream the handle first saw.
-    first: std::sync::Mutex<Option<Created>>,
+    /// The stream the handle's reads found last.
+    latest: std::sync::Mutex<Option<Created>>,
 }
 
-/// A stream's identity: when the server created it, in nanoseconds since the Unix epoch.
-/// A bucket deleted and made again has another, and its revisions start again at 1.
-type Created = i128;
+impl Inner {
+    /// A new reader's identity: it starts from the stream the handle knows now.
+    fn reader(&self) -> Arc<std::sync::Mutex<Identity>> {
+        let latest = *self.latest.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::new(std::sync::Mutex::new(Identity::starting_from(latest)))
+    }
+}
 
 fn created(info: &jetstream::stream::Info) -> Created {
     info.created.unix_timestamp_nanos()
-}
-
-/// The stream each kind of read of one clone last found (`None`: none yet, which stands
-/// for the stream the handle first saw).
-#[derive(Debug, Default)]
-struct Held {
-    feed: Option<Created>,
-    changes: Option<Created>,
-    snapshot: Option<Created>,
-}
-
-/// A kind of read that reports a new stream once.
-#[derive(Clone, Copy, Debug)]
-enum Reader {
-    Feed,
-    Changes,
-    Snapshot,
 }
 
 impl std::fmt::Debug for KvBucket {
@@ -169,11 +161,11 @@ impl KvBucket {
                 bucket,
                 store: Mutex::new(None),
                 read: AtomicU64::new(0),
-                first: std::sync::Mutex::new(None),
+                latest: std::sync::Mutex::new(None),
             }),
             prefix: None,
             max_in_flight: None,
-            held: Arc::default(),
+            identity: Arc::new(std::sync::Mutex::new(Identity::starting_from(None))),
         })
     }
 
@@ -213,7 +205,7 @@ impl KvBucket {
             inner: Arc::clone(&self.inner),
             prefix: Some(check_prefix(prefix)?),
             max_in_flight: self.max_in_flight,
-            held: Arc::default(),
+            identity: self.inner.reader(),
         })
     }
 
@@ -263,26 +255,17 @@ impl KvBucket {
         Ok(store)
     }
 
-    /// Notes the stream found, if the handle saw none before.
+    /// Notes the stream a read found: what the handle knows now.
     fn saw(&self, stream: Created) {
-        let mut first = self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
-        first.get_or_insert(stream);
+        *self.inner.latest.lock().unwrap_or_else(|e| e.into_inner()) = Some(stream);
     }
 
     /// Whether `stream` is not the one `reader` last found on this clone (or, before it
-    /// found any, the one the handle first saw): a new history. It is taken as found, so
-    /// each kind of read reports a new stream once.
+    /// found any, the one the clone started from): a new history, reported once per kind
+    /// of read ([`Identity`] decides).
     fn new_stream(&self, reader: Reader, stream: Created) -> bool {
-        let first = *self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = match reader {
-            Reader::Feed => &mut held.feed,
-            Reader::Changes => &mut held.changes,
-            Reader::Snapshot => &mut held.snapshot,
-        };
-        let before = slot.or(first).unwrap_or(stream);
-        *slot = Some(stream);
-        if before == stream {
+        let mut identity = self.identity.lock().unwrap_or_else(|e| e.into_inner());
+        if !identity.is_new(reader, stream) {
             return false;
         }
         warn!(
@@ -331,49 +314,40 @@ impl KvBucket {
         format!("{}{within}>", store.prefix)
     }
 
-    /// The seq of the last message still in the stream (0 if none): every replay delivers
-    /// it, so an initial sync that reached it is complete. The stream's last sequence can
-    /// name a message that is gone (a purged delete marker), which no replay would reach.
+    /// The head an initial sync must reach ([`tidemark_jetstream::head`]): the seq of the
+    /// last message still in the stream for this view (0 if none).
     async fn head(&self, store: &kv::Store, state: &State, port: &'static str) -> Result<u64> {
         if state.messages == 0 {
             return Ok(0);
         }
-        match store
-            .stream
-            .get_last_raw_message_by_subject(&self.filter(store))
-            .await
-        {
-            Ok(message) => Ok(message.sequence),
-            Err(e) => {
-                debug!(bucket = %self.inner.bucket, error = %e, "last message lookup failed; using the stream's last sequence");
-                if e.kind()
-                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound
-                {
-                    Ok(0)
-                } else {
-                    Err(unavailable(port, e))
-                }
-            }
-        }
+        let last = self.last_present(store, port).await?;
+        Ok(tidemark_jetstream::head(&facts(state), last))
     }
 
-    /// Replays the bucket with `deliver` until the last message present arrived and the
-    /// consumer caught up; returns the entries and the stream's state and identity read
-    /// once the consumer existed. The entries are then every mutation up to the last one delivered
-    /// (or the latest per key): on a bucket keeping one revision per key, a key overwritten
-    /// during the read loses the revision the consumer had not delivered yet, and only its
-    /// new one, which may come after the head read at the start, stands for it.
+    /// The last message present now for this view's subjects ([`last_present`]).
+    async fn last_present(&self, store: &kv::Store, port: &'static str) -> Result<LastPresent> {
+        last_present(store, &self.filter(store), port).await
+    }
+
+    /// Replays the bucket with `deliver`, handing each entry to `take`, until a read
+    /// that cannot race confirms that nothing present is above what was delivered
+    /// ([`Replay`] decides: never on the consumer's pending count alone). Returns the
+    /// stream's state and identity read once the consumer existed, and the highest seq
+    /// delivered. The entries are every mutation up to the last one delivered (or the
+    /// latest per key): on a bucket keeping one revision per key, a key overwritten during
+    /// the read loses the revision the consumer had not delivered yet, and only its new
+    /// one, which may come after the head read at the start, stands for it.
     async fn replay(
         &self,
         store: &kv::Store,
         deliver: DeliverPolicy,
         port: &'static str,
-    ) -> Result<(Vec<Entry>, State, Created)> {
+        mut take: impl FnMut(Entry),
+    ) -> Result<(State, Created, u64)> {
         let from = match deliver {
             DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
             _ => 1,
         };
-        let mut out = Vec::new();
         let mut reader = PushReader::open(
             &self.inner.client,
             &self.inner.context,
@@ -387,38 +361,35 @@ impl KvBucket {
         let (store, info, stream) = self.info(port).await?;
         let (max_age, state) = (silent_max_age(&info.config), info.state);
         let head = self.head(&store, &state, port).await?;
-        if head < from {
-            // Nothing this consumer could deliver (an empty bucket, or nothing left after
-            // the start).
-            return Ok((out, state, stream));
-        }
-        let mut reached = false;
+        let mut replay = Replay::new(from, head);
+        let mut step = replay.start();
         loop {
-            match reader.next(port).await {
-                None => return Err(unavailable(port, "replay subscription closed")),
-                Some(Err(e)) => return Err(e),
-                // Past the head, quiet means caught up.
-                Some(Ok(Seen::Idle)) if reached => return Ok((out, state, stream)),
-                Some(Ok(Seen::Idle)) => {
-                    return Err(unavailable(port, "replay stalled below the stream's head"));
+            match step {
+                Step::Done { through } => return Ok((state, stream, through)),
+                Step::Stalled { seen, head } => {
+                    return Err(unavailable(
+                        port,
+                        format!("replay stalled at {seen} below the stream's last message {head}"),
+                    ));
                 }
-                Some(Ok(Seen::Message(d))) => {
-                    let (seq, pending) = (d.seq, d.pending);
-                    if out.is_empty() {
-                        // The first message says how many follow: room for them at once,
-                        // not a doubling that ends with up to half the room unused.
-                        out.reserve(usize::try_from(pending).map_or(1, |p| p.min(1 << 22) + 1));
-                    }
-                    if let FeedItem::Entry(mut e) = to_item(&store.prefix, d, max_age) {
-                        e.pending = None;
-                        out.push(e);
-                    }
-                    reached |= seq >= head;
-                    // Not done at the head: a key overwritten after the head was read,
-                    // before its old revision was delivered, is only in what follows.
-                    if reached && pending == 0 {
-                        return Ok((out, state, stream));
-                    }
+                Step::Confirm => {
+                    let last = self.last_present(&store, port).await?;
+                    step = replay.on_confirmed(last.seq());
+                }
+                Step::Read => {
+                    step = match reader.next(port).await {
+                        None => return Err(unavailable(port, "replay subscription closed")),
+                        Some(Err(e)) => return Err(e),
+                        Some(Ok(Seen::Idle)) => replay.on_idle(),
+                        Some(Ok(Seen::Message(d))) => {
+                            let (seq, pending) = (d.seq, d.pending);
+                            if let FeedItem::Entry(mut e) = to_item(&store.prefix, d, max_age) {
+                                e.pending = None;
+                                take(e);
+                            }
+                            replay.on_message(seq, pending)
+                        }
+                    };
                 }
             }
         }
@@ -473,13 +444,36 @@ impl KvBucket {
     }
 }
 
+/// The last message present now for the subjects `filter`: a read that cannot race (the
+/// server answers from the stream as it is, not from a count it keeps).
+async fn last_present(store: &kv::Store, filter: &str, port: &'static str) -> Result<LastPresent> {
+    match store.stream.get_last_raw_message_by_subject(filter).await {
+        Ok(message) => Ok(LastPresent::At(message.sequence)),
+        Err(e)
+            if e.kind()
+                == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+        {
+            Ok(LastPresent::None)
+        }
+        Err(e) => {
+            debug!(error = %e, "last message lookup failed");
+            Err(unavailable(port, e))
+        }
+    }
+}
+
+/// What stream info says of the stream's contents, as the decisions take it.
+fn facts(state: &State) -> StreamState {
+    StreamState {
+        messages: state.messages,
+        first_seq: state.first_sequence,
+        last_seq: state.last_sequence,
+    }
+}
+
 /// The first seq a replay from the stream can still serve.
 fn first_available(state: &State) -> u64 {
-    if state.messages == 0 {
-        state.last_sequence + 1
-    } else {
-        state.first_sequence.max(1)
-    }
+    tidemark_jetstream::first_available(&facts(state))
 }
 
 /// What a KV message's headers say happened to its key.
@@ -652,30 +646,34 @@ impl Source for KvBucket {
     }
 
     async fn changes_since(&self, since: u64) -> Result<Changes> {
-        let (store, state, stream) = self.state("source").await?;
-        let first = first_available(&state);
+        let (store, info, stream) = self.info("source").await?;
+        let state = &info.state;
         if self.new_stream(Reader::Changes, stream) && since > 0 {
             // The seq `since` is another stream's: nothing since it can be served.
             return Ok(Changes::Compacted {
-                first_available: first,
+                first_available: first_available(state),
             });
         }
+        let first = first_available(state);
         if since.saturating_add(1) < first && since < state.last_sequence {
             return Ok(Changes::Compacted {
                 first_available: first,
             });
         }
+        // One entry per key as the replay goes, not every message since: a bucket keeping
+        // many revisions per key would otherwise hold them all at once.
         let mut latest: HashMap<std::sync::Arc<str>, Entry> = HashMap::new();
-        let mut state = state;
+        let mut watermark = state.last_sequence;
         if state.last_sequence > since && state.messages > 0 {
             let deliver = DeliverPolicy::ByStartSequence {
                 start_sequence: since + 1,
             };
-            let (entries, after, _) = self.replay(&store, deliver, "source").await?;
-            state = after;
-            for e in entries {
-                latest.insert(e.key.clone(), e);
-            }
+            let (after, _, through) = self
+                .replay(&store, deliver, "source", |e| {
+                    latest.insert(e.key.clone(), e);
+                })
+                .await?;
+            watermark = after.last_sequence.max(through);
         }
         let mut entries: Vec<Entry> = latest
             .into_values()
@@ -689,9 +687,6 @@ impl Source for KvBucket {
             })
             .collect();
         entries.sort_by_key(|e| e.seq);
-        let watermark = entries
-            .last()
-            .map_or(state.last_sequence, |e| e.seq.max(state.last_sequence));
         Ok(Changes::Since { entries, watermark })
     }
 
@@ -721,13 +716,13 @@ impl Source for KvBucket {
 
     async fn snapshot(&self) -> Result<Snapshot> {
         let store = self.store("source").await?;
-        let (mut entries, state, stream) = self
-            .replay(&store, DeliverPolicy::LastPerSubject, "source")
+        let mut entries = Vec::new();
+        let (state, stream, through) = self
+            .replay(&store, DeliverPolicy::LastPerSubject, "source", |e| {
+                entries.push(e);
+            })
             .await?;
-        let top = entries
-            .iter()
-            .map(|e| e.seq)
-            .fold(state.last_sequence, u64::max);
+        let top = through.max(state.last_sequence);
         // The latest revision per key, sorted in place rather than gathered in a map: a
         // key overwritten during the read came twice, and the map cost more memory than
         // the entries it held.
@@ -788,7 +783,17 @@ pub struct KvStream {
     /// The bucket's `max_age` when it drops values silently (no limit markers), as the
     /// server said when this feed opened.
     max_age: Option<Duration>,
-    head: u64,
+    /// Keeps the initial sync from saying ready before a read that cannot race confirms
+    /// the head ([`ReadyGate`]).
+    gate: ReadyGate,
+    /// A message that reached the head, held while the gate's read confirms it (kept
+    /// here, so a dropped call loses nothing).
+    held: Option<Delivered>,
+    /// An entry to hand on after a raised head.
+    queued: Option<FeedItem>,
+    /// For the gate's reads.
+    store: kv::Store,
+    filter: String,
     seen: u64,
     owner: Arc<Inner>,
 }
@@ -802,16 +807,40 @@ impl std::fmt::Debug for Inner {
 impl FeedStream for KvStream {
     async fn next(&mut self) -> Option<Result<FeedItem>> {
         loop {
+            if let Some(item) = self.queued.take() {
+                return Some(Ok(item));
+            }
+            if let Some(seq) = self.held.as_ref().map(|d| d.seq) {
+                let last = match last_present(&self.store, &self.filter, "feed").await {
+                    Ok(last) => last.seq(),
+                    Err(e) => return Some(Err(e)),
+                };
+                let held = self.held.take()?;
+                let item = self.item(held);
+                return Some(Ok(match self.gate.on_confirmed(seq, last) {
+                    Confirmed::Ready => item,
+                    Confirmed::Raise { head } => {
+                        debug!(
+                            held = seq,
+                            head,
+                            "the stream moved past the head during the initial sync: reading on"
+                        );
+                        self.queued = Some(item);
+                        FeedItem::Head(head)
+                    }
+                }));
+            }
             match self.reader.next("feed").await? {
                 Err(e) => return Some(Err(e)),
-                Ok(Seen::Idle) if self.seen < self.head => {
+                Ok(Seen::Idle) if self.seen < self.gate.head() => {
                     // The server says it has nothing more, yet the head was not delivered
                     // (a fresh consumer on a just-restarted server): reopen.
                     return Some(Err(unavailable(
                         "feed",
                         format!(
                             "consumer idle at {} below the head {}",
-                            self.seen, self.head
+                            self.seen,
+                            self.gate.head()
                         ),
                     )));
                 }
@@ -819,10 +848,19 @@ impl FeedStream for KvStream {
                 Ok(Seen::Message(d)) => {
                     self.seen = self.seen.max(d.seq);
                     self.owner.read.fetch_add(1, Ordering::Relaxed);
-                    return Some(Ok(to_item(&self.prefix, d, self.max_age)));
+                    match self.gate.on_message(d.seq) {
+                        Gate::Pass => return Some(Ok(self.item(d))),
+                        Gate::Confirm => self.held = Some(d),
+                    }
                 }
             }
         }
+    }
+}
+
+impl KvStream {
+    fn item(&self, d: Delivered) -> FeedItem {
+        to_item(&self.prefix, d, self.max_age)
     }
 }
 
@@ -871,7 +909,11 @@ impl Feed for KvBucket {
                 reader,
                 prefix: store.prefix.clone(),
                 max_age,
-                head,
+                gate: ReadyGate::new(head),
+                held: None,
+                queued: None,
+                filter: self.filter(&store),
+                store,
                 seen: from.saturating_sub(1),
                 owner: Arc::clone(&self.inner),
             },

@@ -33,11 +33,16 @@ use crate::ports::{
     WakeListener,
 };
 
+/// The next entry or undecodable item (a raised head only tells the follower how far its
+/// initial sync reads, and is passed over).
 async fn next_item<S: FeedStream>(stream: &mut S) -> FeedItem {
-    match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
-        Ok(Some(Ok(item))) => item,
-        Ok(other) => panic!("feed should deliver an item, got {other:?}"),
-        Err(_) => panic!("feed delivered nothing within 5s"),
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.next()).await {
+            Ok(Some(Ok(FeedItem::Head(_)))) => {}
+            Ok(Some(Ok(item))) => return item,
+            Ok(other) => panic!("feed should deliver an item, got {other:?}"),
+            Err(_) => panic!("feed delivered nothing within 5s"),
+        }
     }
 }
 

@@ -468,7 +468,11 @@ where
                     self.learn_head(e.seq.saturating_add(e.pending.unwrap_or(0)));
                 }
                 Some(Ok(FeedItem::Entry(e))) => self.learn_head(e.seq),
-                Some(Ok(FeedItem::Undecodable { seq: Some(seq), .. })) => self.learn_head(*seq),
+                Some(
+                    Ok(FeedItem::Undecodable { seq: Some(seq), .. }) | Ok(FeedItem::Head(seq)),
+                ) => {
+                    self.learn_head(*seq);
+                }
                 _ => {}
             }
         }
@@ -1056,6 +1060,7 @@ fn feed_input(token: Token, item: Option<Result<FeedItem>>) -> Input {
             seq,
             reason,
         },
+        Some(Ok(FeedItem::Head(head))) => Input::FeedHead { token, head },
         Some(Err(e)) => Input::FeedFailed {
             token,
             error: e.to_string(),

@@ -29,6 +29,18 @@ impl<D: Decode> Follower<D> {
                 seq,
                 reason,
             } => self.on_undecodable(position, seq, reason),
+            Held::Head(head) => self.raise_head(head),
+        }
+    }
+
+    /// The feed's head moved up: until the follower is ready, it must reach the new head
+    /// too (never lowered: a head only says how far the initial sync must read).
+    fn raise_head(&mut self, head: u64) {
+        if self.is_ready() {
+            return;
+        }
+        if let Some(info) = self.feed.as_mut().and_then(|f| f.info.as_mut()) {
+            info.head = info.head.max(head);
         }
     }
 

@@ -70,6 +70,7 @@ impl<D: Decode> Follower<D> {
                     reason,
                 },
             ),
+            Input::FeedHead { token, head } => self.on_feed_item(token, Held::Head(head)),
             Input::FeedFailed { token, error } => {
                 if self.feed_is(token, false) {
                     self.drop_feed();

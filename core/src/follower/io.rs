@@ -337,6 +337,16 @@ pub enum Input {
         /// What was wrong.
         reason: String,
     },
+    /// The feed's head moved up before the follower reached it: a read that cannot race
+    /// found the source past the head the feed reported when it opened (a key overwritten
+    /// while the initial sync read its old revision is only above it). A replayed feed's
+    /// initial sync is complete only once the watermark reaches this head too.
+    FeedHead {
+        /// The feed's token.
+        token: Token,
+        /// The new head.
+        head: u64,
+    },
     /// The feed failed to open or failed mid-stream.
     FeedFailed {
         /// The feed's token.

@@ -74,6 +74,8 @@ enum Held {
         seq: Option<u64>,
         reason: String,
     },
+    /// The feed's head moved up.
+    Head(u64),
 }
 
 /// The state the sink last committed: where a [`Input::SinkFailed`] goes back to.

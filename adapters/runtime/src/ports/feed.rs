@@ -25,6 +25,11 @@ pub enum FeedItem {
         /// What was wrong.
         reason: String,
     },
+    /// The head the initial sync must reach moved up: a read that cannot race found the
+    /// source past the head the feed reported when it opened (a key overwritten while the
+    /// sync read its old revision is only above it). Sent before the entry that reaches
+    /// the old head; a follower that is ready already ignores it.
+    Head(u64),
 }
 
 /// An open feed: what it reported, and its items.
