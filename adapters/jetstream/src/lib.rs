@@ -27,3 +27,6 @@ mod stream;
 pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
 pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_available, head};
+
+#[cfg(feature = "model")]
+pub mod model;

@@ -1,0 +1,309 @@
+//! A model of a JetStream stream and its consumers that misbehaves as nats-server does, for
+//! the property tests and the simulator.
+//!
+//! What it keeps of the server's behaviour (measured and read in nats-server 2.15):
+//! - subjects keep at most `history` revisions: a write removes the oldest beyond that;
+//! - a consumer delivers from a start seq, or the last message per subject present when it
+//!   was made and then every later one, in stream order, skipping what was removed;
+//! - its pending count is an estimate: a removal of a message it has not delivered lowers
+//!   it at once, a new message raises it only when the server's queued signal runs
+//!   ([`Stream::signal`]), so for a moment it reads one low;
+//! - a stream deleted and made again has a new creation time and seqs from 1;
+//! - clocks: the stream stamps messages with the server's clock, which the caller moves.
+//!
+//! Deterministic: no clock, no randomness; the test or simulator decides every step.
+
+use std::collections::{BTreeMap, VecDeque};
+
+/// A message in the model's stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Message {
+    /// Its seq.
+    pub seq: u64,
+    /// Its subject (a KV key).
+    pub subject: String,
+    /// Its value; `None` for a delete marker.
+    pub value: Option<Vec<u8>>,
+    /// The server's time when it was stored, in nanoseconds.
+    pub published_ns: u64,
+}
+
+/// A message as a consumer delivers it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivery {
+    /// The message.
+    pub message: Message,
+    /// The consumer's pending count after it, as the server reports it.
+    pub pending: u64,
+}
+
+/// Where a consumer starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Start {
+    /// The last message per subject present when it is made, then every later one.
+    LastPerSubject,
+    /// Every message from this seq.
+    Seq(u64),
+}
+
+/// A consumer of the model's stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ConsumerId(usize);
+
+#[derive(Clone, Debug)]
+struct Consumer {
+    /// Seqs of the last message per subject still to deliver (last-per-subject start).
+    lss: VecDeque<u64>,
+    /// The next seq to consider once `lss` is done.
+    cursor: u64,
+    /// What the server reports as pending.
+    pending: u64,
+    /// New messages not yet counted (the queued signal).
+    unsignalled: u64,
+    /// The highest seq delivered.
+    delivered: u64,
+    deleted: bool,
+}
+
+/// A stream with its consumers.
+#[derive(Clone, Debug)]
+pub struct Stream {
+    created: i128,
+    history: usize,
+    last_seq: u64,
+    messages: BTreeMap<u64, Message>,
+    /// The seqs of each subject's revisions present, oldest first.
+    revisions: BTreeMap<String, VecDeque<u64>>,
+    consumers: Vec<Consumer>,
+    now_ns: u64,
+    /// Every write ever made, removed or not: what the source held at each seq.
+    log: Vec<Message>,
+}
+
+impl Stream {
+    /// An empty stream created at `created`, keeping `history` revisions per subject (at
+    /// least 1).
+    #[must_use]
+    pub fn new(created: i128, history: usize) -> Self {
+        Stream {
+            created,
+            history: history.max(1),
+            last_seq: 0,
+            messages: BTreeMap::new(),
+            revisions: BTreeMap::new(),
+            consumers: Vec::new(),
+            now_ns: 0,
+            log: Vec::new(),
+        }
+    }
+
+    /// Deletes the stream and makes it again at `created`: no messages, seqs from 1, every
+    /// consumer gone.
+    pub fn recreate(&mut self, created: i128) {
+        *self = Stream {
+            now_ns: self.now_ns,
+            ..Stream::new(created, self.history)
+        };
+    }
+
+    /// Its identity.
+    #[must_use]
+    pub fn created(&self) -> i128 {
+        self.created
+    }
+
+    /// Moves the server's clock to `now_ns` (never back).
+    pub fn set_now(&mut self, now_ns: u64) {
+        self.now_ns = self.now_ns.max(now_ns);
+    }
+
+    /// The stream's state, as its info reports it.
+    #[must_use]
+    pub fn state(&self) -> crate::StreamState {
+        crate::StreamState {
+            messages: self.messages.len() as u64,
+            first_seq: self
+                .messages
+                .keys()
+                .next()
+                .copied()
+                .unwrap_or(self.last_seq + 1),
+            last_seq: self.last_seq,
+        }
+    }
+
+    /// Stores a put of `value` (or, with `None`, a delete marker) under `subject`; returns
+    /// its seq. The subject's revisions beyond the history go, and every consumer that had
+    /// not delivered one counts it off at once; the new message is counted only at the
+    /// next [`signal`](Self::signal).
+    pub fn write(&mut self, subject: &str, value: Option<Vec<u8>>) -> u64 {
+        self.last_seq += 1;
+        let seq = self.last_seq;
+        let message = Message {
+            seq,
+            subject: subject.to_owned(),
+            value,
+            published_ns: self.now_ns,
+        };
+        self.log.push(message.clone());
+        self.messages.insert(seq, message);
+        let revisions = self.revisions.entry(subject.to_owned()).or_default();
+        revisions.push_back(seq);
+        let mut removed = Vec::new();
+        while revisions.len() > self.history {
+            removed.extend(revisions.pop_front());
+        }
+        for old in removed {
+            self.remove(old);
+        }
+        for c in self.consumers.iter_mut().filter(|c| !c.deleted) {
+            c.unsignalled += 1;
+        }
+        seq
+    }
+
+    /// Purges every message of `subject` (no marker left), as `purge_deletes` or a purge by
+    /// subject does.
+    pub fn purge_subject(&mut self, subject: &str) {
+        let seqs: Vec<u64> = self
+            .revisions
+            .remove(subject)
+            .map(Vec::from)
+            .unwrap_or_default();
+        for seq in seqs {
+            self.remove(seq);
+        }
+    }
+
+    fn remove(&mut self, seq: u64) {
+        if self.messages.remove(&seq).is_none() {
+            return;
+        }
+        for c in self.consumers.iter_mut().filter(|c| !c.deleted) {
+            if c.lss.contains(&seq) || seq >= c.cursor {
+                // nats-server's decStreamPending: at once.
+                c.pending = c.pending.saturating_sub(1);
+            }
+            c.lss.retain(|&s| s != seq);
+        }
+    }
+
+    /// Runs the server's queued signals: every consumer counts the new messages.
+    pub fn signal(&mut self) {
+        for c in &mut self.consumers {
+            c.pending += std::mem::take(&mut c.unsignalled);
+        }
+    }
+
+    /// The last message present (the read that cannot race), if any.
+    #[must_use]
+    pub fn last_present(&self) -> Option<u64> {
+        self.messages.keys().next_back().copied()
+    }
+
+    /// The last message present of `subject`.
+    #[must_use]
+    pub fn last_of(&self, subject: &str) -> Option<&Message> {
+        self.revisions
+            .get(subject)
+            .and_then(|r| r.back())
+            .and_then(|seq| self.messages.get(seq))
+    }
+
+    /// What a reader reading at this moment finds: the latest message of every subject
+    /// present (delete markers included).
+    #[must_use]
+    pub fn latest(&self) -> BTreeMap<String, Message> {
+        self.revisions
+            .iter()
+            .filter_map(|(s, r)| Some((s.clone(), self.messages.get(r.back()?)?.clone())))
+            .collect()
+    }
+
+    /// What the source held at `seq`: the last write at or below it of every subject
+    /// written by then (delete markers included), whether or not the stream still has it.
+    #[must_use]
+    pub fn state_at(&self, seq: u64) -> BTreeMap<String, Message> {
+        let mut state = BTreeMap::new();
+        for m in self.log.iter().take_while(|m| m.seq <= seq) {
+            state.insert(m.subject.clone(), m.clone());
+        }
+        state
+    }
+
+    /// Makes a consumer starting at `start`, its pending count exact at creation.
+    pub fn consumer(&mut self, start: Start) -> ConsumerId {
+        let (lss, cursor) = match start {
+            Start::LastPerSubject => {
+                let mut lss: Vec<u64> = self
+                    .revisions
+                    .values()
+                    .filter_map(|r| r.back().copied())
+                    .collect();
+                lss.sort_unstable();
+                (VecDeque::from(lss), self.last_seq + 1)
+            }
+            Start::Seq(seq) => (VecDeque::new(), seq.max(1)),
+        };
+        let pending = lss.len() as u64 + self.messages.range(cursor..).count() as u64;
+        self.consumers.push(Consumer {
+            lss,
+            cursor,
+            pending,
+            unsignalled: 0,
+            delivered: 0,
+            deleted: false,
+        });
+        ConsumerId(self.consumers.len() - 1)
+    }
+
+    /// The consumer's next delivery, or `None` when it has nothing to send now (it would
+    /// send an idle heartbeat after a heartbeat interval).
+    pub fn deliver(&mut self, id: ConsumerId) -> Option<Delivery> {
+        let c = self.consumers.get_mut(id.0).filter(|c| !c.deleted)?;
+        let seq = if let Some(seq) = c.lss.pop_front() {
+            seq
+        } else {
+            let seq = *self.messages.range(c.cursor..).next()?.0;
+            c.cursor = seq + 1;
+            seq
+        };
+        c.delivered = c.delivered.max(seq);
+        c.pending = c.pending.saturating_sub(1);
+        let message = self.messages.get(&seq)?.clone();
+        Some(Delivery {
+            message,
+            pending: c.pending,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_overwrite_of_an_undelivered_revision_reads_one_low_until_the_signal() {
+        let mut s = Stream::new(1, 1);
+        s.write("a", Some(b"1".to_vec()));
+        s.write("b", Some(b"1".to_vec()));
+        let c = s.consumer(Start::LastPerSubject);
+        let first = s.deliver(c).expect("a");
+        assert_eq!(first.pending, 1, "b is still to come");
+        s.write("b", Some(b"2".to_vec()));
+        // b's old revision went undelivered: counted off at once; its new one not yet.
+        let next = s.deliver(c).expect("b's new revision");
+        assert_eq!((next.message.seq, next.pending), (3, 0));
+        s.write("a", Some(b"2".to_vec()));
+        assert_eq!(s.deliver(c).map(|d| d.pending), Some(0));
+    }
+
+    #[test]
+    fn a_recreated_stream_starts_again_at_one() {
+        let mut s = Stream::new(1, 1);
+        s.write("a", None);
+        s.recreate(2);
+        assert_eq!(s.write("a", Some(vec![])), 1);
+        assert_eq!(s.created(), 2);
+    }
+}
