@@ -586,6 +586,39 @@ async fn a_recreated_bucket_replaces_the_cache_and_counts_a_reset() {
 /// the watermark, yet its revisions are another history's. Resuming at watermark + 1 would
 /// keep the old keys and miss the new bucket's first revisions for good; the handle sees
 /// the stream is not the one it first saw, and the follower replaces its cache.
+/// A clone is a new reader: made after the handle has seen a recreated bucket, it follows
+/// the new stream from the start. It used to compare against the first stream the handle
+/// ever saw and report a new history (a snapshot at watermark 0: a needless reset) on its
+/// first read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_made_after_a_recreate_the_handle_saw_follows_the_new_stream() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "reclone", 1, 1).await;
+    let handle = KvBucket::new(client.clone(), "reclone").unwrap();
+    handle.put("a", b"old".to_vec()).await.unwrap();
+    let first = handle.clone();
+    first.snapshot().await.unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    js.delete_key_value("reclone").await.unwrap();
+    let store = create_bucket(&client, "reclone", 1, 1).await;
+    for key in ["x", "y", "z"] {
+        store.put(key, Bytes::from_static(b"new")).await.unwrap();
+    }
+    assert_eq!(
+        first.snapshot().await.unwrap().watermark,
+        0,
+        "the reader that followed the old stream is told of the new one"
+    );
+    let later = handle.clone();
+    let snap = later.snapshot().await.unwrap();
+    assert_eq!(
+        (snap.watermark, snap.entries.len()),
+        (3, 3),
+        "a clone made once the handle knew the new stream never followed the old one"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bucket_recreated_and_written_past_the_watermark_while_away_is_a_new_history() {
     let server = server().await;
