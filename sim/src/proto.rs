@@ -396,6 +396,9 @@ pub enum Response {
     Queue(crate::ops::QueueAnswer),
     /// A retention call's answer.
     Sweeps(crate::sweeps::SweepAnswer),
+    /// The head a feed's initial sync must reach moved up (last, so the other variants
+    /// keep their wire tags).
+    Head(u64),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

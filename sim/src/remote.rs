@@ -389,6 +389,7 @@ impl FeedStream for RemoteStream {
             match self.frames.read::<Response>().await {
                 Ok(Response::Heartbeat) => {}
                 Ok(Response::Item(e)) => return Some(Ok(FeedItem::Entry(e.into()))),
+                Ok(Response::Head(head)) => return Some(Ok(FeedItem::Head(head))),
                 Ok(Response::Undecodable {
                     position,
                     seq,

@@ -351,6 +351,7 @@ async fn stream_feed<S: FeedStream>(
                 seq,
                 reason,
             },
+            Some(Some(Ok(FeedItem::Head(head)))) => Response::Head(head),
             Some(Some(Err(e))) => failed(e),
         };
         let last = matches!(response, Response::End | Response::Failed(_));
