@@ -13,7 +13,7 @@
 //! Time comes in as a value (nanoseconds), never read. The same facts give the same
 //! decisions, so property tests and the simulator replay any run.
 //!
-//! With the `model` feature, [`model`] is a model of a JetStream stream and its consumers
+//! With the `model` feature, the `model` module is a model of a JetStream stream and its consumers
 //! that misbehaves as nats-server does (pending counts one low for a moment after an
 //! overwrite removes an undelivered revision, idle heartbeats, flow control, purges,
 //! `max_age`, a stream deleted and recreated, listings paged by offset, clocks that
