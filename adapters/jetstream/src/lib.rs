@@ -30,3 +30,7 @@ pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_avai
 
 #[cfg(feature = "model")]
 pub mod model;
+
+mod expiry;
+
+pub use expiry::{Expiry, ServerClock};
