@@ -31,6 +31,8 @@ pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_avai
 #[cfg(feature = "model")]
 pub mod model;
 
+mod cursor;
 mod expiry;
 
+pub use cursor::{Floor, Opening, Resume, Start};
 pub use expiry::{Expiry, ServerClock};
