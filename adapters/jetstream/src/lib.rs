@@ -33,6 +33,10 @@ pub mod model;
 
 mod cursor;
 mod expiry;
+mod limits;
 
 pub use cursor::{Floor, Opening, Resume, Start};
 pub use expiry::{Expiry, ServerClock};
+pub use limits::{
+    HEADER_ROOM, MESSAGE_EXCEEDS_MAXIMUM, ValueLimit, Verdict, refused_for_size, value_limit,
+};
