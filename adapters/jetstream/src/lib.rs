@@ -30,3 +30,13 @@ pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_avai
 
 #[cfg(feature = "model")]
 pub mod model;
+
+mod cursor;
+mod expiry;
+mod limits;
+
+pub use cursor::{Floor, Opening, Resume, Start};
+pub use expiry::{Expiry, ServerClock};
+pub use limits::{
+    HEADER_ROOM, MESSAGE_EXCEEDS_MAXIMUM, ValueLimit, Verdict, refused_for_size, value_limit,
+};

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_nats::Client;
 use async_nats::jetstream::consumer::{AckPolicy, DeliverPolicy, pull};
@@ -10,7 +11,9 @@ use async_nats::jetstream::stream::{self, Stream};
 use async_nats::jetstream::{self, context::ConsumerInfoErrorKind};
 use tidemark::tidemark_core::{Event, FeedInfo};
 use tidemark::{Cursors, Feed, FeedItem, FeedStream, Opened, Publish, Result};
+use tidemark_jetstream::{Created, Floor, Resume, Start, StreamState};
 use tokio::sync::Mutex;
+use tracing::warn;
 
 use crate::consumer::{PushReader, Seen};
 use crate::error::{check_key, check_name, unavailable};
@@ -23,9 +26,34 @@ use crate::retention::StreamLimits;
 ///
 /// A payload that is not an event is delivered as [`FeedItem::Undecodable`]: counted and
 /// checkpointed past, never an error. Cheap to clone.
-#[derive(Clone, Debug)]
+///
+/// A stream deleted and made again under its name starts its positions at 1 again, and
+/// its cursors' consumers went with the old one. The handle tells the streams apart by
+/// their identity (the time the server created them): a cursor floor it remembers holds
+/// only on the stream it was read from, and a feed whose positions came from another
+/// stream — one the handle saw before, or, with none seen, a position past the stream's
+/// last — starts at the new stream's first event, and from then on trusts the follower's
+/// position only up to what it delivered itself (see [`tidemark_jetstream::Resume`]).
+/// Each clone is its own reader: it starts from the stream the handle first saw, as
+/// [`KvBucket`](crate::KvBucket)'s clones do. A process started after the stream was
+/// made again and written past a persisted position is not told (the identity would have
+/// to be persisted with the position).
+#[derive(Debug)]
 pub struct NatsEvents {
     inner: Arc<Inner>,
+    /// Where this clone's feeds resume.
+    reading: Arc<std::sync::Mutex<Reading>>,
+}
+
+/// A clone is another reader: it starts from the stream the handle first saw, never from
+/// what another clone's feeds read.
+impl Clone for NatsEvents {
+    fn clone(&self) -> Self {
+        NatsEvents {
+            inner: Arc::clone(&self.inner),
+            reading: Arc::default(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -34,7 +62,26 @@ struct Inner {
     context: jetstream::Context,
     stream: String,
     prefix: String,
-    floors: Mutex<HashMap<String, u64>>,
+    /// Each cursor's floor as this handle last set or read it, with the stream it holds on.
+    floors: Mutex<HashMap<String, Floor>>,
+    /// The stream the handle first saw.
+    first: std::sync::Mutex<Option<Created>>,
+}
+
+/// Where one clone's feeds resume.
+#[derive(Debug, Default)]
+struct Reading {
+    /// `None` until the first open, which starts from the stream the handle first saw.
+    resume: Option<Resume>,
+    /// The highest position this clone's feeds delivered since the stream was last found
+    /// new; a fresh counter for each new stream (a feed still open on the old one keeps
+    /// counting into its own).
+    delivered: Arc<AtomicU64>,
+}
+
+/// A stream's identity: when the server created it.
+fn identity(info: &stream::Info) -> Created {
+    info.created.unix_timestamp_nanos()
 }
 
 impl NatsEvents {
@@ -57,7 +104,9 @@ impl NatsEvents {
                 stream,
                 prefix,
                 floors: Mutex::new(HashMap::new()),
+                first: std::sync::Mutex::new(None),
             }),
+            reading: Arc::default(),
         })
     }
 
@@ -76,7 +125,8 @@ impl NatsEvents {
     /// # Errors
     /// [`tidemark::Error::Unavailable`] if the server cannot create it.
     pub async fn ensure_with(&self, replicas: usize, limits: StreamLimits) -> Result<()> {
-        self.inner
+        let stream = self
+            .inner
             .context
             .get_or_create_stream(limits.apply(stream::Config {
                 name: self.inner.stream.clone(),
@@ -86,6 +136,7 @@ impl NatsEvents {
             }))
             .await
             .map_err(|e| unavailable("events", e))?;
+        self.saw(identity(stream.cached_info()));
         Ok(())
     }
 
@@ -95,17 +146,28 @@ impl NatsEvents {
         &self.inner.stream
     }
 
-    async fn stream(&self, port: &'static str) -> Result<Stream> {
-        self.inner
+    /// The stream, its info read now, and its identity.
+    async fn stream(&self, port: &'static str) -> Result<(Stream, Created)> {
+        let stream = self
+            .inner
             .context
             .get_stream(&self.inner.stream)
             .await
-            .map_err(|e| unavailable(port, format!("stream {}: {e}", self.inner.stream)))
+            .map_err(|e| unavailable(port, format!("stream {}: {e}", self.inner.stream)))?;
+        let id = identity(stream.cached_info());
+        self.saw(id);
+        Ok((stream, id))
     }
 
-    /// The durable consumer standing for cursor `name`, created at the stream's start.
-    async fn cursor_consumer(&self, name: &str) -> Result<u64> {
-        let stream = self.stream("cursor").await?;
+    /// Notes the stream found, if the handle saw none before.
+    fn saw(&self, stream: Created) {
+        let mut first = self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(stream);
+    }
+
+    /// The durable consumer standing for cursor `name` on `stream`, created at the
+    /// stream's start; its ack floor.
+    async fn cursor_consumer(&self, stream: &Stream, name: &str) -> Result<u64> {
         let consumer: jetstream::consumer::Consumer<pull::Config> = stream
             .get_or_create_consumer(
                 name,
@@ -120,6 +182,33 @@ impl NatsEvents {
             .await
             .map_err(|e| unavailable("cursor", e))?;
         Ok(consumer.cached_info().ack_floor.stream_sequence)
+    }
+
+    /// Where this clone's feed opens on stream `id` for a caller after `after`, and the
+    /// counter of positions it delivers.
+    fn resume(
+        &self,
+        id: Created,
+        after: Option<u64>,
+        state: StreamState,
+    ) -> (tidemark_jetstream::Opening, Arc<AtomicU64>) {
+        let first = *self.inner.first.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reading = self.reading.lock().unwrap_or_else(|e| e.into_inner());
+        let delivered = reading.delivered.load(Ordering::Relaxed);
+        let opening = reading
+            .resume
+            .get_or_insert_with(|| Resume::new(first))
+            .open(id, after, delivered, state);
+        if opening.new_stream {
+            warn!(
+                stream = %self.inner.stream,
+                ?after,
+                last = state.last_seq,
+                "the position is not one of this stream's (made again, or it lost its newest events): reading it from its first event"
+            );
+            reading.delivered = Arc::default();
+        }
+        (opening, Arc::clone(&reading.delivered))
     }
 }
 
@@ -168,6 +257,8 @@ impl Publish for NatsEvents {
 #[derive(Debug)]
 pub struct EventStream {
     reader: PushReader,
+    /// The highest position handed out, shared with the clone that opened it.
+    delivered: Arc<AtomicU64>,
 }
 
 impl FeedStream for EventStream {
@@ -177,6 +268,7 @@ impl FeedStream for EventStream {
                 Err(e) => return Some(Err(e)),
                 Ok(Seen::Idle) => {}
                 Ok(Seen::Message(d)) => {
+                    self.delivered.fetch_max(d.seq, Ordering::Relaxed);
                     return Some(Ok(match Event::decode(&d.payload) {
                         Ok(event) => {
                             FeedItem::Entry(event.into_entry(d.seq).with_pending(d.pending))
@@ -198,17 +290,26 @@ impl Feed for NatsEvents {
     type Stream = EventStream;
 
     /// Starts after `after_position` when given, else at the stream's first message; `from`
-    /// (a seq) does not address an events stream. The head is the seq of the stream's last
-    /// event, so readiness means "caught up with the stream".
+    /// (a seq) does not address an events stream. A position of another stream (made again
+    /// under this name) is not one of this one: the feed starts at the first event (see
+    /// [`NatsEvents`]). The head is the seq of the stream's last event, so readiness means
+    /// "caught up with the stream".
     async fn open(&self, _from: u64, after_position: Option<u64>) -> Result<Opened<EventStream>> {
-        let mut stream = self.stream("events").await?;
-        let state = stream
-            .info()
-            .await
-            .map_err(|e| unavailable("events", e))?
-            .state
-            .clone();
-        let start = after_position.map_or(1, |p| p.saturating_add(1));
+        let (stream, id) = self.stream("events").await?;
+        let state = stream.cached_info().state.clone();
+        let (opening, delivered) = self.resume(
+            id,
+            after_position,
+            StreamState {
+                messages: state.messages,
+                first_seq: state.first_sequence,
+                last_seq: state.last_sequence,
+            },
+        );
+        let start = match opening.start {
+            Start::First => 1,
+            Start::After(position) => position.saturating_add(1),
+        };
         let head = if state.messages == 0 || state.last_sequence < start {
             0
         } else {
@@ -236,7 +337,7 @@ impl Feed for NatsEvents {
         .await?;
         Ok(Opened {
             info: FeedInfo::announcements(head),
-            stream: EventStream { reader },
+            stream: EventStream { reader, delivered },
         })
     }
 
@@ -254,7 +355,7 @@ impl Feed for NatsEvents {
 impl Cursors for NatsEvents {
     async fn load(&self, name: &str) -> Result<Option<u64>> {
         check_name(name)?;
-        let stream = self.stream("cursor").await?;
+        let (stream, _) = self.stream("cursor").await?;
         match stream.consumer_info(name).await {
             Ok(info) => Ok(Some(info.ack_floor.stream_sequence)),
             Err(e) if e.kind() == ConsumerInfoErrorKind::NotFound => Ok(None),
@@ -265,27 +366,38 @@ impl Cursors for NatsEvents {
     async fn save(&self, name: &str, position: u64) -> Result<u64> {
         check_name(name)?;
         let mut floors = self.inner.floors.lock().await;
-        let floor = match floors.get(name) {
-            Some(&f) => f,
-            None => self.cursor_consumer(name).await?,
+        let (stream, id) = self.stream("cursor").await?;
+        // A floor read from another stream (this one made again since) holds nothing
+        // here: the cursor's consumer went with that stream.
+        let floor = match floors.get(name).and_then(|f| f.on(id)) {
+            Some(f) => f,
+            None => self.cursor_consumer(&stream, name).await?,
         };
         if position <= floor {
-            floors.insert(name.to_owned(), floor);
+            floors.insert(
+                name.to_owned(),
+                Floor {
+                    stream: id,
+                    position: floor,
+                },
+            );
             return Ok(floor);
         }
         // The ack floor becomes `position`: the next delivery would be position + 1.
-        let reset = self
-            .stream("cursor")
-            .await?
-            .reset_consumer(name, Some(position + 1))
-            .await;
+        let reset = stream.reset_consumer(name, Some(position + 1)).await;
         if let Err(e) = reset {
             // The consumer may be gone (deleted by an operator, expired): forget what we
             // knew, so the next save finds or makes it again instead of failing forever.
             floors.remove(name);
             return Err(unavailable("cursor", e));
         }
-        floors.insert(name.to_owned(), position);
+        floors.insert(
+            name.to_owned(),
+            Floor {
+                stream: id,
+                position,
+            },
+        );
         Ok(position)
     }
 }

@@ -46,8 +46,61 @@ pub(crate) fn of(client: &Client) -> Option<watch::Receiver<u64>> {
     let counted = COUNTED
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    counted
+    live_match(&counted, Arc::as_ptr(&stats)).cloned()
+}
+
+/// The value of the entry whose referent is alive and is `target`.
+///
+/// An entry whose client is gone never matches, whatever its address: only a live
+/// referent is compared. (A `Weak` keeps its allocation, so a new client cannot be given
+/// a dropped one's address while its entry is held; this does not lean on that.)
+fn live_match<T, V>(entries: &[(Weak<T>, V)], target: *const T) -> Option<&V> {
+    entries
         .iter()
-        .find(|(s, _)| std::ptr::eq(s.as_ptr(), Arc::as_ptr(&stats)))
-        .map(|(_, counter)| counter.clone())
+        .find(|(referent, _)| {
+            referent
+                .upgrade()
+                .is_some_and(|live| std::ptr::eq(Arc::as_ptr(&live), target))
+        })
+        .map(|(_, value)| value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Stands for a client's statistics: any value behind an `Arc`.
+    #[derive(Debug, Default)]
+    struct Stats {
+        _n: u64,
+    }
+
+    #[test]
+    fn a_live_client_finds_its_own_counter() {
+        let (a, b) = (Arc::new(Stats { _n: 1 }), Arc::new(Stats { _n: 2 }));
+        let entries = vec![(Arc::downgrade(&a), "a"), (Arc::downgrade(&b), "b")];
+        assert_eq!(live_match(&entries, Arc::as_ptr(&b)), Some(&"b"));
+        assert_eq!(live_match(&entries, Arc::as_ptr(&a)), Some(&"a"));
+        let other = Arc::new(Stats { _n: 3 });
+        assert_eq!(
+            live_match(&entries, Arc::as_ptr(&other)),
+            None,
+            "a client nobody registered has no counter"
+        );
+    }
+
+    #[test]
+    fn a_dropped_clients_entry_never_matches_its_address() {
+        let dead = Arc::new(Stats { _n: 1 });
+        let address = Arc::as_ptr(&dead);
+        let entries = vec![(Arc::downgrade(&dead), "dead")];
+        drop(dead);
+        // A client at the dropped one's address must not be handed the dead client's
+        // counter: it would hear another connection's reconnects, or none of its own.
+        assert_eq!(
+            live_match(&entries, address),
+            None,
+            "the dead client's counter was found by address"
+        );
+    }
 }
