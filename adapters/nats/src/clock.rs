@@ -7,13 +7,6 @@
 //! one answer: the info a feed reads when it opens carries the clock at no extra cost.
 //! What comes back is plain values: the info, and a [`ServerClock`] whose local readings
 //! are durations since an `Instant` the caller keeps.
-#![cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "read by the KV feed once kv.rs is wired to it; remove this then"
-    )
-)]
 
 use std::time::{Duration, Instant};
 

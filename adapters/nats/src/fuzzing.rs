@@ -9,7 +9,7 @@ use async_nats::HeaderMap;
 use async_nats::header::HeaderName;
 
 use crate::consumer::{ack_timestamp, parse_ack_subject};
-use crate::kv::{operation, remaining_life};
+use crate::kv::operation;
 
 /// Arbitrary message metadata as a server might send it: the first line is a reply
 /// (ack) subject, the others `name: value` headers. Reading it never panics: every header
@@ -41,6 +41,15 @@ pub fn message_metadata(data: &[u8]) {
     let _ = operation(Some(&headers)).cache_change();
     let _ = operation(None);
     let max_age = Duration::from_millis(u64::from(data.first().copied().unwrap_or(0)) * 100);
-    let left = remaining_life(max_age, published.unwrap_or(u64::MAX));
-    assert!(left <= max_age, "a value never lives longer than max_age");
+    // The server's time, as any value: the judgement is on its clock.
+    let server_now = data
+        .iter()
+        .rev()
+        .take(8)
+        .fold(0u64, |n, b| n << 8 | u64::from(*b));
+    if let Some(expiry) = tidemark_jetstream::Expiry::new(max_age)
+        && let Some(left) = expiry.remaining(published.unwrap_or(u64::MAX), server_now)
+    {
+        assert!(left <= max_age, "a value never lives longer than max_age");
+    }
 }

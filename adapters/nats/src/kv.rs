@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::DeliverPolicy;
 use async_nats::jetstream::context::PublishErrorKind;
@@ -22,6 +22,7 @@ use tidemark_jetstream::{
     Confirmed, Created, Gate, Identity, LastPresent, Reader, ReadyGate, Replay, Step, StreamState,
 };
 
+use crate::clock::StampedInfo;
 use crate::consumer::{Delivered, PushReader, Seen};
 use crate::error::{check_key, check_name, check_prefix, unavailable};
 
@@ -108,7 +109,16 @@ struct Inner {
     read: AtomicU64,
     /// The stream the handle's reads found last.
     latest: std::sync::Mutex<Option<Created>>,
+    /// The bucket's value limit as last read, and when to read it again.
+    limit: std::sync::Mutex<tidemark_jetstream::ValueLimit>,
+    /// The origin of `limit`'s times.
+    origin: Instant,
 }
+
+/// How often a handle reads its bucket's value limit again, and how recent a read must be
+/// to refuse a value on.
+const LIMIT_REFRESH: Duration = Duration::from_secs(30);
+const LIMIT_CONFIRM: Duration = Duration::from_secs(1);
 
 impl Inner {
     /// A new reader's identity: it starts from the stream the handle knows now.
@@ -162,6 +172,11 @@ impl KvBucket {
                 store: Mutex::new(None),
                 read: AtomicU64::new(0),
                 latest: std::sync::Mutex::new(None),
+                limit: std::sync::Mutex::new(tidemark_jetstream::ValueLimit::new(
+                    LIMIT_REFRESH,
+                    LIMIT_CONFIRM,
+                )),
+                origin: Instant::now(),
             }),
             prefix: None,
             max_in_flight: None,
@@ -290,20 +305,29 @@ impl KvBucket {
     /// own copy (`cached_info`) is from when the handle looked the bucket up, and an
     /// operator may have edited the bucket since (its `max_age`, its limit markers).
     async fn info(&self, port: &'static str) -> Result<(kv::Store, stream::Info, Created)> {
+        let (store, stamped, stream) = self.stamped_info(port, Instant::now()).await?;
+        Ok((store, stamped.info, stream))
+    }
+
+    /// [`info`](Self::info) with the server's clock read from the same answer, its local
+    /// readings measured from `origin`.
+    async fn stamped_info(
+        &self,
+        port: &'static str,
+        origin: Instant,
+    ) -> Result<(kv::Store, StampedInfo, Created)> {
         let store = self.store(port).await?;
-        match store.stream.get_info().await {
-            Ok(info) => {
-                let stream = created(&info);
+        let name = store.stream.cached_info().config.name.clone();
+        match crate::clock::stream_info(&self.inner.context, &name, origin, port).await {
+            Ok(stamped) => {
+                let stream = created(&stamped.info);
                 self.saw(stream);
-                Ok((store, info, stream))
+                Ok((store, stamped, stream))
             }
             Err(e) => {
                 // Deleted and recreated, or never there: look it up afresh next time.
                 self.forget().await;
-                Err(unavailable(
-                    port,
-                    format!("bucket {}: {e}", self.inner.bucket),
-                ))
+                Err(e)
             }
         }
     }
@@ -358,8 +382,10 @@ impl KvBucket {
             port,
         )
         .await?;
-        let (store, info, stream) = self.info(port).await?;
-        let (max_age, state) = (silent_max_age(&info.config), info.state);
+        let origin = Instant::now();
+        let (store, stamped, stream) = self.stamped_info(port, origin).await?;
+        let aging = aging(&stamped, origin);
+        let state = stamped.info.state;
         let head = self.head(&store, &state, port).await?;
         let mut replay = Replay::new(from, head);
         let mut step = replay.start();
@@ -383,7 +409,9 @@ impl KvBucket {
                         Some(Ok(Seen::Idle)) => replay.on_idle(),
                         Some(Ok(Seen::Message(d))) => {
                             let (seq, pending) = (d.seq, d.pending);
-                            if let FeedItem::Entry(mut e) = to_item(&store.prefix, d, max_age) {
+                            if let FeedItem::Entry(mut e) =
+                                to_item(&store.prefix, d, aging.as_ref())
+                            {
                                 e.pending = None;
                                 take(e);
                             }
@@ -416,32 +444,69 @@ impl KvBucket {
         }
     }
 
-    /// The largest value a write can carry: what every follower takes
-    /// ([`MAX_VALUE_BYTES`](tidemark::tidemark_core::MAX_VALUE_BYTES)), the bucket's own
-    /// limit (`max_value_size`), and the server's `max_payload` less room for the subject
-    /// and the headers a KV write adds (an update's expected revision, a message id),
-    /// whichever is least. Checked before sending, so the caller gets
-    /// [`Error::ValueTooLarge`] rather than a server error, or a committed value no cache
-    /// would ever hold.
-    fn check_value(&self, store: &kv::Store, value: &[u8]) -> Result<()> {
-        const HEADER_ROOM: usize = 1024;
-        let payload = self.inner.client.server_info().max_payload;
-        let bucket = usize::try_from(store.stream.cached_info().config.max_message_size)
-            .ok()
-            .filter(|&m| m > 0);
-        let server = (payload > 0).then(|| payload.saturating_sub(HEADER_ROOM));
-        let max = [bucket, server]
-            .into_iter()
-            .flatten()
-            .fold(tidemark::tidemark_core::MAX_VALUE_BYTES, usize::min);
-        if value.len() > max {
-            return Err(Error::ValueTooLarge {
-                len: value.len(),
-                max,
-            });
+    /// Refuses a value of `len` bytes larger than a write can carry (see
+    /// [`tidemark_jetstream::value_limit`]) with [`Error::ValueTooLarge`], before sending,
+    /// rather than a server error or a committed value no cache would ever hold. The
+    /// bucket's limit is read from the server again when it is stale, before a value
+    /// above it is refused, and after the server refused a write for its size
+    /// ([`tidemark_jetstream::ValueLimit`]): an operator may change it at any time.
+    async fn check_value(&self, store: &kv::Store, len: usize) -> Result<()> {
+        use tidemark_jetstream::Verdict;
+        // Twice at most: a read, then a verdict on it.
+        for _ in 0..2 {
+            let now = self.inner.origin.elapsed();
+            let verdict = self.limit().judge(len, now);
+            match verdict {
+                Verdict::Send => return Ok(()),
+                Verdict::TooLarge { max } => return Err(Error::ValueTooLarge { len, max }),
+                Verdict::ReadFirst => {
+                    let info = store
+                        .stream
+                        .get_info()
+                        .await
+                        .map_err(|e| unavailable("source", e))?;
+                    let max = tidemark_jetstream::value_limit(
+                        i64::from(info.config.max_message_size),
+                        self.inner.client.server_info().max_payload,
+                        tidemark::tidemark_core::MAX_VALUE_BYTES,
+                    );
+                    self.limit().observe(max, self.inner.origin.elapsed());
+                }
+            }
         }
         Ok(())
     }
+
+    fn limit(&self) -> std::sync::MutexGuard<'_, tidemark_jetstream::ValueLimit> {
+        self.inner.limit.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A write of `len` bytes the server refused with `error`: [`Error::ValueTooLarge`]
+    /// if it was refused for its size (the limit is read again first), else unavailable.
+    async fn refused<E>(&self, store: &kv::Store, len: usize, error: E) -> Error
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        if refused_for_size(&error) {
+            self.limit().refused();
+            if let Err(e) = self.check_value(store, len).await {
+                return e;
+            }
+        }
+        unavailable("source", error)
+    }
+}
+
+/// Whether a write error is the server's "message size exceeds maximum allowed".
+fn refused_for_size(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(js) = e.downcast_ref::<async_nats::jetstream::Error>() {
+            return tidemark_jetstream::refused_for_size(js.error_code().0);
+        }
+        next = e.source();
+    }
+    false
 }
 
 /// The last message present now for the subjects `filter`: a read that cannot race (the
@@ -510,15 +575,34 @@ fn silent_max_age(config: &stream::Config) -> Option<Duration> {
         .then_some(config.max_age)
 }
 
-/// What is left of a value's life: `max_age` less its age by the server's timestamp.
-/// Reading the wall clock here turns the server's timestamp into data; the follower
-/// decides when it expires, on its own clock.
-pub(crate) fn remaining_life(max_age: Duration, published_ns: u64) -> Duration {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    let age = now.saturating_sub(Duration::from_nanos(published_ns));
-    max_age.saturating_sub(age)
+/// How a feed or a replay judges a value's expiry: the bucket's age limit, when it drops
+/// values silently, and the server's clock read with it (SPEC §17: the server's stamps
+/// against the server's time, carried forward by the local monotonic clock).
+#[derive(Clone, Copy, Debug)]
+struct Aging {
+    expiry: tidemark_jetstream::Expiry,
+    clock: tidemark_jetstream::ServerClock,
+    origin: Instant,
+}
+
+impl Aging {
+    /// What is left of the life of a value the server stored at `published_ns`, now.
+    fn remaining(&self, published_ns: u64) -> Option<Duration> {
+        self.expiry
+            .remaining_at(published_ns, &self.clock, self.origin.elapsed())
+    }
+}
+
+/// The aging of a read whose stream info is `stamped`, its clock's readings measured from
+/// `origin`. None without an age limit, with limit markers (the server announces
+/// removals), or from a server that does not stamp its answers (before 2.10: the values
+/// are then kept, and the presence check finds those the server dropped).
+fn aging(stamped: &StampedInfo, origin: Instant) -> Option<Aging> {
+    Some(Aging {
+        expiry: tidemark_jetstream::Expiry::new(silent_max_age(&stamped.info.config)?)?,
+        clock: stamped.clock?,
+        origin,
+    })
 }
 
 /// A message's payload as a `Vec` that holds only its bytes. A payload that is the only
@@ -532,7 +616,7 @@ fn owned(payload: Bytes) -> Vec<u8> {
     value
 }
 
-fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
+fn to_item(prefix: &str, d: Delivered, aging: Option<&Aging>) -> FeedItem {
     let Some(key) = d.subject.strip_prefix(prefix) else {
         return FeedItem::Undecodable {
             position: d.seq,
@@ -547,11 +631,12 @@ fn to_item(prefix: &str, d: Delivered, max_age: Option<Duration>) -> FeedItem {
         Vec::new()
     };
     let entry = Entry::new(d.seq, d.seq, key, op, value).with_pending(d.pending);
-    FeedItem::Entry(match max_age {
-        Some(max_age) if entry.op == Op::Put && d.published_ns > 0 => {
-            entry.expiring_in(remaining_life(max_age, d.published_ns))
-        }
-        _ => entry,
+    let remaining = aging
+        .filter(|_| entry.op == Op::Put)
+        .and_then(|a| a.remaining(d.published_ns));
+    FeedItem::Entry(match remaining {
+        Some(remaining) => entry.expiring_in(remaining),
+        None => entry,
     })
 }
 
@@ -559,24 +644,26 @@ impl Source for KvBucket {
     async fn put(&self, key: &str, value: Vec<u8>) -> Result<u64> {
         self.check_write(key)?;
         let store = self.store("source").await?;
-        self.check_value(&store, &value)?;
-        store
-            .put(key, Bytes::from(value))
-            .await
-            .map_err(|e| unavailable("source", e))
+        self.check_value(&store, value.len()).await?;
+        let len = value.len();
+        match store.put(key, Bytes::from(value)).await {
+            Ok(seq) => Ok(seq),
+            Err(e) => Err(self.refused(&store, len, e).await),
+        }
     }
 
     async fn update(&self, key: &str, value: Vec<u8>, expected: u64) -> Result<u64> {
         self.check_write(key)?;
         let store = self.store("source").await?;
-        self.check_value(&store, &value)?;
+        self.check_value(&store, value.len()).await?;
+        let len = value.len();
         if expected == 0 {
             return match store.create(key, Bytes::from(value)).await {
                 Ok(seq) => Ok(seq),
                 Err(e) if e.kind() == CreateErrorKind::AlreadyExists => {
                     Err(self.conflict(key, expected).await)
                 }
-                Err(e) => Err(unavailable("source", e)),
+                Err(e) => Err(self.refused(&store, len, e).await),
             };
         }
         // NATS accepts an update whose expected revision is a delete marker's; for us the
@@ -596,7 +683,7 @@ impl Source for KvBucket {
             Err(e) if e.kind() == UpdateErrorKind::WrongLastRevision => {
                 Err(self.conflict(key, expected).await)
             }
-            Err(e) => Err(unavailable("source", e)),
+            Err(e) => Err(self.refused(&store, len, e).await),
         }
     }
 
@@ -782,7 +869,7 @@ pub struct KvStream {
     prefix: String,
     /// The bucket's `max_age` when it drops values silently (no limit markers), as the
     /// server said when this feed opened.
-    max_age: Option<Duration>,
+    aging: Option<Aging>,
     /// Keeps the initial sync from saying ready before a read that cannot race confirms
     /// the head ([`ReadyGate`]).
     gate: ReadyGate,
@@ -860,7 +947,7 @@ impl FeedStream for KvStream {
 
 impl KvStream {
     fn item(&self, d: Delivered) -> FeedItem {
-        to_item(&self.prefix, d, self.max_age)
+        to_item(&self.prefix, d, self.aging.as_ref())
     }
 }
 
@@ -891,8 +978,10 @@ impl Feed for KvBucket {
             "feed",
         )
         .await?;
-        let (store, info, stream) = self.info("feed").await?;
-        let (max_age, state) = (silent_max_age(&info.config), info.state);
+        let origin = Instant::now();
+        let (store, stamped, stream) = self.stamped_info("feed", origin).await?;
+        let aging = aging(&stamped, origin);
+        let state = stamped.info.state;
         let mut head = FeedInfo::filtered_head(
             self.head(&store, &state, "feed").await?,
             state.last_sequence,
@@ -908,7 +997,7 @@ impl Feed for KvBucket {
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),
-                max_age,
+                aging,
                 gate: ReadyGate::new(head),
                 held: None,
                 queued: None,
