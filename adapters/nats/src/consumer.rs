@@ -148,6 +148,7 @@ impl PushReader {
         filter: String,
         deliver: DeliverPolicy,
         max_in_flight: Option<usize>,
+        headers_only: bool,
         port: &'static str,
     ) -> Result<PushReader> {
         let connects = client
@@ -182,6 +183,7 @@ impl PushReader {
             inactive_threshold: INACTIVE,
             num_replicas: 1,
             memory_storage: true,
+            headers_only,
             ..Default::default()
         };
         let consumer = stream

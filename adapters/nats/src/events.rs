@@ -332,6 +332,7 @@ impl Feed for NatsEvents {
             format!("{}.>", self.inner.prefix),
             deliver,
             None,
+            false,
             "events",
         )
         .await?;

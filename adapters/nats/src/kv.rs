@@ -366,6 +366,7 @@ impl KvBucket {
         store: &kv::Store,
         deliver: DeliverPolicy,
         port: &'static str,
+        headers_only: bool,
         mut take: impl FnMut(Entry),
     ) -> Result<(State, Created, u64)> {
         let from = match deliver {
@@ -379,6 +380,7 @@ impl KvBucket {
             self.filter(store),
             deliver,
             self.max_in_flight,
+            headers_only,
             port,
         )
         .await?;
@@ -756,7 +758,7 @@ impl Source for KvBucket {
                 start_sequence: since + 1,
             };
             let (after, _, through) = self
-                .replay(&store, deliver, "source", |e| {
+                .replay(&store, deliver, "source", false, |e| {
                     latest.insert(e.key.clone(), e);
                 })
                 .await?;
@@ -777,37 +779,50 @@ impl Source for KvBucket {
         Ok(Changes::Since { entries, watermark })
     }
 
-    /// The bucket's subjects with a message, from the stream's own state (no message is
-    /// read), the last sequence read first.
+    /// The keys the bucket holds now, from a headers-only replay of the last message per
+    /// key, ended like every replay on a read that cannot race ([`Replay`]): the keys of
+    /// the source as of the returned watermark, whatever their number. (It listed the
+    /// stream's subjects before; the server pages that listing by offset, so on buckets
+    /// of more than 100,000 subjects a subject purged between two pages hid later ones,
+    /// and the presence check dropped live keys.) No value crosses the wire.
     async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {
-        use futures::TryStreamExt as _;
-        let (store, state, _) = self.state("source").await?;
-        let watermark = state.last_sequence;
-        let subjects = store
-            .stream
-            .info_with_subjects(self.filter(&store))
-            .await
-            .map_err(|e| unavailable("source", e))?;
-        let keys = subjects
-            .try_filter_map(|(subject, _)| {
-                let key = subject
-                    .strip_prefix(store.prefix.as_str())
-                    .map(str::to_owned);
-                async move { Ok(key) }
+        let store = self.store("source").await?;
+        // The latest operation per key: a key overwritten (or deleted) during the read
+        // comes again later.
+        let mut latest: HashMap<std::sync::Arc<str>, (u64, bool)> = HashMap::new();
+        let (state, _, through) = self
+            .replay(&store, DeliverPolicy::LastPerSubject, "source", true, |e| {
+                let put = e.op == Op::Put;
+                let held = latest.entry(e.key).or_insert((e.seq, put));
+                if e.seq >= held.0 {
+                    *held = (e.seq, put);
+                }
             })
-            .try_collect()
-            .await
-            .map_err(|e| unavailable("source", e))?;
-        Ok(Some(tidemark::PresentKeys { keys, watermark }))
+            .await?;
+        let keys = latest
+            .into_iter()
+            .filter(|(_, (_, put))| *put)
+            .map(|(key, _)| key.to_string())
+            .collect();
+        Ok(Some(tidemark::PresentKeys {
+            keys,
+            watermark: through.max(state.last_sequence),
+        }))
     }
 
     async fn snapshot(&self) -> Result<Snapshot> {
         let store = self.store("source").await?;
         let mut entries = Vec::new();
         let (state, stream, through) = self
-            .replay(&store, DeliverPolicy::LastPerSubject, "source", |e| {
-                entries.push(e);
-            })
+            .replay(
+                &store,
+                DeliverPolicy::LastPerSubject,
+                "source",
+                false,
+                |e| {
+                    entries.push(e);
+                },
+            )
             .await?;
         let top = through.max(state.last_sequence);
         // The latest revision per key, sorted in place rather than gathered in a map: a
@@ -975,6 +990,7 @@ impl Feed for KvBucket {
             self.filter(&store),
             deliver,
             self.max_in_flight,
+            false,
             "feed",
         )
         .await?;

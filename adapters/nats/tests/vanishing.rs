@@ -206,3 +206,67 @@ async fn a_key_whose_purged_marker_no_replay_reaches_is_found_by_the_presence_ch
         .collect();
     assert_eq!(held, ["a"], "k left the persisted cache, a stays");
 }
+
+/// The presence listing holds every live key of a bucket of any size while other keys are
+/// purged during it. It used to list the stream's subjects, which the server pages by
+/// offset (100,000 a page): a subject purged between two pages shifted later ones past the
+/// page boundary, and the check then dropped live keys (a reviewer saw 57–112 of 100,200
+/// missing). It is now a headers-only replay of the last message per key, confirmed at its
+/// end by a read of the last message present.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_over_100k_keys_holds_every_live_key_while_others_are_purged() {
+    const KEYS: u32 = 100_200;
+    const PURGED: u32 = 2_000;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "many", 1, 1).await;
+    let js = jetstream::new(client.clone());
+    // The keys to purge first, so each purge shifts every later subject of the listing.
+    let name = |i: u32| format!("k{i:06}");
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(2_000) {
+        let mut acks = Vec::with_capacity(chunk.len());
+        for &i in chunk {
+            acks.push(
+                js.publish(format!("$KV.many.{}", name(i)), Bytes::from_static(b"v"))
+                    .await
+                    .unwrap(),
+            );
+        }
+        for ack in acks {
+            ack.await.unwrap();
+        }
+    }
+    let bucket = KvBucket::new(client.clone(), "many").unwrap();
+    let mut stream = js.get_stream("KV_many").await.unwrap();
+    let purging = tokio::spawn(async move {
+        for i in 0..PURGED {
+            stream
+                .purge()
+                .filter(format!("$KV.many.{}", name(i)))
+                .await
+                .unwrap();
+        }
+    });
+    let mut short = Vec::new();
+    while !purging.is_finished() {
+        let listed = bucket
+            .present_keys()
+            .await
+            .unwrap()
+            .expect("NATS lists keys");
+        let listed: std::collections::HashSet<String> = listed.keys.into_iter().collect();
+        let missing = (PURGED..KEYS)
+            .map(name)
+            .filter(|k| !listed.contains(k))
+            .count();
+        if missing > 0 {
+            short.push(missing);
+        }
+    }
+    purging.await.unwrap();
+    let _ = store;
+    assert!(
+        short.is_empty(),
+        "every listing holds every key never purged; listings short by {short:?}"
+    );
+}
