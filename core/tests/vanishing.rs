@@ -129,3 +129,105 @@ fn without_the_option_nothing_is_listed() {
     h.open(FeedInfo::kv(0, 0));
     assert_eq!(h.f.poll_timeout(), None);
 }
+
+/// A follower resumed at watermark 3 over a per-key feed whose first seq moved to 5.
+fn resumed_past_a_moved_first(info: FeedInfo) -> (H, Vec<Output<String>>) {
+    let config = config().build().unwrap();
+    let keys = [
+        ("a".to_string(), 1),
+        ("b".to_string(), 2),
+        ("c".to_string(), 3),
+    ];
+    let mut h = H::with(Follower::resume(config, Utf8, 3, keys));
+    let outs = h.open(info);
+    (h, outs)
+}
+
+#[test]
+fn a_per_key_feed_past_a_moved_first_seq_lists_the_keys_and_resumes_instead_of_resyncing() {
+    let (mut h, outs) = resumed_past_a_moved_first(FeedInfo::kv_per_key(5, 7));
+    assert!(
+        diagnostics(&outs).iter().any(|d| matches!(
+            d,
+            Diagnostic::Rewritten {
+                wanted: 4,
+                first_available: 5
+            }
+        )),
+        "{outs:?}"
+    );
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::ListKeys { .. }))),
+        "a listing, not a snapshot: {outs:?}"
+    );
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "no full resync: {outs:?}"
+    );
+    // The feed's entries wait for the listing: c was written again at 5, d is new.
+    assert!(
+        puts(&h.put(5, "c", "again")).is_empty(),
+        "held while listing"
+    );
+    assert!(puts(&h.put(7, "d", "new")).is_empty());
+    // b's delete marker was purged: only the listing tells.
+    let outs = h.input(Input::Keys {
+        token: h.request.unwrap(),
+        keys: vec!["a".into(), "c".into(), "d".into()],
+        source_watermark: 7,
+    });
+    assert_eq!(removes(&outs), [("b".into(), 7)]);
+    assert_eq!(
+        puts(&outs),
+        [
+            ("c".into(), 5, "again".into()),
+            ("d".into(), 7, "new".into())
+        ]
+    );
+    assert!(
+        is_ready(&outs),
+        "ready at the head once listed and caught up"
+    );
+    assert_eq!(h.f.counters().resyncs, 0);
+}
+
+#[test]
+fn a_sparse_feed_past_a_moved_first_seq_still_resyncs() {
+    let (_, outs) = resumed_past_a_moved_first(FeedInfo::kv(5, 7));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "a bucket with other limits may have lost what the follower needs: {outs:?}"
+    );
+}
+
+#[test]
+fn a_listing_the_feed_waits_for_that_fails_fails_the_feed_and_is_asked_again_on_reopen() {
+    let (mut h, _) = resumed_past_a_moved_first(FeedInfo::kv_per_key(5, 7));
+    h.put(5, "c", "again");
+    let outs = h.input(Input::RequestFailed {
+        token: h.request.unwrap(),
+        error: "cannot list".into(),
+    });
+    assert!(puts(&outs).is_empty(), "nothing held is applied unlisted");
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::CloseFeed { .. }))),
+        "{outs:?}"
+    );
+    let outs = h.run_to_timeout();
+    assert_eq!(
+        opened_from(&outs),
+        Some(4),
+        "reopened from watermark+1 after a backoff"
+    );
+    let outs = h.reopen(FeedInfo::kv_per_key(5, 7));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::ListKeys { .. }))),
+        "asked again: {outs:?}"
+    );
+}

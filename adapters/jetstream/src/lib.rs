@@ -26,7 +26,10 @@ mod stream;
 
 pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
-pub use stream::{Created, Identity, LastPresent, Reader, StreamState, first_available, head};
+pub use stream::{
+    Created, Identity, LastPresent, Limits, Reader, StreamState, first_available, head,
+    per_key_only,
+};
 
 #[cfg(feature = "model")]
 pub mod model;

@@ -52,6 +52,36 @@ pub fn head(state: &StreamState, last: LastPresent) -> u64 {
     if state.messages == 0 { 0 } else { last.seq() }
 }
 
+/// The limits a stream's config sets on what it keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Revisions kept per subject (a KV bucket's history); 0 or less: no such limit.
+    pub per_subject: i64,
+    /// The age limit, in nanoseconds (0: none).
+    pub max_age_ns: u64,
+    /// The message count limit (0 or less: none).
+    pub max_messages: i64,
+    /// The byte limit (0 or less: none).
+    pub max_bytes: i64,
+    /// Whether messages may carry a TTL of their own.
+    pub message_ttl: bool,
+}
+
+/// Whether a message leaves the stream only when its subject is written again (its newer
+/// revision stays) or is purged on purpose: a per-subject history and no other limit that
+/// can drop a subject's latest message. A first sequence that moved past a follower's
+/// start then says that what is gone was written again or purged, and a listing of the
+/// keys — not a full resync — finds what the purges took
+/// (`Continuity::PerKey` in the core).
+#[must_use]
+pub fn per_key_only(limits: &Limits) -> bool {
+    limits.per_subject > 0
+        && limits.max_age_ns == 0
+        && limits.max_messages <= 0
+        && limits.max_bytes <= 0
+        && !limits.message_ttl
+}
+
 /// A stream's identity: when the server created it, in nanoseconds since the Unix epoch. A
 /// stream deleted and made again has another, and its seqs start again at 1.
 pub type Created = i128;
@@ -108,6 +138,41 @@ impl Identity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_per_subject_history_makes_a_moved_first_sequence_no_compaction() {
+        let kv = Limits {
+            per_subject: 1,
+            max_messages: -1,
+            max_bytes: -1,
+            ..Limits::default()
+        };
+        assert!(per_key_only(&kv));
+        for lossy in [
+            Limits {
+                max_age_ns: 1,
+                ..kv
+            },
+            Limits {
+                max_messages: 10,
+                ..kv
+            },
+            Limits {
+                max_bytes: 10,
+                ..kv
+            },
+            Limits {
+                message_ttl: true,
+                ..kv
+            },
+            Limits {
+                per_subject: 0,
+                ..kv
+            },
+        ] {
+            assert!(!per_key_only(&lossy), "{lossy:?} can drop a latest message");
+        }
+    }
 
     #[test]
     fn each_kind_of_read_reports_a_new_stream_once() {

@@ -87,6 +87,20 @@ pub(crate) enum Seen {
     Idle,
 }
 
+/// What a consumer delivers, and how.
+#[derive(Debug)]
+pub(crate) struct Deliver {
+    /// The subjects it delivers.
+    pub filter: String,
+    /// Where it starts.
+    pub policy: DeliverPolicy,
+    /// At most this many messages ahead of what the reader read (see
+    /// [`KvBucket::with_max_in_flight`](crate::KvBucket::with_max_in_flight)).
+    pub max_in_flight: Option<usize>,
+    /// Headers only, no payload (a listing of keys).
+    pub headers_only: bool,
+}
+
 /// An open ephemeral push consumer. Dropping it unsubscribes and deletes the consumer (in
 /// the background; the inactivity threshold is the backstop).
 pub(crate) struct PushReader {
@@ -145,12 +159,15 @@ impl PushReader {
         client: &Client,
         context: &jetstream::Context,
         stream: &Stream,
-        filter: String,
-        deliver: DeliverPolicy,
-        max_in_flight: Option<usize>,
-        headers_only: bool,
+        what: Deliver,
         port: &'static str,
     ) -> Result<PushReader> {
+        let Deliver {
+            filter,
+            policy: deliver,
+            max_in_flight,
+            headers_only,
+        } = what;
         let connects = client
             .statistics()
             .connects

@@ -15,7 +15,7 @@ use tidemark_jetstream::{Created, Floor, Resume, Start, StreamState};
 use tokio::sync::Mutex;
 use tracing::warn;
 
-use crate::consumer::{PushReader, Seen};
+use crate::consumer::{Deliver, PushReader, Seen};
 use crate::error::{check_key, check_name, unavailable};
 use crate::retention::StreamLimits;
 
@@ -329,10 +329,12 @@ impl Feed for NatsEvents {
             &self.inner.client,
             &self.inner.context,
             &stream,
-            format!("{}.>", self.inner.prefix),
-            deliver,
-            None,
-            false,
+            Deliver {
+                filter: format!("{}.>", self.inner.prefix),
+                policy: deliver,
+                max_in_flight: None,
+                headers_only: false,
+            },
             "events",
         )
         .await?;

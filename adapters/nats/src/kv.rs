@@ -23,7 +23,7 @@ use tidemark_jetstream::{
 };
 
 use crate::clock::StampedInfo;
-use crate::consumer::{Delivered, PushReader, Seen};
+use crate::consumer::{Deliver, Delivered, PushReader, Seen};
 use crate::error::{check_key, check_name, check_prefix, unavailable};
 
 const KV_OPERATION: &str = "KV-Operation";
@@ -377,10 +377,12 @@ impl KvBucket {
             &self.inner.client,
             &self.inner.context,
             &store.stream,
-            self.filter(store),
-            deliver,
-            self.max_in_flight,
-            headers_only,
+            Deliver {
+                filter: self.filter(store),
+                policy: deliver,
+                max_in_flight: self.max_in_flight,
+                headers_only,
+            },
             port,
         )
         .await?;
@@ -526,6 +528,24 @@ async fn last_present(store: &kv::Store, filter: &str, port: &'static str) -> Re
             debug!(error = %e, "last message lookup failed");
             Err(unavailable(port, e))
         }
+    }
+}
+
+/// What a KV feed reports: a bucket that keeps only a history per key says so
+/// ([`FeedInfo::kv_per_key`]), so a first sequence moved by rewrites is no compaction
+/// ([`tidemark_jetstream::per_key_only`]).
+fn feed_info(config: &stream::Config, first: u64, head: u64) -> FeedInfo {
+    let limits = tidemark_jetstream::Limits {
+        per_subject: config.max_messages_per_subject,
+        max_age_ns: u64::try_from(config.max_age.as_nanos()).unwrap_or(u64::MAX),
+        max_messages: config.max_messages,
+        max_bytes: config.max_bytes,
+        message_ttl: config.allow_message_ttl,
+    };
+    if tidemark_jetstream::per_key_only(&limits) {
+        FeedInfo::kv_per_key(first, head)
+    } else {
+        FeedInfo::kv(first, head)
     }
 }
 
@@ -987,10 +1007,12 @@ impl Feed for KvBucket {
             &self.inner.client,
             &self.inner.context,
             &store.stream,
-            self.filter(&store),
-            deliver,
-            self.max_in_flight,
-            false,
+            Deliver {
+                filter: self.filter(&store),
+                policy: deliver,
+                max_in_flight: self.max_in_flight,
+                headers_only: false,
+            },
             "feed",
         )
         .await?;
@@ -1009,7 +1031,7 @@ impl Feed for KvBucket {
             head = 0;
         }
         Ok(Opened {
-            info: FeedInfo::kv(first_available(&state), head),
+            info: feed_info(&stamped.info.config, first_available(&state), head),
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),

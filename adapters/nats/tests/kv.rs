@@ -321,29 +321,48 @@ async fn warm_restart_reads_only_the_delta() {
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn compaction_forces_a_resync_that_removes_vanished_keys() {
+/// While a follower is away, a and b are deleted, c and d rewritten (history 1 drops
+/// their old revisions), then the delete markers purged (what purge-deletes does): nothing
+/// in the stream says a and b ever went away, and its first sequence moved past the
+/// follower's watermark + 1. Returns the follower's counters and its keys once it caught up
+/// after a warm restart.
+async fn restart_after_purged_markers(
+    bucket_name: &str,
+    max_age: Duration,
+) -> (tidemark::Counters, Vec<String>) {
     let server = server().await;
     let client = client(&server).await;
-    let store = create_bucket(&client, "compact", 1, 1).await;
-    let bucket = KvBucket::new(client.clone(), "compact").unwrap();
+    let js = async_nats::jetstream::new(client.clone());
+    let store = retry(WAIT, || {
+        js.create_key_value(async_nats::jetstream::kv::Config {
+            bucket: bucket_name.to_owned(),
+            history: 1,
+            max_age,
+            ..Default::default()
+        })
+    })
+    .await;
+    let bucket = KvBucket::new(client.clone(), bucket_name).unwrap();
     for k in ["a", "b", "c", "d"] {
         bucket.put(k, b"1".to_vec()).await.unwrap();
     }
     let record = Record::default();
-    let handle = record.follow("compact", &bucket);
+    let handle = record.follow(bucket_name, &bucket);
     wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
     let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
 
-    // While the follower is away: a and b are deleted, c and d rewritten (history 1 drops
-    // their old revisions), then the delete markers purged (what purge-deletes does):
-    // nothing in the stream says a and b ever went away.
     bucket.remove("a").await.unwrap();
     bucket.remove("b").await.unwrap();
     bucket.put("c", b"2".to_vec()).await.unwrap();
     let d = bucket.put("d", b"2".to_vec()).await.unwrap();
-    store.stream.purge().filter("$KV.compact.a").await.unwrap();
-    store.stream.purge().filter("$KV.compact.b").await.unwrap();
+    for k in ["a", "b"] {
+        store
+            .stream
+            .purge()
+            .filter(format!("$KV.{bucket_name}.{k}"))
+            .await
+            .unwrap();
+    }
     assert!(
         bucket.first_available().await.unwrap() > status.watermark + 1,
         "the removals are gone from the stream"
@@ -353,21 +372,96 @@ async fn compaction_forces_a_resync_that_removes_vanished_keys() {
         other => panic!("changes since a compacted seq must say so, got {other:?}"),
     }
 
-    let core = Follower::resume(config("compact"), RawBytes, status.watermark, record.keys());
+    let core = Follower::resume(
+        config(bucket_name),
+        RawBytes,
+        status.watermark,
+        record.keys(),
+    );
     let handle =
         FollowerTask::from_core(core, bucket.clone(), bucket.clone(), record.sink()).spawn();
-    wait_until(WAIT, "the resync", || record.watermark() >= d).await;
+    wait_until(WAIT, "the catch-up", || record.watermark() >= d).await;
     let keys: Vec<String> = record.map().into_keys().collect();
+    let counters = handle.status().counters;
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    (counters, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purged_markers_of_a_history_bucket_are_found_by_a_listing_not_a_full_resync() {
+    let (counters, keys) = restart_after_purged_markers("compact", Duration::ZERO).await;
     assert_eq!(
         keys,
         ["c", "d"],
         "keys the source no longer has are removed"
     );
     assert_eq!(
-        handle.status().counters.resyncs,
-        1,
-        "compaction was detected"
+        (counters.resyncs, counters.vanished),
+        (0, 2),
+        "a bucket that only keeps a history per key lists its keys and resumes"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compaction_of_a_bucket_with_an_age_limit_forces_a_resync_that_removes_vanished_keys() {
+    let (counters, keys) = restart_after_purged_markers("aged", Duration::from_secs(3_600)).await;
+    assert_eq!(
+        keys,
+        ["c", "d"],
+        "keys the source no longer has are removed"
+    );
+    assert_eq!(
+        counters.resyncs, 1,
+        "an age limit can drop a key's only revision: compaction"
+    );
+}
+
+/// A history-1 bucket whose keys at and below the watermark + 1 were all written again
+/// while the follower was away: its first sequence moved past watermark + 1, but nothing
+/// the follower needs is gone. A warm restart resumes (a listing, no full resync); it used
+/// to take the moved first sequence for compaction and resync in full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_restart_over_rewritten_keys_resumes_instead_of_resyncing() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "rewritten", 1, 1).await;
+    let bucket = KvBucket::new(client.clone(), "rewritten").unwrap();
+    for i in 0..10 {
+        bucket.put(&format!("k{i}"), b"1".to_vec()).await.unwrap();
+    }
+    let record = Record::default();
+    let handle = record.follow("rewritten", &bucket);
+    wait_until(WAIT, "initial sync", || record.ready().is_some()).await;
+    let status = handle.stop_within(Duration::from_secs(5)).await.unwrap();
+    let mut last = 0;
+    for round in 2..4 {
+        for i in 0..10 {
+            last = bucket
+                .put(&format!("k{i}"), format!("{round}").into_bytes())
+                .await
+                .unwrap();
+        }
+    }
+    assert!(bucket.first_available().await.unwrap() > status.watermark + 1);
+
+    let fresh = KvBucket::new(client.clone(), "rewritten").unwrap();
+    let core = Follower::resume(
+        config("rewritten"),
+        RawBytes,
+        status.watermark,
+        record.keys(),
+    );
+    let handle = FollowerTask::from_core(core, fresh.clone(), fresh.clone(), record.sink()).spawn();
+    wait_until(WAIT, "the catch-up", || record.watermark() == last).await;
+    let counters = handle.status().counters;
+    assert_eq!(counters.resyncs, 0, "nothing the follower needs is gone");
+    assert_eq!(
+        fresh.entries_read(),
+        10,
+        "only the newest revisions are read (the listing reads no value)"
+    );
+    assert_eq!(record.len(), 10);
+    assert_eq!(record.value("k3"), Some(b"3".to_vec()));
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 

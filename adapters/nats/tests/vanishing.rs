@@ -237,7 +237,7 @@ async fn a_listing_over_100k_keys_holds_every_live_key_while_others_are_purged()
         }
     }
     let bucket = KvBucket::new(client.clone(), "many").unwrap();
-    let mut stream = js.get_stream("KV_many").await.unwrap();
+    let stream = js.get_stream("KV_many").await.unwrap();
     let purging = tokio::spawn(async move {
         for i in 0..PURGED {
             stream

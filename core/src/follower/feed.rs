@@ -46,6 +46,7 @@ impl<D: Decode> Follower<D> {
     }
 
     pub(super) fn drop_feed(&mut self) {
+        self.list_before_feed = false;
         if let Some(feed) = self.feed.take() {
             self.request_out(Request::CloseFeed { token: feed.token });
         }
@@ -96,8 +97,9 @@ impl<D: Decode> Follower<D> {
         }
         // A sparse feed replayed into an empty cache is itself a full sync: the server keeps
         // the latest entry of every key, so a compacted prefix hides nothing we hold.
-        let empty_replay =
-            info.continuity == Continuity::Sparse && self.watermark == 0 && self.index.len() == 0;
+        let empty_replay = matches!(info.continuity, Continuity::Sparse | Continuity::PerKey)
+            && self.watermark == 0
+            && self.index.len() == 0;
         if self.feed_speaks_for_source() && info.head < self.watermark {
             // Behind us: either the newest entries were purged (a resync sorts that out) or
             // this is a new history; the snapshot's watermark tells which.
@@ -107,6 +109,32 @@ impl<D: Decode> Follower<D> {
                 watermark,
             });
             self.resync();
+            return;
+        }
+        if self.feed_speaks_for_source()
+            && info.first_available > from
+            && !empty_replay
+            && info.continuity == Continuity::PerKey
+        {
+            // Only older revisions of keys written again, or purged keys, are gone: a
+            // listing finds what a purge took, and the feed brings the rest. Listed before
+            // the feed's entries are applied (they wait while it runs), so a crash before
+            // it lands finds the same first seq and lists again.
+            if self
+                .listed_at
+                .is_some_and(|w| w.saturating_add(1) >= info.first_available)
+            {
+                self.check_ready(info.head);
+            } else {
+                self.diag(Diagnostic::Rewritten {
+                    wanted: from,
+                    first_available: info.first_available,
+                });
+                self.list_before_feed = true;
+                if !self.busy() {
+                    self.send(Pending::ListKeys);
+                }
+            }
             return;
         }
         if self.feed_speaks_for_source() && info.first_available > from && !empty_replay {

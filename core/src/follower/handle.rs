@@ -164,6 +164,13 @@ impl<D: Decode> Follower<D> {
                     .request
                     .take_if(|(t, r)| *t == token && matches!(r, Pending::ListKeys))
                 {
+                    if self.list_before_feed {
+                        // The feed waits for it: the feed fails, and its reopen (after
+                        // the failure backoff) decides again.
+                        self.drop_feed();
+                        self.schedule_reopen(Cause::FeedFailed, error, now);
+                        return;
+                    }
                     // A listing is periodic: it is tried again at the next interval.
                     self.diag(Diagnostic::ListingFailed { error });
                     self.schedule_presence_check();

@@ -59,6 +59,13 @@ pub enum Continuity {
     /// are skipped (a change log read over a key prefix): no gap can be seen, and a replay
     /// from a compacted start misses keys, so it resyncs like a gapless feed.
     Filtered,
+    /// [`Sparse`](Self::Sparse), from a source whose only limit is a history per key (a KV
+    /// bucket without an age, count or size limit): a message leaves it only when its key
+    /// is written again — the newer revision follows in the feed — or is purged on purpose,
+    /// which leaves no trace. A first available seq past the follower's start is then no
+    /// compaction: the follower lists the source's keys once, removes what it holds that
+    /// the listing lacks, and resumes instead of resyncing in full.
+    PerKey,
 }
 
 /// What a feed reported when it opened.
@@ -90,6 +97,17 @@ impl FeedInfo {
             continuity: Continuity::Gapless,
             checkpoints: false,
             follow: Follow::Replay,
+        }
+    }
+
+    /// A KV bucket's history whose only limit is its history per key
+    /// ([`Continuity::PerKey`]): as [`kv`](Self::kv), and a first available seq past the
+    /// start is no compaction.
+    #[must_use]
+    pub fn kv_per_key(first_available: u64, head: u64) -> Self {
+        FeedInfo {
+            continuity: Continuity::PerKey,
+            ..FeedInfo::kv(first_available, head)
         }
     }
 

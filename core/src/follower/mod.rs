@@ -158,6 +158,12 @@ pub struct Follower<D: Decode> {
     prefixes: Vec<KeyPrefix>,
     /// A resync whose snapshot parts are arriving: what it keeps of them.
     parts: Option<Box<parts::Parts>>,
+    /// The watermark of the last complete listing of the source's keys: a per-key feed
+    /// whose first available seq is at most one past it needs no listing again.
+    listed_at: Option<u64>,
+    /// The open feed waits for a listing of the source's keys before its entries apply
+    /// (a per-key feed opened past a moved first seq).
+    list_before_feed: bool,
 }
 
 impl<D: Decode> Follower<D> {
@@ -208,6 +214,8 @@ impl<D: Decode> Follower<D> {
             timers: Timers::default(),
             held: VecDeque::new(),
             rewake: false,
+            listed_at: None,
+            list_before_feed: false,
             last_checkpoint: None,
             opened_once: false,
             known_source: 0,
@@ -601,6 +609,10 @@ impl<D: Decode> Follower<D> {
 
     /// What follows a finished request: held feed items, a pending wake, then the feed.
     fn settle(&mut self) {
+        if self.list_before_feed && !self.busy() && !self.stopped() {
+            self.send(Pending::ListKeys);
+            return;
+        }
         while !self.busy()
             && !self.stopped()
             && let Some(item) = self.held.pop_front()

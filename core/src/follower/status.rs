@@ -182,6 +182,15 @@ pub enum Diagnostic {
         /// The first seq the feed can serve.
         first_available: u64,
     },
+    /// The feed can no longer serve watermark+1, but its source keeps only a history per
+    /// key ([`Continuity::PerKey`](crate::Continuity::PerKey)): what is gone was written
+    /// again or purged. The follower lists the source's keys once and resumes.
+    Rewritten {
+        /// The seq the follower asked for.
+        wanted: u64,
+        /// The first seq the feed can serve.
+        first_available: u64,
+    },
     /// The feed's head is below the watermark: its newest entries were purged, or the
     /// source is a new history. The follower resyncs from a snapshot.
     HeadBehind {

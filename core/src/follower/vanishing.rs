@@ -26,6 +26,10 @@ impl<D: Decode> Follower<D> {
     /// A listing of the source's keys, its watermark read first: a cached key it does not
     /// list, at a seq the listing covers, is gone from the source.
     pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
+        self.listed_at = Some(
+            self.listed_at
+                .map_or(source_watermark, |w| w.max(source_watermark)),
+        );
         let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
         let mut gone: Vec<(std::sync::Arc<str>, u64)> = self
             .index
@@ -44,7 +48,15 @@ impl<D: Decode> Follower<D> {
                 .push_back(Output::Apply(Apply::Remove { key, seq: removal }));
         }
         self.schedule_presence_check();
+        let owed = std::mem::take(&mut self.list_before_feed);
         self.settle();
+        // A feed that waited for this listing may have nothing more to deliver.
+        if owed
+            && !self.busy()
+            && let Some(head) = self.feed_head()
+        {
+            self.check_ready(head);
+        }
     }
 
     /// Schedules the next listing of the source's keys, when the follower is configured
