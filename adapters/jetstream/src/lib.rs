@@ -40,3 +40,7 @@ pub use expiry::{Expiry, ServerClock};
 pub use limits::{
     HEADER_ROOM, MESSAGE_EXCEEDS_MAXIMUM, ValueLimit, Verdict, refused_for_size, value_limit,
 };
+
+pub mod queue_scan;
+
+pub use queue_scan::{ScanEnd, ScanStep};
