@@ -5,12 +5,15 @@
 
 mod common;
 
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use tidemark::conformance as c;
-use tidemark::tidemark_core::Job;
-use tidemark::{JobRetention, Queue, UNDECODABLE_KIND};
+use tidemark::tidemark_core::{Job, JobId};
+use tidemark::{JobRetention, JobState, Queue, UNDECODABLE_KIND};
 use tidemark_nats::NatsQueue;
 
 use common::*;
@@ -124,4 +127,63 @@ async fn a_message_that_is_no_job_is_listed_as_a_dead_letter() {
     assert_eq!(dead[0].job.kind(), UNDECODABLE_KIND);
     let why = dead[0].last_error.as_deref().unwrap_or_default();
     assert!(why.contains("not a job"), "the dead letter says why: {why}");
+}
+
+/// A runner that leases and acks every job until `stop`, recording each leased id (in
+/// lease order) before its "handler" (the ack) runs.
+fn spawn_acking_runner(
+    q: NatsQueue,
+    stop: Arc<AtomicBool>,
+    started: Arc<Mutex<Vec<JobId>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            if let Some(lease) = q.lease(Duration::from_secs(30)).await.unwrap() {
+                started.lock().unwrap().push(lease.id);
+                q.ack(&lease).await.unwrap();
+            }
+        }
+    })
+}
+
+/// A housekeeping enqueue is absorbed only by a job whose handler has not started yet: a
+/// runner that leases the job between its publish and its `pending` key must not leave
+/// the key naming it, or every later enqueue for the key returns that finished job and
+/// the writes it stands for are never housekept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_enqueued_while_a_runner_works_is_never_absorbed_by_a_started_job() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "COALESCE_RACE", 3)
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let runner = spawn_acking_runner(q.clone(), stop.clone(), started.clone());
+    let pack = || Job::PackHousekeeping { key: "a".into() };
+    let mut absorbed_by_started = Vec::new();
+    for i in 0..300 {
+        let before: BTreeSet<JobId> = started.lock().unwrap().iter().copied().collect();
+        let id = q.enqueue(pack()).await.unwrap();
+        if before.contains(&id) {
+            absorbed_by_started.push((i, id));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    runner.await.unwrap();
+    assert!(
+        absorbed_by_started.is_empty(),
+        "{} of 300 enqueues were absorbed by a job whose handler had started before the \
+         enqueue began, so it may have read the key before the write; the first (iteration, \
+         id): {:?}",
+        absorbed_by_started.len(),
+        &absorbed_by_started[..absorbed_by_started.len().min(5)]
+    );
+    let id = q.enqueue(pack()).await.unwrap();
+    let state = q.get(id).await.unwrap().map(|r| r.state);
+    assert_eq!(
+        state,
+        Some(JobState::Ready),
+        "with the runner stopped, an enqueue names a job still to run, not {id} finished"
+    );
 }
