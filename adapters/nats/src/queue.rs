@@ -15,15 +15,17 @@ use serde::{Deserialize, Serialize};
 use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
-use tidemark_jetstream::{Coalesce, Found, KeyWrite, Named, coalesce};
+use tidemark_jetstream::{Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, coalesce};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::error::{check_name, unavailable};
 
-/// How long a scan of the state bucket waits for its next entry before it ends.
-const SCAN_IDLE: Duration = Duration::from_secs(5);
+/// How long a scan of the state bucket waits for its next entry before it reads the
+/// bucket's newest message again: the one it waits for may have been removed. Never the
+/// end of a scan by itself, so a short wait costs a read, not a short listing.
+const SCAN_CONFIRM_AFTER: Duration = Duration::from_millis(200);
 
 /// How long a lease waits for a job before answering "none ready".
 const LEASE_WAIT: Duration = Duration::from_millis(300);
@@ -56,8 +58,10 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 ///
 /// Listing dead letters, counting and retention read the state bucket in one streamed pass
 /// (the last value of each key): their cost grows with the jobs retention keeps, but not
-/// by a round trip per job. A requeued dead letter is published again under a new
-/// id, and its old state key is purged.
+/// by a round trip per job. The pass ends once the bucket's newest message, read again
+/// after everything up to it was delivered, is no newer ([`ScanEnd`]); it holds every
+/// job that existed throughout it, as of some moment during it. A requeued dead letter is
+/// published again under a new id, and its old state key is purged.
 #[derive(Clone)]
 pub struct NatsQueue {
     inner: Arc<Inner>,
@@ -246,17 +250,12 @@ impl NatsQueue {
     }
 
     /// Every job's state, in id order: one pass over the state bucket's stream (the last
-    /// message of each key, streamed by one consumer), not a request per key.
+    /// message of each key, streamed by one consumer), not a request per key. [`ScanEnd`]
+    /// says when the pass is complete; a job whose state moved on during the pass is
+    /// delivered again and listed as last delivered.
     async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
-        let held = self
-            .inner
-            .state_stream
-            .get_info()
-            .await
-            .map_err(|e| unavailable("queue", e))?
-            .state
-            .messages;
-        if held == 0 {
+        let mut end = ScanEnd::new();
+        if end.confirmed(self.newest_state().await?) == ScanStep::Done {
             return Ok(Vec::new());
         }
         let mut entries = self
@@ -265,30 +264,65 @@ impl NatsQueue {
             .watch_with_history(">")
             .await
             .map_err(|e| unavailable("queue", e))?;
-        let mut out = Vec::new();
+        // Each key's last delivered message: its revision, and its value if a put.
+        let mut latest: HashMap<String, (u64, Option<Bytes>)> = HashMap::new();
         loop {
-            // The pass ends at the entry with nothing after it; a bucket emptied since
-            // the count above sends nothing at all.
-            let entry = match tokio::time::timeout(SCAN_IDLE, entries.next()).await {
-                Ok(Some(entry)) => entry.map_err(|e| unavailable("queue", e))?,
-                Ok(None) | Err(_) => break,
-            };
-            let last = entry.delta == 0;
-            if entry.operation == kv::Operation::Put && !entry.key.starts_with(PENDING) {
-                match entry.key.parse::<u64>() {
-                    Ok(id) => match decode_state(id, &entry.value) {
-                        Ok(stored) => out.push((id, stored)),
-                        Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
-                    },
-                    Err(_) => warn!(key = entry.key, "state key that names no job; left alone"),
+            match end.step() {
+                ScanStep::Done => break,
+                ScanStep::Confirm => {
+                    end.confirmed(self.newest_state().await?);
+                }
+                ScanStep::ReadOn => {
+                    match tokio::time::timeout(SCAN_CONFIRM_AFTER, entries.next()).await {
+                        Ok(Some(entry)) => {
+                            let entry = entry.map_err(|e| unavailable("queue", e))?;
+                            end.delivered(entry.revision);
+                            keep_latest(&mut latest, entry);
+                        }
+                        Ok(None) => {
+                            return Err(unavailable("queue", "the state bucket's watch ended"));
+                        }
+                        Err(_) => {
+                            end.idle();
+                        }
+                    }
                 }
             }
-            if last {
-                break;
+        }
+        let mut out = Vec::new();
+        for (key, (_, value)) in latest {
+            let Some(value) = value else { continue };
+            if key.starts_with(PENDING) {
+                continue;
+            }
+            match key.parse::<u64>() {
+                Ok(id) => match decode_state(id, &value) {
+                    Ok(stored) => out.push((id, stored)),
+                    Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+                },
+                Err(_) => warn!(key, "state key that names no job; left alone"),
             }
         }
         out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
+    }
+
+    /// The stream sequence of the newest message the state bucket holds now, from the
+    /// stream leader (not the stream info's last sequence, which may name a message since
+    /// purged, nor a direct get a lagging replica may answer).
+    async fn newest_state(&self) -> Result<Option<u64>> {
+        match self
+            .inner
+            .state_stream
+            .raw_message_builder()
+            .last_by_subject(format!("{}>", self.inner.state_prefix))
+            .send()
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("queue", e)),
+        }
     }
 
     /// Removes a job's state key with its history, leaving no delete marker.
@@ -322,6 +356,19 @@ fn pending_key(coalesce: &str) -> String {
 
 /// The prefix of pending-job keys in the state bucket (job ids are bare numbers).
 const PENDING: &str = "pending.";
+
+/// Keeps `entry` as its key's state if it is newer than the one kept: a scan may deliver
+/// a key twice, before and after it moved on.
+fn keep_latest(latest: &mut HashMap<String, (u64, Option<Bytes>)>, entry: kv::Entry) {
+    if latest
+        .get(&entry.key)
+        .is_some_and(|(revision, _)| *revision >= entry.revision)
+    {
+        return;
+    }
+    let value = (entry.operation == kv::Operation::Put).then_some(entry.value);
+    latest.insert(entry.key, (entry.revision, value));
+}
 
 /// What coalescing needs of a job's state.
 fn named(stored: &Stored) -> Named {
