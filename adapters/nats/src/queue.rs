@@ -53,7 +53,7 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// key, says it was never leased; the lease purges the key before the handler runs. A
 /// runner can lease the job before its key is written, so a key may name a job already
 /// leased or finished: the next enqueue for the key then publishes a new job and replaces
-/// the key by compare-and-set ([`tidemark_jetstream::coalesce`]). Sweeps are not leased
+/// the key by compare-and-set ([`tidemark_jetstream::coalesce()`]). Sweeps are not leased
 /// ahead of other jobs here (one consumer, in stream order).
 ///
 /// Listing dead letters, counting and retention read the state bucket in one streamed pass
