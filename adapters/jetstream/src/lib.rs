@@ -43,3 +43,9 @@ pub use expiry::{Expiry, ServerClock};
 pub use limits::{
     HEADER_ROOM, MESSAGE_EXCEEDS_MAXIMUM, ValueLimit, Verdict, refused_for_size, value_limit,
 };
+
+pub mod coalesce;
+pub mod queue_scan;
+
+pub use coalesce::{Coalesce, Found, KeyWrite, Named, coalesce};
+pub use queue_scan::{ScanEnd, ScanStep};

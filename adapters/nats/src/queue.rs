@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::Client;
 use async_nats::jetstream::consumer::{AckPolicy, Consumer, pull};
 use async_nats::jetstream::message::AckKind;
-use async_nats::jetstream::stream::{self, RetentionPolicy};
+use async_nats::jetstream::stream::{self, RawMessageErrorKind, RetentionPolicy};
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use futures::StreamExt as _;
@@ -15,14 +15,17 @@ use serde::{Deserialize, Serialize};
 use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark_jetstream::{Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, coalesce};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::warn;
 
 use crate::error::{check_name, unavailable};
 
-/// How long a scan of the state bucket waits for its next entry before it ends.
-const SCAN_IDLE: Duration = Duration::from_secs(5);
+/// How long a scan of the state bucket waits for its next entry before it reads the
+/// bucket's newest message again: the one it waits for may have been removed. Never the
+/// end of a scan by itself, so a short wait costs a read, not a short listing.
+const SCAN_CONFIRM_AFTER: Duration = Duration::from_millis(200);
 
 /// How long a lease waits for a job before answering "none ready".
 const LEASE_WAIT: Duration = Duration::from_millis(300);
@@ -45,14 +48,20 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// key, with the time they finished, until [`Queue::remove_finished`] purges it (the
 /// key's messages are purged from the bucket's stream, leaving no delete marker behind).
 /// A `pack_housekeeping` job waiting to be leased is named by a `pending.<key in hex>`
-/// entry in the state bucket, created if absent on enqueue: a later enqueue for the key
-/// finds it and returns that job's id (coalescing); the lease purges it before the handler
-/// runs. Sweeps are not leased ahead of other jobs here (one consumer, in stream order).
+/// entry in the state bucket, written once the job is published: a later enqueue for the
+/// key finds it and returns that job's id (coalescing) if the job's state, read after the
+/// key, says it was never leased; the lease purges the key before the handler runs. A
+/// runner can lease the job before its key is written, so a key may name a job already
+/// leased or finished: the next enqueue for the key then publishes a new job and replaces
+/// the key by compare-and-set ([`tidemark_jetstream::coalesce()`]). Sweeps are not leased
+/// ahead of other jobs here (one consumer, in stream order).
 ///
 /// Listing dead letters, counting and retention read the state bucket in one streamed pass
 /// (the last value of each key): their cost grows with the jobs retention keeps, but not
-/// by a round trip per job. A requeued dead letter is published again under a new
-/// id, and its old state key is purged.
+/// by a round trip per job. The pass ends once the bucket's newest message, read again
+/// after everything up to it was delivered, is no newer ([`ScanEnd`]); it holds every
+/// job that existed throughout it, as of some moment during it. A requeued dead letter is
+/// published again under a new id, and its old state key is purged.
 #[derive(Clone)]
 pub struct NatsQueue {
     inner: Arc<Inner>,
@@ -241,17 +250,12 @@ impl NatsQueue {
     }
 
     /// Every job's state, in id order: one pass over the state bucket's stream (the last
-    /// message of each key, streamed by one consumer), not a request per key.
+    /// message of each key, streamed by one consumer), not a request per key. [`ScanEnd`]
+    /// says when the pass is complete; a job whose state moved on during the pass is
+    /// delivered again and listed as last delivered.
     async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
-        let held = self
-            .inner
-            .state_stream
-            .get_info()
-            .await
-            .map_err(|e| unavailable("queue", e))?
-            .state
-            .messages;
-        if held == 0 {
+        let mut end = ScanEnd::new();
+        if end.confirmed(self.newest_state().await?) == ScanStep::Done {
             return Ok(Vec::new());
         }
         let mut entries = self
@@ -260,30 +264,65 @@ impl NatsQueue {
             .watch_with_history(">")
             .await
             .map_err(|e| unavailable("queue", e))?;
-        let mut out = Vec::new();
+        // Each key's last delivered message: its revision, and its value if a put.
+        let mut latest: HashMap<String, (u64, Option<Bytes>)> = HashMap::new();
         loop {
-            // The pass ends at the entry with nothing after it; a bucket emptied since
-            // the count above sends nothing at all.
-            let entry = match tokio::time::timeout(SCAN_IDLE, entries.next()).await {
-                Ok(Some(entry)) => entry.map_err(|e| unavailable("queue", e))?,
-                Ok(None) | Err(_) => break,
-            };
-            let last = entry.delta == 0;
-            if entry.operation == kv::Operation::Put && !entry.key.starts_with(PENDING) {
-                match entry.key.parse::<u64>() {
-                    Ok(id) => match decode_state(id, &entry.value) {
-                        Ok(stored) => out.push((id, stored)),
-                        Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
-                    },
-                    Err(_) => warn!(key = entry.key, "state key that names no job; left alone"),
+            match end.step() {
+                ScanStep::Done => break,
+                ScanStep::Confirm => {
+                    end.confirmed(self.newest_state().await?);
+                }
+                ScanStep::ReadOn => {
+                    match tokio::time::timeout(SCAN_CONFIRM_AFTER, entries.next()).await {
+                        Ok(Some(entry)) => {
+                            let entry = entry.map_err(|e| unavailable("queue", e))?;
+                            end.delivered(entry.revision);
+                            keep_latest(&mut latest, entry);
+                        }
+                        Ok(None) => {
+                            return Err(unavailable("queue", "the state bucket's watch ended"));
+                        }
+                        Err(_) => {
+                            end.idle();
+                        }
+                    }
                 }
             }
-            if last {
-                break;
+        }
+        let mut out = Vec::new();
+        for (key, (_, value)) in latest {
+            let Some(value) = value else { continue };
+            if key.starts_with(PENDING) {
+                continue;
+            }
+            match key.parse::<u64>() {
+                Ok(id) => match decode_state(id, &value) {
+                    Ok(stored) => out.push((id, stored)),
+                    Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
+                },
+                Err(_) => warn!(key, "state key that names no job; left alone"),
             }
         }
         out.sort_unstable_by_key(|(id, _)| *id);
         Ok(out)
+    }
+
+    /// The stream sequence of the newest message the state bucket holds now, from the
+    /// stream leader (not the stream info's last sequence, which may name a message since
+    /// purged, nor a direct get a lagging replica may answer).
+    async fn newest_state(&self) -> Result<Option<u64>> {
+        match self
+            .inner
+            .state_stream
+            .raw_message_builder()
+            .last_by_subject(format!("{}>", self.inner.state_prefix))
+            .send()
+            .await
+        {
+            Ok(message) => Ok(Some(message.sequence)),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("queue", e)),
+        }
     }
 
     /// Removes a job's state key with its history, leaving no delete marker.
@@ -318,18 +357,101 @@ fn pending_key(coalesce: &str) -> String {
 /// The prefix of pending-job keys in the state bucket (job ids are bare numbers).
 const PENDING: &str = "pending.";
 
+/// Keeps `entry` as its key's state if it is newer than the one kept: a scan may deliver
+/// a key twice, before and after it moved on.
+fn keep_latest(latest: &mut HashMap<String, (u64, Option<Bytes>)>, entry: kv::Entry) {
+    if latest
+        .get(&entry.key)
+        .is_some_and(|(revision, _)| *revision >= entry.revision)
+    {
+        return;
+    }
+    let value = (entry.operation == kv::Operation::Put).then_some(entry.value);
+    latest.insert(entry.key, (entry.revision, value));
+}
+
+/// What coalescing needs of a job's state.
+fn named(stored: &Stored) -> Named {
+    match stored.state {
+        Stage::Ready => Named::Ready {
+            attempts: stored.attempts,
+        },
+        Stage::Leased => Named::Leased,
+        Stage::Done | Stage::Dead => Named::Finished,
+    }
+}
+
 impl NatsQueue {
-    /// The pending job a coalesce key names, if any.
-    async fn pending_job(&self, key: &str) -> Result<Option<u64>> {
-        let entry = self
+    /// What the pending key `key` holds: nothing, or the job it names with that job's
+    /// state, read after the key.
+    async fn find_pending(&self, key: &str) -> Result<Found> {
+        let Some(entry) = self
             .inner
             .state
             .entry(key)
             .await
-            .map_err(|e| unavailable("queue", e))?;
-        Ok(entry
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| std::str::from_utf8(&e.value).ok()?.parse().ok()))
+            .map_err(|e| unavailable("queue", e))?
+        else {
+            return Ok(Found::Nothing);
+        };
+        let revision = entry.revision;
+        let job = (entry.operation == kv::Operation::Put)
+            .then(|| std::str::from_utf8(&entry.value).ok()?.parse::<u64>().ok())
+            .flatten();
+        let Some(job) = job else {
+            return Ok(Found::Unreadable { revision });
+        };
+        let state = self
+            .load_from_leader(job)
+            .await?
+            .and_then(|bytes| decode_state(job, &bytes).ok())
+            .map_or(Named::Missing, |stored| named(&stored));
+        Ok(Found::Job {
+            job,
+            revision,
+            state,
+        })
+    }
+
+    /// A job's state bytes from the state stream's leader: a replica answering a direct
+    /// get may not have the lease's "leased" yet, and coalescing rests on seeing it.
+    async fn load_from_leader(&self, id: u64) -> Result<Option<Bytes>> {
+        match self
+            .inner
+            .state_stream
+            .raw_message_builder()
+            .last_by_subject(format!("{}{id}", self.inner.state_prefix))
+            .send()
+            .await
+        {
+            // State keys are put and purged, never deleted; a marker is no state.
+            Ok(message) if message.headers.get("KV-Operation").is_none() => {
+                Ok(Some(message.payload))
+            }
+            Ok(_) => Ok(None),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(unavailable("queue", e)),
+        }
+    }
+
+    /// Points the pending key at job `id`, just published. A failed compare-and-set
+    /// means an enqueue or a lease changed the key meanwhile; the job runs all the same.
+    async fn point_pending(&self, key: String, write: KeyWrite, id: u64) -> Result<()> {
+        let value = Bytes::from(id.to_string());
+        match write {
+            KeyWrite::Create => match self.inner.state.create(key, value).await {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+                Err(e) => Err(unavailable("queue", e)),
+            },
+            KeyWrite::Replace { revision } => {
+                match self.inner.state.update(key, value, revision).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
+                    Err(e) => Err(unavailable("queue", e)),
+                }
+            }
+        }
     }
 
     /// Ends the pending state of job `id` under its coalesce key before its handler runs,
@@ -367,11 +489,12 @@ impl NatsQueue {
 
 impl Queue for NatsQueue {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
-        let pending = job.coalesce_key().map(|k| pending_key(&k));
-        if let Some(key) = &pending
-            && let Some(id) = self.pending_job(key).await?
-        {
-            return Ok(JobId(id));
+        let mut pending = None;
+        if let Some(key) = job.coalesce_key().map(|k| pending_key(&k)) {
+            match coalesce(self.find_pending(&key).await?) {
+                Coalesce::Absorb { job } => return Ok(JobId(job)),
+                Coalesce::Publish { key: write } => pending = Some((key, write)),
+            }
         }
         let payload = job.encode().map_err(|e| unavailable("queue", e))?;
         let ack = self
@@ -401,19 +524,10 @@ impl Queue for NatsQueue {
             Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
             Err(e) => return Err(unavailable("queue", e)),
         }
-        if let Some(key) = pending {
-            // Created, not put: an enqueue that raced this one made its own job, which
-            // stays pending under the key; this one still runs (at least once).
-            match self
-                .inner
-                .state
-                .create(key, ack.sequence.to_string().into())
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
-                Err(e) => return Err(unavailable("queue", e)),
-            }
+        if let Some((key, write)) = pending {
+            // Written after the job's state, so a key naming a job with no state names
+            // one removed since.
+            self.point_pending(key, write, ack.sequence).await?;
         }
         Ok(JobId(ack.sequence))
     }

@@ -1,16 +1,19 @@
 //! The job queue's additions and the job runner against a real nats-server: the same
-//! conformance bodies the memory and SQLite queues pass, and the state bucket staying
-//! bounded under retention.
+//! conformance bodies the memory and SQLite queues pass, the state bucket staying
+//! bounded under retention, and coalescing and listings while runners work.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 mod common;
 
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_nats::jetstream;
 use tidemark::conformance as c;
-use tidemark::tidemark_core::Job;
-use tidemark::{JobRetention, Queue, UNDECODABLE_KIND};
+use tidemark::tidemark_core::{Job, JobId};
+use tidemark::{JobRetention, JobState, Queue, UNDECODABLE_KIND};
 use tidemark_nats::NatsQueue;
 
 use common::*;
@@ -124,4 +127,182 @@ async fn a_message_that_is_no_job_is_listed_as_a_dead_letter() {
     assert_eq!(dead[0].job.kind(), UNDECODABLE_KIND);
     let why = dead[0].last_error.as_deref().unwrap_or_default();
     assert!(why.contains("not a job"), "the dead letter says why: {why}");
+}
+
+/// A runner that leases and acks every job until `stop`, recording each leased id (in
+/// lease order) before its "handler" (the ack) runs.
+fn spawn_acking_runner(
+    q: NatsQueue,
+    stop: Arc<AtomicBool>,
+    started: Arc<Mutex<Vec<JobId>>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !stop.load(Ordering::SeqCst) {
+            if let Some(lease) = q.lease(Duration::from_secs(30)).await.unwrap() {
+                started.lock().unwrap().push(lease.id);
+                q.ack(&lease).await.unwrap();
+            }
+        }
+    })
+}
+
+/// A housekeeping enqueue is absorbed only by a job whose handler has not started yet: a
+/// runner that leases the job between its publish and its `pending` key must not leave
+/// the key naming it, or every later enqueue for the key returns that finished job and
+/// the writes it stands for are never housekept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn housekeeping_enqueued_while_a_runner_works_is_never_absorbed_by_a_started_job() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "COALESCE_RACE", 3)
+        .await
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Arc::new(Mutex::new(Vec::new()));
+    let runner = spawn_acking_runner(q.clone(), stop.clone(), started.clone());
+    let pack = || Job::PackHousekeeping { key: "a".into() };
+    let mut absorbed_by_started = Vec::new();
+    for i in 0..300 {
+        let before: BTreeSet<JobId> = started.lock().unwrap().iter().copied().collect();
+        let id = q.enqueue(pack()).await.unwrap();
+        if before.contains(&id) {
+            absorbed_by_started.push((i, id));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    runner.await.unwrap();
+    assert!(
+        absorbed_by_started.is_empty(),
+        "{} of 300 enqueues were absorbed by a job whose handler had started before the \
+         enqueue began, so it may have read the key before the write; the first (iteration, \
+         id): {:?}",
+        absorbed_by_started.len(),
+        &absorbed_by_started[..absorbed_by_started.len().min(5)]
+    );
+    let id = q.enqueue(pack()).await.unwrap();
+    let state = q.get(id).await.unwrap().map(|r| r.state);
+    assert_eq!(
+        state,
+        Some(JobState::Ready),
+        "with the runner stopped, an enqueue names a job still to run, not {id} finished"
+    );
+}
+
+/// Listings taken while runners lease, ack and fail jobs hold every job that existed
+/// throughout: a job whose state moves on during the listing (ready, then leased, then
+/// done) is still listed, and no dead letter made before the listing is left out. The
+/// server's pending count lags the stream and is no proof that a listing is complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listings_taken_while_a_runner_works_hold_every_job_that_existed_throughout() {
+    const JOBS: u64 = 400;
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "LISTING", 3).await.unwrap();
+    let churn = || Job::decode(br#"{"kind":"churn"}"#).unwrap();
+    let dead = Arc::new(Mutex::new(BTreeSet::new()));
+    for _ in 0..20 {
+        q.enqueue(churn()).await.unwrap();
+        let lease = q.lease(Duration::from_secs(30)).await.unwrap().unwrap();
+        q.dead_letter(&lease, "doomed").await.unwrap();
+        dead.lock().unwrap().insert(lease.id);
+    }
+    for _ in 20..JOBS {
+        q.enqueue(churn()).await.unwrap();
+    }
+    // No job is made or removed from here on: every listing must hold all of them.
+    let stop = Arc::new(AtomicBool::new(false));
+    let runners: Vec<_> = (0..3)
+        .map(|r| {
+            let (q, stop, dead) = (q.clone(), stop.clone(), dead.clone());
+            tokio::spawn(async move {
+                let mut n = r;
+                while !stop.load(Ordering::SeqCst) {
+                    let Some(lease) = q.lease(Duration::from_secs(30)).await.unwrap() else {
+                        continue;
+                    };
+                    n += 1;
+                    if n % 3 == 0 {
+                        q.ack(&lease).await.unwrap();
+                    } else if q.fail(&lease, "churn", Duration::ZERO).await.unwrap()
+                        == JobState::DeadLettered
+                    {
+                        dead.lock().unwrap().insert(lease.id);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut short = Vec::new();
+    for round in 0..200 {
+        let dead_before = dead.lock().unwrap().clone();
+        let counts = q.counts().await.unwrap();
+        let listed = counts.ready + counts.leased + counts.done + counts.dead;
+        if listed != JOBS {
+            short.push(format!(
+                "round {round}: counts {counts:?} list {listed} of {JOBS} jobs"
+            ));
+        }
+        let letters: BTreeSet<JobId> = q
+            .dead_letters(None, usize::MAX)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        let missing: Vec<_> = dead_before.difference(&letters).collect();
+        if !missing.is_empty() {
+            short.push(format!(
+                "round {round}: dead letters made before the listing are missing: {missing:?}"
+            ));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    for runner in runners {
+        runner.await.unwrap();
+    }
+    assert!(
+        short.is_empty(),
+        "{} listings taken while runners worked came back short (ended on the server's \
+         pending count, which lags the stream): {short:#?}",
+        short.len()
+    );
+}
+
+/// A listing ends when the message the stream last held is gone (purged by retention):
+/// the stream's last sequence then names nothing a consumer will ever deliver, and a
+/// listing that waited for it would never end. (The guard only catches a hang; how long
+/// a listing takes is not asserted.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_ends_when_the_streams_last_message_was_purged() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "PURGED_LAST", 1)
+        .await
+        .unwrap();
+    q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(Duration::from_secs(30)).await.unwrap().unwrap();
+    q.dead_letter(&lease, "kept").await.unwrap();
+    q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(Duration::from_secs(30)).await.unwrap().unwrap();
+    q.ack(&lease).await.unwrap();
+    let removed = q
+        .remove_finished(JobRetention {
+            done: Duration::ZERO,
+            dead: None,
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        removed, 1,
+        "the done job, the stream's last message, is purged"
+    );
+    let counts = tokio::time::timeout(Duration::from_secs(60), q.counts())
+        .await
+        .expect("the listing ends though the stream's last sequence names a purged message")
+        .unwrap();
+    assert_eq!(
+        (counts.dead, counts.done),
+        (1, 0),
+        "the dead letter before the purged message is listed"
+    );
 }
