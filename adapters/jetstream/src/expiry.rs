@@ -76,6 +76,14 @@ impl Expiry {
         (!max_age.is_zero()).then_some(Expiry { max_age })
     }
 
+    /// The expiry a follower must apply itself to a bucket whose age limit is `max_age`:
+    /// none when the bucket writes limit markers (`markers`: the server announces each
+    /// removal, and the follower sees it), nor without an age limit.
+    #[must_use]
+    pub fn silent(max_age: Duration, markers: bool) -> Option<Expiry> {
+        if markers { None } else { Expiry::new(max_age) }
+    }
+
     /// The limit.
     #[must_use]
     pub fn max_age(&self) -> Duration {

@@ -209,6 +209,21 @@ impl ReadyGate {
         }
     }
 
+    /// An idle heartbeat after the feed delivered up to `seen`: the server has nothing more
+    /// to send now. Below the head it was told, the consumer cannot be trusted (a fresh
+    /// consumer on a just-restarted server can report nothing pending while the stream
+    /// holds messages): `Err` — end the feed, and the follower reopens from its watermark.
+    ///
+    /// # Errors
+    /// The head not reached, when the consumer went idle below it.
+    pub fn on_idle(&self, seen: u64) -> Result<(), u64> {
+        if seen < self.head {
+            Err(self.head)
+        } else {
+            Ok(())
+        }
+    }
+
     /// The confirming read for a held message at `seq` found the last message present at
     /// `last`.
     pub fn on_confirmed(&mut self, seq: u64, last: u64) -> Confirmed {
@@ -264,5 +279,7 @@ mod tests {
         assert_eq!(g.on_confirmed(8, 8), Confirmed::Ready);
         assert_eq!(g.on_message(9), Gate::Pass);
         assert_eq!(ReadyGate::new(0).on_message(1), Gate::Pass);
+        assert_eq!(g.on_idle(9), Ok(()));
+        assert_eq!(ReadyGate::new(5).on_idle(4), Err(5), "idle below the head");
     }
 }

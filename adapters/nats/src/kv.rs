@@ -587,16 +587,6 @@ pub(crate) fn operation(headers: Option<&HeaderMap>) -> Op {
     Op::Put
 }
 
-/// How long values live in a bucket that drops them silently when they age: its
-/// `max_age`, when it writes no limit markers (with markers, the follower sees removals).
-/// From `config` as read now ([`KvBucket::info`]), not as cached when the bucket was
-/// looked up: a limit lifted since would expire values the bucket keeps, one set since
-/// would never be applied.
-fn silent_max_age(config: &stream::Config) -> Option<Duration> {
-    (!config.max_age.is_zero() && config.subject_delete_marker_ttl.is_none())
-        .then_some(config.max_age)
-}
-
 /// How a feed or a replay judges a value's expiry: the bucket's age limit, when it drops
 /// values silently, and the server's clock read with it (SPEC §17: the server's stamps
 /// against the server's time, carried forward by the local monotonic clock).
@@ -620,8 +610,15 @@ impl Aging {
 /// removals), or from a server that does not stamp its answers (before 2.10: the values
 /// are then kept, and the presence check finds those the server dropped).
 fn aging(stamped: &StampedInfo, origin: Instant) -> Option<Aging> {
+    let config = &stamped.info.config;
     Some(Aging {
-        expiry: tidemark_jetstream::Expiry::new(silent_max_age(&stamped.info.config)?)?,
+        // From the config as read now, not as cached when the bucket was looked up: a
+        // limit lifted since would expire values the bucket keeps, one set since would
+        // never be applied.
+        expiry: tidemark_jetstream::Expiry::silent(
+            config.max_age,
+            config.subject_delete_marker_ttl.is_some(),
+        )?,
         clock: stamped.clock?,
         origin,
     })
@@ -954,19 +951,16 @@ impl FeedStream for KvStream {
             }
             match self.reader.next("feed").await? {
                 Err(e) => return Some(Err(e)),
-                Ok(Seen::Idle) if self.seen < self.gate.head() => {
-                    // The server says it has nothing more, yet the head was not delivered
-                    // (a fresh consumer on a just-restarted server): reopen.
-                    return Some(Err(unavailable(
-                        "feed",
-                        format!(
-                            "consumer idle at {} below the head {}",
-                            self.seen,
-                            self.gate.head()
-                        ),
-                    )));
+                Ok(Seen::Idle) => {
+                    if let Err(head) = self.gate.on_idle(self.seen) {
+                        // The server says it has nothing more, yet the head was not
+                        // delivered (a fresh consumer on a just-restarted server): reopen.
+                        return Some(Err(unavailable(
+                            "feed",
+                            format!("consumer idle at {} below the head {head}", self.seen),
+                        )));
+                    }
                 }
-                Ok(Seen::Idle) => {}
                 Ok(Seen::Message(d)) => {
                     self.seen = self.seen.max(d.seq);
                     self.owner.read.fetch_add(1, Ordering::Relaxed);
