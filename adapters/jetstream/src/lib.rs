@@ -49,3 +49,7 @@ pub mod queue_scan;
 
 pub use coalesce::{Coalesce, Found, KeyWrite, Named, coalesce};
 pub use queue_scan::{ScanEnd, ScanStep};
+
+mod lease;
+
+pub use lease::{LockRecord, TAKE_ATTEMPTS, Take, holds, names, take};

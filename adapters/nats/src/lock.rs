@@ -6,6 +6,8 @@ use async_nats::jetstream::kv;
 use serde::{Deserialize, Serialize};
 use tidemark::{Error, Lock, LockLease, Result};
 
+use tidemark_jetstream::{LockRecord, TAKE_ATTEMPTS, Take};
+
 use crate::coord::{self, live, server_now, since_epoch};
 use crate::error::unavailable;
 
@@ -24,11 +26,20 @@ struct Held {
 }
 
 impl Held {
-    /// Whether the lease is still running at `now` (the server's time); it started when
-    /// the server stored `entry`.
-    fn running(&self, entry: &kv::Entry, now: Duration) -> bool {
-        self.owner.is_some() && since_epoch(entry) + Duration::from_millis(self.ttl_ms) > now
+    /// The record as the decisions read it ([`tidemark_jetstream::take`] and the rest):
+    /// stored when the server stored `entry`.
+    fn record(&self, entry: &kv::Entry) -> LockRecord {
+        LockRecord {
+            owner: self.owner.clone(),
+            fencing: self.fencing,
+            ttl_ns: self.ttl_ms.saturating_mul(1_000_000),
+            stored_ns: nanos(since_epoch(entry)),
+        }
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn ms(d: Duration) -> u64 {
@@ -68,11 +79,12 @@ impl NatsLock {
                 // Not ours (a foreign write): treated as a free lock whose next fencing
                 // token still starts above anything handed out.
                 tracing::warn!(key, error = %e, "lock record unreadable; treating it as free");
+                let foreign = LockRecord::foreign(0);
                 Ok(Some((
                     entry,
                     Held {
-                        owner: None,
-                        fencing: u64::from(u32::MAX),
+                        owner: foreign.owner,
+                        fencing: foreign.fencing,
                         ttl_ms: 0,
                     },
                 )))
@@ -120,25 +132,23 @@ impl Lock for NatsLock {
         let key = coord::key("lock", name);
         // A lost compare-and-set means someone else wrote meanwhile: look again, a few
         // times, then report the lock as held.
-        for _ in 0..3 {
-            let (revision, fencing) = match self.read(&key).await? {
-                None => (None, 1),
-                Some((entry, held)) => {
-                    let now = server_now(&self.store, PORT).await?;
-                    let running = held.running(&entry, now);
-                    match held.owner.as_deref() {
-                        Some(o) if running && o != owner => return Ok(None),
-                        // Free, expired, or its holder asking again: a new lease with a
-                        // new fencing token (the holder's earlier lease is lost).
-                        _ => (Some(entry.revision), held.fencing.saturating_add(1)),
-                    }
-                }
+        for _ in 0..TAKE_ATTEMPTS {
+            let read = self.read(&key).await?;
+            let now = match &read {
+                Some(_) => nanos(server_now(&self.store, PORT).await?),
+                None => 0,
+            };
+            let record = read.as_ref().map(|(entry, held)| held.record(entry));
+            let fencing = match tidemark_jetstream::take(record.as_ref(), owner, now) {
+                Take::Held => return Ok(None),
+                Take::Write { fencing } => fencing,
             };
             let held = Held {
                 owner: Some(owner.to_owned()),
                 fencing,
                 ttl_ms: ms(ttl),
             };
+            let revision = read.map(|(entry, _)| entry.revision);
             if self.write(&key, &held, revision).await? {
                 return Ok(Some(LockLease {
                     name: name.to_owned(),
@@ -156,11 +166,9 @@ impl Lock for NatsLock {
         let Some((entry, held)) = self.read(&key).await? else {
             return Err(lost());
         };
-        let now = server_now(&self.store, PORT).await?;
-        if held.owner.as_deref() != Some(lease.owner.as_str())
-            || held.fencing != lease.fencing
-            || !held.running(&entry, now)
-        {
+        let now = nanos(server_now(&self.store, PORT).await?);
+        let record = held.record(&entry);
+        if !tidemark_jetstream::holds(Some(&record), &lease.owner, lease.fencing, now) {
             return Err(lost());
         }
         let renewed = Held {
@@ -177,8 +185,7 @@ impl Lock for NatsLock {
     async fn release(&self, lease: &LockLease) -> Result<()> {
         let key = coord::key("lock", &lease.name);
         if let Some((entry, held)) = self.read(&key).await?
-            && held.owner.as_deref() == Some(lease.owner.as_str())
-            && held.fencing == lease.fencing
+            && tidemark_jetstream::names(Some(&held.record(&entry)), &lease.owner, lease.fencing)
         {
             let free = Held {
                 owner: None,
