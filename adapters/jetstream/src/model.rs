@@ -307,3 +307,125 @@ mod tests {
         assert_eq!(s.created(), 2);
     }
 }
+
+/// What a push consumer's server side sends its reader.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// A message, at consumer sequence `consumer_seq`.
+    Message {
+        /// Its consumer sequence.
+        consumer_seq: u64,
+    },
+    /// A flow-control request: the server sends nothing more until it is answered.
+    FlowControl {
+        /// The request (its reply subject, as a number).
+        id: u64,
+    },
+    /// An idle heartbeat naming the last consumer sequence sent, and, while the server
+    /// waits for a flow-control answer, that request (a stalled heartbeat).
+    Heartbeat {
+        /// The last consumer sequence sent.
+        last: u64,
+        /// The request the server waits for.
+        stalled: Option<u64>,
+    },
+}
+
+/// The server side of a push consumer with flow control, idle heartbeats and an optional
+/// cap on unacknowledged messages, in ticks of a clock the caller moves: it sends what it
+/// may each tick, and a heartbeat after `heartbeat` ticks of sending nothing.
+#[derive(Clone, Debug)]
+pub struct PushServer {
+    /// Messages that exist to deliver (consumer sequences 1..=available).
+    available: u64,
+    sent: u64,
+    acked: u64,
+    cap: Option<u64>,
+    fc_every: u64,
+    since_fc: u64,
+    waiting: Option<u64>,
+    requests: u64,
+    heartbeat: u64,
+    quiet: u64,
+    per_tick: u64,
+}
+
+impl PushServer {
+    /// A consumer that sends up to `per_tick` messages a tick, asks for flow control every
+    /// `fc_every` messages, holds at most `cap` unacknowledged, and sends a heartbeat after
+    /// `heartbeat` quiet ticks.
+    #[must_use]
+    pub fn new(per_tick: u64, fc_every: u64, cap: Option<u64>, heartbeat: u64) -> Self {
+        PushServer {
+            available: 0,
+            sent: 0,
+            acked: 0,
+            cap,
+            fc_every: fc_every.max(1),
+            since_fc: 0,
+            waiting: None,
+            requests: 0,
+            heartbeat: heartbeat.max(1),
+            quiet: 0,
+            per_tick: per_tick.max(1),
+        }
+    }
+
+    /// `n` more messages exist to deliver (writes to the stream).
+    pub fn stored(&mut self, n: u64) {
+        self.available += n;
+    }
+
+    /// Messages that exist to deliver, so far.
+    #[must_use]
+    pub fn available(&self) -> u64 {
+        self.available
+    }
+
+    /// One tick: what the server sends.
+    pub fn tick(&mut self) -> Vec<Wire> {
+        let mut out = Vec::new();
+        while self.waiting.is_none()
+            && self.sent < self.available
+            && (out.len() as u64) < self.per_tick
+            && self.cap.is_none_or(|c| self.sent - self.acked < c)
+        {
+            self.sent += 1;
+            self.since_fc += 1;
+            out.push(Wire::Message {
+                consumer_seq: self.sent,
+            });
+            if self.since_fc >= self.fc_every {
+                self.since_fc = 0;
+                self.requests += 1;
+                self.waiting = Some(self.requests);
+                out.push(Wire::FlowControl { id: self.requests });
+            }
+        }
+        if out.is_empty() {
+            self.quiet += 1;
+            if self.quiet >= self.heartbeat {
+                self.quiet = 0;
+                out.push(Wire::Heartbeat {
+                    last: self.sent,
+                    stalled: self.waiting,
+                });
+            }
+        } else {
+            self.quiet = 0;
+        }
+        out
+    }
+
+    /// The reader acknowledged everything up to `consumer_seq`.
+    pub fn on_ack(&mut self, consumer_seq: u64) {
+        self.acked = self.acked.max(consumer_seq.min(self.sent));
+    }
+
+    /// The reader answered flow-control request `id`.
+    pub fn on_answer(&mut self, id: u64) {
+        if self.waiting == Some(id) {
+            self.waiting = None;
+        }
+    }
+}

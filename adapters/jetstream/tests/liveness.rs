@@ -1,0 +1,238 @@
+//! The push consumer's judgement ([`Liveness`]) against the model's server side: flow
+//! control, idle and stalled heartbeats, a cap on unacknowledged messages, wire latency
+//! both ways, and a reader that pauses for many heartbeat intervals (a sink committing).
+//!
+//! Promises: a healthy consumer is never given up, whatever the reader's pauses, and
+//! every message is handed on; a lost message is always noticed before anything after it
+//! is handed on. A reader that judged heartbeats by what it sent when it read them —
+//! rather than by what the server had when it sent them — gave up healthy consumers
+//! after long pauses (a defect found by reading); the search below must catch that.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+
+use proptest::prelude::*;
+use tidemark_jetstream::model::{PushServer, Wire};
+use tidemark_jetstream::{Failure, Heard, Liveness, Reply, Sent};
+
+/// Ticks per heartbeat interval.
+const HEARTBEAT: u64 = 20;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    seed: u64,
+    capped: bool,
+    /// Server to client and back, in ticks (below a quarter of the interval).
+    latency: (u64, u64),
+    /// Drop the message with this consumer sequence, once.
+    drop: Option<u64>,
+    /// Stamp batches when the reader takes them, not when they arrive (the defect).
+    stamp_at_take: bool,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Ran {
+    failure: Option<Failure>,
+    handed_on: u64,
+    available: u64,
+}
+
+enum Back {
+    Ack(u64),
+    Answer(u64),
+}
+
+fn run(s: Setup) -> Ran {
+    let mut rng = Rng(s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let cap = s.capped.then_some(16);
+    let mut server = PushServer::new(4, 12, cap, HEARTBEAT);
+    let mut liveness = Liveness::new(HEARTBEAT, cap);
+    let mut to_client: VecDeque<(u64, Wire)> = VecDeque::new();
+    let mut to_server: VecDeque<(u64, Back)> = VecDeque::new();
+    let mut inbox: VecDeque<(Sent, Vec<Wire>)> = VecDeque::new();
+    let mut batch: VecDeque<Wire> = VecDeque::new();
+    let mut sent = Sent::default();
+    let (mut handed_on, mut dropped) = (0u64, false);
+    let mut paused_until = 0u64;
+    let active = 60 * HEARTBEAT;
+    for now in 0..active + 100 * HEARTBEAT {
+        if now < active && rng.below(4) == 0 {
+            server.stored(rng.below(8));
+        }
+        for w in server.tick() {
+            if let (Some(d), Wire::Message { consumer_seq }) = (s.drop, &w)
+                && *consumer_seq == d
+                && !dropped
+            {
+                dropped = true;
+                continue;
+            }
+            to_client.push_back((now + s.latency.0, w));
+        }
+        while to_server.front().is_some_and(|(at, _)| *at <= now) {
+            match to_server.pop_front().map(|(_, b)| b) {
+                Some(Back::Ack(seq)) => server.on_ack(seq),
+                Some(Back::Answer(id)) => server.on_answer(id),
+                None => {}
+            }
+        }
+        // The pump: what arrived this tick is one batch, stamped with what the reader had
+        // sent by then.
+        let mut arrived = Vec::new();
+        while to_client.front().is_some_and(|(at, _)| *at <= now) {
+            arrived.extend(to_client.pop_front().map(|(_, w)| w));
+        }
+        if !arrived.is_empty() {
+            inbox.push_back((sent, arrived));
+        }
+        // The reader: paused (its caller commits) or reading a few items.
+        if now < active && now >= paused_until && rng.below(40) == 0 {
+            paused_until = now + rng.below(8 * HEARTBEAT);
+        }
+        if now < paused_until {
+            continue;
+        }
+        for _ in 0..6 {
+            if batch.is_empty() {
+                let Some((stamp, items)) = inbox.pop_front() else {
+                    if let Err(e) = liveness.on_tick(1) {
+                        return ran(Some(e), handed_on, &server);
+                    }
+                    break;
+                };
+                liveness.on_batch(if s.stamp_at_take { sent } else { stamp });
+                batch.extend(items);
+            }
+            let Some(item) = batch.pop_front() else {
+                break;
+            };
+            let mut reply = |back: Back, liveness: &mut Liveness| {
+                let r = match &back {
+                    Back::Ack(seq) => liveness.on_sent(Reply::Ack(*seq)),
+                    Back::Answer(id) => liveness.on_sent(Reply::Answer(&format!("fc.{id}"))),
+                };
+                to_server.push_back((now + s.latency.1, back));
+                r
+            };
+            match item {
+                Wire::Message { consumer_seq } => match liveness.on_message(consumer_seq) {
+                    Ok(ack) => {
+                        handed_on = consumer_seq;
+                        if ack {
+                            sent = reply(Back::Ack(consumer_seq), &mut liveness);
+                        }
+                    }
+                    Err(e) => return ran(Some(e), handed_on, &server),
+                },
+                Wire::FlowControl { id } => {
+                    liveness.on_flow_control();
+                    sent = reply(Back::Answer(id), &mut liveness);
+                }
+                Wire::Heartbeat { last, stalled } => {
+                    let subject = stalled.map(|id| format!("fc.{id}"));
+                    match liveness.on_heartbeat(Some(last), subject.as_deref()) {
+                        Ok(beat) => {
+                            if beat.ack {
+                                sent = reply(Back::Ack(handed_on), &mut liveness);
+                            }
+                            if let Heard::Answer(subject) = beat.heard {
+                                let id = subject.trim_start_matches("fc.").parse().unwrap();
+                                sent = reply(Back::Answer(id), &mut liveness);
+                            }
+                        }
+                        Err(e) => return ran(Some(e), handed_on, &server),
+                    }
+                }
+            }
+        }
+    }
+    ran(None, handed_on, &server)
+}
+
+fn ran(failure: Option<Failure>, handed_on: u64, server: &PushServer) -> Ran {
+    Ran {
+        failure,
+        handed_on,
+        available: server.available(),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+
+    #[test]
+    fn a_healthy_consumer_is_never_given_up_whatever_the_reader_pauses(
+        seed in any::<u64>(),
+        capped in any::<bool>(),
+        latency in (0..HEARTBEAT / 4, 0..HEARTBEAT / 4),
+    ) {
+        let r = run(Setup { seed, capped, latency, drop: None, stamp_at_take: false });
+        prop_assert_eq!(r.failure, None);
+        prop_assert_eq!(r.handed_on, r.available, "every message is handed on");
+    }
+
+    #[test]
+    fn a_lost_message_is_noticed_before_anything_after_it_is_handed_on(
+        seed in any::<u64>(),
+        capped in any::<bool>(),
+        latency in (0..HEARTBEAT / 4, 0..HEARTBEAT / 4),
+        drop in 1u64..200,
+    ) {
+        let r = run(Setup { seed, capped, latency, drop: Some(drop), stamp_at_take: false });
+        if drop <= r.available {
+            prop_assert!(
+                matches!(r.failure, Some(Failure::Skipped { .. } | Failure::Misread { .. })),
+                "{:?}", r
+            );
+            prop_assert!(r.handed_on < drop, "{:?}", r);
+        }
+    }
+}
+
+#[test]
+fn judging_heartbeats_by_what_the_reader_sent_since_gives_up_healthy_consumers() {
+    let caught = (0..400u64)
+        .filter(|&seed| {
+            let setup = Setup {
+                seed,
+                capped: seed % 2 == 0,
+                latency: (1, 1),
+                drop: None,
+                stamp_at_take: true,
+            };
+            run(setup).failure.is_some()
+        })
+        .count();
+    assert!(
+        caught > 0,
+        "the model must catch heartbeats judged by the reader's sends"
+    );
+    let wrong = (0..400u64)
+        .filter(|&seed| {
+            let setup = Setup {
+                seed,
+                capped: seed % 2 == 0,
+                latency: (1, 1),
+                drop: None,
+                stamp_at_take: false,
+            };
+            run(setup).failure.is_some()
+        })
+        .count();
+    assert_eq!(wrong, 0);
+    eprintln!("heartbeats judged at take: {caught} of 400 healthy runs given up");
+}
