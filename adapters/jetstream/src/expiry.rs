@@ -63,6 +63,15 @@ impl ServerClock {
     }
 }
 
+/// Whether something the server stored at `stored_ns` has been kept at least `keep` when the
+/// server's clock reads `server_now_ns` (both nanoseconds since the Unix epoch): a
+/// retention age judged on the server's clock, so the writer's and the sweeper's own
+/// clocks do not enter it. A stamp of 0 (none) counts as stored long ago.
+#[must_use]
+pub fn kept_for(stored_ns: u64, server_now_ns: u64, keep: Duration) -> bool {
+    stored_ns == 0 || Duration::from_nanos(server_now_ns.saturating_sub(stored_ns)) >= keep
+}
+
 /// The age limit of a bucket that drops values silently: its `max_age`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Expiry {
@@ -121,6 +130,18 @@ impl Expiry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_retention_age_is_judged_on_the_servers_clock() {
+        let second = 1_000_000_000;
+        assert!(!kept_for(10 * second, 12 * second, Duration::from_secs(3)));
+        assert!(kept_for(10 * second, 13 * second, Duration::from_secs(3)));
+        assert!(kept_for(0, 1, Duration::from_secs(3)), "no stamp: long ago");
+        assert!(
+            !kept_for(10 * second, 9 * second, Duration::from_secs(1)),
+            "a stamp after now"
+        );
+    }
     use proptest::prelude::*;
 
     const SEC: u64 = 1_000_000_000;

@@ -39,7 +39,7 @@ mod expiry;
 mod limits;
 
 pub use cursor::{Floor, Opening, Resume, Start};
-pub use expiry::{Expiry, ServerClock};
+pub use expiry::{Expiry, ServerClock, kept_for};
 pub use limits::{
     HEADER_ROOM, MESSAGE_EXCEEDS_MAXIMUM, ValueLimit, Verdict, refused_for_size, value_limit,
 };

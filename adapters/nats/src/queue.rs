@@ -254,6 +254,16 @@ impl NatsQueue {
     /// says when the pass is complete; a job whose state moved on during the pass is
     /// delivered again and listed as last delivered.
     async fn scan(&self) -> Result<Vec<(u64, Stored)>> {
+        Ok(self
+            .scan_stamped()
+            .await?
+            .into_iter()
+            .map(|(id, stored, _)| (id, stored))
+            .collect())
+    }
+
+    /// [`scan`](Self::scan), with when the server stored each job's state.
+    async fn scan_stamped(&self) -> Result<Vec<(u64, Stored, u64)>> {
         let mut end = ScanEnd::new();
         if end.confirmed(self.newest_state().await?) == ScanStep::Done {
             return Ok(Vec::new());
@@ -264,8 +274,8 @@ impl NatsQueue {
             .watch_with_history(">")
             .await
             .map_err(|e| unavailable("queue", e))?;
-        // Each key's last delivered message: its revision, and its value if a put.
-        let mut latest: HashMap<String, (u64, Option<Bytes>)> = HashMap::new();
+        // Each key's last delivered message.
+        let mut latest: HashMap<String, Latest> = HashMap::new();
         loop {
             match end.step() {
                 ScanStep::Done => break,
@@ -290,20 +300,20 @@ impl NatsQueue {
             }
         }
         let mut out = Vec::new();
-        for (key, (_, value)) in latest {
-            let Some(value) = value else { continue };
+        for (key, last) in latest {
+            let Some(value) = last.value else { continue };
             if key.starts_with(PENDING) {
                 continue;
             }
             match key.parse::<u64>() {
                 Ok(id) => match decode_state(id, &value) {
-                    Ok(stored) => out.push((id, stored)),
+                    Ok(stored) => out.push((id, stored, last.stored_ns)),
                     Err(e) => warn!(id, error = %e, "unreadable job state; left alone"),
                 },
                 Err(_) => warn!(key, "state key that names no job; left alone"),
             }
         }
-        out.sort_unstable_by_key(|(id, _)| *id);
+        out.sort_unstable_by_key(|(id, _, _)| *id);
         Ok(out)
     }
 
@@ -359,15 +369,31 @@ const PENDING: &str = "pending.";
 
 /// Keeps `entry` as its key's state if it is newer than the one kept: a scan may deliver
 /// a key twice, before and after it moved on.
-fn keep_latest(latest: &mut HashMap<String, (u64, Option<Bytes>)>, entry: kv::Entry) {
+fn keep_latest(latest: &mut HashMap<String, Latest>, entry: kv::Entry) {
     if latest
         .get(&entry.key)
-        .is_some_and(|(revision, _)| *revision >= entry.revision)
+        .is_some_and(|l| l.revision >= entry.revision)
     {
         return;
     }
     let value = (entry.operation == kv::Operation::Put).then_some(entry.value);
-    latest.insert(entry.key, (entry.revision, value));
+    let stored_ns = u64::try_from(entry.created.unix_timestamp_nanos()).unwrap_or(0);
+    latest.insert(
+        entry.key,
+        Latest {
+            revision: entry.revision,
+            value,
+            stored_ns,
+        },
+    );
+}
+
+/// A state key's last message delivered to a scan: its revision, its value if a put, and
+/// when the server stored it.
+struct Latest {
+    revision: u64,
+    value: Option<Bytes>,
+    stored_ns: u64,
 }
 
 /// What coalescing needs of a job's state.
@@ -763,18 +789,35 @@ impl Queue for NatsQueue {
         Ok(counts)
     }
 
+    /// Ages are judged on the server's clock (SPEC §17): a finished job's age is the time
+    /// since the server stored its finished state, by the server's clock read from the
+    /// state stream's info ([`tidemark_jetstream::kept_for`]), so neither the runner's nor
+    /// the sweeper's own clock enters it. A server that does not stamp its answers
+    /// (before 2.10) falls back to the finish time the runner wrote and this clock.
     async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
-        let now = now_ms();
-        let older = |keep: Duration, at: Option<u64>| {
-            let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
-            // State written before finish times were kept counts as finished long ago.
-            at.is_none_or(|at| now.saturating_sub(at) >= keep)
+        let origin = std::time::Instant::now();
+        let name = self.inner.state_stream.cached_info().config.name.clone();
+        let clock = crate::clock::stream_info(&self.inner.context, &name, origin, "queue")
+            .await?
+            .clock;
+        let jobs = self.scan_stamped().await?;
+        let older = |keep: Duration, stored: &Stored, stored_ns: u64| match clock {
+            Some(clock) => {
+                tidemark_jetstream::kept_for(stored_ns, clock.server_now(origin.elapsed()), keep)
+            }
+            None => {
+                let keep = u64::try_from(keep.as_millis()).unwrap_or(u64::MAX);
+                // State written before finish times were kept counts as finished long ago.
+                stored
+                    .finished_ms
+                    .is_none_or(|at| now_ms().saturating_sub(at) >= keep)
+            }
         };
         let mut removed = 0;
-        for (id, stored) in self.scan().await? {
+        for (id, stored, stored_ns) in jobs {
             let remove = match stored.state {
-                Stage::Done => older(retention.done, stored.finished_ms),
-                Stage::Dead => retention.dead.is_some_and(|d| older(d, stored.finished_ms)),
+                Stage::Done => older(retention.done, &stored, stored_ns),
+                Stage::Dead => retention.dead.is_some_and(|d| older(d, &stored, stored_ns)),
                 Stage::Ready | Stage::Leased => false,
             };
             if remove {
