@@ -924,6 +924,10 @@ impl std::fmt::Debug for Inner {
 }
 
 impl FeedStream for KvStream {
+    fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        self.take_ready(max, into)
+    }
+
     async fn next(&mut self) -> Option<Result<FeedItem>> {
         loop {
             if let Some(item) = self.queued.take() {
@@ -975,6 +979,26 @@ impl FeedStream for KvStream {
 }
 
 impl KvStream {
+    /// What [`FeedStream::next_ready`] takes: as the default, but it stops at a message
+    /// held for the ready gate's read, which cannot be ready at once (polling it would only
+    /// send the read and drop it).
+    fn take_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        use futures::FutureExt as _;
+        let mut taken = 0;
+        while taken < max && self.held.is_none() {
+            let Some(item) = self.next().now_or_never() else {
+                break;
+            };
+            let last = !matches!(item, Some(Ok(_)));
+            into.push(item);
+            taken += 1;
+            if last {
+                break;
+            }
+        }
+        taken
+    }
+
     fn item(&self, d: Delivered) -> FeedItem {
         to_item(&self.prefix, d, self.aging.as_ref())
     }
