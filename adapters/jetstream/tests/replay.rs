@@ -164,6 +164,16 @@ fn replay<E: End>(keys: u8, history: usize, ops: &[Op]) -> Result<(), String> {
     Err("the replay never ended".into())
 }
 
+/// `ops` with every write's key among the first `keys`.
+fn within(ops: Vec<Op>, keys: u8) -> Vec<Op> {
+    ops.into_iter()
+        .map(|o| match o {
+            Op::Write(k, d) => Op::Write(k % keys, d),
+            o => o,
+        })
+        .collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -173,10 +183,7 @@ proptest! {
         history in 1usize..3,
         ops in proptest::collection::vec(op(8), 0..60),
     ) {
-        let ops: Vec<Op> = ops.into_iter().map(|o| match o {
-            Op::Write(k, d) => Op::Write(k % keys, d),
-            o => o,
-        }).collect();
+        let ops = within(ops, keys);
         if let Err(e) = replay::<Confirming>(keys, history, &ops) {
             return Err(TestCaseError::fail(e));
         }
@@ -187,10 +194,7 @@ proptest! {
         keys in 1u8..8,
         ops in proptest::collection::vec(op(8), 0..60),
     ) {
-        let ops: Vec<Op> = ops.into_iter().map(|o| match o {
-            Op::Write(k, d) => Op::Write(k % keys, d),
-            o => o,
-        }).collect();
+        let ops = within(ops, keys);
         if let Err(e) = initial_sync(keys, &ops) {
             return Err(TestCaseError::fail(e));
         }
