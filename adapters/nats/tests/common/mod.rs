@@ -137,6 +137,8 @@ struct RecordInner {
     applied: Vec<(String, u64)>,
     watermark: u64,
     ready: Option<u64>,
+    /// The keys held when the follower said ready.
+    held_at_ready: Option<usize>,
 }
 
 impl Record {
@@ -165,6 +167,10 @@ impl Record {
     }
     pub fn ready(&self) -> Option<u64> {
         self.inner.lock().unwrap().ready
+    }
+    /// How many keys the sink held when the follower said ready.
+    pub fn held_at_ready(&self) -> Option<usize> {
+        self.inner.lock().unwrap().held_at_ready
     }
     pub fn value(&self, key: &str) -> Option<Vec<u8>> {
         self.inner
@@ -223,7 +229,9 @@ impl Sink<Vec<u8>> for Recorder {
         Ok(())
     }
     fn ready(&mut self, watermark: u64) {
-        self.0.inner.lock().unwrap().ready = Some(watermark);
+        let mut inner = self.0.inner.lock().unwrap();
+        inner.ready = Some(watermark);
+        inner.held_at_ready = Some(inner.map.len());
     }
     async fn commit(&mut self, watermark: u64) -> Result<()> {
         self.0.inner.lock().unwrap().watermark = watermark;
