@@ -1,0 +1,125 @@
+//! The `ScheduleStore` port: compare-and-set firing, replacement and removal.
+
+use super::*;
+
+/// `mark_fired` is a compare-and-set: exactly one of two racing runners wins a tick.
+pub async fn schedule_mark_fired_is_compare_and_set<T: ScheduleStore>(t: &T) {
+    let s = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(s.clone()).await.unwrap();
+    let due = t.schedules().await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].schedule.clone(), due[0].last_fired), (s, None));
+    assert!(t.mark_fired(&due[0], 1).await.unwrap());
+    assert!(
+        !t.mark_fired(&due[0], 1).await.unwrap(),
+        "the loser of the race sees false"
+    );
+    assert_eq!(t.schedules().await.unwrap()[0].last_fired, Some(1));
+}
+
+/// `mark_fired` refuses a schedule replaced since it was read: a runner that read it, then
+/// lost the race to a process that put a new one of the same name (last fired reset, a new
+/// anchor and job), must neither fire the old job nor set the new schedule's last tick to
+/// one counted on the old schedule's clock (a cron tick, a unix second, would stop an
+/// interval replacement from ever firing). The replacement as read afterwards still fires.
+pub async fn schedule_mark_fired_refuses_a_replaced_schedule<T: ScheduleStore>(t: &T) {
+    let old = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(old).await.unwrap();
+    let read = t.schedules().await.unwrap().remove(0);
+    let new = Schedule::new(
+        "sweep",
+        Duration::from_secs(3600),
+        Job::PackHousekeeping { key: "new".into() },
+    )
+    .unwrap();
+    t.put_schedule(new.clone()).await.unwrap();
+    assert!(
+        !t.mark_fired(&read, 1_767_225_600).await.unwrap(),
+        "a schedule replaced since it was read is not fired with the old read's tick"
+    );
+    let now = t.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (now.schedule.clone(), now.last_fired),
+        (new, None),
+        "the replacement's clock is untouched by the stale compare-and-set"
+    );
+    assert!(
+        t.mark_fired(&now, 1).await.unwrap(),
+        "the replacement, as read, fires"
+    );
+}
+
+/// Schedules can be replaced (ticks restart) and removed.
+pub async fn schedule_replace_and_remove<T: ScheduleStore>(t: &T) {
+    let s = Schedule::new("sweep", Duration::from_secs(60), Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    let first = t.schedules().await.unwrap().remove(0);
+    assert!(t.mark_fired(&first, 3).await.unwrap());
+    let faster = Schedule::new("sweep", Duration::from_secs(5), Job::Sweep).unwrap();
+    t.put_schedule(faster.clone()).await.unwrap();
+    let due = t.schedules().await.unwrap();
+    assert_eq!(
+        (due[0].schedule.clone(), due[0].last_fired),
+        (faster, None),
+        "replaced"
+    );
+    assert!(t.remove_schedule("sweep").await.unwrap());
+    assert!(!t.remove_schedule("sweep").await.unwrap());
+    assert!(t.schedules().await.unwrap().is_empty());
+    assert!(
+        !t.mark_fired(&due[0], 1).await.unwrap(),
+        "a removed schedule never fires"
+    );
+}
+
+/// A cron schedule fires each due tick once across racing runners, and a stretch of
+/// missed ticks fires once, for the latest of them: the same guarantees as an interval.
+///
+/// Runs a once-a-second expression on the store's clock, so it waits a few seconds of
+/// store time (tokio's under paused time, the wall clock or a server's otherwise).
+pub async fn schedule_cron_fires_each_tick_once<T: ScheduleStore, Q: Queue>(t: &T, q: &Q) {
+    let s = Schedule::cron("every-second", "* * * * * *", Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    let mut ticks = Vec::new();
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let (a, b, c) = tokio::join!(
+            crate::fire_due(t, q),
+            crate::fire_due(t, q),
+            crate::fire_due(t, q)
+        );
+        for (fired, next) in [a.unwrap(), b.unwrap(), c.unwrap()] {
+            ticks.extend(fired.into_iter().map(|f| f.tick));
+            assert!(
+                next.is_some_and(|n| n <= Duration::from_secs(1)),
+                "the next tick of a once-a-second schedule is at most a second away: {next:?}"
+            );
+        }
+    }
+    let mut distinct = ticks.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(
+        distinct.len(),
+        ticks.len(),
+        "no tick fires twice across racing runners: {ticks:?}"
+    );
+    assert!(ticks.len() >= 3, "every round had a due tick: {ticks:?}");
+    let last = *distinct.last().unwrap();
+    // Nobody runs for four ticks: the next pass fires once, for the latest one.
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    let (fired, _) = crate::fire_due(t, q).await.unwrap();
+    assert_eq!(fired.len(), 1, "a missed stretch fires once: {fired:?}");
+    assert!(
+        fired[0].tick >= last + 4,
+        "it fires the latest due tick, not the first missed one: {} after {last}",
+        fired[0].tick
+    );
+    let due = t.schedules().await.unwrap();
+    assert_eq!(due[0].last_fired, Some(fired[0].tick));
+    assert_eq!(
+        due[0].schedule.cron_expr(),
+        Some("* * * * * *"),
+        "the expression is kept"
+    );
+}
