@@ -285,8 +285,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         if map.capacity() - map.len() < keys {
             map.reserve(keys);
         }
-        self.pending
-            .reserve(keys.min(crate::follower::SYNC_FEED_BATCH));
+        self.pending.reserve(keys.min(crate::sink::SYNC_FEED_BATCH));
     }
 
     fn ready(&mut self, watermark: u64) {

@@ -8,6 +8,10 @@ use std::sync::Arc;
 use crate::error::Result;
 use tidemark_core::Ahead;
 
+/// How many waiting feed items one turn takes at most during the initial sync, when
+/// nobody waits on a turn but the whole sync: one commit per 16k changes.
+pub(crate) const SYNC_FEED_BATCH: usize = 16_384;
+
 /// One change to a stored cache, as a durable sink buffers it until its commit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CacheOp {

@@ -1,0 +1,621 @@
+//! Carrying out what the core decided: feed items into the core, cache changes into the
+//! sink, requests to the ports (their answers back into the core), batches committed,
+//! diagnostics logged and counted, the status published.
+
+use super::*;
+
+impl<S, F, C, W, D, K> FollowerTask<S, F, C, W, D, K>
+where
+    S: Source,
+    F: Feed,
+    C: Cursors,
+    W: WakeListener,
+    D: Decode + Send,
+    K: Sink<D::Value>,
+{
+    /// Takes the items the feed has ready (up to a turn's worth), tells a lazily resumed
+    /// core what the sink holds for their keys, and hands them to the core.
+    ///
+    /// A turn ends with the sink's commit, always: a turn is the batch. During the initial
+    /// sync a turn takes up to [`SYNC_FEED_BATCH`] ready items rather than [`FEED_BATCH`],
+    /// so a durable sink commits a big batch at a time (one SQLite transaction per 256
+    /// entries made a 1M-key cold start take 77 s) without ever keeping applied changes
+    /// uncommitted across a turn: the sink is asked what it holds only between commits,
+    /// and a rewind goes back to a commit that every earlier turn made.
+    pub(super) async fn on_feed(
+        &mut self,
+        token: Token,
+        first: Option<Result<FeedItem>>,
+    ) -> Result<()> {
+        let turn = if self.core.is_ready() {
+            FEED_BATCH
+        } else {
+            SYNC_FEED_BATCH
+        };
+        let more = matches!(first, Some(Ok(_)));
+        let mut items = vec![first];
+        if more
+            && let Some((t, s)) = &mut self.stream
+            && *t == token
+        {
+            s.next_ready(turn - 1, &mut items);
+        }
+        if self.core.needs_keys() {
+            let keys: Vec<String> = items
+                .iter()
+                .filter_map(|i| match i {
+                    Some(Ok(FeedItem::Entry(e))) => Some(e.key.to_string()),
+                    _ => None,
+                })
+                .collect();
+            if let Err(e) = self.learn(keys).await {
+                // The items are dropped with the feed; it redelivers them after the rewind.
+                return self.sink_failed(e).await;
+            }
+        }
+        for item in &items {
+            match item {
+                // A replayed feed's pending count says how much of the source follows.
+                Some(Ok(FeedItem::Entry(e))) if F::FOLLOW == Follow::Replay => {
+                    self.learn_head(e.seq.saturating_add(e.pending.unwrap_or(0)));
+                }
+                Some(Ok(FeedItem::Entry(e))) => self.learn_head(e.seq),
+                Some(
+                    Ok(FeedItem::Undecodable { seq: Some(seq), .. }) | Ok(FeedItem::Head(seq)),
+                ) => {
+                    self.learn_head(*seq);
+                }
+                _ => {}
+            }
+        }
+        // The keys the sink holds: every turn ends with its commit.
+        let held = self.core.len();
+        let now = self.clock.now();
+        for item in items {
+            let room = self.core.presized();
+            self.core.handle_input(feed_input(token, item), now);
+            // During an initial sync the sink makes room for what the feed says is coming
+            // as the core does for its index, before the entry's change reaches it.
+            if self.core.presized() > room {
+                self.sink.reserve(self.core.presized().saturating_sub(held));
+            }
+            // Each entry's apply goes to the sink while it is fresh, not queued behind a
+            // whole turn's worth (16k outputs written and read back through memory).
+            if !self.apply_now().await? {
+                // The sink failed and the core went back to its last commit: the rest of
+                // the turn's items are dropped with the feed, which redelivers them.
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Carries out the applies (and checkpoints) at the front of the core's decisions, in
+    /// order, leaving anything else (a request, a notice) and all after it for
+    /// [`perform`](Self::perform). `false` when the sink failed (and the core was taken
+    /// back to the last commit).
+    pub(super) async fn apply_now(&mut self) -> Result<bool> {
+        while matches!(
+            self.core.peek_output(),
+            Some(Output::Apply(_) | Output::Request(Request::Checkpoint { .. }))
+        ) {
+            let applied = match self.core.poll_output() {
+                Some(Output::Apply(apply)) => self.apply(apply).await?,
+                Some(Output::Request(Request::Checkpoint { position })) => {
+                    self.batch.checkpoint = Some(position);
+                    true
+                }
+                _ => true,
+            };
+            if !applied {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Hands one change to the sink. `false` when it failed (the sink was rolled back and
+    /// the core taken back to the last commit); an error that is not retryable ends the run.
+    pub(super) async fn apply(&mut self, apply: Apply<D::Value>) -> Result<bool> {
+        self.batch.dirty = true;
+        let applied = match apply {
+            Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
+            Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
+        };
+        match applied {
+            Ok(()) => Ok(true),
+            Err(e) => {
+                self.sink_failed(e).await?;
+                Ok(false)
+            }
+        }
+    }
+
+    /// Tells a lazily resumed core every key the sink holds (before a snapshot or a
+    /// listing decides which keys the source no longer has).
+    pub(super) async fn complete_index(&mut self) -> Result<()> {
+        if self.core.needs_keys() {
+            let seqs = self.sink.all_seqs().await?;
+            self.core.remember(seqs);
+            self.core.index_complete();
+        }
+        Ok(())
+    }
+
+    /// Tells a lazily resumed core the seqs the sink holds for `keys` it does not know.
+    pub(super) async fn learn(&mut self, mut keys: Vec<String>) -> Result<()> {
+        keys.retain(|k| !self.core.knows(k));
+        keys.sort_unstable();
+        keys.dedup();
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let seqs = self.sink.seqs_of(keys).await?;
+        self.core.remember(seqs);
+        Ok(())
+    }
+
+    /// The sink failed: discard what it had not committed, and take the core back to the
+    /// last commit. A retryable failure is retried after the core's backoff; any other
+    /// ends the run with it.
+    pub(super) async fn sink_failed(&mut self, e: Error) -> Result<()> {
+        self.sink.rollback().await;
+        self.batch = Batch::default();
+        self.stream = None;
+        warn!(worker = %self.core.config().name(), source = %self.source_name, error = %e, watermark = self.committed, "sink failed; going back to its last commit");
+        self.core.handle_input(
+            Input::SinkFailed {
+                error: e.to_string(),
+            },
+            self.clock.now(),
+        );
+        if e.is_retryable() { Ok(()) } else { Err(e) }
+    }
+
+    /// Carries out every decision the core has, then commits the batch.
+    pub(super) async fn perform(&mut self, stop: &mut StopSignal) -> Result<()> {
+        loop {
+            self.perform_outputs(stop).await?;
+            match self.end_batch().await {
+                Ok(()) => return Ok(()),
+                // The rewind's own decisions (close the feed, back off) come next.
+                Err(e) => self.sink_failed(e).await?,
+            }
+        }
+    }
+
+    /// Commits what was applied with the watermark, then lets the world see it: the
+    /// status, readiness, a reconcile's answer, the durable cursor, in that order.
+    pub(super) async fn end_batch(&mut self) -> Result<()> {
+        let watermark = self.core.watermark();
+        let committing = self.batch.dirty || watermark != self.committed;
+        if committing {
+            self.sink.commit(watermark).await?;
+            self.committed = watermark;
+            self.batch.dirty = false;
+        }
+        // The mark moves even when nothing was written: readiness reached on an empty
+        // source, or a checkpoint, is committed state too.
+        self.core.commit();
+        self.publish_status();
+        if std::mem::take(&mut self.batch.ready) {
+            info!(worker = %self.core.config().name(), source = %self.source_name, watermark, "ready");
+            self.sink.ready(watermark);
+            // A caller who asked for a reconcile during the initial sync is answered by it.
+            self.answer(Reconciled {
+                watermark,
+                ..Reconciled::default()
+            });
+        }
+        if let Some(caught_up) = self.batch.caught_up.take() {
+            self.answer(caught_up.into());
+        }
+        // A save that failed before is tried again with the next commit or checkpoint (not
+        // before every request, which would wait out a cursor store that is down each
+        // time); saves are monotone, so the higher position is the one to save.
+        let mut checkpoint = self.batch.checkpoint.take();
+        if checkpoint.is_some() || committing {
+            checkpoint = checkpoint.max(self.unsaved_checkpoint.take());
+        }
+        if let Some(position) = checkpoint
+            && let Some(name) = &self.cursor_name
+            && let Err(e) = self.cursors.save(name, position).await
+        {
+            // Fail-soft: the position is kept and saved with the next commit.
+            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
+            self.unsaved_checkpoint = Some(position);
+        }
+        Ok(())
+    }
+
+    /// Carries out every decision the core has, in order, feeding results back.
+    ///
+    /// Before a request to a port (a lookup, an open, a reconcile, a snapshot, a fetch),
+    /// which can wait long while a server is away, the batch so far is committed; a stop
+    /// asked meanwhile abandons the request, so `stop_within` keeps its budget. Sink
+    /// calls and cursor saves are never abandoned halfway.
+    pub(super) async fn perform_outputs(&mut self, stop: &mut StopSignal) -> Result<()> {
+        while let Some(output) = self.core.poll_output() {
+            let Some(request) = self.carry_out(output).await? else {
+                continue;
+            };
+            if let Err(e) = self.end_batch().await {
+                // The request is dropped with the rest of the batch.
+                self.sink_failed(e).await?;
+                continue;
+            }
+            let answer = match self.ask(request, stop).await? {
+                Asked::Answer(input) => input,
+                // A stop abandoned it.
+                Asked::Abandoned => Input::Stop,
+                // The sink failed before the answer could be used: the core rewound.
+                Asked::Dropped => continue,
+            };
+            self.core.handle_input(answer, self.clock.now());
+        }
+        Ok(())
+    }
+
+    /// Carries out an output that needs no port (a cache change, a checkpoint, a notice, a
+    /// diagnostic, closing the feed); returns a request to a port, which the caller asks.
+    pub(super) async fn carry_out(&mut self, output: Output<D::Value>) -> Result<Option<Request>> {
+        match output {
+            Output::Request(r) if r.token().is_some() => return Ok(Some(r)),
+            Output::Request(Request::CloseFeed { token })
+                if self.stream.as_ref().is_some_and(|(t, _)| *t == token) =>
+            {
+                self.stream = None;
+            }
+            Output::Request(Request::Checkpoint { position }) => {
+                self.batch.checkpoint = Some(position);
+            }
+            Output::Apply(apply) => {
+                self.apply(apply).await?;
+            }
+            Output::Notice(Notice::Ready { .. }) => self.batch.ready = true,
+            Output::Notice(Notice::CaughtUp(c)) => {
+                debug!(worker = %self.core.config().name(), source = %self.source_name, applied = c.applied, removed = c.removed, watermark = c.watermark, resynced = c.resynced, "caught up");
+                self.batch.caught_up = Some(c);
+            }
+            Output::Diagnostic(d) => self.diagnose(d),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    /// Asks a port what `request` wants and turns its answer into the core's input.
+    pub(super) async fn ask(&mut self, request: Request, stop: &mut StopSignal) -> Result<Asked> {
+        let answer = match request {
+            Request::LookupSource { token } => {
+                or_stop(stop, self.source.watermark())
+                    .await
+                    .map(|found| match found {
+                        Ok(head) => {
+                            // Until a feed says how far it will deliver: a view over a
+                            // prefix never reaches the whole source's last seq.
+                            if self.source.key_prefix().is_none() {
+                                self.head = head;
+                            }
+                            Input::SourceFound { token }
+                        }
+                        Err(e) => failed(token, &e),
+                    })
+            }
+            Request::OpenFeed {
+                token,
+                from,
+                after_position,
+            } => match or_stop(stop, self.open(from, after_position)).await {
+                None => None,
+                Some(Ok(opened)) => {
+                    debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
+                    // The head the core becomes ready at: exactly what it can reach (a
+                    // sparse or filtered feed's last seq may be a message that is gone,
+                    // or another prefix's).
+                    if opened.info.follow == Follow::Replay {
+                        self.head = opened.info.head;
+                    }
+                    self.stream = Some((token, opened.stream));
+                    Some(Input::FeedOpened {
+                        token,
+                        info: opened.info,
+                    })
+                }
+                Some(Err(e)) => Some(Input::FeedFailed {
+                    token,
+                    error: e.to_string(),
+                }),
+            },
+            Request::Reconcile { token, since } => return self.reconcile(token, since, stop).await,
+            Request::Snapshot { token } => {
+                // The resync judges every cached key: a lazily resumed core must know
+                // them all before the first part.
+                if let Err(e) = self.complete_index().await {
+                    self.sink_failed(e).await?;
+                    return Ok(Asked::Dropped);
+                }
+                self.read_snapshot(token, stop).await
+            }
+            Request::ListKeys { token } => return self.list_keys(token, stop).await,
+            Request::Fetch { token, key, .. } => {
+                match or_stop(stop, self.source.get_at(&key)).await {
+                    None => None,
+                    Some(Ok(read)) => {
+                        if let Err(e) = self.learn(vec![key]).await {
+                            self.sink_failed(e).await?;
+                            return Ok(Asked::Dropped);
+                        }
+                        Some(Input::Fetched {
+                            token,
+                            value: read.value.map(|v| (v.seq, v.value)),
+                            source_watermark: Some(read.watermark),
+                        })
+                    }
+                    Some(Err(e)) => Some(failed(token, &e)),
+                }
+            }
+            _ => return Ok(Asked::Dropped),
+        };
+        Ok(answer.map_or(Asked::Abandoned, Asked::Answer))
+    }
+
+    /// A reconcile: the changes since `since`, the keys they touch made known first.
+    pub(super) async fn reconcile(
+        &mut self,
+        token: Token,
+        since: u64,
+        stop: &mut StopSignal,
+    ) -> Result<Asked> {
+        let answer = match or_stop(stop, self.source.changes_since(since)).await {
+            None => return Ok(Asked::Abandoned),
+            Some(Ok(Changes::Since { entries, watermark })) => {
+                self.learn_head(watermark);
+                let keys = entries.iter().map(|e| e.key.to_string()).collect();
+                if let Err(e) = self.learn(keys).await {
+                    self.sink_failed(e).await?;
+                    return Ok(Asked::Dropped);
+                }
+                Input::Changes {
+                    token,
+                    changes: entries,
+                    source_watermark: watermark,
+                }
+            }
+            Some(Ok(Changes::Compacted { first_available })) => Input::ChangesUnavailable {
+                token,
+                first_available,
+            },
+            Some(Err(e)) => failed(token, &e),
+        };
+        Ok(Asked::Answer(answer))
+    }
+
+    /// A listing of the source's keys; the core must know every cached key first.
+    pub(super) async fn list_keys(&mut self, token: Token, stop: &mut StopSignal) -> Result<Asked> {
+        let answer = match or_stop(stop, self.source.present_keys()).await {
+            None => return Ok(Asked::Abandoned),
+            Some(Ok(Some(present))) => {
+                // The listing judges every cached key: a lazily resumed core must know
+                // them all first.
+                if let Err(e) = self.complete_index().await {
+                    self.sink_failed(e).await?;
+                    return Ok(Asked::Dropped);
+                }
+                Input::Keys {
+                    token,
+                    keys: present.keys,
+                    source_watermark: present.watermark,
+                }
+            }
+            Some(Ok(None)) => Input::RequestFailed {
+                token,
+                error: "this source cannot list its keys".into(),
+            },
+            Some(Err(e)) => failed(token, &e),
+        };
+        Ok(Asked::Answer(answer))
+    }
+
+    /// Reads the snapshot asked for under `token` part by part
+    /// ([`Source::snapshot_parts`]), handing the core each part as it comes
+    /// ([`Input::SnapshotPart`]) and the last as [`Input::Snapshot`], which is the answer
+    /// returned (`None`: a stop came first). One part is held back so that the last can
+    /// be told apart; a snapshot of one part is handed over whole. A part decides nothing,
+    /// so nothing waits to be carried out between parts.
+    pub(super) async fn read_snapshot(
+        &mut self,
+        token: Token,
+        stop: &mut StopSignal,
+    ) -> Option<Input> {
+        let read = match or_stop(stop, self.source.snapshot_parts(self.snapshot_part_len)).await {
+            None => return None,
+            Some(Err(e)) => return Some(failed(token, &e)),
+            Some(Ok(read)) => read,
+        };
+        // A snapshot reads the source whole: its head now, even a lower one.
+        self.head = read.watermark;
+        let source_watermark = read.watermark;
+        let mut parts = read.parts;
+        let mut held: Vec<tidemark_core::Entry> = Vec::new();
+        loop {
+            let next = match or_stop(stop, parts.next()).await {
+                None => return None,
+                Some(None) => break,
+                // The core drops what it kept and reads again after a backoff.
+                Some(Some(Err(e))) => return Some(failed(token, &e)),
+                Some(Some(Ok(next))) => next,
+            };
+            let entries = std::mem::replace(&mut held, next);
+            if entries.is_empty() {
+                continue;
+            }
+            self.core.handle_input(
+                Input::SnapshotPart {
+                    token,
+                    entries,
+                    source_watermark,
+                },
+                self.clock.now(),
+            );
+        }
+        Some(Input::Snapshot {
+            token,
+            entries: held,
+            source_watermark,
+        })
+    }
+
+    pub(super) async fn open(
+        &mut self,
+        from: u64,
+        after: Option<u64>,
+    ) -> Result<crate::ports::Opened<F::Stream>> {
+        let saved = match (&self.cursor_name, self.cursor_loaded) {
+            (None, _) => None,
+            (Some(_), Some(saved)) => saved,
+            (Some(name), None) => {
+                let saved = self.cursors.load(name).await?;
+                self.cursor_loaded = Some(saved);
+                saved
+            }
+        };
+        // The core knows only positions it checkpointed since it started; a restarted
+        // consumer resumes after the durable cursor.
+        let after = match (after, saved) {
+            (Some(a), Some(s)) => Some(a.max(s)),
+            (a, s) => a.or(s),
+        };
+        self.feed.open(from, after).await
+    }
+
+    /// Answers the callers of `reconcile()`, after the batch it covers was committed and
+    /// the status published.
+    pub(super) fn answer(&mut self, r: Reconciled) {
+        for reply in self.pending.drain(..) {
+            let _ = reply.send(r);
+        }
+    }
+
+    pub(super) fn diagnose(&mut self, d: Diagnostic) {
+        let worker = self.core.config().name();
+        let source = &self.source_name;
+        match d {
+            Diagnostic::DecodeFailed { key, seq, error } => {
+                warn!(
+                    worker,
+                    source, key, seq, error, "value failed to decode; skipped"
+                );
+            }
+            Diagnostic::InvalidEntry { seq, key, reason } => {
+                warn!(worker, source, key, seq, ?reason, "invalid entry skipped");
+            }
+            Diagnostic::Gap { expected, got } => {
+                warn!(
+                    worker,
+                    source,
+                    expected,
+                    seq = got,
+                    "gap in a gapless feed; reconciling"
+                );
+            }
+            Diagnostic::SeqRegressed { previous, got } => {
+                debug!(
+                    worker,
+                    source,
+                    previous,
+                    seq = got,
+                    "feed seq went backwards"
+                );
+            }
+            Diagnostic::Compacted {
+                wanted,
+                first_available,
+            } => {
+                warn!(
+                    worker,
+                    source, wanted, first_available, "history compacted; resyncing"
+                );
+            }
+            Diagnostic::BackingOff {
+                cause,
+                attempt,
+                delay,
+                error,
+            } => {
+                warn!(
+                    worker,
+                    source,
+                    ?cause,
+                    attempt,
+                    ?delay,
+                    error,
+                    "backing off"
+                );
+            }
+            Diagnostic::HeadBehind { head, watermark } => {
+                warn!(
+                    worker,
+                    source, head, watermark, "feed head below the watermark; resyncing"
+                );
+            }
+            Diagnostic::SourceReset {
+                watermark,
+                source_watermark,
+            } => {
+                warn!(
+                    worker,
+                    source,
+                    watermark,
+                    source_watermark,
+                    "the source is a new history (recreated or restored); cache replaced"
+                );
+            }
+            Diagnostic::FollowChanged { from, to } => {
+                warn!(
+                    worker,
+                    source,
+                    ?from,
+                    ?to,
+                    "the feed says how it must be followed; following it"
+                );
+            }
+            Diagnostic::Rewound { watermark, error } => {
+                warn!(
+                    worker,
+                    source, watermark, error, "went back to the sink's last commit"
+                );
+            }
+            other => debug!(worker, source, ?other, "diagnostic"),
+        }
+    }
+
+    /// The source has reached at least `head`.
+    pub(super) fn learn_head(&mut self, head: u64) {
+        self.head = self.head.max(head);
+    }
+
+    pub(super) fn publish_status(&self) {
+        let core = &self.core;
+        self.status.send_if_modified(|s| {
+            let before = (s.phase, s.ready, s.watermark, s.keys, s.counters);
+            s.phase = core.phase();
+            s.ready = core.is_ready();
+            s.watermark = core.watermark();
+            s.keys = core.len();
+            s.counters = core.counters();
+            // Watchers wake for any change, counters included: `wait_for(|s| s.counters
+            // .poison > 0)` must not hang on a counter-only change.
+            before != (s.phase, s.ready, s.watermark, s.keys, s.counters)
+        });
+        let status = self.status.borrow();
+        self.progress.observe(&status, self.head, Instant::now());
+        if let Some(m) = &self.metrics {
+            m.record(&status, self.head);
+        }
+    }
+
+    /// What the follower's health is judged from, shared with its handle.
+    pub(crate) fn progress(&self) -> Arc<Progress> {
+        Arc::clone(&self.progress)
+    }
+}
