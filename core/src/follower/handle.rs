@@ -2,7 +2,7 @@
 
 use super::{Follower, Held, Pending, Stage};
 use crate::decode::Decode;
-use crate::follower::io::{Input, Notice, Output, Request};
+use crate::follower::io::{Input, Notice, Output, Request, Token};
 use crate::follower::status::{Cause, Diagnostic};
 use crate::time::Time;
 
@@ -44,17 +44,7 @@ impl<D: Decode> Follower<D> {
         }
         self.now = self.now.max(now);
         match input {
-            Input::SourceFound { token } => {
-                if self.take_request(token, |r| matches!(r, Pending::Lookup)) {
-                    self.stage = Stage::Syncing;
-                    self.backoffs.lookup.reset();
-                    if self.follow.syncs_by_reconcile() {
-                        self.send(Pending::Reconcile);
-                    } else {
-                        self.maybe_open_feed();
-                    }
-                }
-            }
+            Input::SourceFound { token } => self.on_source_found(token),
             Input::FeedOpened { token, info } => self.on_feed_opened(token, info, now),
             Input::Entry { token, entry } => self.on_feed_item(token, Held::Entry(entry)),
             Input::Undecodable {
@@ -72,20 +62,10 @@ impl<D: Decode> Follower<D> {
             ),
             Input::FeedHead { token, head } => self.on_feed_item(token, Held::Head(head)),
             Input::FeedFailed { token, error } => {
-                if self.feed_is(token, false) {
-                    self.drop_feed();
-                    self.schedule_reopen(Cause::FeedFailed, error, now);
-                } else {
-                    self.counters.ignored += 1;
-                }
+                self.on_feed_lost(token, Cause::FeedFailed, error, now);
             }
             Input::FeedEnded { token } => {
-                if self.feed_is(token, false) {
-                    self.drop_feed();
-                    self.schedule_reopen(Cause::FeedEnded, "feed ended".into(), now);
-                } else {
-                    self.counters.ignored += 1;
-                }
+                self.on_feed_lost(token, Cause::FeedEnded, "feed ended".into(), now);
             }
             Input::Changes {
                 token,
@@ -131,25 +111,7 @@ impl<D: Decode> Follower<D> {
                 token,
                 value,
                 source_watermark,
-            } => {
-                if let Some((
-                    _,
-                    Pending::Fetch {
-                        key,
-                        seq,
-                        position,
-                        stale,
-                    },
-                )) = self
-                    .request
-                    .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
-                {
-                    self.backoffs.failure.healthy(now);
-                    self.on_fetched(key, (seq, stale), position, (value, source_watermark), now);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
+            } => self.on_fetch_answer(token, (value, source_watermark), now),
             Input::Keys {
                 token,
                 keys,
@@ -159,67 +121,120 @@ impl<D: Decode> Follower<D> {
                     self.on_keys(keys, source_watermark);
                 }
             }
-            Input::RequestFailed { token, error } => {
-                if let Some((_, Pending::ListKeys)) = self
-                    .request
-                    .take_if(|(t, r)| *t == token && matches!(r, Pending::ListKeys))
-                {
-                    if self.list_before_feed {
-                        // The feed waits for it: the feed fails, and its reopen (after
-                        // the failure backoff) decides again.
-                        self.drop_feed();
-                        self.schedule_reopen(Cause::FeedFailed, error, now);
-                        return;
-                    }
-                    // A listing is periodic: it is tried again at the next interval.
-                    self.diag(Diagnostic::ListingFailed { error });
-                    self.schedule_presence_check();
-                    self.settle();
-                } else if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
-                    // A read that failed midway: what its parts kept goes with it.
-                    self.parts = None;
-                    let cause = match request {
-                        Pending::Lookup => Cause::Lookup,
-                        _ => Cause::RequestFailed,
-                    };
-                    self.schedule_retry(request, cause, error, now);
-                } else {
-                    self.counters.ignored += 1;
-                }
-            }
-            Input::Wake => {
-                if self.stage == Stage::Starting
-                    || matches!(self.request, Some((_, Pending::Snapshot | Pending::Lookup)))
-                {
-                    // The coming sync or resync reads the source anyway.
-                } else if self.busy() {
-                    // A wake during a catch-up must cause another, or a commit that landed
-                    // after the source was read would wait for the next wake.
-                    self.rewake = true;
-                } else {
-                    self.send(Pending::Reconcile);
-                }
-            }
+            Input::RequestFailed { token, error } => self.on_request_failed(token, error, now),
+            Input::Wake => self.on_wake(),
             Input::Reconnected => {
                 self.timers.expedite(now);
                 self.handle_timeout(now);
             }
             Input::SinkFailed { error } => self.rewind(error, now),
-            Input::Stop => {
-                if let Some(feed) = self.feed.take() {
-                    self.request_out(Request::CloseFeed { token: feed.token });
-                }
-                self.request = None;
-                self.parts = None;
-                self.timers.clear();
-                self.timers.presence_at(None);
-                self.timers.confirmed();
-                self.held.clear();
-                self.stage = Stage::Stopped {
-                    ready: self.is_ready(),
-                };
-                self.out.push_back(Output::Notice(Notice::Stopped));
+            Input::Stop => self.on_stop(),
+        }
+    }
+
+    fn on_source_found(&mut self, token: Token) {
+        if self.take_request(token, |r| matches!(r, Pending::Lookup)) {
+            self.stage = Stage::Syncing;
+            self.backoffs.lookup.reset();
+            if self.follow.syncs_by_reconcile() {
+                self.send(Pending::Reconcile);
+            } else {
+                self.maybe_open_feed();
             }
         }
+    }
+
+    /// The feed failed or ended: reopen after the backoff of `cause`.
+    fn on_feed_lost(&mut self, token: Token, cause: Cause, error: String, now: Time) {
+        if self.feed_is(token, false) {
+            self.drop_feed();
+            self.schedule_reopen(cause, error, now);
+        } else {
+            self.counters.ignored += 1;
+        }
+    }
+
+    fn on_fetch_answer(
+        &mut self,
+        token: Token,
+        answer: (Option<(u64, Vec<u8>)>, Option<u64>),
+        now: Time,
+    ) {
+        if let Some((
+            _,
+            Pending::Fetch {
+                key,
+                seq,
+                position,
+                stale,
+            },
+        )) = self
+            .request
+            .take_if(|(t, r)| *t == token && matches!(r, Pending::Fetch { .. }))
+        {
+            self.backoffs.failure.healthy(now);
+            self.on_fetched(key, (seq, stale), position, answer, now);
+        } else {
+            self.counters.ignored += 1;
+        }
+    }
+
+    fn on_request_failed(&mut self, token: Token, error: String, now: Time) {
+        if let Some((_, Pending::ListKeys)) = self
+            .request
+            .take_if(|(t, r)| *t == token && matches!(r, Pending::ListKeys))
+        {
+            if self.list_before_feed {
+                // The feed waits for it: the feed fails, and its reopen (after the
+                // failure backoff) decides again.
+                self.drop_feed();
+                self.schedule_reopen(Cause::FeedFailed, error, now);
+                return;
+            }
+            // A listing is periodic: it is tried again at the next interval.
+            self.diag(Diagnostic::ListingFailed { error });
+            self.schedule_presence_check();
+            self.settle();
+        } else if let Some((_, request)) = self.request.take_if(|(t, _)| *t == token) {
+            // A read that failed midway: what its parts kept goes with it.
+            self.parts = None;
+            let cause = match request {
+                Pending::Lookup => Cause::Lookup,
+                _ => Cause::RequestFailed,
+            };
+            self.schedule_retry(request, cause, error, now);
+        } else {
+            self.counters.ignored += 1;
+        }
+    }
+
+    fn on_wake(&mut self) {
+        if self.stage == Stage::Starting
+            || matches!(self.request, Some((_, Pending::Snapshot | Pending::Lookup)))
+        {
+            // The coming sync or resync reads the source anyway.
+        } else if self.busy() {
+            // A wake during a catch-up must cause another, or a commit that landed after
+            // the source was read would wait for the next wake.
+            self.rewake = true;
+        } else {
+            self.send(Pending::Reconcile);
+        }
+    }
+
+    fn on_stop(&mut self) {
+        if let Some(feed) = self.feed.take() {
+            self.request_out(Request::CloseFeed { token: feed.token });
+        }
+        self.request = None;
+        self.parts = None;
+        self.timers.clear();
+        self.timers.presence_at(None);
+        self.timers.confirmed();
+        self.held.clear();
+        self.stage = Stage::Stopped {
+            ready: self.is_ready(),
+        };
+        self.out.push_back(Output::Notice(Notice::Stopped));
     }
 }
