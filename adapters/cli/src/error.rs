@@ -14,6 +14,9 @@ pub enum CliError {
     /// A file is not a tidemark database (or is damaged, or newer).
     #[error(transparent)]
     Sqlite(#[from] tidemark_sqlite::Error),
+    /// The source (a NATS bucket, a registry file) does not exist.
+    #[error("{0}")]
+    NoSource(String),
     /// An empty file: not a tidemark database.
     #[error("{0}: not a tidemark database (the file is empty)")]
     NotTidemark(PathBuf),

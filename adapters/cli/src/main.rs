@@ -2,8 +2,10 @@
 //!
 //! - `tidemark mirror SOURCE --into cache.db` keeps a local SQLite cache of a NATS KV
 //!   bucket (`nats://host:port/BUCKET`) or a tidemark SQLite registry converged, restarts
-//!   warm, shows the initial sync's progress, serves Prometheus metrics with `--metrics`,
-//!   and stops gracefully on SIGTERM or Ctrl-C.
+//!   warm, shows the initial sync's progress, serves Prometheus metrics and the
+//!   `/healthz` and `/readyz` probes with `--metrics`, and stops gracefully on SIGTERM or
+//!   Ctrl-C. A source that does not exist is an error at once, unless
+//!   `--wait-for-source`.
 //! - `tidemark status FILE [--json]` shows what a tidemark SQLite file holds.
 //! - `tidemark watch SOURCE` prints changes as they arrive.
 //! - `tidemark jobs list|dead|requeue QUEUE` shows a job queue's counts and dead letters
@@ -13,6 +15,7 @@
 //! non-zero exit: 2 for bad arguments, 1 for anything else.
 #![forbid(unsafe_code)]
 
+mod endpoint;
 mod error;
 mod jobs;
 mod mirror;
@@ -21,7 +24,6 @@ mod source;
 mod status;
 mod watch;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -51,23 +53,6 @@ enum Command {
     /// A job queue (SQLite file or NATS): counts, dead letters, requeue.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
-}
-
-/// Serves Prometheus metrics on `addr` (`host:port`) for the rest of the process.
-pub(crate) fn serve_metrics(addr: &str) -> Result<(), CliError> {
-    let err = |reason: String| CliError::Metrics {
-        addr: addr.to_owned(),
-        reason,
-    };
-    let socket: SocketAddr = addr
-        .parse()
-        .map_err(|_| err("not an IP address and port (e.g. 127.0.0.1:9464)".into()))?;
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(socket)
-        .install()
-        .map_err(|e| err(e.to_string()))?;
-    tracing::info!("serving Prometheus metrics on http://{socket}/metrics");
-    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT) with the signal's name.
