@@ -17,6 +17,9 @@ pub enum CliError {
     /// The source (a NATS bucket, a registry file) does not exist.
     #[error("{0}")]
     NoSource(String),
+    /// What was asked for is not there (a key, a follower).
+    #[error("{0}")]
+    NotFound(String),
     /// An empty file: not a tidemark database.
     #[error("{0}: not a tidemark database (the file is empty)")]
     NotTidemark(PathBuf),

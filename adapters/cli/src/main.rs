@@ -8,6 +8,8 @@
 //!   `--wait-for-source`.
 //! - `tidemark status FILE [--json]` shows what a tidemark SQLite file holds.
 //! - `tidemark watch SOURCE` prints changes as they arrive.
+//! - `tidemark get FILE KEY`, `tidemark ls FILE`, `tidemark dump FILE [--json]` read the
+//!   entries a tidemark file holds (a mirror's cache or the registry), read-only.
 //! - `tidemark jobs list|dead|requeue QUEUE` shows a job queue's counts and dead letters
 //!   and puts dead letters back to work, on a SQLite file or a NATS work-queue stream.
 //!
@@ -20,6 +22,7 @@ mod error;
 mod jobs;
 mod mirror;
 mod output;
+mod read;
 mod source;
 mod status;
 mod watch;
@@ -53,6 +56,12 @@ enum Command {
     /// A job queue (SQLite file or NATS): counts, dead letters, requeue.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
+    /// Print one key's value from a tidemark file (a mirror's cache or the registry).
+    Get(read::GetArgs),
+    /// List the keys a tidemark file holds (a mirror's cache or the registry).
+    Ls(read::LsArgs),
+    /// Print every entry a tidemark file holds: key, revision, value.
+    Dump(read::DumpArgs),
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT) with the signal's name.
@@ -85,6 +94,9 @@ async fn run(cli: Cli, screen: &Screen) -> Result<(), CliError> {
         Command::Status(args) => status::run(&args).await,
         Command::Watch(args) => watch::run(args).await,
         Command::Jobs(cmd) => jobs::run(cmd).await,
+        Command::Get(args) => read::get(args).await,
+        Command::Ls(args) => read::ls(args).await,
+        Command::Dump(args) => read::dump(args).await,
     }
 }
 
