@@ -10,6 +10,8 @@
 //! - `tidemark watch SOURCE` prints changes as they arrive.
 //! - `tidemark get FILE KEY`, `tidemark ls FILE`, `tidemark dump FILE [--json]` read the
 //!   entries a tidemark file holds (a mirror's cache or the registry), read-only.
+//! - `tidemark verify SOURCE FILE` compares a mirror with its source: exit 0 when equal,
+//!   1 when not, 2 when they cannot be compared.
 //! - `tidemark jobs list|dead|requeue QUEUE` shows a job queue's counts and dead letters
 //!   and puts dead letters back to work, on a SQLite file or a NATS work-queue stream.
 //!
@@ -25,6 +27,7 @@ mod output;
 mod read;
 mod source;
 mod status;
+mod verify;
 mod watch;
 
 use std::process::ExitCode;
@@ -62,6 +65,9 @@ enum Command {
     Ls(read::LsArgs),
     /// Print every entry a tidemark file holds: key, revision, value.
     Dump(read::DumpArgs),
+    /// Compare a mirror with its source: exit 0 when equal, 1 when not, 2 when they
+    /// cannot be compared.
+    Verify(verify::VerifyArgs),
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT) with the signal's name.
@@ -97,6 +103,7 @@ async fn run(cli: Cli, screen: &Screen) -> Result<(), CliError> {
         Command::Get(args) => read::get(args).await,
         Command::Ls(args) => read::ls(args).await,
         Command::Dump(args) => read::dump(args).await,
+        Command::Verify(args) => verify::run(args).await,
     }
 }
 
