@@ -145,7 +145,11 @@ fn route(method: &str, path: &str, handle: &PrometheusHandle, probe: &Probe) -> 
         },
         "/readyz" => match probe {
             Probe::Running(h) if h.healthy() => Reply::new("200 OK", format!("ready: {h}\n")),
-            Probe::Running(h) => Reply::new("503 Service Unavailable", format!("not ready: {h}\n")),
+            Probe::Running(h) => {
+                // Whose, and why: `mirror-b: not ready (Syncing, …)`, `…: stalled for 61s`.
+                let why: Vec<String> = h.unhealthy().map(ToString::to_string).collect();
+                Reply::new("503 Service Unavailable", format!("{}\n", why.join("; ")))
+            }
             Probe::Starting => Reply::new(
                 "503 Service Unavailable",
                 "not ready: the source is being opened\n",
