@@ -14,7 +14,8 @@ pub enum CliError {
     /// A file is not a tidemark database (or is damaged, or newer).
     #[error(transparent)]
     Sqlite(#[from] tidemark_sqlite::Error),
-    /// The source (a NATS bucket, a registry file) does not exist.
+    /// The source (a NATS bucket, a registry file) does not exist, or the server would not
+    /// say whether it does.
     #[error("{0}")]
     NoSource(String),
     /// What was asked for is not there (a key, a follower).

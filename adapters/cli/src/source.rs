@@ -319,13 +319,23 @@ pub async fn open(
     match spec {
         SourceSpec::Nats { .. } => {
             let (client, bucket) = connect(spec, auth, client_name).await?;
-            match bucket_exists(&client, &bucket).await? {
-                true => {}
-                false if missing == Missing::Wait => info!(
+            // Asked to wait, one question is enough: the follower retries whatever the
+            // answer, as it always did.
+            let patience = match missing {
+                Missing::Refuse => EXISTS_PATIENCE,
+                Missing::Wait => Duration::ZERO,
+            };
+            match (bucket_exists(&client, &bucket, patience).await, missing) {
+                (Ok(true), _) => {}
+                (Ok(false), Missing::Wait) => info!(
                     "bucket {bucket} does not exist (yet) on {}: waiting for it",
                     spec.servers()
                 ),
-                false => return Err(CliError::NoSource(spec.missing())),
+                (Err(e), Missing::Wait) => {
+                    info!("cannot tell whether bucket {bucket} exists ({e}): following it anyway")
+                }
+                (Ok(false), Missing::Refuse) => return Err(CliError::NoSource(spec.missing())),
+                (Err(e), Missing::Refuse) => return Err(e),
             }
             let bucket = KvBucket::new(client, bucket)?;
             Ok(Opened::Nats(match prefix {
@@ -371,9 +381,13 @@ pub async fn open(
 }
 
 /// Whether the server holds `bucket`: `false` only when JetStream says there is no such
-/// stream. A server that answers nothing for [`EXISTS_PATIENCE`] (no JetStream, or one
-/// still starting) is an error.
-async fn bucket_exists(client: &async_nats::Client, bucket: &str) -> Result<bool, CliError> {
+/// stream. A server that answers nothing else for `patience` (no JetStream, or one still
+/// starting) is an error.
+async fn bucket_exists(
+    client: &async_nats::Client,
+    bucket: &str,
+    patience: Duration,
+) -> Result<bool, CliError> {
     use async_nats::jetstream::ErrorCode;
     use async_nats::jetstream::context::GetStreamErrorKind;
     let js = async_nats::jetstream::new(client.clone());
@@ -391,10 +405,10 @@ async fn bucket_exists(client: &async_nats::Client, bucket: &str) -> Result<bool
             },
         };
         // Right after a server starts, JetStream answers "no responders" for a moment.
-        if started.elapsed() >= EXISTS_PATIENCE {
-            return Err(CliError::Usage(format!(
+        if started.elapsed() >= patience {
+            return Err(CliError::NoSource(format!(
                 "no JetStream answer about bucket {bucket} within {}s: {why}",
-                EXISTS_PATIENCE.as_secs()
+                patience.as_secs()
             )));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
