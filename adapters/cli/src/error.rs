@@ -14,6 +14,19 @@ pub enum CliError {
     /// A file is not a tidemark database (or is damaged, or newer).
     #[error(transparent)]
     Sqlite(#[from] tidemark_sqlite::Error),
+    /// The source (a NATS bucket, a registry file) does not exist, or the server would not
+    /// say whether it does.
+    #[error("{0}")]
+    NoSource(String),
+    /// What was asked for is not there (a key, a follower).
+    #[error("{0}")]
+    NotFound(String),
+    /// `verify` compared a mirror with its source and they differ (exit 1).
+    #[error("{0}")]
+    Differ(String),
+    /// `verify` could not compare (exit 2): why.
+    #[error(transparent)]
+    CannotCompare(Box<CliError>),
     /// An empty file: not a tidemark database.
     #[error("{0}: not a tidemark database (the file is empty)")]
     NotTidemark(PathBuf),
@@ -39,10 +52,11 @@ pub enum CliError {
 }
 
 impl CliError {
-    /// The process's exit code: 2 for usage errors (as clap's own), 1 otherwise.
+    /// The process's exit code: 2 for usage errors (as clap's own) and comparisons that
+    /// could not be made, 1 otherwise.
     pub fn exit_code(&self) -> u8 {
         match self {
-            CliError::Usage(_) => 2,
+            CliError::Usage(_) | CliError::CannotCompare(_) => 2,
             _ => 1,
         }
     }

@@ -2,10 +2,16 @@
 //!
 //! - `tidemark mirror SOURCE --into cache.db` keeps a local SQLite cache of a NATS KV
 //!   bucket (`nats://host:port/BUCKET`) or a tidemark SQLite registry converged, restarts
-//!   warm, shows the initial sync's progress, serves Prometheus metrics with `--metrics`,
-//!   and stops gracefully on SIGTERM or Ctrl-C.
+//!   warm, shows the initial sync's progress, serves Prometheus metrics and the
+//!   `/healthz` and `/readyz` probes with `--metrics`, and stops gracefully on SIGTERM or
+//!   Ctrl-C. A source that does not exist is an error at once, unless
+//!   `--wait-for-source`.
 //! - `tidemark status FILE [--json]` shows what a tidemark SQLite file holds.
 //! - `tidemark watch SOURCE` prints changes as they arrive.
+//! - `tidemark get FILE KEY`, `tidemark ls FILE`, `tidemark dump FILE [--json]` read the
+//!   entries a tidemark file holds (a mirror's cache or the registry), read-only.
+//! - `tidemark verify SOURCE FILE` compares a mirror with its source: exit 0 when equal,
+//!   1 when not, 2 when they cannot be compared.
 //! - `tidemark jobs list|dead|requeue QUEUE` shows a job queue's counts and dead letters
 //!   and puts dead letters back to work, on a SQLite file or a NATS work-queue stream.
 //!
@@ -13,15 +19,17 @@
 //! non-zero exit: 2 for bad arguments, 1 for anything else.
 #![forbid(unsafe_code)]
 
+mod endpoint;
 mod error;
 mod jobs;
 mod mirror;
 mod output;
+mod read;
 mod source;
 mod status;
+mod verify;
 mod watch;
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -51,23 +59,15 @@ enum Command {
     /// A job queue (SQLite file or NATS): counts, dead letters, requeue.
     #[command(subcommand)]
     Jobs(jobs::JobsCommand),
-}
-
-/// Serves Prometheus metrics on `addr` (`host:port`) for the rest of the process.
-pub(crate) fn serve_metrics(addr: &str) -> Result<(), CliError> {
-    let err = |reason: String| CliError::Metrics {
-        addr: addr.to_owned(),
-        reason,
-    };
-    let socket: SocketAddr = addr
-        .parse()
-        .map_err(|_| err("not an IP address and port (e.g. 127.0.0.1:9464)".into()))?;
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(socket)
-        .install()
-        .map_err(|e| err(e.to_string()))?;
-    tracing::info!("serving Prometheus metrics on http://{socket}/metrics");
-    Ok(())
+    /// Print one key's value from a tidemark file (a mirror's cache or the registry).
+    Get(read::GetArgs),
+    /// List the keys a tidemark file holds (a mirror's cache or the registry).
+    Ls(read::LsArgs),
+    /// Print every entry a tidemark file holds: key, revision, value.
+    Dump(read::DumpArgs),
+    /// Compare a mirror with its source: exit 0 when equal, 1 when not, 2 when they
+    /// cannot be compared.
+    Verify(verify::VerifyArgs),
 }
 
 /// Resolves on SIGTERM or Ctrl-C (SIGINT) with the signal's name.
@@ -100,6 +100,10 @@ async fn run(cli: Cli, screen: &Screen) -> Result<(), CliError> {
         Command::Status(args) => status::run(&args).await,
         Command::Watch(args) => watch::run(args).await,
         Command::Jobs(cmd) => jobs::run(cmd).await,
+        Command::Get(args) => read::get(args).await,
+        Command::Ls(args) => read::ls(args).await,
+        Command::Dump(args) => read::dump(args).await,
+        Command::Verify(args) => verify::run(args).await,
     }
 }
 

@@ -5,14 +5,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
-use tidemark::{Feed, FollowerConfig, FollowerTask, RawBytes, Source};
+use tidemark::{Feed, FollowerConfig, FollowerTask, Health, RawBytes, Source};
 use tidemark_sqlite::{PersistedCache, SqliteDb};
 use tracing::{info, warn};
 
+use crate::endpoint::{Probe, Probes};
 use crate::error::CliError;
 use crate::output::{Screen, SyncProgress};
 use crate::source::{FollowArgs, Opened, SourceSpec, open};
-use crate::{serve_metrics, stop_signal};
+use crate::stop_signal;
 
 /// How long a stopping mirror may take to commit its last batch.
 const STOP_BUDGET: Duration = Duration::from_secs(10);
@@ -40,106 +41,130 @@ pub async fn run(args: MirrorArgs, screen: &Screen) -> Result<(), CliError> {
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
     // The local file first: a file that is not ours is refused before any server is asked.
     let db = SqliteDb::open(&args.into).await?;
-    if let Some(addr) = &args.follow.metrics {
-        serve_metrics(addr)?;
-    }
+    let probes = args.follow.probes()?;
     let cache = db.follower_cache(name.as_str());
     let label = match &spec {
         SourceSpec::Nats { bucket, .. } => bucket.clone(),
         SourceSpec::Sqlite(path) => path.display().to_string(),
     };
     let prefix = args.follow.prefix.as_deref();
-    match open(
+    let client_name = format!("tidemark-{name}");
+    let opening = open(
         &spec,
         &args.follow.auth,
-        &format!("tidemark-{name}"),
+        &client_name,
         prefix,
-    )
-    .await?
-    {
-        Opened::Nats(bucket) => {
-            follow(config, bucket.clone(), bucket, cache, &spec, &label, screen).await
+        args.follow.missing(),
+    );
+    // With --wait-for-source the opening may wait for a registry file: a stop ends it.
+    let opened = tokio::select! {
+        biased;
+        signal = stop_signal() => {
+            info!(follower = %name, "{signal}: stopping");
+            return Ok(());
         }
-        Opened::Sqlite(source) => {
-            follow(config, source.clone(), source, cache, &spec, &label, screen).await
-        }
+        opened = opening => opened?,
+    };
+    let mirror = Mirror {
+        spec: &spec,
+        label: &label,
+        screen,
+        probes,
+        stall_after: args.follow.stall_after(),
+    };
+    match opened {
+        Opened::Nats(bucket) => mirror.follow(config, bucket.clone(), bucket, cache).await,
+        Opened::Sqlite(source) => mirror.follow(config, source.clone(), source, cache).await,
     }
 }
 
-async fn follow<S, F>(
-    config: FollowerConfig,
-    source: S,
-    feed: F,
-    cache: PersistedCache,
-    spec: &SourceSpec,
-    label: &str,
-    screen: &Screen,
-) -> Result<(), CliError>
-where
-    S: Source + 'static,
-    F: Feed + 'static,
-{
-    let name = config.name().to_owned();
-    let start = match cache.held().await? {
-        Some(held) => format!(
-            "warm start from revision {}, {} keys",
-            held.watermark, held.keys
-        ),
-        None => "cold start".to_owned(),
-    };
-    info!(follower = %name, "mirroring {} ({start})", spec.shown());
-    let follower = FollowerTask::new(config, RawBytes, source, feed, cache)
-        .source_name(label)
-        .spawn();
-    let mut stop = Box::pin(stop_signal());
-    let mut status = follower.watch_status();
-    let mut progress = Some(SyncProgress::new(screen));
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    loop {
-        tokio::select! {
-            biased;
-            signal = &mut stop => {
-                // The bar goes first, or its last frame stays above the log lines.
-                if let Some(p) = progress.take() {
-                    p.finish();
-                }
-                info!(follower = %name, "{signal}: stopping");
-                break;
-            }
-            changed = status.changed() => {
-                if changed.is_err() {
+/// A mirror about to follow its source: what it shows and tells the probes.
+struct Mirror<'a> {
+    spec: &'a SourceSpec,
+    label: &'a str,
+    screen: &'a Screen,
+    probes: Probes,
+    stall_after: Duration,
+}
+
+impl Mirror<'_> {
+    async fn follow<S, F>(
+        self,
+        config: FollowerConfig,
+        source: S,
+        feed: F,
+        cache: PersistedCache,
+    ) -> Result<(), CliError>
+    where
+        S: Source + 'static,
+        F: Feed + 'static,
+    {
+        let name = config.name().to_owned();
+        let start = match cache.held().await? {
+            Some(held) => format!(
+                "warm start from revision {}, {} keys",
+                held.watermark, held.keys
+            ),
+            None => "cold start".to_owned(),
+        };
+        info!(follower = %name, "mirroring {} ({start})", self.spec.shown());
+        let follower = FollowerTask::new(config, RawBytes, source, feed, cache)
+            .source_name(self.label)
+            .spawn();
+        let mut stop = Box::pin(stop_signal());
+        let mut status = follower.watch_status();
+        let mut progress = Some(SyncProgress::new(self.screen));
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                biased;
+                signal = &mut stop => {
+                    // The bar goes first, or its last frame stays above the log lines.
+                    if let Some(p) = progress.take() {
+                        p.finish();
+                    }
+                    info!(follower = %name, "{signal}: stopping");
                     break;
                 }
+                changed = status.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                }
+                _ = tick.tick() => {}
             }
-            _ = tick.tick() => {}
-        }
-        let s = status.borrow_and_update().clone();
-        if s.ready {
-            if let Some(p) = progress.take() {
-                p.finish();
-                info!(follower = %name, keys = s.keys, watermark = s.watermark, "mirror ready ({start})");
+            let s = status.borrow_and_update().clone();
+            self.probes
+                .set(Probe::Running(Health::of([&follower], self.stall_after)));
+            if s.ready {
+                if let Some(p) = progress.take() {
+                    p.finish();
+                    info!(follower = %name, keys = s.keys, watermark = s.watermark, "mirror ready ({start})");
+                }
+            } else if let Some(p) = &mut progress {
+                p.update(&s, follower.head());
             }
-        } else if let Some(p) = &mut progress {
-            p.update(&s, follower.head());
+            if follower.is_finished() {
+                break;
+            }
         }
+        if let Some(p) = progress.take() {
+            p.finish();
+        }
+        self.probes
+            .set(Probe::Ended("the mirror is stopping".into()));
         if follower.is_finished() {
-            break;
+            let result = follower.join().await;
+            return match result {
+                Ok(s) => {
+                    warn!(follower = %name, watermark = s.watermark, "mirror ended");
+                    Ok(())
+                }
+                Err(e) => Err(e.into()),
+            };
         }
+        let s = follower.stop_within(STOP_BUDGET).await?;
+        info!(follower = %name, watermark = s.watermark, keys = s.keys, "stopped");
+        Ok(())
     }
-    if let Some(p) = progress.take() {
-        p.finish();
-    }
-    if follower.is_finished() {
-        let result = follower.join().await;
-        return match result {
-            Ok(s) => {
-                warn!(follower = %name, watermark = s.watermark, "mirror ended");
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        };
-    }
-    let s = follower.stop_within(STOP_BUDGET).await?;
-    info!(follower = %name, watermark = s.watermark, keys = s.keys, "stopped");
-    Ok(())
 }

@@ -1,12 +1,16 @@
 //! What a SOURCE argument names: a NATS KV bucket (`nats://host:port/BUCKET`) or a SQLite
 //! registry file, and how to reach it.
 
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use clap::Args;
 use tidemark_nats::{KvBucket, NatsOptions};
 use tidemark_sqlite::{SqliteDb, SqliteSource};
+use tracing::info;
 
+use crate::endpoint::Probes;
 use crate::error::CliError;
 
 /// How to authenticate to NATS. Secrets may come from the environment instead of the
@@ -74,11 +78,44 @@ pub struct FollowArgs {
     /// Follow only the keys under this prefix (on NATS, filtered by the server).
     #[arg(long, value_name = "PREFIX")]
     pub prefix: Option<String>,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464).
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464) at /metrics, and
+    /// probes at /healthz (the follower runs) and /readyz (synced and not stalled).
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
+    /// How long the follower may stay behind without progress before /readyz says it
+    /// stalled, in seconds.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    pub stall_after: u64,
+    /// Wait for a source that does not exist yet (a bucket not yet created, a registry
+    /// file not yet written) instead of failing at once.
+    #[arg(long)]
+    pub wait_for_source: bool,
     #[command(flatten)]
     pub auth: NatsAuth,
+}
+
+impl FollowArgs {
+    /// Whether a missing source is waited for.
+    pub fn missing(&self) -> Missing {
+        if self.wait_for_source {
+            Missing::Wait
+        } else {
+            Missing::Refuse
+        }
+    }
+
+    /// How long the follower may be behind without progress before it is stalled.
+    pub fn stall_after(&self) -> Duration {
+        Duration::from_secs(self.stall_after)
+    }
+
+    /// The endpoint `--metrics` asks for, serving from now on, or probes nobody reads.
+    pub fn probes(&self) -> Result<Probes, CliError> {
+        match &self.metrics {
+            Some(addr) => crate::endpoint::serve(addr),
+            None => Ok(Probes::unserved()),
+        }
+    }
 }
 
 /// Where changes come from.
@@ -164,6 +201,28 @@ impl SourceSpec {
         }
     }
 
+    /// The servers of a NATS source (no credentials); empty for a file.
+    pub fn servers(&self) -> String {
+        match self {
+            SourceSpec::Nats { servers, .. } => servers.join(","),
+            SourceSpec::Sqlite(_) => String::new(),
+        }
+    }
+
+    /// What to tell an operator when the source does not exist.
+    pub fn missing(&self) -> String {
+        match self {
+            SourceSpec::Nats { bucket, .. } => format!(
+                "bucket {bucket} does not exist on {} (check the name, create it, or pass --wait-for-source to wait for it)",
+                self.servers()
+            ),
+            SourceSpec::Sqlite(path) => format!(
+                "registry {} does not exist (check the path, or pass --wait-for-source to wait for it)",
+                path.display()
+            ),
+        }
+    }
+
     /// Where it is, for logs (no credentials).
     pub fn shown(&self) -> String {
         match self {
@@ -230,18 +289,54 @@ pub async fn connect(
     Ok((options.connect().await?, bucket.clone()))
 }
 
-/// Connects to the NATS servers, or opens the registry file (which must exist: a
-/// missing file is an error, not a new empty registry); over `prefix`'s keys only, if
-/// given (filtered on the NATS server).
+/// Whether a source may be missing when it is opened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Missing {
+    /// A source that does not exist is an error ([`CliError::NoSource`]) at once.
+    Refuse,
+    /// A bucket that does not exist is followed anyway (the follower retries until it
+    /// appears); a registry file that does not exist is waited for.
+    Wait,
+}
+
+/// How long a NATS server that answers nothing about a bucket (JetStream starting,
+/// no responders) is asked again before the command gives up.
+const EXISTS_PATIENCE: Duration = Duration::from_secs(10);
+
+/// How often a missing registry file is looked for again.
+const FILE_POLL: Duration = Duration::from_millis(250);
+
+/// Connects to the NATS servers, or opens the registry file; over `prefix`'s keys only, if
+/// given (filtered on the NATS server). A bucket or file that does not exist is refused
+/// or waited for, as `missing` says; a registry file is never made up.
 pub async fn open(
     spec: &SourceSpec,
     auth: &NatsAuth,
     client_name: &str,
     prefix: Option<&str>,
+    missing: Missing,
 ) -> Result<Opened, CliError> {
     match spec {
         SourceSpec::Nats { .. } => {
             let (client, bucket) = connect(spec, auth, client_name).await?;
+            // Asked to wait, one question is enough: the follower retries whatever the
+            // answer, as it always did.
+            let patience = match missing {
+                Missing::Refuse => EXISTS_PATIENCE,
+                Missing::Wait => Duration::ZERO,
+            };
+            match (bucket_exists(&client, &bucket, patience).await, missing) {
+                (Ok(true), _) => {}
+                (Ok(false), Missing::Wait) => info!(
+                    "bucket {bucket} does not exist (yet) on {}: waiting for it",
+                    spec.servers()
+                ),
+                (Err(e), Missing::Wait) => {
+                    info!("cannot tell whether bucket {bucket} exists ({e}): following it anyway")
+                }
+                (Ok(false), Missing::Refuse) => return Err(CliError::NoSource(spec.missing())),
+                (Err(e), Missing::Refuse) => return Err(e),
+            }
             let bucket = KvBucket::new(client, bucket)?;
             Ok(Opened::Nats(match prefix {
                 Some(p) => bucket.with_prefix(p)?,
@@ -249,12 +344,74 @@ pub async fn open(
             }))
         }
         SourceSpec::Sqlite(path) => {
-            let source = open_existing(path).await?.source();
+            let absent = || std::fs::metadata(path).is_err_and(|e| e.kind() == ErrorKind::NotFound);
+            let db = if absent() {
+                if missing == Missing::Refuse {
+                    return Err(CliError::NoSource(spec.missing()));
+                }
+                info!(
+                    "registry {} does not exist (yet): waiting for it",
+                    path.display()
+                );
+                while absent() {
+                    tokio::time::sleep(FILE_POLL).await;
+                }
+                // Its maker may still be writing its first pages (an empty file, a
+                // header without a schema): give it a moment before judging the file.
+                let appeared = Instant::now();
+                loop {
+                    match open_existing(path).await {
+                        Ok(db) => break db,
+                        Err(_) if appeared.elapsed() < EXISTS_PATIENCE => {
+                            tokio::time::sleep(FILE_POLL).await;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            } else {
+                open_existing(path).await?
+            };
+            let source = db.source();
             Ok(Opened::Sqlite(match prefix {
                 Some(p) => source.with_prefix(p)?,
                 None => source,
             }))
         }
+    }
+}
+
+/// Whether the server holds `bucket`: `false` only when JetStream says there is no such
+/// stream. A server that answers nothing else for `patience` (no JetStream, or one still
+/// starting) is an error.
+async fn bucket_exists(
+    client: &async_nats::Client,
+    bucket: &str,
+    patience: Duration,
+) -> Result<bool, CliError> {
+    use async_nats::jetstream::ErrorCode;
+    use async_nats::jetstream::context::GetStreamErrorKind;
+    let js = async_nats::jetstream::new(client.clone());
+    let started = Instant::now();
+    loop {
+        let why = match js.get_stream(format!("KV_{bucket}")).await {
+            Ok(_) => return Ok(true),
+            Err(e) => match e.kind() {
+                GetStreamErrorKind::JetStream(j)
+                    if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
+                {
+                    return Ok(false);
+                }
+                _ => e.to_string(),
+            },
+        };
+        // Right after a server starts, JetStream answers "no responders" for a moment.
+        if started.elapsed() >= patience {
+            return Err(CliError::NoSource(format!(
+                "no JetStream answer about bucket {bucket} within {}s: {why}",
+                patience.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

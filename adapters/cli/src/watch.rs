@@ -4,13 +4,14 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use clap::Args;
-use tidemark::{Cache, Change, Feed, FollowerConfig, FollowerTask, RawBytes, Source};
+use tidemark::{Cache, Change, Feed, FollowerConfig, FollowerTask, Health, RawBytes, Source};
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{info, warn};
 
+use crate::endpoint::{Probe, Probes};
 use crate::error::CliError;
 use crate::source::{FollowArgs, Opened, SourceSpec, open};
-use crate::{serve_metrics, stop_signal};
+use crate::stop_signal;
 
 /// `tidemark watch`'s arguments.
 #[derive(Args, Debug)]
@@ -27,21 +28,42 @@ pub async fn run(args: WatchArgs) -> Result<(), CliError> {
     let spec = SourceSpec::parse(&args.follow.source)?;
     let name = spec.default_name("watch", args.follow.prefix.as_deref());
     let config = FollowerConfig::new(name.as_str()).map_err(tidemark::Error::from)?;
-    if let Some(addr) = &args.follow.metrics {
-        serve_metrics(addr)?;
-    }
+    let probes = args.follow.probes()?;
     let prefix = args.follow.prefix.as_deref();
-    match open(
+    let client_name = format!("tidemark-{name}");
+    let opening = open(
         &spec,
         &args.follow.auth,
-        &format!("tidemark-{name}"),
+        &client_name,
         prefix,
-    )
-    .await?
-    {
-        Opened::Nats(b) => watch(config, b.clone(), b, &spec, args.all).await,
-        Opened::Sqlite(s) => watch(config, s.clone(), s, &spec, args.all).await,
+        args.follow.missing(),
+    );
+    let opened = tokio::select! {
+        biased;
+        signal = stop_signal() => {
+            info!("{signal}: stopping");
+            return Ok(());
+        }
+        opened = opening => opened?,
+    };
+    let watch = Watch {
+        spec: &spec,
+        all: args.all,
+        probes,
+        stall_after: args.follow.stall_after(),
+    };
+    match opened {
+        Opened::Nats(b) => watch.run(config, b.clone(), b).await,
+        Opened::Sqlite(s) => watch.run(config, s.clone(), s).await,
     }
+}
+
+/// A watch about to follow its source.
+struct Watch<'a> {
+    spec: &'a SourceSpec,
+    all: bool,
+    probes: Probes,
+    stall_after: Duration,
 }
 
 fn line(cache: &Cache<Vec<u8>>, change: &Change) -> String {
@@ -58,54 +80,58 @@ fn line(cache: &Cache<Vec<u8>>, change: &Change) -> String {
     }
 }
 
-async fn watch<S, F>(
-    config: FollowerConfig,
-    source: S,
-    feed: F,
-    spec: &SourceSpec,
-    all: bool,
-) -> Result<(), CliError>
-where
-    S: Source + 'static,
-    F: Feed + 'static,
-{
-    info!("watching {}", spec.shown());
-    let (writer, cache) = tidemark::cache();
-    // Subscribed before the follower runs: no change, and not the readiness, goes by first.
-    let mut changes = cache.subscribe();
-    let follower = FollowerTask::new(config, RawBytes, source, feed, writer).spawn();
-    let mut stop = Box::pin(stop_signal());
-    let mut out = std::io::stdout();
-    // Readiness as the stream tells it: the cache itself is ready before this loop has
-    // read the initial sync's changes.
-    let mut synced = false;
-    loop {
-        let change = tokio::select! {
-            biased;
-            signal = &mut stop => {
-                info!("{signal}: stopping");
-                break;
-            }
-            change = changes.recv() => change,
-        };
-        match change {
-            // The initial sync's puts are summed up by the ready line unless asked for.
-            Ok(Change::Put { .. } | Change::Removed { .. }) if !all && !synced => {}
-            Ok(c) => {
-                synced |= matches!(c, Change::Ready { .. });
-                // A closed pipe (`tidemark watch … | head`) ends the watch, quietly.
-                if writeln!(out, "{}", line(&cache, &c)).is_err() {
+impl Watch<'_> {
+    async fn run<S, F>(self, config: FollowerConfig, source: S, feed: F) -> Result<(), CliError>
+    where
+        S: Source + 'static,
+        F: Feed + 'static,
+    {
+        let all = self.all;
+        info!("watching {}", self.spec.shown());
+        let (writer, cache) = tidemark::cache();
+        // Subscribed before the follower runs: no change, and not the readiness, goes by first.
+        let mut changes = cache.subscribe();
+        let follower = FollowerTask::new(config, RawBytes, source, feed, writer).spawn();
+        let mut stop = Box::pin(stop_signal());
+        let mut out = std::io::stdout();
+        // Readiness as the stream tells it: the cache itself is ready before this loop has
+        // read the initial sync's changes.
+        let mut synced = false;
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            let change = tokio::select! {
+                biased;
+                signal = &mut stop => {
+                    info!("{signal}: stopping");
                     break;
                 }
+                change = changes.recv() => change,
+                _ = tick.tick() => {
+                    self.probes.set(Probe::Running(Health::of([&follower], self.stall_after)));
+                    continue;
+                }
+            };
+            match change {
+                // The initial sync's puts are summed up by the ready line unless asked for.
+                Ok(Change::Put { .. } | Change::Removed { .. }) if !all && !synced => {}
+                Ok(c) => {
+                    synced |= matches!(c, Change::Ready { .. });
+                    // A closed pipe (`tidemark watch … | head`) ends the watch, quietly.
+                    if writeln!(out, "{}", line(&cache, &c)).is_err() {
+                        break;
+                    }
+                }
+                Err(RecvError::Lagged(n)) => {
+                    warn!(
+                        "{n} changes went by faster than they could be printed; the cache itself is complete"
+                    );
+                }
+                Err(RecvError::Closed) => break,
             }
-            Err(RecvError::Lagged(n)) => {
-                warn!(
-                    "{n} changes went by faster than they could be printed; the cache itself is complete"
-                );
-            }
-            Err(RecvError::Closed) => break,
         }
+        self.probes
+            .set(Probe::Ended("the watch is stopping".into()));
+        follower.stop_within(Duration::from_secs(5)).await?;
+        Ok(())
     }
-    follower.stop_within(Duration::from_secs(5)).await?;
-    Ok(())
 }

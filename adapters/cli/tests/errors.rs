@@ -218,11 +218,12 @@ async fn refused_credentials_are_one_line_and_secrets_never_show() {
     let stderr = one_line_failure(&out, 1, "rejected the credentials");
     assert!(!stderr.contains("wrong-in-url"), "{stderr}");
 
-    // The right password, from the environment: it connects and keeps trying for the
-    // bucket (which does not exist yet) until stopped.
+    // The right password, from the environment: asked to wait, it connects and keeps
+    // trying for the bucket (which does not exist yet) until stopped.
     let running = Running::start(
         bin()
             .args(["mirror", &source, "--into", into, "--user", "mirror"])
+            .arg("--wait-for-source")
             .env("TIDEMARK_NATS_PASSWORD", "right-horse-battery"),
     );
     let mut running = running;
@@ -231,4 +232,74 @@ async fn refused_credentials_are_one_line_and_secrets_never_show() {
     let (exit, printed) = running.terminate(Duration::from_secs(30));
     assert!(exit.success(), "{exit:?}: {printed}");
     assert!(!printed.contains("right-horse-battery"), "{printed}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_that_does_not_exist_is_one_line_naming_it_within_seconds() {
+    let server = server().await;
+    let client = server.connect().await.unwrap();
+    // The bucket an operator meant; the command names one letter off.
+    kv_bucket(&client, "packages").await;
+    let dir = tempfile::tempdir().unwrap();
+    let into = dir.path().join("c.db");
+    let into = into.to_str().unwrap();
+    let typo = format!("{}/pakages", server.url());
+    for args in [
+        vec!["mirror", &typo, "--into", into],
+        vec!["watch", &typo],
+        vec!["mirror", &typo, "--into", into, "--prefix", "pkg"],
+    ] {
+        let started = std::time::Instant::now();
+        let out = run(&args);
+        let took = started.elapsed();
+        let stderr = one_line_failure(&out, 1, "bucket pakages does not exist");
+        assert!(
+            stderr.contains("--wait-for-source"),
+            "says how to wait: {stderr}"
+        );
+        assert!(
+            took < Duration::from_secs(10),
+            "a typo is told within seconds, not waited for: {took:?}"
+        );
+    }
+
+    let missing = dir.path().join("registry.db");
+    let out = run(&["mirror", missing.to_str().unwrap(), "--into", into]);
+    one_line_failure(&out, 1, "registry.db does not exist");
+    assert!(!missing.exists(), "a missing registry is not made up");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn asked_to_wait_a_mirror_waits_for_its_registry_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = dir.path().join("later.db");
+    let into = dir.path().join("c.db");
+    let mut mirror = Running::start(bin().args([
+        "mirror",
+        reg.to_str().unwrap(),
+        "--into",
+        into.to_str().unwrap(),
+        "--wait-for-source",
+    ]));
+    mirror.wait_line(
+        "does not exist (yet): waiting for it",
+        Duration::from_secs(30),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!reg.exists(), "waiting never creates the registry");
+    let db = tidemark_sqlite::SqliteDb::open(&reg).await.unwrap();
+    tidemark::Source::put(&db.source(), "a", b"1".to_vec())
+        .await
+        .unwrap();
+    mirror.wait_line("mirror ready", Duration::from_secs(30));
+    eventually(
+        "the mirror holds the registry's key",
+        Duration::from_secs(30),
+        || {
+            follower(&status_json(&into), "mirror-later").and_then(|f| f["keys"].as_u64())
+                == Some(1)
+        },
+    );
+    let (exit, printed) = mirror.terminate(Duration::from_secs(30));
+    assert!(exit.success(), "{printed}");
 }

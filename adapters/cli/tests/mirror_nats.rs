@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use bytes::Bytes;
 use futures::StreamExt as _;
 use serde_json::Value;
@@ -18,26 +18,7 @@ const KEYS: u32 = 10_000;
 const MISSED: u32 = 100;
 
 async fn bucket(client: &async_nats::Client) -> kv::Store {
-    let js = jetstream::new(client.clone());
-    let started = std::time::Instant::now();
-    loop {
-        match js
-            .create_key_value(kv::Config {
-                bucket: "packages".into(),
-                history: 1,
-                ..Default::default()
-            })
-            .await
-        {
-            Ok(store) => return store,
-            // Right after start, JetStream may answer "no responders" for a moment.
-            Err(e) if started.elapsed() < Duration::from_secs(30) => {
-                eprintln!("creating the bucket: {e}; retrying");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(e) => panic!("cannot create the bucket: {e}"),
-        }
-    }
+    kv_bucket(client, "packages").await
 }
 
 async fn put_all(store: &kv::Store, keys: impl Iterator<Item = String>) -> u64 {

@@ -46,6 +46,7 @@ pub mod fuzzing;
 mod lock;
 mod outbox;
 mod queue;
+mod read_only;
 mod report;
 mod retention;
 mod schedule;
@@ -60,6 +61,7 @@ pub use events::{EventStream, Record, SqliteEvents};
 pub use lock::SqliteLock;
 pub use outbox::{SqliteOutbox, SqliteOutboxWatch};
 pub use queue::SqliteQueue;
+pub use read_only::{Holder, ReadOnlyDb};
 pub use report::{
     FollowerReport, LockReport, QueueReport, RegistryReport, Report, ScheduleReport, Start,
     read_report,

@@ -1,16 +1,14 @@
 //! What an operator sees of a database file: its registry, persisted followers, outbox,
 //! queue, schedules, locks and cursors, read in one transaction.
 
+use std::path::Path;
 use std::time::Duration;
 
-use std::path::Path;
-
-use rusqlite::{Connection, OpenFlags, OptionalExtension};
+use rusqlite::{Connection, OptionalExtension};
 use tidemark::Result;
 
 use crate::db::{SqliteDb, to_u64};
 use crate::error::unavailable;
-use crate::schema::{self, SCHEMA_VERSION};
 
 fn sql(e: rusqlite::Error) -> tidemark::Error {
     unavailable("report", &e)
@@ -129,7 +127,7 @@ fn meta(conn: &Connection, name: &str) -> rusqlite::Result<u64> {
     .map(|v| v.map_or(0, to_u64))
 }
 
-fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
+pub(crate) fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
     // One read transaction: the counts agree with each other.
     let tx = conn.transaction()?;
     let registry = RegistryReport {
@@ -227,8 +225,9 @@ fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
 }
 
 /// Reads the [`Report`] of the tidemark file at `path` without writing to it: the file is
-/// opened read-only, so it is neither created, migrated nor switched to WAL, and a process
-/// using it is not disturbed (`tidemark status` uses this).
+/// opened read-only ([`ReadOnlyDb`](crate::ReadOnlyDb)), so it is neither created,
+/// migrated nor switched to WAL, and a process using it is not disturbed (`tidemark
+/// status` uses this).
 ///
 /// A missing file is [`Error::Io`](crate::Error::Io); a file that is not a tidemark
 /// database, is damaged or newer is refused as [`SqliteDb::open`] refuses it; a file with an
@@ -236,39 +235,7 @@ fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
 /// not yet in the shape this build reads. Blocks: call it from a blocking context, or use
 /// `tokio::task::spawn_blocking`.
 pub fn read_report(path: impl AsRef<Path>) -> crate::Result<Report> {
-    let path = path.as_ref();
-    let err = |e| crate::Error::from_sqlite(path, e);
-    if let Err(e) = std::fs::metadata(path) {
-        return Err(crate::Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        });
-    }
-    schema::check_header(path)?;
-    let mut conn = Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .map_err(err)?;
-    conn.busy_timeout(Duration::from_secs(5)).map_err(err)?;
-    schema::refuse_foreign(&conn, path)?;
-    let version: i64 = conn
-        .pragma_query_value(None, "user_version", |r| r.get(0))
-        .map_err(err)?;
-    if version == 0 {
-        return Err(crate::Error::Foreign {
-            path: path.to_path_buf(),
-            reason: "no tidemark schema (an empty database)".into(),
-        });
-    }
-    if version < SCHEMA_VERSION {
-        return Err(crate::Error::OlderSchema {
-            path: path.to_path_buf(),
-            found: version,
-            supported: SCHEMA_VERSION,
-        });
-    }
-    read(&mut conn).map_err(err)
+    crate::ReadOnlyDb::open(path)?.report()
 }
 
 impl SqliteDb {

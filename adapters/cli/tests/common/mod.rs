@@ -206,3 +206,41 @@ pub fn sample(scrape: &str, series: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
+
+/// Creates the KV bucket `name` (history 1), retrying while JetStream starts.
+pub async fn kv_bucket(
+    client: &async_nats::Client,
+    name: &str,
+) -> async_nats::jetstream::kv::Store {
+    let js = async_nats::jetstream::new(client.clone());
+    let started = Instant::now();
+    loop {
+        match js
+            .create_key_value(async_nats::jetstream::kv::Config {
+                bucket: name.into(),
+                history: 1,
+                ..Default::default()
+            })
+            .await
+        {
+            Ok(store) => return store,
+            // Right after start, JetStream may answer "no responders" for a moment.
+            Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                eprintln!("creating bucket {name}: {e}; retrying");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("cannot create bucket {name}: {e}"),
+        }
+    }
+}
+
+/// The status line and body of `GET path` on `addr`.
+pub fn http_status(addr: SocketAddr, path: &str) -> (String, String) {
+    let reply = http_get(addr, path).unwrap_or_default();
+    let status = reply.lines().next().unwrap_or_default().to_owned();
+    let body = reply
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
