@@ -10,6 +10,20 @@
 //! decision out. This is quinn-proto's split applied to an adapter: the pieces decide,
 //! the async code does.
 //!
+//! A replay's end, from the facts a consumer delivers:
+//!
+//! ```
+//! use tidemark_jetstream::{Replay, Step};
+//!
+//! // A replay from seq 1 whose head, read once its consumer existed, is 5.
+//! let mut replay = Replay::new(1, 5);
+//! assert_eq!(replay.on_message(5, 0), Step::Confirm, "a pending count of 0 is no proof");
+//! // The read of the last message present found 7: a key was overwritten meanwhile.
+//! assert_eq!(replay.on_confirmed(7), Step::Read);
+//! assert_eq!(replay.on_message(7, 0), Step::Confirm);
+//! assert_eq!(replay.on_confirmed(7), Step::Done { through: 7 });
+//! ```
+//!
 //! Time comes in as a value (nanoseconds), never read. The same facts give the same
 //! decisions, so property tests and the simulator replay any run.
 //!

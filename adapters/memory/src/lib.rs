@@ -12,6 +12,26 @@
 //!
 //! Time (visibility timeouts, lock expiry, schedule clocks) is tokio's, so tests with
 //! paused time and simulators drive it.
+//!
+//! A cache that follows an in-process source:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tidemark::{FollowerConfig, Source, Utf8, spawn_cache};
+//! use tidemark_memory::MemorySource;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let source = MemorySource::default();
+//! source.put("greeting", b"hello".to_vec()).await?;
+//! let config = FollowerConfig::builder("demo").build()?;
+//! let (cache, handle) = spawn_cache(config, Utf8, source.clone(), source.clone());
+//! cache.wait_ready().await?;
+//! assert_eq!(cache.get("greeting").as_deref().map(String::as_str), Some("hello"));
+//! handle.stop_within(Duration::from_secs(1)).await?;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

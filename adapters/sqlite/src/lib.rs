@@ -35,6 +35,32 @@
 //! The schema is versioned (`PRAGMA user_version`, `PRAGMA application_id`); a file that is
 //! not a database, is truncated or corrupt, belongs to another application or has a newer
 //! schema is refused with an [`Error`], never a panic.
+//!
+//! A registry in a file, and a cache that follows it and keeps its own copy in the same
+//! file for a warm restart:
+//!
+//! ```
+//! use std::time::Duration;
+//! use tidemark::{FollowerConfig, FollowerTask, RawBytes, Source};
+//! use tidemark_sqlite::SqliteDb;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = tempfile::tempdir()?;
+//! let db = SqliteDb::open(dir.path().join("registry.db")).await?;
+//! let source = db.source();
+//! let seq = source.put("a", b"1".to_vec()).await?;
+//! let config = FollowerConfig::builder("mirror").build()?;
+//! let cache = db.follower_cache("mirror");
+//! let task = FollowerTask::new(config, RawBytes, source.clone(), source, cache.clone());
+//! let handle = task.spawn();
+//! let mut status = handle.watch_status();
+//! status.wait_for(|s| s.ready).await?;
+//! let status = handle.stop_within(Duration::from_secs(1)).await?;
+//! assert_eq!(status.watermark, seq, "the cache and its watermark are in the file");
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
