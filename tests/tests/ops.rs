@@ -1,4 +1,4 @@
-//! The Grafana dashboard and the Prometheus alert rules in `ops/` name only series (and
+//! The Grafana dashboard and the Prometheus alert rules in `adapters/cli/ops/` name only series (and
 //! labels) the code emits: a follower, a relay and a job runner run on the memory
 //! adapter under a recorder, and every `tidemark_*` name and every label the files use
 //! must be among what they registered. A renamed series fails here, not on a dashboard
@@ -103,7 +103,7 @@ async fn emitted() -> BTreeMap<String, BTreeSet<String>> {
 
 fn ops(file: &str) -> String {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../ops")
+        .join("../adapters/cli/ops")
         .join(file);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
