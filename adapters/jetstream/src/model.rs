@@ -70,7 +70,7 @@ struct Consumer {
     unsignalled: u64,
     /// The highest seq delivered.
     delivered: u64,
-    /// Revisions an overwrite removed before this consumer delivered them, since the last
+    /// Revisions of its range it will never deliver, since the last
     /// [`Stream::take_skipped`].
     skipped: Vec<u64>,
 }
@@ -274,7 +274,7 @@ impl Stream {
 
     /// Makes a consumer starting at `start`, its pending count exact at creation.
     pub fn consumer(&mut self, start: Start) -> ConsumerId {
-        let (lss, cursor) = match start {
+        let (lss, cursor, skipped) = match start {
             Start::LastPerSubject => {
                 let mut lss: Vec<u64> = self
                     .revisions
@@ -282,9 +282,26 @@ impl Stream {
                     .filter_map(|r| r.back().copied())
                     .collect();
                 lss.sort_unstable();
-                (VecDeque::from(lss), self.last_seq + 1)
+                // Every revision but the last of each subject: never delivered.
+                let skipped = self
+                    .log
+                    .iter()
+                    .map(|m| m.seq)
+                    .filter(|seq| lss.binary_search(seq).is_err())
+                    .collect();
+                (VecDeque::from(lss), self.last_seq + 1, skipped)
             }
-            Start::Seq(seq) => (VecDeque::new(), seq.max(1)),
+            Start::Seq(seq) => {
+                let from = seq.max(1);
+                // What was removed from its range before it was made.
+                let skipped = self
+                    .log
+                    .iter()
+                    .map(|m| m.seq)
+                    .filter(|seq| *seq >= from && !self.messages.contains_key(seq))
+                    .collect();
+                (VecDeque::new(), from, skipped)
+            }
         };
         let pending = lss.len() as u64 + self.messages.range(cursor..).count() as u64;
         let id = ConsumerId(self.next_consumer);
@@ -297,7 +314,7 @@ impl Stream {
                 pending,
                 unsignalled: 0,
                 delivered: 0,
-                skipped: Vec::new(),
+                skipped,
             },
         );
         id
@@ -314,9 +331,11 @@ impl Stream {
         self.consumers.contains_key(&id)
     }
 
-    /// The revisions an overwrite (or a purge) removed before the consumer delivered them,
-    /// since the last call: what its reader never sees. Each had a newer revision of its
-    /// subject stored at once (an overwrite) or none (a purge).
+    /// The revisions of the consumer's range it will never deliver, since the last call:
+    /// those an overwrite (or a purge) removed before it was made — for a last-per-subject
+    /// consumer, every revision but the last of each subject — and those removed before
+    /// it delivered them. What its reader never sees: each had a newer revision of its
+    /// subject stored (an overwrite) or none left (a purge).
     pub fn take_skipped(&mut self, id: ConsumerId) -> Vec<u64> {
         self.consumers
             .get_mut(&id)
@@ -382,6 +401,18 @@ mod tests {
             "b's revision 5 went before it was delivered; a's 3 was delivered"
         );
         assert!(s.take_skipped(c).is_empty(), "each is told once");
+        let late = s.consumer(Start::Seq(4));
+        assert_eq!(
+            s.take_skipped(late),
+            vec![5],
+            "removed from its range before it was made"
+        );
+        let last = s.consumer(Start::LastPerSubject);
+        assert_eq!(
+            s.take_skipped(last),
+            vec![3, 5],
+            "all but the last revisions"
+        );
         s.delete_consumer(c);
         assert!(!s.has_consumer(c));
         assert_eq!(s.deliver(c), None);
