@@ -29,6 +29,8 @@
 //! equal the source's within a bound. The same seed gives the same trace hash.
 #![forbid(unsafe_code)]
 
+pub mod jetstream;
+pub mod kv;
 pub mod listener;
 pub mod naive;
 pub mod ops;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use tidemark::tidemark_core::{Continuity, FeedInfo, Follow};
 use tidemark::{Feed, Held, Opened, Result, Sink, Source};
+use tidemark_jetstream::Step;
 use tidemark_memory::MemoryCacheSink;
 
 use crate::remote::{Remote, RemoteEvents, RemoteStream};
@@ -132,5 +133,55 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for WatermarkFirst {
 
     async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
         Sink::<V>::all_seqs(&mut self.0).await
+    }
+}
+
+/// "The replay ends on pending == 0": the end of a JetStream replay as tidemark took it
+/// before `tidemark_jetstream::Replay` — done once the consumer delivered the head read
+/// at the start and says nothing is pending (or goes idle there), never confirmed by a
+/// read that cannot race. nats-server's pending count reads one low for a moment after an
+/// overwrite removes a revision the consumer had not delivered (the new message is
+/// counted only when a queued signal runs), so the replay can end with that key missing:
+/// its old revision is gone, and its new one is above the end.
+#[derive(Clone, Copy, Debug)]
+pub struct PendingEnd {
+    head: u64,
+    seen: u64,
+}
+
+impl PendingEnd {
+    /// A replay whose consumer delivers from `from`, reading to `head`.
+    #[must_use]
+    pub fn new(from: u64, head: u64) -> Self {
+        PendingEnd {
+            head,
+            seen: from.saturating_sub(1),
+        }
+    }
+
+    /// Done at once when nothing at or after `from` was present.
+    #[must_use]
+    pub fn start(&self) -> Step {
+        if self.head <= self.seen {
+            Step::Done { through: self.seen }
+        } else {
+            Step::Read
+        }
+    }
+
+    /// A message at `seq` with the consumer's `pending` count: done at the head when the
+    /// count says nothing more is pending.
+    pub fn on_message(&mut self, seq: u64, pending: u64) -> Step {
+        self.seen = self.seen.max(seq);
+        self.idle().filter(|_| pending == 0).unwrap_or(Step::Read)
+    }
+
+    /// An idle heartbeat: done when the head was delivered.
+    pub fn on_idle(&mut self) -> Step {
+        self.idle().unwrap_or(Step::Read)
+    }
+
+    fn idle(&self) -> Option<Step> {
+        (self.seen >= self.head).then_some(Step::Done { through: self.seen })
     }
 }

@@ -164,7 +164,9 @@ impl History {
     /// one when it matched none): where a replaced history and the restored one agree (at
     /// or below the seq the restore went back to, or past it when an announcement ahead of
     /// the watermark hides the only replaced change), the cache does not show which of
-    /// them the follower is reading.
+    /// them the follower is reading. A revision `skipped` says the follower's sparse feed
+    /// never delivered (an overwrite removed it first) may be missing: see
+    /// [`FeedSkips`].
     #[must_use]
     pub fn inconsistencies_since(
         &self,
@@ -172,6 +174,7 @@ impl History {
         watermark: u64,
         since: usize,
         cursors: &mut StateCursors,
+        skipped: Skipped<'_>,
     ) -> (Vec<String>, usize) {
         // Cursors of epochs before `since` are no longer asked for.
         *cursors = cursors.split_off(&since);
@@ -182,7 +185,7 @@ impl History {
                     .entry(epoch)
                     .or_default()
                     .seek((epoch, 0), history, watermark);
-                if inconsistencies_in(history, &past, state, cache, watermark).is_empty() {
+                if inconsistencies_in(history, &past, state, cache, watermark, skipped).is_empty() {
                     return (Vec::new(), epoch);
                 }
             }
@@ -196,7 +199,7 @@ impl History {
             watermark,
         );
         (
-            inconsistencies_in(&current.commits, &past, state, cache, watermark),
+            inconsistencies_in(&current.commits, &past, state, cache, watermark, skipped),
             epoch,
         )
     }
@@ -250,17 +253,67 @@ impl History {
     /// How `cache` fails to be the source's state at `watermark`, described for a report
     /// (empty when it is). A key may also hold a newer value than the watermark's, or be
     /// absent through a newer removal, when the history has that change (announcements
-    /// and fetched markers run ahead of the watermark); a poison value may be skipped.
+    /// and fetched markers run ahead of the watermark); a poison value may be skipped, and
+    /// so may a revision `skipped` says a sparse feed never delivered.
     #[must_use]
     pub fn inconsistencies(
         &self,
         cache: &BTreeMap<String, (u64, String)>,
         watermark: u64,
+        skipped: Skipped<'_>,
     ) -> Vec<String> {
         let current = lock(&self.inner);
         let past = lock(&self.past);
         let state = StateCursor::state_at(&current.commits, watermark);
-        inconsistencies_in(&current.commits, &past, &state, cache, watermark)
+        inconsistencies_in(&current.commits, &past, &state, cache, watermark, skipped)
+    }
+}
+
+/// Whether the follower's sparse feed never delivered the revision at a seq (see
+/// [`FeedSkips`]); `&|_| false` for every other feed.
+pub type Skipped<'a> = &'a dyn Fn(u64) -> bool;
+
+/// The revisions each follower's sparse feeds (a KV bucket's, keeping one revision per
+/// key) never delivered, as the source host's stream recorded them: those an overwrite
+/// removed from a consumer's range before it was made or before it delivered them, and
+/// every revision but the latest of each key for one that starts at the latest per key.
+/// A follower that commits a watermark past such a revision holds the key's older value
+/// (or none) until the newer revision arrives, as a reader of the server's stream does.
+/// It is no excuse at ready, nor for what a replay that ended (a snapshot, changes since
+/// a seq) brought: those read until nothing is above what they delivered.
+#[derive(Clone, Debug, Default)]
+pub struct FeedSkips {
+    inner: Arc<Mutex<BTreeMap<String, BTreeSet<u64>>>>,
+}
+
+impl FeedSkips {
+    /// `follower`'s feed will never deliver the revisions at `seqs`.
+    pub fn record(&self, follower: &str, seqs: Vec<u64>) {
+        if seqs.is_empty() {
+            return;
+        }
+        let mut all = lock(&self.inner);
+        match all.get_mut(follower) {
+            Some(set) => set.extend(seqs),
+            None => {
+                all.insert(follower.to_owned(), seqs.into_iter().collect());
+            }
+        }
+    }
+
+    /// Whether a feed of `follower` never delivered the revision at `seq`.
+    #[must_use]
+    pub fn skipped(&self, follower: &str, seq: u64) -> bool {
+        lock(&self.inner)
+            .get(follower)
+            .is_some_and(|set| set.contains(&seq))
+    }
+
+    /// The source was restored to `head`: the seqs above it will be another history's.
+    pub fn restored(&self, head: u64) {
+        for set in lock(&self.inner).values_mut() {
+            set.split_off(&(head + 1));
+        }
     }
 }
 
@@ -274,6 +327,7 @@ fn inconsistencies_in(
     state: &State,
     cache: &BTreeMap<String, (u64, String)>,
     watermark: u64,
+    skipped: Skipped<'_>,
 ) -> Vec<String> {
     let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
         std::iter::once(history).chain(other).any(|h| {
@@ -297,6 +351,9 @@ fn inconsistencies_in(
         match state.get(key.as_str()) {
             Some((want, Some(bytes))) if want == seq && bytes.as_slice() == value.as_bytes() => {}
             Some((want, Some(bytes))) if std::str::from_utf8(bytes).is_err() && seq < want => {}
+            // The feed never delivered the revision the source had at the watermark: an
+            // older one stands until the newer revision that removed it arrives.
+            Some((want, _)) if seq < want && skipped(*want) => {}
             want => out.push(format!(
                 "{key}: holds seq {seq}, the source at {watermark} has {:?}",
                 want.map(|(s, v)| (s, v.is_some()))
@@ -305,7 +362,7 @@ fn inconsistencies_in(
     }
     for (key, (seq, value)) in state {
         let Some(bytes) = value else { continue };
-        if cache.contains_key(key) || std::str::from_utf8(bytes).is_err() {
+        if cache.contains_key(key) || std::str::from_utf8(bytes).is_err() || skipped(*seq) {
             continue;
         }
         // Absent: fine only if a newer removal (or a newer poison put) explains it.
@@ -500,6 +557,8 @@ pub struct Probe {
     state: Arc<Mutex<ProbeState>>,
     history: History,
     trace: Trace,
+    /// For a follower of a sparse feed: the revisions its feeds never delivered.
+    skips: Option<FeedSkips>,
 }
 
 impl Probe {
@@ -511,7 +570,25 @@ impl Probe {
             state: Arc::default(),
             history,
             trace,
+            skips: None,
         }
+    }
+
+    /// The probe of a follower of a sparse feed, whose feeds never delivered the revisions
+    /// `skips` records for it: between ready and its next start, and in its durable store,
+    /// a committed watermark past such a revision may hold the key's older value (or
+    /// none). At ready it may not.
+    #[must_use]
+    pub fn reading_a_sparse_feed(mut self, skips: FeedSkips) -> Self {
+        self.skips = Some(skips);
+        self
+    }
+
+    /// Whether this follower's feeds never delivered the revision at `seq`.
+    fn skipped(&self, seq: u64) -> bool {
+        self.skips
+            .as_ref()
+            .is_some_and(|skips| skips.skipped(&self.name, seq))
     }
 
     /// Adds a line to the run's trace.
@@ -562,7 +639,10 @@ impl Probe {
         // commit.
         let took_restored = watermark < s.watermark
             && self.may_fall_back(&s)
-            && self.history.inconsistencies(&cache, watermark).is_empty();
+            && self
+                .history
+                .inconsistencies(&cache, watermark, &|seq| self.skipped(seq))
+                .is_empty();
         if took_restored {
             self.fell_back(&mut s);
         } else if watermark < s.watermark {
@@ -614,7 +694,7 @@ impl Probe {
             self.name,
             s.cache.len()
         ));
-        let diff = self.inconsistencies(&mut s, watermark);
+        let diff = self.inconsistencies(&mut s, watermark, Skips::Excused);
         if !diff.is_empty() {
             let what = format!(
                 "restarted from a store that is not the source's state at its watermark {watermark}: {}",
@@ -634,10 +714,15 @@ impl Probe {
     /// then sent it to the restored source); and past the restored seq, an announcement
     /// ahead of the watermark can hide the only replaced change, so taking the restored
     /// history puts the same seqs again.
-    fn inconsistencies(&self, s: &mut ProbeState, watermark: u64) -> Vec<String> {
-        let (diff, epoch) =
-            self.history
-                .inconsistencies_since(&s.cache, watermark, s.epoch, &mut s.cursors);
+    fn inconsistencies(&self, s: &mut ProbeState, watermark: u64, skips: Skips) -> Vec<String> {
+        let skipped = |seq| skips == Skips::Excused && self.skipped(seq);
+        let (diff, epoch) = self.history.inconsistencies_since(
+            &s.cache,
+            watermark,
+            s.epoch,
+            &mut s.cursors,
+            &skipped,
+        );
         if diff.is_empty() {
             s.epoch = epoch;
         }
@@ -689,6 +774,34 @@ impl Probe {
             || s.watermark.max(stored) <= self.history.restored_head()
     }
 
+    /// The follower's cache was thrown away (its durable store wiped, its host
+    /// restarted): it starts over as a new follower of the current history, at simulated
+    /// time `at`.
+    pub fn wiped(&self, at: std::time::Duration) {
+        let mut s = self.state();
+        let epoch = self.history.epoch();
+        let ProbeState {
+            violations,
+            incarnation,
+            failed_commits,
+            warm_restarts,
+            ..
+        } = std::mem::take(&mut *s);
+        *s = ProbeState {
+            violations,
+            incarnation,
+            failed_commits,
+            warm_restarts,
+            epoch,
+            fell_back_for: epoch,
+            ..ProbeState::default()
+        };
+        self.trace.line_at(
+            at,
+            format!("{} starts over with its cache wiped", self.name),
+        );
+    }
+
     /// The source was restored from a backup taken at `head`, at simulated time `at`
     /// (the orchestrator does it, outside every host): puts above it were of another
     /// history, and the seqs they used will be used again.
@@ -710,6 +823,15 @@ impl Probe {
         self.trace.line(format!("VIOLATION {}: {what}", self.name));
         s.violations.push(what);
     }
+}
+
+/// Whether a check excuses the revisions a follower's sparse feed never delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Skips {
+    /// Between ready and the next start: the feed skips what an overwrite removed first.
+    Excused,
+    /// At ready: the cache is the source's state at the watermark, every key of it.
+    NoExcuse,
 }
 
 /// A follower's sink wrapped by its [`Probe`]: every call goes to the inner sink, and what
@@ -809,7 +931,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         // The oracle at every step: once ready, every watermark the follower commits must
         // describe its committed cache — the source's state at that seq.
         if s.ready && (dirty || watermark != s.watermark) {
-            let diff = p.inconsistencies(&mut s, watermark);
+            let diff = p.inconsistencies(&mut s, watermark, Skips::Excused);
             if !diff.is_empty() {
                 let what = format!(
                     "cache is not the source's state at watermark {watermark}: {}",
@@ -847,7 +969,7 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         self.inner.ready(watermark);
         let p = &self.probe;
         let mut s = lock(&p.state);
-        let diff = p.inconsistencies(&mut s, watermark);
+        let diff = p.inconsistencies(&mut s, watermark, Skips::NoExcuse);
         if !diff.is_empty() {
             let what = format!(
                 "ready at {watermark} with a cache that is not the source's state there: {}",
@@ -945,7 +1067,12 @@ impl Probe {
             self.violation(&mut s, what);
         }
         if live && (watermark != s.watermark || !s.ready) {
-            let diff = self.inconsistencies(&mut s, watermark);
+            let excuse = if s.ready {
+                Skips::Excused
+            } else {
+                Skips::NoExcuse
+            };
+            let diff = self.inconsistencies(&mut s, watermark, excuse);
             if !diff.is_empty() {
                 let what = format!(
                     "handlers did not see the source's state at watermark {watermark}: {}",
@@ -1222,7 +1349,7 @@ mod tests {
         history.record(2, "a", None);
         history.record(3, "a", Some(b"w".to_vec()));
         assert_eq!(
-            history.inconsistencies(&BTreeMap::new(), u64::MAX),
+            history.inconsistencies(&BTreeMap::new(), u64::MAX, &|_| false),
             vec!["a: missing; the source at 18446744073709551615 has seq 3"]
         );
     }

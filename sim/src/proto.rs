@@ -93,6 +93,9 @@ pub enum Request {
     Queue(crate::ops::QueueCall),
     /// A call on the source host's sweeper lock, schedules or sweep.
     Sweeps(crate::sweeps::SweepCall),
+    /// A call on the source host's JetStream (last, so the other variants keep their wire
+    /// tags).
+    JetStream(crate::jetstream::JsCall),
 }
 
 /// An announcement plan on the wire.
@@ -399,6 +402,8 @@ pub enum Response {
     /// The head a feed's initial sync must reach moved up (last, so the other variants
     /// keep their wire tags).
     Head(u64),
+    /// A JetStream call's answer.
+    JetStream(crate::jetstream::JsAnswer),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

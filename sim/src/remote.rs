@@ -171,6 +171,11 @@ impl Remote {
         self.by.as_deref()
     }
 
+    /// A fresh connection to the source host, framed (a dialogue of its own).
+    pub(crate) async fn dial(&self, port: &'static str) -> Result<FrameReader> {
+        Ok(FrameReader::new(self.connect(port).await?))
+    }
+
     /// Makes one request on a fresh connection and reads its one answer.
     pub(crate) async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
         let mut frames = FrameReader::new(self.connect(port).await?);

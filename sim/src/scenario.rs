@@ -71,6 +71,11 @@ pub enum FaultKind {
     /// A worker host crashes while it holds the sweeper lock, and restarts: its lease must
     /// run out before another sweeper takes over, and none may take it sooner.
     SweeperCrash,
+    /// A follower's host crashes and its cache is thrown away (an operator deletes a
+    /// corrupt cache file, a replica is replaced): it restarts cold and syncs from
+    /// scratch while writers go on — a resync from a snapshot where the history was
+    /// compacted, a replay of the latest revision per key from a bucket.
+    ColdRestart,
 }
 
 impl FaultKind {
@@ -80,7 +85,7 @@ impl FaultKind {
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 26] = [
+    pub const ALL: [FaultKind; 27] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -107,6 +112,7 @@ impl FaultKind {
         FaultKind::SlowJob,
         FaultKind::JobFailure,
         FaultKind::SweeperCrash,
+        FaultKind::ColdRestart,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -117,6 +123,7 @@ impl FaultKind {
         match self {
             FaultKind::CommitCrash => 8,
             FaultKind::FollowerCrash => 2,
+            FaultKind::ColdRestart => 4,
             _ => 1,
         }
     }
@@ -166,6 +173,15 @@ pub enum Strategy {
     /// outside a read transaction), under the first part's watermark: a change made
     /// between parts shows in some and not others.
     PartsApart,
+    /// Every follower reads the source host's JetStream bucket, and its replays end on the
+    /// consumer's pending count (an initial sync is ready at the head read at open): an
+    /// overwrite that removes a revision not yet delivered makes the count read one low
+    /// until the server's signal runs, and the replay ends without that key.
+    TrustsPending,
+    /// tidemark's JetStream followers only: every follower reads the source host's bucket
+    /// through tidemark-jetstream's pieces. The world `trusts-pending` is caught in.
+    #[value(name = "jetstream")]
+    JetStream,
 }
 
 /// The default simulation step. Every step runs every host's runtime for the step, idle or
@@ -281,6 +297,9 @@ pub enum Action {
     CrashFollower(usize),
     /// Restart follower `i`.
     RestartFollower(usize),
+    /// Crash follower `i` and throw its cache away: it restarts cold (with
+    /// [`Action::RestartFollower`]).
+    WipeFollower(usize),
     /// Crash the source host.
     CrashSource,
     /// Restart the source host.
@@ -347,6 +366,7 @@ impl Action {
             Action::Latency(d) if *d > Duration::from_millis(100) => FaultKind::Latency,
             Action::FailRate(r) if *r > 0.0 => FaultKind::LinkFailure,
             Action::CrashFollower(_) => FaultKind::FollowerCrash,
+            Action::WipeFollower(_) => FaultKind::ColdRestart,
             Action::CrashSource => FaultKind::SourceCrash,
             Action::WriterCrashAfterCommit(_) => FaultKind::WriterCrash,
             Action::DropAnnounce => FaultKind::DropAnnounce,
@@ -493,6 +513,11 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                 FaultKind::FollowerCrash => {
                     let i = pick(&mut rng, s.followers);
                     plan.push((t, Action::CrashFollower(i)));
+                    plan.push((heal_at, Action::RestartFollower(i)));
+                }
+                FaultKind::ColdRestart => {
+                    let i = pick(&mut rng, s.followers);
+                    plan.push((t, Action::WipeFollower(i)));
                     plan.push((heal_at, Action::RestartFollower(i)));
                 }
                 FaultKind::SourceCrash => {

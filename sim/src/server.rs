@@ -1,6 +1,7 @@
 //! The source host: serves a [`Memory`]'s source, change log, events stream and wake
-//! channels over the sim's wire protocol. The `Memory` lives outside the host, so it
-//! survives the host's crashes like a disk.
+//! channels over the sim's wire protocol, and a JetStream bucket kept beside the source
+//! ([`JetStream`]). The `Memory` and the bucket live outside the host, so they survive the
+//! host's crashes like a disk.
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use tidemark::{
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
 
+use crate::jetstream::JetStream;
 use crate::ops::JobLedger;
 use crate::oracle::{History, RelayLedger};
 use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
@@ -84,27 +86,52 @@ impl WriteGate {
     }
 }
 
+/// What the source host serves and records, all of it outside the host (it survives the
+/// host's crashes). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SourceHost {
+    /// The source, its change log, events stream, wake channels, outbox and job queue.
+    pub memory: Memory,
+    /// Every commit, for the oracle.
+    pub history: History,
+    /// What the relays claim, publish and complete.
+    pub ledger: RelayLedger,
+    /// What the job runners lease and renew.
+    pub jobs: JobLedger,
+    /// The sweeper lock, schedules and sweeps.
+    pub sweeps: Sweeps,
+    /// The JetStream bucket beside the source, which takes every commit at its seq.
+    pub jetstream: JetStream,
+}
+
+impl SourceHost {
+    /// Records a commit of `key` at `seq` (`None`: a removal) in the history and in the
+    /// JetStream bucket.
+    fn committed(&self, seq: u64, key: &str, value: Option<Vec<u8>>) {
+        self.history.record(seq, key, value.clone());
+        self.jetstream.mirror(seq, key, value);
+    }
+}
+
 /// Runs the source host until the simulation ends or the host crashes. Every commit is
-/// also recorded in `history`, for the oracle; writes that reach it while `gate` is closed
-/// are refused.
-pub async fn serve(
-    memory: Memory,
-    history: History,
-    ledger: RelayLedger,
-    jobs: JobLedger,
-    sweeps: Sweeps,
-    gate: WriteGate,
-) -> turmoil::Result {
+/// also recorded in the history, for the oracle, and stored in the JetStream bucket;
+/// writes that reach it while `gate` is closed are refused. The bucket's pending signals
+/// run beside it.
+pub async fn serve(host: SourceHost, gate: WriteGate) -> turmoil::Result {
+    let jetstream = host.jetstream.clone();
+    tokio::select! {
+        biased;
+        done = accept(host, gate) => done,
+        () = jetstream.signals() => Ok(()),
+    }
+}
+
+async fn accept(host: SourceHost, gate: WriteGate) -> turmoil::Result {
     let listener = TcpListener::bind((IpAddr::V4(Ipv4Addr::UNSPECIFIED), PORT)).await?;
     loop {
         let (stream, _) = listener.accept().await?;
-        let accepted = history.epoch();
-        let memory = memory.clone();
-        let history = history.clone();
-        let ledger = ledger.clone();
-        let jobs = jobs.clone();
-        let sweeps = sweeps.clone();
-        let gate = gate.clone();
+        let accepted = host.history.epoch();
+        let (host, gate) = (host.clone(), gate.clone());
         // spawn_local: a crash drops a LocalSet's tasks in a fixed order, while tokio's
         // runtime list is sharded by a process-wide task id, so its drop order (and the
         // resets peers see) would differ from one run of a seed to the next.
@@ -114,7 +141,7 @@ pub async fn serve(
                 gate: &gate,
                 accepted,
             };
-            let _ = connection(memory, history, ledger, jobs, sweeps, admission, stream).await;
+            let _ = connection(host, admission, stream).await;
         });
     }
 }
@@ -164,16 +191,20 @@ fn failed(e: impl std::fmt::Display) -> Response {
 }
 
 async fn connection(
-    memory: Memory,
-    history: History,
-    ledger: RelayLedger,
-    jobs: JobLedger,
-    sweeps: Sweeps,
+    host: SourceHost,
     admission: Admission<'_>,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = proto::read_untimed(&mut stream).await?;
-    match admission.admit(&request, &history) {
+    let SourceHost {
+        memory,
+        history,
+        ledger,
+        jobs,
+        sweeps,
+        ..
+    } = &host;
+    match admission.admit(&request, history) {
         Admit::Carry => {}
         Admit::Refuse(refused) => return proto::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
@@ -189,7 +220,7 @@ async fn connection(
             announced,
         } => match source(announced).put(&key, value.clone()).await {
             Ok(seq) => {
-                history.record(seq, &key, Some(value));
+                host.committed(seq, &key, Some(value));
                 Response::Seq(seq)
             }
             Err(e) => failed(e),
@@ -204,7 +235,7 @@ async fn connection(
             .await
         {
             Ok(seq) => {
-                history.record(seq, &key, Some(value));
+                host.committed(seq, &key, Some(value));
                 Response::Seq(seq)
             }
             Err(e) => failed(e),
@@ -212,7 +243,7 @@ async fn connection(
         Request::Remove { key, announced } => match source(announced).remove(&key).await {
             Ok(seq) => {
                 if let Some(seq) = seq {
-                    history.record(seq, &key, None);
+                    host.committed(seq, &key, None);
                 }
                 Response::MaybeSeq(seq)
             }
@@ -279,7 +310,7 @@ async fn connection(
             let opened = memory.events.open(0, after).await;
             return stream_feed(stream, opened).await;
         }
-        Request::Listen { channel } => return stream_wakes(&memory, stream, &channel).await,
+        Request::Listen { channel } => return stream_wakes(memory, stream, &channel).await,
         Request::LoadCursor { name } => Cursors::load(&memory.events, &name)
             .await
             .map_or_else(failed, Response::MaybeSeq),
@@ -315,9 +346,10 @@ async fn connection(
             .pending()
             .await
             .map_or_else(failed, Response::Seq),
-        Request::WatchOutbox => return stream_outbox(&memory, stream).await,
-        Request::Queue(call) => crate::ops::serve(&memory.queue, &jobs, call).await,
-        Request::Sweeps(call) => sweeps.serve(&memory, call).await,
+        Request::WatchOutbox => return stream_outbox(memory, stream).await,
+        Request::Queue(call) => crate::ops::serve(&memory.queue, jobs, call).await,
+        Request::Sweeps(call) => sweeps.serve(memory, call).await,
+        Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
     };
     proto::write(&mut stream, &response).await
 }

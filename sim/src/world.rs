@@ -15,10 +15,12 @@ use tidemark_memory::{
     Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutbox, MemoryOutboxBackup, Port,
 };
 
+use crate::jetstream::JetStream;
+use crate::kv::RemoteKv;
 use crate::listener::ReconnectingListener;
 use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
 use crate::ops::{self, JobFaults, JobLedger};
-use crate::oracle::{Expect, History, Probe, RelayLedger, Volatile, differences, holds};
+use crate::oracle::{Expect, FeedSkips, History, Probe, RelayLedger, Volatile, differences, holds};
 use crate::remote::{PartReads, Remote, RemoteEvents};
 use crate::scenario::{
     Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, relay_host,
@@ -44,6 +46,10 @@ pub enum Kind {
     NewOnly,
     /// Naive: replays announcements and never reconciles.
     EventsNoReconcile,
+    /// Follows a KV bucket on the source host's JetStream (a sparse feed, one revision
+    /// per key) and reads it as its source, through tidemark-jetstream's pieces, as the
+    /// NATS adapter does; catches up on wakes too.
+    JetStream,
 }
 
 /// Where a follower keeps its cache.
@@ -73,6 +79,8 @@ pub struct FollowerSpec {
     pub supervised: bool,
     /// Reads each part of a resync's snapshot at its own moment (a naive strategy).
     pub parts_apart: bool,
+    /// A JetStream follower whose replays end on the pending count (a naive strategy).
+    pub trusts_pending: bool,
 }
 
 impl FollowerSpec {
@@ -507,6 +515,25 @@ fn snapshot_part_len(config: &FollowerConfig) -> usize {
     1 + usize::try_from((seed >> 17) % 8).unwrap_or(0)
 }
 
+/// How many deliveries a JetStream follower's consumers ask for at a time: few (1 to 4),
+/// drawn from its seed, so a replay takes many round trips while writers overwrite keys.
+fn kv_batch(config: &FollowerConfig) -> u32 {
+    // Mixed: a follower's seed is small in a campaign (the run's seed times 31, plus its
+    // index), so its high bits are all zero.
+    let mut rng = Rng::new(config.seed().unwrap_or(0) ^ 0x006b_7662_6174_6368);
+    1 + u32::try_from(rng.next_u64() % 4).unwrap_or(0)
+}
+
+/// A JetStream follower's client of the source host's bucket.
+fn kv_client(spec: &FollowerSpec, config: &FollowerConfig) -> RemoteKv {
+    let kv = RemoteKv::new(Remote::new(SOURCE), spec.name.clone(), kv_batch(config));
+    if spec.trusts_pending {
+        kv.trusting_pending()
+    } else {
+        kv
+    }
+}
+
 /// Runs a follower as a supervised worker (change log and wakes), restarted with a
 /// backoff whenever a handler fails, and reports its supervisor's view to the probe.
 async fn supervised(
@@ -611,6 +638,14 @@ async fn drive<K: Sink<String> + 'static>(
                 .run(stop)
                 .await
         }
+        Kind::JetStream => {
+            let kv = kv_client(spec, &config);
+            FollowerTask::new(config, Utf8, kv.clone(), kv, sink)
+                .snapshot_part_len(part_len)
+                .with_wake(wake())
+                .run(stop)
+                .await
+        }
     };
     status?;
     Ok(())
@@ -621,7 +656,7 @@ async fn drive<K: Sink<String> + 'static>(
 pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
     (0..s.followers)
         .map(|i| {
-            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3];
+            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events, Kind::JetStream][i % 4];
             let (kind, durable) = match s.strategy {
                 Strategy::Correct => (correct, Durability::Store),
                 // The watcher that starts from "now" keeps no cache across restarts (a
@@ -631,6 +666,9 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
                 Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
                 Strategy::PartsApart => (correct, Durability::Store),
+                Strategy::TrustsPending | Strategy::JetStream => {
+                    (Kind::JetStream, Durability::Store)
+                }
             };
             let persisted = s.persisted(i);
             FollowerSpec {
@@ -643,6 +681,27 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 },
                 supervised: !persisted && kind == Kind::Log,
                 parts_apart: s.strategy == Strategy::PartsApart,
+                trusts_pending: s.strategy == Strategy::TrustsPending,
+            }
+        })
+        .collect()
+}
+
+/// The followers' probes: those of JetStream followers know what their feeds skipped.
+fn probes(
+    specs: &[FollowerSpec],
+    history: &History,
+    trace: &Trace,
+    skips: &FeedSkips,
+) -> Vec<Probe> {
+    specs
+        .iter()
+        .map(|f| {
+            let probe = Probe::new(f.name.clone(), history.clone(), trace.clone());
+            if f.kind == Kind::JetStream {
+                probe.reading_a_sparse_feed(skips.clone())
+            } else {
+                probe
             }
         })
         .collect()
@@ -683,20 +742,21 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .build();
 
     let gate = server::WriteGate::new(trace.clone());
-    {
-        let (memory, history, ledger) = (memory.clone(), history.clone(), ledger.clone());
-        let (jobs, sweeps, gate) = (jobs.clone(), sweeps.clone(), gate.clone());
-        sim.host(SOURCE, move || {
-            server::serve(
-                memory.clone(),
-                history.clone(),
-                ledger.clone(),
-                jobs.clone(),
-                sweeps.clone(),
-                gate.clone(),
-            )
-        });
-    }
+    // The JetStream bucket beside the source, and what its followers' feeds skip.
+    let skips = FeedSkips::default();
+    let jetstream = JetStream::new(seed, skips.clone());
+    let host = server::SourceHost {
+        memory: memory.clone(),
+        history: history.clone(),
+        ledger: ledger.clone(),
+        jobs: jobs.clone(),
+        sweeps: sweeps.clone(),
+        jetstream: jetstream.clone(),
+    };
+    let source_gate = gate.clone();
+    sim.host(SOURCE, move || {
+        server::serve(host.clone(), source_gate.clone())
+    });
     for i in 0..scenario.relays {
         let (trace, jobs, job_faults) = (trace.clone(), jobs.clone(), Arc::clone(&job_faults));
         sim.host(relay_host(i).as_str(), move || {
@@ -726,10 +786,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         });
     }
     let specs = followers(scenario);
-    let probes: Vec<Probe> = specs
-        .iter()
-        .map(|f| Probe::new(f.name.clone(), history.clone(), trace.clone()))
-        .collect();
+    let probes = probes(&specs, &history, &trace, &skips);
     // A persisted follower's durable store lives outside its host, like a disk.
     let stores: Vec<Option<MemoryCacheStore>> = specs
         .iter()
@@ -797,11 +854,16 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             failures.push(format!("sweeps: {v}"));
             return false;
         }
+        if let Some(v) = jetstream.out_of_step().first() {
+            failures.push(format!("jetstream: {v}"));
+            return false;
+        }
         true
     };
     // What the fault actions reach, borrowed for the whole run.
     let world = World {
         memory: &memory,
+        jetstream: &jetstream,
         controls: &controls,
         specs: &specs,
         stores: &stores,
@@ -845,7 +907,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
             }
         }
         flaps.retain(|(at, _, _)| *at > now);
-        restores.restore_if_due(now, &world, &trace);
+        if restores.restore_if_due(now, &world, &trace) {
+            world.restart_sparse_followers_cold(&mut sim, &crashed, now);
+        }
         if restores.pause_over(now, &probes, &stores) {
             trace.line_at(now, "writers resume after the restore".into());
             for c in &controls {
@@ -956,7 +1020,10 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
         // A restore that waited for a write in flight (one held on its link until the
         // heal) still happens, once the write landed: no fault kind drawn is skipped.
-        restores.restore_if_due(sim.elapsed(), &world, &trace);
+        let now = sim.elapsed();
+        if restores.restore_if_due(now, &world, &trace) {
+            world.restart_sparse_followers_cold(&mut sim, &crashed, now);
+        }
         if !step(&mut sim, &mut failures) {
             let seen = Seen {
                 ledger: &ledger,
@@ -1128,6 +1195,8 @@ fn converged(
 /// What the orchestrator acts on.
 struct World<'a> {
     memory: &'a Memory,
+    /// The JetStream bucket beside the source: backed up and restored with it.
+    jetstream: &'a JetStream,
     controls: &'a [Arc<WriterControl>],
     specs: &'a [FollowerSpec],
     stores: &'a [Option<MemoryCacheStore>],
@@ -1171,11 +1240,11 @@ impl Restores {
         }
     }
 
-    /// Restores the backup if its time came at `now`.
-    fn restore_if_due(&self, now: Duration, world: &World<'_>, trace: &Trace) {
+    /// Restores the backup if its time came at `now`; whether it did.
+    fn restore_if_due(&self, now: Duration, world: &World<'_>, trace: &Trace) -> bool {
         let mut at = lock(&self.restore_at);
         if !at.is_some_and(|at| at <= now) {
-            return;
+            return false;
         }
         // The writers stopped, and the writes they had sent landed or were given up: a
         // write sent before the restore and landing after it would be a writer that did
@@ -1190,11 +1259,11 @@ impl Restores {
             if !self.waited.swap(true, Ordering::SeqCst) {
                 trace.line_at(now, "restore waits for the writes in flight".to_owned());
             }
-            return;
+            return false;
         }
         *at = None;
         let Some((source, outbox)) = lock(&self.backup).take() else {
-            return;
+            return false;
         };
         let head = source.watermark();
         trace.line_at(now, format!("source restored to its backup at {head}"));
@@ -1203,12 +1272,14 @@ impl Restores {
         self.gate.close();
         world.memory.source.restore(&source);
         world.memory.outbox.restore(&outbox);
+        world.jetstream.restore(head);
         world.history.restore(head);
         world.ledger.restore(head, now);
         world.sweeps.restored(head);
         for p in world.probes {
             p.restored(head, now);
         }
+        true
     }
 
     /// Whether no restore is waiting to happen.
@@ -1253,6 +1324,69 @@ impl World<'_> {
     fn store(&self, i: usize) -> Option<&MemoryCacheStore> {
         self.stores.get(i).and_then(Option::as_ref)
     }
+
+    /// Schedules the restore of the last backup, if one was taken, once the writers
+    /// stopped at `now` had their writes land; they pause `pause` at least after it.
+    fn schedule_restore(&self, now: Duration, pause: Duration) {
+        if lock(&self.restores.backup).is_none() {
+            return;
+        }
+        // Writers stop first, as an operator's restore procedure has them do, and the
+        // writes they had in flight land before the backup goes back in.
+        for c in self.controls {
+            c.quiet.store(true, Ordering::SeqCst);
+        }
+        let at = now + RESTORE_DRAIN;
+        *lock(&self.restores.restore_at) = Some(at);
+        // Followers that all restart cold at the restore hold nothing of the replaced
+        // history, and every connection they read it on dies with them: the writers have
+        // nothing to wait for once they restarted.
+        let pause = if self.specs.iter().all(|f| f.kind == Kind::JetStream) {
+            Duration::ZERO
+        } else {
+            pause
+        };
+        let until = (at + pause, at + RESTORE_PAUSE_LIMIT);
+        let mut pause_until = lock(&self.restores.pause_until);
+        *pause_until =
+            Some(pause_until.map_or(until, |was| (was.0.max(until.0), was.1.max(until.1))));
+    }
+
+    /// Throws follower `i`'s cache away (its durable store, and the probe's view): it
+    /// starts cold at its next start. Its host must be down.
+    fn wipe(&self, i: usize, now: Duration) {
+        if let Some(store) = self.store(i) {
+            store.wipe();
+        }
+        self.probes[i].wiped(now);
+    }
+
+    /// After a restore, the operator restarts the JetStream followers cold (their caches
+    /// wiped; one down now starts cold when it comes back). A bucket restored from a
+    /// backup keeps its identity here, and tidemark has no history id (README, "Open"):
+    /// a follower of a sparse feed can hold, below its watermark, a key's older value
+    /// because the replaced history overwrote the revision the restore puts back, and
+    /// nothing tells it. The other kinds face the restore as they are.
+    fn restart_sparse_followers_cold(
+        &self,
+        sim: &mut turmoil::Sim<'_>,
+        crashed: &BTreeSet<String>,
+        now: Duration,
+    ) {
+        for (i, spec) in self.specs.iter().enumerate() {
+            if spec.kind != Kind::JetStream {
+                continue;
+            }
+            let running = !crashed.contains(&spec.name);
+            if running {
+                sim.crash(spec.name.as_str());
+            }
+            self.wipe(i, now);
+            if running {
+                sim.bounce(spec.name.as_str());
+            }
+        }
+    }
 }
 
 fn apply(
@@ -1287,6 +1421,13 @@ fn apply(
             if crashed.remove(h) {
                 sim.bounce(h.as_str());
             }
+        }
+        Action::WipeFollower(i) => {
+            let h = &specs[*i].name;
+            if crashed.insert(h.clone()) {
+                sim.crash(h.as_str());
+            }
+            world.wipe(*i, sim.elapsed());
         }
         Action::CrashFollowerMidCommit(i, after_writes, down) => {
             // Armed until the follower's next commit, however long that takes.
@@ -1365,23 +1506,9 @@ fn apply(
         Action::Foreign(draw) => publish_foreign(memory, *draw),
         Action::Backup => {
             *lock(&world.restores.backup) = Some((memory.source.backup(), memory.outbox.backup()));
+            world.jetstream.backup();
         }
-        Action::Restore(pause) => {
-            if lock(&world.restores.backup).is_none() {
-                return;
-            }
-            // Writers stop first, as an operator's restore procedure has them do, and the
-            // writes they had in flight land before the backup goes back in.
-            for c in controls {
-                c.quiet.store(true, Ordering::SeqCst);
-            }
-            let at = sim.elapsed() + RESTORE_DRAIN;
-            *lock(&world.restores.restore_at) = Some(at);
-            let until = (at + *pause, at + RESTORE_PAUSE_LIMIT);
-            let mut pause_until = lock(&world.restores.pause_until);
-            *pause_until =
-                Some(pause_until.map_or(until, |was| (was.0.max(until.0), was.1.max(until.1))));
-        }
+        Action::Restore(pause) => world.schedule_restore(sim.elapsed(), *pause),
         Action::CrashRunner(i) => {
             let h = relay_host(*i);
             // Only while it runs a job: a crash with no lease held is a relay crash.

@@ -8,8 +8,15 @@
 //! - its pending count is an estimate: a removal of a message it has not delivered lowers
 //!   it at once, a new message raises it only when the server's queued signal runs
 //!   ([`Stream::signal`]), so for a moment it reads one low;
+//! - a consumer that its client left is deleted ([`Stream::delete_consumer`]); one of a
+//!   stream put back from a backup is gone ([`Stream::restore`]);
 //! - a stream deleted and made again has a new creation time and seqs from 1;
 //! - clocks: the stream stamps messages with the server's clock, which the caller moves.
+//!
+//! A simulator that keeps the stream beside a source of its own stores each write at the
+//! source's seq ([`Stream::write_at`]), and asks each consumer which revisions an
+//! overwrite removed before it delivered them ([`Stream::take_skipped`]): what a sparse
+//! feed may never show its follower.
 //!
 //! Deterministic: no clock, no randomness; the test or simulator decides every step.
 
@@ -46,7 +53,8 @@ pub enum Start {
     Seq(u64),
 }
 
-/// A consumer of the model's stream.
+/// A consumer of the model's stream. Ids are never used twice in a stream's life, through
+/// its recreations and restores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ConsumerId(usize);
 
@@ -62,7 +70,9 @@ struct Consumer {
     unsignalled: u64,
     /// The highest seq delivered.
     delivered: u64,
-    deleted: bool,
+    /// Revisions of its range it will never deliver, since the last
+    /// [`Stream::take_skipped`].
+    skipped: Vec<u64>,
 }
 
 /// A stream with its consumers.
@@ -74,7 +84,9 @@ pub struct Stream {
     messages: BTreeMap<u64, Message>,
     /// The seqs of each subject's revisions present, oldest first.
     revisions: BTreeMap<String, VecDeque<u64>>,
-    consumers: Vec<Consumer>,
+    consumers: BTreeMap<ConsumerId, Consumer>,
+    /// The id the next consumer gets.
+    next_consumer: usize,
     now_ns: u64,
     /// Every write ever made, removed or not: what the source held at each seq.
     log: Vec<Message>,
@@ -91,7 +103,8 @@ impl Stream {
             last_seq: 0,
             messages: BTreeMap::new(),
             revisions: BTreeMap::new(),
-            consumers: Vec::new(),
+            consumers: BTreeMap::new(),
+            next_consumer: 0,
             now_ns: 0,
             log: Vec::new(),
         }
@@ -102,7 +115,21 @@ impl Stream {
     pub fn recreate(&mut self, created: i128) {
         *self = Stream {
             now_ns: self.now_ns,
+            next_consumer: self.next_consumer,
             ..Stream::new(created, self.history)
+        };
+    }
+
+    /// Puts `backup` (a copy of this stream taken earlier) back in place of the stream, as
+    /// a restore from a backup does: its messages and seqs, and its identity; the writes
+    /// made since are gone, the next ones reuse their seqs, and every consumer is gone (a
+    /// restore restarts the server, and ephemeral consumers do not survive it).
+    pub fn restore(&mut self, backup: &Stream) {
+        *self = Stream {
+            consumers: BTreeMap::new(),
+            next_consumer: self.next_consumer,
+            now_ns: self.now_ns.max(backup.now_ns),
+            ..backup.clone()
         };
     }
 
@@ -137,8 +164,21 @@ impl Stream {
     /// not delivered one counts it off at once; the new message is counted only at the
     /// next [`signal`](Self::signal).
     pub fn write(&mut self, subject: &str, value: Option<Vec<u8>>) -> u64 {
-        self.last_seq += 1;
-        let seq = self.last_seq;
+        let seq = self.last_seq + 1;
+        let stored = self.write_at(seq, subject, value);
+        debug_assert!(stored, "the next seq is always above the last");
+        seq
+    }
+
+    /// [`write`](Self::write) at `seq`, which a source beside the stream gave the write
+    /// (the seqs between the last one stored and `seq` are never used). Returns whether
+    /// it was stored: not when `seq` is not above the last seq stored.
+    #[must_use = "a write at or below the last seq stored is not stored"]
+    pub fn write_at(&mut self, seq: u64, subject: &str, value: Option<Vec<u8>>) -> bool {
+        if seq <= self.last_seq {
+            return false;
+        }
+        self.last_seq = seq;
         let message = Message {
             seq,
             subject: subject.to_owned(),
@@ -156,10 +196,10 @@ impl Stream {
         for old in removed {
             self.remove(old);
         }
-        for c in self.consumers.iter_mut().filter(|c| !c.deleted) {
+        for c in self.consumers.values_mut() {
             c.unsignalled += 1;
         }
-        seq
+        true
     }
 
     /// Purges every message of `subject` (no marker left), as `purge_deletes` or a purge by
@@ -179,10 +219,11 @@ impl Stream {
         if self.messages.remove(&seq).is_none() {
             return;
         }
-        for c in self.consumers.iter_mut().filter(|c| !c.deleted) {
+        for c in self.consumers.values_mut() {
             if c.lss.contains(&seq) || seq >= c.cursor {
                 // nats-server's decStreamPending: at once.
                 c.pending = c.pending.saturating_sub(1);
+                c.skipped.push(seq);
             }
             c.lss.retain(|&s| s != seq);
         }
@@ -190,7 +231,7 @@ impl Stream {
 
     /// Runs the server's queued signals: every consumer counts the new messages.
     pub fn signal(&mut self) {
-        for c in &mut self.consumers {
+        for c in self.consumers.values_mut() {
             c.pending += std::mem::take(&mut c.unsignalled);
         }
     }
@@ -233,7 +274,7 @@ impl Stream {
 
     /// Makes a consumer starting at `start`, its pending count exact at creation.
     pub fn consumer(&mut self, start: Start) -> ConsumerId {
-        let (lss, cursor) = match start {
+        let (lss, cursor, skipped) = match start {
             Start::LastPerSubject => {
                 let mut lss: Vec<u64> = self
                     .revisions
@@ -241,26 +282,71 @@ impl Stream {
                     .filter_map(|r| r.back().copied())
                     .collect();
                 lss.sort_unstable();
-                (VecDeque::from(lss), self.last_seq + 1)
+                // Every revision but the last of each subject: never delivered.
+                let skipped = self
+                    .log
+                    .iter()
+                    .map(|m| m.seq)
+                    .filter(|seq| lss.binary_search(seq).is_err())
+                    .collect();
+                (VecDeque::from(lss), self.last_seq + 1, skipped)
             }
-            Start::Seq(seq) => (VecDeque::new(), seq.max(1)),
+            Start::Seq(seq) => {
+                let from = seq.max(1);
+                // What was removed from its range before it was made.
+                let skipped = self
+                    .log
+                    .iter()
+                    .map(|m| m.seq)
+                    .filter(|seq| *seq >= from && !self.messages.contains_key(seq))
+                    .collect();
+                (VecDeque::new(), from, skipped)
+            }
         };
         let pending = lss.len() as u64 + self.messages.range(cursor..).count() as u64;
-        self.consumers.push(Consumer {
-            lss,
-            cursor,
-            pending,
-            unsignalled: 0,
-            delivered: 0,
-            deleted: false,
-        });
-        ConsumerId(self.consumers.len() - 1)
+        let id = ConsumerId(self.next_consumer);
+        self.next_consumer += 1;
+        self.consumers.insert(
+            id,
+            Consumer {
+                lss,
+                cursor,
+                pending,
+                unsignalled: 0,
+                delivered: 0,
+                skipped,
+            },
+        );
+        id
+    }
+
+    /// Deletes a consumer (its client left, or its inactivity threshold passed).
+    pub fn delete_consumer(&mut self, id: ConsumerId) {
+        self.consumers.remove(&id);
+    }
+
+    /// Whether the consumer exists (not deleted, nor gone with a recreate or restore).
+    #[must_use]
+    pub fn has_consumer(&self, id: ConsumerId) -> bool {
+        self.consumers.contains_key(&id)
+    }
+
+    /// The revisions of the consumer's range it will never deliver, since the last call:
+    /// those an overwrite (or a purge) removed before it was made — for a last-per-subject
+    /// consumer, every revision but the last of each subject — and those removed before
+    /// it delivered them. What its reader never sees: each had a newer revision of its
+    /// subject stored (an overwrite) or none left (a purge).
+    pub fn take_skipped(&mut self, id: ConsumerId) -> Vec<u64> {
+        self.consumers
+            .get_mut(&id)
+            .map(|c| std::mem::take(&mut c.skipped))
+            .unwrap_or_default()
     }
 
     /// The consumer's next delivery, or `None` when it has nothing to send now (it would
     /// send an idle heartbeat after a heartbeat interval).
     pub fn deliver(&mut self, id: ConsumerId) -> Option<Delivery> {
-        let c = self.consumers.get_mut(id.0).filter(|c| !c.deleted)?;
+        let c = self.consumers.get_mut(&id)?;
         let seq = if let Some(seq) = c.lss.pop_front() {
             seq
         } else {
@@ -296,6 +382,57 @@ mod tests {
         assert_eq!((next.message.seq, next.pending), (3, 0));
         s.write("a", Some(b"2".to_vec()));
         assert_eq!(s.deliver(c).map(|d| d.pending), Some(0));
+    }
+
+    #[test]
+    fn writes_at_a_sources_seqs_and_the_revisions_a_consumer_never_delivered() {
+        let mut s = Stream::new(1, 1);
+        assert!(s.write_at(3, "a", Some(b"1".to_vec())));
+        assert!(s.write_at(5, "b", Some(b"1".to_vec())));
+        assert!(!s.write_at(5, "c", None), "a seq already used is refused");
+        assert_eq!(s.state().last_seq, 5);
+        let c = s.consumer(Start::LastPerSubject);
+        assert_eq!(s.deliver(c).map(|d| d.message.seq), Some(3));
+        assert!(s.write_at(9, "b", Some(b"2".to_vec())));
+        assert!(s.write_at(10, "a", Some(b"2".to_vec())));
+        assert_eq!(
+            s.take_skipped(c),
+            vec![5],
+            "b's revision 5 went before it was delivered; a's 3 was delivered"
+        );
+        assert!(s.take_skipped(c).is_empty(), "each is told once");
+        let late = s.consumer(Start::Seq(4));
+        assert_eq!(
+            s.take_skipped(late),
+            vec![5],
+            "removed from its range before it was made"
+        );
+        let last = s.consumer(Start::LastPerSubject);
+        assert_eq!(
+            s.take_skipped(last),
+            vec![3, 5],
+            "all but the last revisions"
+        );
+        s.delete_consumer(c);
+        assert!(!s.has_consumer(c));
+        assert_eq!(s.deliver(c), None);
+    }
+
+    #[test]
+    fn a_restored_stream_has_the_backups_messages_and_no_consumers() {
+        let mut s = Stream::new(1, 1);
+        s.write("a", Some(b"1".to_vec()));
+        let backup = s.clone();
+        let c = s.consumer(Start::Seq(1));
+        s.write("a", Some(b"2".to_vec()));
+        s.write("b", Some(b"1".to_vec()));
+        s.restore(&backup);
+        assert!(!s.has_consumer(c), "a restore ends every consumer");
+        assert_eq!(s.last_present(), Some(1));
+        assert_eq!(s.write("c", None), 2, "the next write reuses the seq");
+        assert_eq!(s.created(), 1, "a restore keeps the stream's identity");
+        let d = s.consumer(Start::Seq(1));
+        assert_ne!(c, d, "no id is used twice");
     }
 
     #[test]

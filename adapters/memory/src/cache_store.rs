@@ -160,6 +160,17 @@ impl MemoryCacheStore {
         self.lock().commits
     }
 
+    /// Throws away everything stored, as deleting a cache file does: a follower on it
+    /// starts cold. Its fault hooks stay armed. Call it with no follower running on it.
+    pub fn wipe(&self) {
+        let mut s = self.lock();
+        let faults = std::mem::take(&mut s.faults);
+        *s = State {
+            faults,
+            ..State::default()
+        };
+    }
+
     // ---- fault hooks ----
 
     /// The next `n` commits fail at their start with a retryable [`Error::Unavailable`],
@@ -384,6 +395,22 @@ mod tests {
 
     fn commit(sink: &mut MemoryCacheSink, watermark: u64) -> Option<Result<()>> {
         poll_once(Sink::<Vec<u8>>::commit(sink, watermark))
+    }
+
+    #[test]
+    fn a_wiped_store_starts_its_follower_cold_with_its_faults_still_armed() {
+        let store = MemoryCacheStore::new();
+        let mut sink = store.sink();
+        put(&mut sink, "a", 1);
+        assert!(matches!(commit(&mut sink, 1), Some(Ok(()))));
+        store.fail_next_commits(1);
+        store.wipe();
+        assert_eq!(store.held(), None, "nothing is left to resume from");
+        put(&mut sink, "b", 2);
+        assert!(
+            matches!(commit(&mut sink, 2), Some(Err(_))),
+            "a fault armed before the wipe still fires"
+        );
     }
 
     #[test]

@@ -1,0 +1,367 @@
+//! The source host's JetStream: a KV bucket's stream (tidemark-jetstream's model, keeping
+//! one revision per key) kept beside the memory source at the same seqs, and served over
+//! the sim's wire as nats-server serves a bucket: stream info, the last message present,
+//! a key's last message, and consumers whose deliveries carry the server's pending count.
+//!
+//! The stream takes every write the source host commits, at the write's seq; a restore
+//! of the source puts back the stream's copy taken with the source's backup (same
+//! identity: seqs alone tell a follower, as for every other kind). What the memory source
+//! does to its own change log — compaction, the sweeps' trimming — leaves the stream
+//! alone: a bucket keeps the last revision of every key, and its own compaction is the
+//! overwrites themselves (its first sequence moves up as the oldest keys are rewritten).
+//!
+//! nats-server counts a new message in a consumer's pending count only when a queued
+//! signal runs; the host runs [`Stream::signal`] at moments drawn from the seed, so the
+//! counts lag as the server's do, and much longer.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tidemark::tidemark_core::Rng;
+use tidemark_jetstream::StreamState;
+use tidemark_jetstream::model::{ConsumerId, Start, Stream};
+use tokio::sync::Notify;
+use turmoil::net::TcpStream;
+
+use crate::oracle::FeedSkips;
+use crate::proto::{self, HEARTBEAT, Request, Response};
+
+/// How many revisions per key the bucket keeps: one, where an overwrite removes the
+/// revision a reader has not reached yet.
+pub const HISTORY: usize = 1;
+
+/// How long a consumer whose client asks for nothing lives on (nats-server's inactive
+/// threshold for an ephemeral consumer): a partition sends no reset.
+const INACTIVE: Duration = Duration::from_secs(5);
+
+/// The longest the queued pending signals wait: far longer than nats-server's (a moment),
+/// so that a replay meets a count that reads low often enough to be seen. A replay that
+/// trusts the count is caught on 97.7% of seeds 0..300 (`--strategy trusts-pending`);
+/// with at most 300 ms, on 84%.
+const MAX_SIGNAL_LAG_MS: u64 = 1500;
+
+/// Where a consumer starts, on the wire.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub enum JsStart {
+    /// The last message per key, then every later one.
+    LastPerKey,
+    /// Every message from this seq.
+    Seq(u64),
+}
+
+/// A call on the source host's JetStream.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum JsCall {
+    /// The stream's state, as its info reports it.
+    Info,
+    /// The last message present now (a read that cannot race).
+    LastPresent,
+    /// A key's last message, and the stream's last seq read with it.
+    Last {
+        /// The key.
+        key: String,
+    },
+    /// Makes a consumer; the connection then carries [`JsCall::Next`] calls, each
+    /// answered with a [`JsAnswer::Batch`].
+    Consume {
+        /// Where it starts.
+        start: JsStart,
+        /// The follower whose feed it is (`None`: a replay), for the oracle: what an
+        /// overwrite removes before a feed delivers it is what the follower may never see.
+        feed_of: Option<String>,
+    },
+    /// The consumer's next deliveries, at most `max`.
+    Next {
+        /// The most to deliver.
+        max: u32,
+    },
+}
+
+/// A message as a consumer delivers it, on the wire.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JsDelivery {
+    /// Its seq.
+    pub seq: u64,
+    /// Its key.
+    pub key: String,
+    /// The value put; `None` for a delete marker.
+    pub value: Option<Vec<u8>>,
+    /// The consumer's pending count after it, as the server reports it.
+    pub pending: u64,
+}
+
+/// The source host's JetStream answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub enum JsAnswer {
+    /// The stream's state.
+    State {
+        /// Messages it holds.
+        messages: u64,
+        /// The seq of its first message (one past the last when empty).
+        first_seq: u64,
+        /// The last seq stored.
+        last_seq: u64,
+    },
+    /// The last message present, if any.
+    LastPresent(Option<u64>),
+    /// A key's last message (its seq, and its value or `None` for a delete marker), and
+    /// the stream's last seq.
+    Last {
+        /// The key's last message.
+        message: Option<(u64, Option<Vec<u8>>)>,
+        /// The stream's last seq.
+        last_seq: u64,
+    },
+    /// The consumer exists; ask for its deliveries.
+    Consuming,
+    /// Deliveries; none is an idle heartbeat (nothing to send for a heartbeat interval).
+    Batch(Vec<JsDelivery>),
+}
+
+impl From<JsAnswer> for Response {
+    fn from(a: JsAnswer) -> Self {
+        Response::JetStream(a)
+    }
+}
+
+impl JsAnswer {
+    /// The stream state an [`JsAnswer::State`] reports.
+    #[must_use]
+    pub fn state(&self) -> Option<StreamState> {
+        match *self {
+            JsAnswer::State {
+                messages,
+                first_seq,
+                last_seq,
+            } => Some(StreamState {
+                messages,
+                first_seq,
+                last_seq,
+            }),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Shared {
+    stream: Stream,
+    /// The consumers that are followers' feeds, and whose.
+    feeds: BTreeMap<ConsumerId, String>,
+    /// The stream as the last backup took it.
+    backup: Option<Stream>,
+    /// Writes the stream refused (a seq at or below its last): the two are out of step.
+    out_of_step: Vec<String>,
+}
+
+/// The bucket's stream beside the source, shared by the source host's incarnations (it
+/// outlives crashes, like the source's disk). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct JetStream {
+    shared: Arc<Mutex<Shared>>,
+    /// Told of every write and restore: a consumer waiting for a message looks again. (A
+    /// `Notify`, not a `watch`: a watch spreads its waiters over several lists at random,
+    /// so the order they wake in, and the trace, would differ from run to run.)
+    changed: Arc<Notify>,
+    skips: FeedSkips,
+    seed: u64,
+    starts: Arc<AtomicU64>,
+}
+
+impl JetStream {
+    /// An empty bucket whose signal moments are drawn from `seed`, recording what its
+    /// followers' feeds never delivered in `skips`.
+    #[must_use]
+    pub fn new(seed: u64, skips: FeedSkips) -> Self {
+        JetStream {
+            shared: Arc::new(Mutex::new(Shared {
+                stream: Stream::new(1, HISTORY),
+                feeds: BTreeMap::new(),
+                backup: None,
+                out_of_step: Vec::new(),
+            })),
+            changed: Arc::new(Notify::new()),
+            skips,
+            seed,
+            starts: Arc::default(),
+        }
+    }
+
+    fn shared(&self) -> MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Stores the source's write of `key` at `seq` (`None`: a removal, a delete marker).
+    pub fn mirror(&self, seq: u64, key: &str, value: Option<Vec<u8>>) {
+        {
+            let mut shared = self.shared();
+            if !shared.stream.write_at(seq, key, value) {
+                let last = shared.stream.state().last_seq;
+                shared.out_of_step.push(format!(
+                    "the source wrote {key} at {seq}, at or below the stream's last seq {last}"
+                ));
+            }
+            let Shared { stream, feeds, .. } = &mut *shared;
+            for (id, follower) in feeds.iter() {
+                self.skips.record(follower, stream.take_skipped(*id));
+            }
+        }
+        self.changed.notify_waiters();
+    }
+
+    /// Keeps a copy of the stream, taken with the source's backup.
+    pub fn backup(&self) {
+        let mut shared = self.shared();
+        shared.backup = Some(shared.stream.clone());
+    }
+
+    /// Puts the last backup's copy back, with the source's restore to `head`: every
+    /// consumer ends, and the seqs above `head` are another history's.
+    pub fn restore(&self, head: u64) {
+        {
+            let mut shared = self.shared();
+            if let Some(backup) = shared.backup.take() {
+                shared.stream.restore(&backup);
+                shared.feeds.clear();
+            }
+        }
+        self.skips.restored(head);
+        self.changed.notify_waiters();
+    }
+
+    /// What went wrong keeping the stream beside the source (empty: in step).
+    #[must_use]
+    pub fn out_of_step(&self) -> Vec<String> {
+        self.shared().out_of_step.clone()
+    }
+
+    /// Runs the server's queued pending signals at moments drawn from the seed (and the
+    /// host's incarnation), for as long as the source host lives.
+    pub async fn signals(&self) {
+        let start = self.starts.fetch_add(1, Ordering::SeqCst);
+        let mut rng = Rng::new(self.seed ^ 0x7369_676e_616c ^ (start << 40));
+        loop {
+            let lag = 1 + rng.next_u64() % MAX_SIGNAL_LAG_MS;
+            tokio::time::sleep(Duration::from_millis(lag)).await;
+            self.shared().stream.signal();
+        }
+    }
+
+    /// Answers one call, on a connection of its own.
+    pub async fn serve(&self, call: JsCall, mut stream: TcpStream) -> std::io::Result<()> {
+        let answer = match call {
+            JsCall::Consume { start, feed_of } => {
+                return self.consume(start, feed_of, stream).await;
+            }
+            JsCall::Next { .. } => Response::Failed("no consumer on this connection".into()),
+            read => self.read(read).into(),
+        };
+        proto::write(&mut stream, &answer).await
+    }
+
+    /// What the stream says to a read of its facts.
+    fn read(&self, call: JsCall) -> JsAnswer {
+        let shared = self.shared();
+        let s = &shared.stream;
+        match call {
+            JsCall::LastPresent => JsAnswer::LastPresent(s.last_present()),
+            JsCall::Last { key } => JsAnswer::Last {
+                message: s.last_of(&key).map(|m| (m.seq, m.value.clone())),
+                last_seq: s.state().last_seq,
+            },
+            // `Info` (a consumer's calls are `serve`'s own).
+            _ => {
+                let state = s.state();
+                JsAnswer::State {
+                    messages: state.messages,
+                    first_seq: state.first_seq,
+                    last_seq: state.last_seq,
+                }
+            }
+        }
+    }
+
+    /// Makes a consumer and delivers its messages in the batches its client asks for,
+    /// until the client leaves (or asks for nothing for [`INACTIVE`]); then deletes it.
+    async fn consume(
+        &self,
+        start: JsStart,
+        feed_of: Option<String>,
+        mut stream: TcpStream,
+    ) -> std::io::Result<()> {
+        let id = {
+            let mut shared = self.shared();
+            let id = shared.stream.consumer(match start {
+                JsStart::LastPerKey => Start::LastPerSubject,
+                JsStart::Seq(seq) => Start::Seq(seq),
+            });
+            if let Some(follower) = feed_of {
+                self.skips.record(&follower, shared.stream.take_skipped(id));
+                shared.feeds.insert(id, follower);
+            }
+            id
+        };
+        // Deleted however this ends: the client left, or the host crashed.
+        let _consumer = Consumer { js: self, id };
+        proto::write(&mut stream, &Response::from(JsAnswer::Consuming)).await?;
+        loop {
+            let call = tokio::time::timeout(INACTIVE, proto::read_untimed::<Request>(&mut stream));
+            let max = match call.await {
+                Ok(Ok(Request::JetStream(JsCall::Next { max }))) => max,
+                // Gone quiet, gone, or asking something else: the consumer ends.
+                _ => return Ok(()),
+            };
+            let answer = self.next_batch(id, max).await;
+            proto::write(&mut stream, &answer).await?;
+        }
+    }
+
+    /// Up to `max` deliveries of consumer `id`, waiting a heartbeat interval for one when
+    /// it has nothing to send now; none then is an idle heartbeat.
+    async fn next_batch(&self, id: ConsumerId, max: u32) -> Response {
+        for waited in [false, true] {
+            let batch = {
+                let mut shared = self.shared();
+                if !shared.stream.has_consumer(id) {
+                    return Response::Failed("consumer not found".into());
+                }
+                let stream = &mut shared.stream;
+                std::iter::from_fn(|| stream.deliver(id))
+                    .take(max.max(1) as usize)
+                    .map(|d| JsDelivery {
+                        seq: d.message.seq,
+                        key: d.message.subject,
+                        value: d.message.value,
+                        pending: d.pending,
+                    })
+                    .collect::<Vec<_>>()
+            };
+            if !batch.is_empty() || waited {
+                return JsAnswer::Batch(batch).into();
+            }
+            tokio::select! {
+                biased;
+                () = self.changed.notified() => {}
+                () = tokio::time::sleep(HEARTBEAT) => {}
+            }
+        }
+        JsAnswer::Batch(Vec::new()).into()
+    }
+}
+
+/// A consumer of the stream, deleted when the connection that made it ends.
+struct Consumer<'a> {
+    js: &'a JetStream,
+    id: ConsumerId,
+}
+
+impl Drop for Consumer<'_> {
+    fn drop(&mut self) {
+        let mut shared = self.js.shared();
+        shared.stream.delete_consumer(self.id);
+        shared.feeds.remove(&self.id);
+    }
+}
