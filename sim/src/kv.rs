@@ -1,9 +1,10 @@
 //! A KV bucket on the source host's JetStream ([`crate::jetstream`]), read as the NATS
 //! adapter's `KvBucket` reads one: every decision about what the server says — when a
 //! replay is complete, when an initial sync may say ready, the head it must reach, the
-//! first seq still served — is taken by tidemark-jetstream's pieces ([`Replay`],
-//! [`ReadyGate`], [`head`], [`first_available`]), fed the deliveries, pending counts and
-//! stream facts the source host sends over the wire. The async code here only moves facts
+//! first seq still served, whether a moved first seq is compaction — is taken by
+//! tidemark-jetstream's pieces ([`Replay`], [`ReadyGate`], [`head`], [`first_available`],
+//! [`per_key_only`]), fed the deliveries, pending counts and stream facts the source host
+//! sends over the wire. The async code here only moves facts
 //! in and carries decisions out, as in `tidemark-nats`.
 //!
 //! A naive client ([`RemoteKv::trusting_pending`]) ends its replays on the consumer's
@@ -13,11 +14,12 @@ use std::collections::{BTreeMap, VecDeque};
 
 use tidemark::tidemark_core::{Entry, FeedInfo, Follow, Op};
 use tidemark::{
-    Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, ValueAt,
-    Versioned,
+    Changes, Error, Feed, FeedItem, FeedStream, Opened, PresentKeys, Result, Snapshot, Source,
+    ValueAt, Versioned,
 };
 use tidemark_jetstream::{
-    Confirmed, Gate, LastPresent, ReadyGate, Replay, Step, StreamState, first_available, head,
+    Confirmed, Gate, LastPresent, Limits, ReadyGate, Replay, Step, StreamState, first_available,
+    head, per_key_only,
 };
 use tokio::sync::watch;
 
@@ -68,6 +70,11 @@ impl RemoteKv {
 
     /// The stream's state, read now.
     async fn info(&self, port: &'static str) -> Result<StreamState> {
+        Ok(self.info_and_limits(port).await?.0)
+    }
+
+    /// The stream's state and limits, read now.
+    async fn info_and_limits(&self, port: &'static str) -> Result<(StreamState, Limits)> {
         let answer = self.call(port, JsCall::Info).await?;
         answer
             .state()
@@ -100,6 +107,7 @@ impl RemoteKv {
         &self,
         start: JsStart,
         port: &'static str,
+        headers_only: bool,
         mut take: impl FnMut(Entry),
     ) -> Result<(StreamState, u64)> {
         let from = match start {
@@ -108,7 +116,12 @@ impl RemoteKv {
         };
         // The consumer first, the head after: a key overwritten while the head is read is
         // then delivered at or below it.
-        let mut consumer = Consumer::open(&self.remote, start, None, self.batch, port).await?;
+        let consume = JsCall::Consume {
+            start,
+            headers_only,
+            feed_of: None,
+        };
+        let mut consumer = Consumer::open(&self.remote, consume, self.batch, port).await?;
         let state = self.info(port).await?;
         let head = self.head(&state, port).await?;
         let mut end = End::new(self.trusts_pending, from, head);
@@ -199,6 +212,17 @@ fn transport(port: &'static str, e: std::io::Error) -> Error {
     Error::unavailable(port, e.to_string())
 }
 
+/// What a KV feed reports: a bucket that keeps only a history per key says so
+/// ([`FeedInfo::kv_per_key`]), so a first sequence moved by rewrites is no compaction
+/// ([`per_key_only`]).
+fn feed_info(limits: &Limits, first: u64, head: u64) -> FeedInfo {
+    if per_key_only(limits) {
+        FeedInfo::kv_per_key(first, head)
+    } else {
+        FeedInfo::kv(first, head)
+    }
+}
+
 /// A delivered message as an entry: a put, or a delete marker's removal.
 fn entry(d: JsDelivery) -> Entry {
     match d.value {
@@ -227,15 +251,15 @@ struct Consumer {
 }
 
 impl Consumer {
+    /// Makes the consumer `consume` asks for (a [`JsCall::Consume`]).
     async fn open(
         remote: &Remote,
-        start: JsStart,
-        feed_of: Option<String>,
+        consume: JsCall,
         batch: u32,
         port: &'static str,
     ) -> Result<Consumer> {
         let mut frames = remote.dial(port).await?;
-        let consume = Request::JetStream(JsCall::Consume { start, feed_of });
+        let consume = Request::JetStream(consume);
         proto::write(frames.stream(), &consume)
             .await
             .map_err(|e| transport(port, e))?;
@@ -312,7 +336,7 @@ impl Source for RemoteKv {
         if state.last_seq > since && state.messages > 0 {
             let start = JsStart::Seq(since + 1);
             let (after, through) = self
-                .replay(start, "source", |e| {
+                .replay(start, "source", false, |e| {
                     latest.insert(e.key.to_string(), e);
                 })
                 .await?;
@@ -326,7 +350,7 @@ impl Source for RemoteKv {
     async fn snapshot(&self) -> Result<Snapshot> {
         let mut latest: BTreeMap<String, Entry> = BTreeMap::new();
         let (state, through) = self
-            .replay(JsStart::LastPerKey, "source", |e| {
+            .replay(JsStart::LastPerKey, "source", false, |e| {
                 // A key overwritten during the read comes again, later.
                 latest.insert(e.key.to_string(), e);
             })
@@ -336,6 +360,33 @@ impl Source for RemoteKv {
             entries,
             watermark: through.max(state.last_seq),
         })
+    }
+
+    /// The keys the bucket holds now, from a headers-only replay of the last message per
+    /// key, ended like every replay ([`Replay`]): the keys of the source as of the
+    /// returned watermark.
+    async fn present_keys(&self) -> Result<Option<PresentKeys>> {
+        // The latest operation per key: a key overwritten (or deleted) during the read
+        // comes again later.
+        let mut latest: BTreeMap<String, (u64, bool)> = BTreeMap::new();
+        let (state, through) = self
+            .replay(JsStart::LastPerKey, "source", true, |e| {
+                let put = e.op == Op::Put;
+                let held = latest.entry(e.key.to_string()).or_insert((e.seq, put));
+                if e.seq >= held.0 {
+                    *held = (e.seq, put);
+                }
+            })
+            .await?;
+        let keys = latest
+            .into_iter()
+            .filter(|(_, (_, put))| *put)
+            .map(|(key, _)| key)
+            .collect();
+        Ok(Some(PresentKeys {
+            keys,
+            watermark: through.max(state.last_seq),
+        }))
     }
 
     async fn get(&self, key: &str) -> Result<Option<Versioned>> {
@@ -382,9 +433,33 @@ pub struct KvFeed {
 }
 
 impl KvFeed {
-    /// The head the follower was told last.
-    fn head(&self) -> u64 {
-        self.gate.as_ref().map_or(self.head, ReadyGate::head)
+    /// An idle heartbeat: `Err(head)` when the consumer went idle below the head
+    /// ([`ReadyGate::on_idle`]; a naive client compares with the head read at open).
+    fn idle(&self) -> std::result::Result<(), u64> {
+        match &self.gate {
+            Some(gate) => gate.on_idle(self.seen),
+            None if self.seen < self.head => Err(self.head),
+            None => Ok(()),
+        }
+    }
+
+    /// As the default, but it stops at a message held for the ready gate's read, which
+    /// cannot be ready at once (polling it would only send the read and drop it).
+    fn take_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        use futures::FutureExt as _;
+        let mut taken = 0;
+        while taken < max && self.held.is_none() {
+            let Some(item) = self.next().now_or_never() else {
+                break;
+            };
+            let last = !matches!(item, Some(Ok(_)));
+            into.push(item);
+            taken += 1;
+            if last {
+                break;
+            }
+        }
+        taken
     }
 
     /// Hands on the held message, told by the gate whether the stream moved past it.
@@ -405,6 +480,10 @@ impl KvFeed {
 }
 
 impl FeedStream for KvFeed {
+    fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
+        self.take_ready(max, into)
+    }
+
     async fn next(&mut self) -> Option<Result<FeedItem>> {
         loop {
             if let Some(item) = self.queued.take() {
@@ -415,17 +494,14 @@ impl FeedStream for KvFeed {
             }
             match self.consumer.next("feed").await {
                 Err(e) => return Some(Err(e)),
-                Ok(Seen::Idle) if self.seen < self.head() => {
-                    // The server says it has nothing more, yet the head was not delivered:
-                    // reopen.
-                    let why = format!(
-                        "consumer idle at {} below the head {}",
-                        self.seen,
-                        self.head()
-                    );
-                    return Some(Err(Error::unavailable("feed", why)));
+                Ok(Seen::Idle) => {
+                    if let Err(head) = self.idle() {
+                        // The server says it has nothing more, yet the head was not
+                        // delivered (a fresh consumer on a just-restarted server): reopen.
+                        let why = format!("consumer idle at {} below the head {head}", self.seen);
+                        return Some(Err(Error::unavailable("feed", why)));
+                    }
                 }
-                Ok(Seen::Idle) => {}
                 Ok(Seen::Message(d)) => {
                     self.seen = self.seen.max(d.seq);
                     match self.gate.as_ref().map(|g| g.on_message(d.seq)) {
@@ -451,12 +527,16 @@ impl Feed for RemoteKv {
             JsStart::Seq(from)
         };
         // The consumer first, the head after (see `replay`).
-        let feed_of = Some(self.follower.clone());
-        let consumer = Consumer::open(&self.remote, start, feed_of, self.batch, "feed").await?;
-        let state = self.info("feed").await?;
+        let consume = JsCall::Consume {
+            start,
+            headers_only: false,
+            feed_of: Some(self.follower.clone()),
+        };
+        let consumer = Consumer::open(&self.remote, consume, self.batch, "feed").await?;
+        let (state, limits) = self.info_and_limits("feed").await?;
         let head = FeedInfo::filtered_head(self.head(&state, "feed").await?, state.last_seq, from);
         Ok(Opened {
-            info: FeedInfo::kv(first_available(&state), head),
+            info: feed_info(&limits, first_available(&state), head),
             stream: KvFeed {
                 consumer,
                 kv: self.clone(),

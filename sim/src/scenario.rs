@@ -71,11 +71,6 @@ pub enum FaultKind {
     /// A worker host crashes while it holds the sweeper lock, and restarts: its lease must
     /// run out before another sweeper takes over, and none may take it sooner.
     SweeperCrash,
-    /// A follower's host crashes and its cache is thrown away (an operator deletes a
-    /// corrupt cache file, a replica is replaced): it restarts cold and syncs from
-    /// scratch while writers go on — a resync from a snapshot where the history was
-    /// compacted, a replay of the latest revision per key from a bucket.
-    ColdRestart,
 }
 
 impl FaultKind {
@@ -85,7 +80,7 @@ impl FaultKind {
     }
 
     /// Every kind.
-    pub const ALL: [FaultKind; 27] = [
+    pub const ALL: [FaultKind; 26] = [
         FaultKind::Partition,
         FaultKind::OneWay,
         FaultKind::Hold,
@@ -112,7 +107,6 @@ impl FaultKind {
         FaultKind::SlowJob,
         FaultKind::JobFailure,
         FaultKind::SweeperCrash,
-        FaultKind::ColdRestart,
     ];
 
     /// How often the plan draws this kind, relative to the others. Restarts of persisted
@@ -123,7 +117,6 @@ impl FaultKind {
         match self {
             FaultKind::CommitCrash => 8,
             FaultKind::FollowerCrash => 2,
-            FaultKind::ColdRestart => 4,
             _ => 1,
         }
     }
@@ -297,9 +290,6 @@ pub enum Action {
     CrashFollower(usize),
     /// Restart follower `i`.
     RestartFollower(usize),
-    /// Crash follower `i` and throw its cache away: it restarts cold (with
-    /// [`Action::RestartFollower`]).
-    WipeFollower(usize),
     /// Crash the source host.
     CrashSource,
     /// Restart the source host.
@@ -366,7 +356,6 @@ impl Action {
             Action::Latency(d) if *d > Duration::from_millis(100) => FaultKind::Latency,
             Action::FailRate(r) if *r > 0.0 => FaultKind::LinkFailure,
             Action::CrashFollower(_) => FaultKind::FollowerCrash,
-            Action::WipeFollower(_) => FaultKind::ColdRestart,
             Action::CrashSource => FaultKind::SourceCrash,
             Action::WriterCrashAfterCommit(_) => FaultKind::WriterCrash,
             Action::DropAnnounce => FaultKind::DropAnnounce,
@@ -513,11 +502,6 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                 FaultKind::FollowerCrash => {
                     let i = pick(&mut rng, s.followers);
                     plan.push((t, Action::CrashFollower(i)));
-                    plan.push((heal_at, Action::RestartFollower(i)));
-                }
-                FaultKind::ColdRestart => {
-                    let i = pick(&mut rng, s.followers);
-                    plan.push((t, Action::WipeFollower(i)));
                     plan.push((heal_at, Action::RestartFollower(i)));
                 }
                 FaultKind::SourceCrash => {
