@@ -8,11 +8,12 @@
 //! What comes back is plain values: the info, and a [`ServerClock`] whose local readings
 //! are durations since an `Instant` the caller keeps.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, response::Response, stream};
 use tidemark::Result;
 use tidemark_jetstream::ServerClock;
+use tokio::time::Instant;
 
 use crate::error::unavailable;
 

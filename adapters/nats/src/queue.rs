@@ -795,7 +795,7 @@ impl Queue for NatsQueue {
     /// the sweeper's own clock enters it. A server that does not stamp its answers
     /// (before 2.10) falls back to the finish time the runner wrote and this clock.
     async fn remove_finished(&self, retention: JobRetention) -> Result<u64> {
-        let origin = std::time::Instant::now();
+        let origin = Instant::now();
         let name = self.inner.state_stream.cached_info().config.name.clone();
         let clock = crate::clock::stream_info(&self.inner.context, &name, origin, "queue")
             .await?
