@@ -443,25 +443,6 @@ impl KvFeed {
         }
     }
 
-    /// As the default, but it stops at a message held for the ready gate's read, which
-    /// cannot be ready at once (polling it would only send the read and drop it).
-    fn take_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
-        use futures::FutureExt as _;
-        let mut taken = 0;
-        while taken < max && self.held.is_none() {
-            let Some(item) = self.next().now_or_never() else {
-                break;
-            };
-            let last = !matches!(item, Some(Ok(_)));
-            into.push(item);
-            taken += 1;
-            if last {
-                break;
-            }
-        }
-        taken
-    }
-
     /// Hands on the held message, told by the gate whether the stream moved past it.
     async fn confirm_held(&mut self, seq: u64) -> Result<FeedItem> {
         let last = self.kv.last_present("feed").await?.seq();
@@ -481,7 +462,8 @@ impl KvFeed {
 
 impl FeedStream for KvFeed {
     fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
-        self.take_ready(max, into)
+        // Stop at a message held for the ready gate's read: it cannot be ready at once.
+        tidemark::take_ready(self, max, into, |s| s.held.is_none())
     }
 
     async fn next(&mut self) -> Option<Result<FeedItem>> {

@@ -351,7 +351,7 @@ impl KvBucket {
 
     /// The last message present now for this view's subjects ([`last_present`]).
     async fn last_present(&self, store: &kv::Store, port: &'static str) -> Result<LastPresent> {
-        last_present(store, &self.filter(store), port).await
+        last_present(&store.stream, &self.filter(store), port).await
     }
 
     /// Replays the bucket with `deliver`, handing each entry to `take`, until a read
@@ -514,10 +514,15 @@ fn refused_for_size(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// The last message present now for the subjects `filter`: a read that cannot race (the
-/// server answers from the stream as it is, not from a count it keeps).
-async fn last_present(store: &kv::Store, filter: &str, port: &'static str) -> Result<LastPresent> {
-    match store.stream.get_last_raw_message_by_subject(filter).await {
+/// The last message present now for the subjects `filter`, from the stream leader: a
+/// read that cannot race (the server answers from the stream as it is, not from a count it
+/// keeps, and not a direct get that a lagging replica may answer).
+pub(crate) async fn last_present(
+    stream: &stream::Stream,
+    filter: &str,
+    port: &'static str,
+) -> Result<LastPresent> {
+    match stream.get_last_raw_message_by_subject(filter).await {
         Ok(message) => Ok(LastPresent::At(message.sequence)),
         Err(e)
             if e.kind()
@@ -926,7 +931,9 @@ impl std::fmt::Debug for Inner {
 
 impl FeedStream for KvStream {
     fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
-        self.take_ready(max, into)
+        // Stop at a message held for the ready gate's read: it cannot be ready at once,
+        // and polling it would only send the read and drop it.
+        tidemark::take_ready(self, max, into, |s| s.held.is_none())
     }
 
     async fn next(&mut self) -> Option<Result<FeedItem>> {
@@ -935,7 +942,7 @@ impl FeedStream for KvStream {
                 return Some(Ok(item));
             }
             if let Some(seq) = self.held.as_ref().map(|d| d.seq) {
-                let last = match last_present(&self.store, &self.filter, "feed").await {
+                let last = match last_present(&self.store.stream, &self.filter, "feed").await {
                     Ok(last) => last.seq(),
                     Err(e) => return Some(Err(e)),
                 };
@@ -980,26 +987,6 @@ impl FeedStream for KvStream {
 }
 
 impl KvStream {
-    /// What [`FeedStream::next_ready`] takes: as the default, but it stops at a message
-    /// held for the ready gate's read, which cannot be ready at once (polling it would only
-    /// send the read and drop it).
-    fn take_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
-        use futures::FutureExt as _;
-        let mut taken = 0;
-        while taken < max && self.held.is_none() {
-            let Some(item) = self.next().now_or_never() else {
-                break;
-            };
-            let last = !matches!(item, Some(Ok(_)));
-            into.push(item);
-            taken += 1;
-            if last {
-                break;
-            }
-        }
-        taken
-    }
-
     fn item(&self, d: Delivered) -> FeedItem {
         to_item(&self.prefix, d, self.aging.as_ref())
     }

@@ -321,18 +321,12 @@ impl NatsQueue {
     /// stream leader (not the stream info's last sequence, which may name a message since
     /// purged, nor a direct get a lagging replica may answer).
     async fn newest_state(&self) -> Result<Option<u64>> {
-        match self
-            .inner
-            .state_stream
-            .raw_message_builder()
-            .last_by_subject(format!("{}>", self.inner.state_prefix))
-            .send()
-            .await
-        {
-            Ok(message) => Ok(Some(message.sequence)),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
-            Err(e) => Err(unavailable("queue", e)),
-        }
+        let filter = format!("{}>", self.inner.state_prefix);
+        let last = crate::kv::last_present(&self.inner.state_stream, &filter, "queue").await?;
+        Ok(match last {
+            tidemark_jetstream::LastPresent::At(seq) => Some(seq),
+            tidemark_jetstream::LastPresent::None => None,
+        })
     }
 
     /// Removes a job's state key with its history, leaving no delete marker.

@@ -60,20 +60,34 @@ pub trait FeedStream: Send {
     /// item; a stream that reads in batches (the memory source's log, 1,024 entries a
     /// lock) hands over what it already holds without a future per item.
     fn next_ready(&mut self, max: usize, into: &mut Vec<Option<Result<FeedItem>>>) -> usize {
-        let mut taken = 0;
-        while taken < max {
-            let Some(item) = self.next().now_or_never() else {
-                break;
-            };
-            let last = !matches!(item, Some(Ok(_)));
-            into.push(item);
-            taken += 1;
-            if last {
-                break;
-            }
-        }
-        taken
+        take_ready(self, max, into, |_| true)
     }
+}
+
+/// What [`FeedStream::next_ready`] does by default, for a stream that overrides it only to
+/// stop early: appends what [`next`](FeedStream::next) gives at once, call after call,
+/// while `more(stream)` holds (a stream holding an item for a read that cannot be ready at
+/// once stops there), up to `max` items or the stream's end or error. Returns how many
+/// were appended.
+pub fn take_ready<S: FeedStream + ?Sized>(
+    stream: &mut S,
+    max: usize,
+    into: &mut Vec<Option<Result<FeedItem>>>,
+    mut more: impl FnMut(&S) -> bool,
+) -> usize {
+    let mut taken = 0;
+    while taken < max && more(stream) {
+        let Some(item) = stream.next().now_or_never() else {
+            break;
+        };
+        let last = !matches!(item, Some(Ok(_)));
+        into.push(item);
+        taken += 1;
+        if last {
+            break;
+        }
+    }
+    taken
 }
 
 /// A feed of entries: a source's change log (gapless), a KV watch (sparse), or an events

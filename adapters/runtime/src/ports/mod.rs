@@ -17,7 +17,7 @@ mod sweep;
 mod wake;
 
 pub use cursor::Cursors;
-pub use feed::{Feed, FeedItem, FeedStream, Opened};
+pub use feed::{Feed, FeedItem, FeedStream, Opened, take_ready};
 pub use lock::{Lock, LockLease};
 pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
