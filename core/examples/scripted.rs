@@ -6,8 +6,7 @@
 use std::time::Duration;
 
 use tidemark_core::{
-    Continuity, Entry, FeedInfo, Follow, Follower, FollowerConfig, Input, Output, Request, Time,
-    Token, Utf8,
+    Entry, FeedInfo, Follower, FollowerConfig, Input, Output, Request, Time, Token, Utf8,
 };
 
 struct Script {
@@ -67,13 +66,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         feed: None,
         request: None,
     };
-    let gapless = |first_available, head| FeedInfo {
-        first_available,
-        head,
-        continuity: Continuity::Gapless,
-        checkpoints: true,
-        follow: Follow::Replay,
-    };
+    let gapless =
+        |first_available, head| FeedInfo::change_log(first_available, head).with_checkpoints();
 
     s.say("a new follower starts", None);
     let token = s.request();

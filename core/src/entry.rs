@@ -68,6 +68,11 @@ pub struct Entry {
     /// age (a NATS bucket with `max_age` and no limit markers): the follower removes it
     /// itself once this much time has passed on its clock.
     pub expires_in: Option<std::time::Duration>,
+    /// The source's stamp of this mutation, where it gives one: a value no other mutation
+    /// at the same seq gets, even in a history restored from a backup (see
+    /// [`Lineage`](crate::Lineage)). A follower keeps the stamp of the entry at its
+    /// watermark to tell its history from another.
+    pub stamp: Option<u64>,
 }
 
 impl Entry {
@@ -82,6 +87,7 @@ impl Entry {
             value,
             pending: None,
             expires_in: None,
+            stamp: None,
         }
     }
 
@@ -125,6 +131,13 @@ impl Entry {
     #[must_use]
     pub fn with_pending(mut self, pending: u64) -> Self {
         self.pending = Some(pending);
+        self
+    }
+
+    /// The same entry, with the source's stamp of its mutation (see [`Entry::stamp`]).
+    #[must_use]
+    pub fn stamped(mut self, stamp: Option<u64>) -> Self {
+        self.stamp = stamp;
         self
     }
 

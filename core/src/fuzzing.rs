@@ -11,8 +11,8 @@ use crate::decode::Utf8;
 use crate::entry::{Entry, Op};
 use crate::event::Event;
 use crate::follower::{
-    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, InvalidReason, Notice,
-    Output, Request, Token,
+    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, InvalidReason, Lineage,
+    Notice, Output, Request, Token,
 };
 use crate::time::Time;
 
@@ -224,6 +224,14 @@ impl Observed {
     }
 }
 
+/// A lineage from a few histories and stamps, each sometimes unknown.
+fn lineage(b: &mut Bytes<'_>) -> Lineage {
+    Lineage::new(
+        (b.small(3) > 0).then(|| b.small(2)),
+        (b.small(2) == 0).then(|| b.small(3)),
+    )
+}
+
 /// Runs arbitrary input sequences through a follower: never panics, and the invariants
 /// hold after every step (watermark monotone, never-older per key, no double apply, ready
 /// at most once, checkpoints monotone, feeds open at watermark+1).
@@ -279,6 +287,7 @@ pub fn follower_inputs(data: &[u8]) {
                     } else {
                         follow
                     },
+                    lineage: lineage(&mut b),
                 };
                 Input::FeedOpened { token: feed, info }
             }
@@ -348,6 +357,10 @@ pub fn follower_inputs(data: &[u8]) {
                 continue;
             }
             _ if b.small(4) == 0 => Input::Stop,
+            _ if b.small(3) == 0 => Input::Lineage {
+                token: req,
+                lineage: lineage(&mut b),
+            },
             _ if b.small(3) == 0 => Input::Keys {
                 token: req,
                 keys: (0..b.small(4)).map(|_| key(&mut b)).collect(),

@@ -93,7 +93,7 @@ pub use error::ConfigError;
 pub use event::{EncodeError, Event, NotAnEvent};
 pub use follower::{
     Ahead, Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower,
-    Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
+    Input, InvalidReason, Lineage, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{

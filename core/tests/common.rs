@@ -20,23 +20,11 @@ pub struct H {
 }
 
 pub fn gapless(head: u64) -> FeedInfo {
-    FeedInfo {
-        first_available: 1,
-        head,
-        continuity: Continuity::Gapless,
-        checkpoints: true,
-        follow: Follow::Replay,
-    }
+    FeedInfo::change_log(1, head).with_checkpoints()
 }
 
 pub fn sparse(first_available: u64, head: u64) -> FeedInfo {
-    FeedInfo {
-        first_available,
-        head,
-        continuity: Continuity::Sparse,
-        checkpoints: false,
-        follow: Follow::Replay,
-    }
+    FeedInfo::kv(first_available, head)
 }
 
 pub fn config() -> FollowerConfigBuilder {

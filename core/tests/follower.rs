@@ -287,6 +287,7 @@ fn remembering_never_lowers_what_the_follower_knows() {
             continuity: Continuity::Gapless,
             checkpoints: false,
             follow: Follow::Replay,
+            lineage: Default::default(),
         },
     });
     let token = h.request.expect("a snapshot was asked for");
@@ -1119,6 +1120,7 @@ fn an_announcements_follower_reconciles_before_ready_then_follows_the_stream() {
         continuity: Continuity::Sparse,
         checkpoints: true,
         follow: Follow::Announcements,
+        lineage: Default::default(),
     };
     h.reopen(info);
     assert!(puts(&h.put(1, "a", "1")).is_empty());
@@ -1153,6 +1155,7 @@ fn announcements_follower() -> H {
         continuity: Continuity::Sparse,
         checkpoints: true,
         follow: Follow::Announcements,
+        lineage: Default::default(),
     };
     h.reopen(info);
     h
@@ -1418,6 +1421,7 @@ fn an_announcements_stream_behind_the_watermark_is_no_reason_to_resync() {
         continuity: Continuity::Sparse,
         checkpoints: true,
         follow: Follow::Announcements,
+        lineage: Default::default(),
     };
     let outs = h.reopen(info);
     assert!(

@@ -160,6 +160,7 @@ impl World {
                     continuity: Continuity::Gapless,
                     checkpoints: true,
                     follow: Follow::Replay,
+                    lineage: Default::default(),
                 };
                 self.pending.push_back(Input::FeedOpened { token, info });
             }
@@ -468,6 +469,7 @@ fn same_seed_and_inputs_give_identical_outputs() {
             continuity: Continuity::Gapless,
             checkpoints: true,
             follow: Follow::Replay,
+            lineage: Default::default(),
         };
         f.handle_input(Input::FeedOpened { token: feed, info }, now);
         for (i, k) in ["x", "y", "x"].iter().enumerate() {

@@ -359,6 +359,7 @@ impl Source for RemoteKv {
         Ok(Snapshot {
             entries,
             watermark: through.max(state.last_seq),
+            lineage: tidemark::Lineage::default(),
         })
     }
 

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use tidemark::tidemark_core::{Continuity, FeedInfo, Follow};
-use tidemark::{Feed, Held, Opened, Result, Sink, Source};
+use tidemark::{Feed, Held, Lineage, Opened, Result, Sink, Source};
 use tidemark_jetstream::Step;
 use tidemark_memory::MemoryCacheSink;
 
@@ -31,6 +31,7 @@ impl Feed for NewOnlyFeed {
                 continuity: Continuity::Sparse,
                 checkpoints: false,
                 follow: Follow::Replay,
+                lineage: Default::default(),
             },
             stream: opened.stream,
         })
@@ -70,8 +71,8 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
         Sink::<V>::remove(&mut self.0, key, seq).await
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
-        Sink::<V>::commit(&mut self.0, watermark).await
+    async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
+        Sink::<V>::commit(&mut self.0, watermark, lineage).await
     }
 
     async fn rollback(&mut self) {
@@ -81,7 +82,7 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for ForgetsIndex {
     async fn resume(&mut self) -> Result<Option<Held>> {
         Ok(Sink::<V>::resume(&mut self.0)
             .await?
-            .map(|held| Held::new(held.watermark, 0)))
+            .map(|held| Held::new(held.watermark, 0).with_lineage(held.lineage)))
     }
 
     async fn seqs_of(&mut self, _keys: Vec<String>) -> Result<Vec<(String, u64)>> {
@@ -109,11 +110,11 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for WatermarkFirst {
         Sink::<V>::remove(&mut self.0, key, seq).await
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
         let store = self.0.store().clone();
         store.begin_commit().await?;
         let rows = self.0.take_batch();
-        store.write(Vec::new(), Some(watermark)).await;
+        store.write(Vec::new(), Some((watermark, lineage))).await;
         store.write(rows, None).await;
         store.end_commit().await;
         Ok(())

@@ -911,8 +911,8 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
         self.inner.remove(shared, seq).await
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
-        if let Err(e) = self.inner.commit(watermark).await {
+    async fn commit(&mut self, watermark: u64, lineage: tidemark::Lineage) -> Result<()> {
+        if let Err(e) = self.inner.commit(watermark, lineage).await {
             let p = &self.probe;
             let mut s = lock(&p.state);
             s.failed_commits += 1;

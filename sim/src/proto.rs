@@ -339,6 +339,7 @@ impl From<WireFeedInfo> for FeedInfo {
             } else {
                 Follow::Replay
             },
+            lineage: Default::default(),
         }
     }
 }

@@ -278,6 +278,7 @@ impl Source for Remote {
             } => Ok(Snapshot {
                 entries: entries(e),
                 watermark,
+                lineage: tidemark::Lineage::default(),
             }),
             r => Err(unexpected("source", &r)),
         }
@@ -298,7 +299,7 @@ impl Source for Remote {
             r.parts += parts as u64;
             c.set(r);
         });
-        let watermark = snap.watermark;
+        let (watermark, lineage) = (snap.watermark, snap.lineage);
         let mut entries = snap.entries.into_iter();
         if !self.parts_apart {
             let parts = std::iter::from_fn(move || {
@@ -307,6 +308,7 @@ impl Source for Remote {
             });
             return Ok(SnapshotParts {
                 watermark,
+                lineage,
                 parts: futures::stream::iter(parts).boxed(),
             });
         }
@@ -329,6 +331,7 @@ impl Source for Remote {
         });
         Ok(SnapshotParts {
             watermark,
+            lineage,
             parts: parts.boxed(),
         })
     }

@@ -163,7 +163,7 @@ impl tidemark::Sink<Vec<u8>> for NoMap {
         self.pending.reserve(keys.min(16_384));
     }
 
-    async fn commit(&mut self, _watermark: u64) -> tidemark::Result<()> {
+    async fn commit(&mut self, _watermark: u64, _: tidemark::Lineage) -> tidemark::Result<()> {
         self.keep();
         Ok(())
     }
@@ -230,10 +230,14 @@ fn cache_alone(rt: &tokio::runtime::Runtime, entries: Vec<Entry>) -> Took {
                 .await
                 .unwrap();
             if i % 256 == 255 {
-                tidemark::Sink::commit(&mut writer, seq).await.unwrap();
+                tidemark::Sink::commit(&mut writer, seq, tidemark::Lineage::default())
+                    .await
+                    .unwrap();
             }
         }
-        tidemark::Sink::commit(&mut writer, N).await.unwrap();
+        tidemark::Sink::commit(&mut writer, N, tidemark::Lineage::default())
+            .await
+            .unwrap();
         let took = started.took();
         assert_eq!(reader.len() as u64, N);
         drop((writer, reader));

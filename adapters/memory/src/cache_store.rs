@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use tidemark::{Ahead, CacheOp, Error, Held, Result, Sink};
+use tidemark::{Ahead, CacheOp, Error, Held, Lineage, Result, Sink};
 
 #[derive(Debug, Default)]
 struct StoreFaults {
@@ -40,6 +40,8 @@ struct State {
     ahead: BTreeMap<String, (u64, bool)>,
     /// `None` until the first commit.
     watermark: Option<u64>,
+    /// What the follower knew of its source's history at the watermark.
+    lineage: Lineage,
     /// Writes of the commit in progress that have landed.
     writes_in_commit: u32,
     /// Commits that returned.
@@ -102,7 +104,11 @@ impl MemoryCacheStore {
                 })
             })
             .collect();
-        Some(Held::new(watermark, s.rows.len()).with_ahead(ahead))
+        Some(
+            Held::new(watermark, s.rows.len())
+                .with_ahead(ahead)
+                .with_lineage(s.lineage),
+        )
     }
 
     /// The committed watermark, `None` before the first commit.
@@ -229,8 +235,10 @@ impl MemoryCacheStore {
     }
 
     /// One durable write: after the write latency, applies `ops` in order and, if given,
-    /// sets the watermark — all at once. Stops for good if a crash is armed after it.
-    pub async fn write(&self, ops: Vec<CacheOp>, watermark: Option<u64>) {
+    /// sets the watermark and the lineage kept with it — all at once. Stops for good if a
+    /// crash is armed after it.
+    pub async fn write(&self, ops: Vec<CacheOp>, at: Option<(u64, Lineage)>) {
+        let watermark = at.map(|(w, _)| w);
         let latency = self.lock().faults.latency;
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
@@ -265,8 +273,9 @@ impl MemoryCacheStore {
                     }
                 }
             }
-            if let Some(w) = watermark {
+            if let Some((w, lineage)) = at {
                 s.watermark = Some(w);
+                s.lineage = lineage;
                 s.ahead.retain(|_, (seq, _)| *seq > w);
             }
             s.writes_in_commit += 1;
@@ -346,10 +355,10 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for MemoryCacheSink {
         Ok(())
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
         self.store.begin_commit().await?;
         let ops = std::mem::take(&mut self.batch);
-        self.store.write(ops, Some(watermark)).await;
+        self.store.write(ops, Some((watermark, lineage))).await;
         self.store.end_commit().await;
         Ok(())
     }
@@ -394,7 +403,7 @@ mod tests {
     }
 
     fn commit(sink: &mut MemoryCacheSink, watermark: u64) -> Option<Result<()>> {
-        poll_once(Sink::<Vec<u8>>::commit(sink, watermark))
+        poll_once(Sink::<Vec<u8>>::commit(sink, watermark, Lineage::default()))
     }
 
     #[test]

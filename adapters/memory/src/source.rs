@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures::StreamExt;
 
-use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Op};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Lineage, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, SnapshotParts, Source,
     ValueAt, Versioned, check_key_within, check_value,
@@ -46,14 +46,36 @@ struct State {
     /// Every mutation from `log_base` on, in seq order (`log[i].seq == log_base + i`).
     log: VecDeque<Entry>,
     log_base: u64,
+    /// The history this state belongs to: made with the source, kept by a backup, new
+    /// when the source is [`recreate`](MemorySource::recreate)d.
+    history: u64,
+}
+
+impl State {
+    /// The source's history, with the stamp of its entry at `seq` while the log holds it.
+    fn lineage_at(&self, seq: u64) -> Lineage {
+        let stamp = seq
+            .checked_sub(self.log_base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.log.get(i))
+            .and_then(|e| e.stamp);
+        Lineage::new(Some(self.history), stamp)
+    }
 }
 
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
     head: Signal,
-    /// Bumped to end every open feed cleanly.
+    /// Bumped to end every open feed cleanly (under the state's lock where the history
+    /// changes, so a feed never reads another history's entries under its generation).
     generation: AtomicU64,
+    /// The stamp of the last mutation (see [`Entry::stamp`]): never reset, not by a
+    /// restore either, so a mutation written after a restore at a seq the restore took back
+    /// has another stamp than the one it replaces.
+    stamps: AtomicU64,
+    /// The last history made (see [`MemorySource::recreate`]).
+    histories: AtomicU64,
     faults: Faults,
     /// The watermark each restore put back, in order: a sweep's marks taken before a
     /// restore name seqs the restored history reuses for other, younger changes.
@@ -119,10 +141,13 @@ impl MemorySource {
             inner: Arc::new(Inner {
                 state: Mutex::new(State {
                     log_base: 1,
+                    history: 1,
                     ..State::default()
                 }),
                 head: Signal::default(),
                 generation: AtomicU64::new(0),
+                stamps: AtomicU64::new(0),
+                histories: AtomicU64::new(1),
                 faults,
                 restores: Mutex::default(),
             }),
@@ -208,8 +233,15 @@ impl MemorySource {
             let value = (op == Op::Put).then_some(value.as_slice());
             append_announcement(announce, seq, &key, value);
         }
-        s.log.push_back(Entry::new(seq, seq, key, op, value));
+        let stamp = self.next_stamp();
+        s.log
+            .push_back(Entry::new(seq, seq, key, op, value).stamped(Some(stamp)));
         seq
+    }
+
+    /// A stamp no mutation of this source had before.
+    fn next_stamp(&self) -> u64 {
+        self.inner.stamps.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     /// Drops the change log below `seq` (tombstones and superseded puts): a reader whose
@@ -245,13 +277,38 @@ impl MemorySource {
     /// (the next writes reuse their seqs, with other changes: a new history). Open feeds
     /// end, as a server restart would. A follower notices when it reads the source while
     /// the source's head is below its watermark, and resyncs.
+    ///
+    /// The restored source keeps the backup's history, as a restored database does; the
+    /// mutations written after it have other stamps than those it lost at the same seqs,
+    /// and a follower tells the histories apart by the stamp at its watermark
+    /// ([`Source::lineage_at`]).
     pub fn restore(&self, backup: &MemoryBackup) {
         {
             let mut s = self.state();
             *s = backup.state.clone();
             self.restored().push(s.seq);
+            self.inner.generation.fetch_add(1, Ordering::AcqRel);
         }
-        self.end_feeds();
+        self.inner.head.bump();
+    }
+
+    /// Deletes the source and makes it again, empty and with a new history, as deleting
+    /// and recreating a bucket or a registry file does: seqs start again at 1. Open feeds
+    /// end. A follower tells the new source from the old by its history
+    /// ([`Source::lineage_at`]), even once the new one passes its watermark.
+    pub fn recreate(&self) {
+        {
+            let mut s = self.state();
+            let history = self.inner.histories.fetch_add(1, Ordering::AcqRel) + 1;
+            *s = State {
+                log_base: 1,
+                history,
+                ..State::default()
+            };
+            self.restored().push(0);
+            self.inner.generation.fetch_add(1, Ordering::AcqRel);
+        }
+        self.inner.head.bump();
     }
 
     fn restored(&self) -> MutexGuard<'_, Vec<u64>> {
@@ -341,7 +398,9 @@ impl Source for MemorySource {
             if let Some(announce) = &self.announce {
                 append_announcement(announce, seq, &key, Some(&value));
             }
-            s.log.push_back(Entry::put(seq, key, value));
+            let stamp = self.next_stamp();
+            s.log
+                .push_back(Entry::put(seq, key, value).stamped(Some(stamp)));
             seq
         };
         self.inner.head.bump();
@@ -409,6 +468,7 @@ impl Source for MemorySource {
                 .map(|(k, v)| Entry::put(v.seq, Arc::clone(k), v.value.to_vec()))
                 .collect(),
             watermark: s.seq,
+            lineage: s.lineage_at(s.seq),
         })
     }
 
@@ -418,13 +478,13 @@ impl Source for MemorySource {
     /// the faults, as a read over a connection that can drop midway would.
     async fn snapshot_parts(&self, part_len: usize) -> Result<SnapshotParts<'_>> {
         self.inner.faults.check(Port::Source)?;
-        let (watermark, handles) = {
+        let (watermark, lineage, handles) = {
             let s = self.state();
             let handles: Vec<(Arc<str>, u64, Arc<[u8]>)> = self
                 .current(&s)
                 .map(|(k, v)| (Arc::clone(k), v.seq, Arc::clone(&v.value)))
                 .collect();
-            (s.seq, handles)
+            (s.seq, s.lineage_at(s.seq), handles)
         };
         let part_len = part_len.max(1);
         let faults = self.inner.faults.clone();
@@ -445,6 +505,7 @@ impl Source for MemorySource {
         });
         Ok(SnapshotParts {
             watermark,
+            lineage,
             parts: futures::stream::iter(parts).boxed(),
         })
     }
@@ -470,6 +531,11 @@ impl Source for MemorySource {
 
     fn key_prefix(&self) -> Option<&KeyPrefix> {
         self.prefix.as_ref()
+    }
+
+    async fn lineage_at(&self, seq: u64) -> Result<Lineage> {
+        self.inner.faults.check(Port::Source)?;
+        Ok(self.state().lineage_at(seq))
     }
 
     async fn first_available(&self) -> Result<u64> {
@@ -508,6 +574,11 @@ impl LogStream {
     /// Copies up to [`READ_BATCH`] log entries from `next_seq` on, under one lock.
     fn refill(&mut self) -> Result<()> {
         let s = self.inner.state.lock().unwrap_or_else(|e| e.into_inner());
+        // Checked under the lock a restore changes it under: what is read here is the
+        // history this stream began on.
+        if self.inner.generation.load(Ordering::Acquire) != self.generation {
+            return Ok(());
+        }
         if self.next_seq < s.log_base {
             return Err(Error::unavailable(
                 "feed",

@@ -220,7 +220,11 @@ impl tidemark::Source for PagedToFirstHead {
         use tidemark::tidemark_core::Op;
         let (entries, watermark) = self.paged(0).await?;
         let entries = entries.into_iter().filter(|e| e.op == Op::Put).collect();
-        Ok(tidemark::Snapshot { entries, watermark })
+        Ok(tidemark::Snapshot {
+            entries,
+            watermark,
+            lineage: Default::default(),
+        })
     }
     async fn get(&self, key: &str) -> tidemark::Result<Option<tidemark::Versioned>> {
         self.0.get(key).await

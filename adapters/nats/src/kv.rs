@@ -868,7 +868,11 @@ impl Source for KvBucket {
         } else {
             top
         };
-        Ok(Snapshot { entries, watermark })
+        Ok(Snapshot {
+            entries,
+            watermark,
+            lineage: tidemark::Lineage::default(),
+        })
     }
 
     /// `None` for a key outside this view's prefix.

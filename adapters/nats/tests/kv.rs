@@ -1139,12 +1139,12 @@ impl tidemark::Sink<Vec<u8>> for SlowCommits {
     fn ready(&mut self, watermark: u64) {
         self.inner.ready(watermark);
     }
-    async fn commit(&mut self, watermark: u64) -> tidemark::Result<()> {
+    async fn commit(&mut self, watermark: u64, lineage: tidemark::Lineage) -> tidemark::Result<()> {
         if self.slow_commits > 0 {
             self.slow_commits -= 1;
             tokio::time::sleep(self.pause).await;
         }
-        self.inner.commit(watermark).await
+        self.inner.commit(watermark, lineage).await
     }
 }
 

@@ -294,7 +294,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
         self.announce(|| Change::Ready { watermark });
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, _: tidemark_core::Lineage) -> Result<()> {
         self.apply_pending(watermark);
         Ok(())
     }

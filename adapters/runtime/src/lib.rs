@@ -92,7 +92,7 @@ pub use tidemark_core;
 pub use tidemark_core::{
     Ahead, AnnounceReport, BackoffPolicy, ConfigError, Continuity, Counters, CustomJob, Decode,
     DecodeFn, Entry, Event, FeedInfo, Follow, FollowerConfig, FollowerConfigBuilder, Job, JobError,
-    JobId, Json, Legs, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy, Schedule,
-    ScheduleClock, Status, UNDECODABLE_KIND, Utf8, decode_fn,
+    JobId, Json, Legs, Lineage, Mark, Op, Phase, RawBytes, RestartPolicy, RetentionPolicy,
+    Schedule, ScheduleClock, Status, UNDECODABLE_KIND, Utf8, decode_fn,
 };
 pub use worker::{ValueOf, Worker, WorkerSink};

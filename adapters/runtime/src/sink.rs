@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::error::Result;
-use tidemark_core::Ahead;
+use tidemark_core::{Ahead, Lineage};
 
 /// How many waiting feed items one turn takes at most during the initial sync, when
 /// nobody waits on a turn but the whole sync: one commit per 16k changes.
@@ -90,6 +90,12 @@ pub struct Held {
     /// watermark by seq alone; a removal committed ahead leaves it nothing to check, so a
     /// crash before the confirming read can lose the key.
     pub ahead: Option<Vec<Ahead>>,
+    /// What the follower knew of its source's history when the sink committed
+    /// `watermark` (see [`Lineage`]): the first read of the source checks it, so a source
+    /// recreated or restored from a backup while the follower was down is noticed. A sink
+    /// that does not keep it (the default) leaves a restore made while it was down
+    /// unnoticed once the new history passes its watermark.
+    pub lineage: Lineage,
 }
 
 impl Held {
@@ -101,7 +107,15 @@ impl Held {
             watermark,
             keys,
             ahead: None,
+            lineage: Lineage::default(),
         }
+    }
+
+    /// The same, with the lineage the sink committed with its watermark.
+    #[must_use]
+    pub fn with_lineage(mut self, lineage: Lineage) -> Self {
+        self.lineage = lineage;
+        self
     }
 
     /// The same, with what the sink committed ahead of its watermark (an empty list: it
@@ -152,10 +166,16 @@ pub trait Sink<V>: Send {
     }
 
     /// Makes everything applied since the last commit durable together with `watermark`
-    /// (one transaction for a persisted cache). Called at every batch boundary, also
-    /// when nothing was applied but the watermark moved.
-    fn commit(&mut self, watermark: u64) -> impl Future<Output = Result<()>> + Send {
-        let _ = watermark;
+    /// and what the follower knows of its source's history there, `lineage` (one
+    /// transaction for a persisted cache). Called at every batch boundary, also when
+    /// nothing was applied but the watermark or the lineage moved. A persisted sink keeps
+    /// the lineage and gives it back with [`resume`](Self::resume) ([`Held::lineage`]).
+    fn commit(
+        &mut self,
+        watermark: u64,
+        lineage: Lineage,
+    ) -> impl Future<Output = Result<()>> + Send {
+        let _ = (watermark, lineage);
         async { Ok(()) }
     }
 

@@ -291,7 +291,7 @@ impl tidemark::Sink<String> for SlowWatermark {
     async fn remove(&mut self, _: std::sync::Arc<str>, _: u64) -> tidemark::Result<()> {
         Ok(())
     }
-    async fn commit(&mut self, watermark: u64) -> tidemark::Result<()> {
+    async fn commit(&mut self, watermark: u64, _: tidemark::Lineage) -> tidemark::Result<()> {
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         self.0.store(watermark, std::sync::atomic::Ordering::SeqCst);
         Ok(())
@@ -446,7 +446,10 @@ fn a_subscriber_woken_by_a_change_reads_a_watermark_that_covers_it() {
                 .put("k".into(), seq, format!("v{seq}"))
                 .await
                 .unwrap();
-            writer.commit(seq).await.unwrap();
+            writer
+                .commit(seq, tidemark::Lineage::default())
+                .await
+                .unwrap();
         });
         let Poll::Ready(Ok(Change::Put { key, seq: told })) = recv.poll(&mut cx) else {
             panic!("the commit must announce its put");

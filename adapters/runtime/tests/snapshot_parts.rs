@@ -87,6 +87,7 @@ impl Source for Parts {
         });
         Ok(SnapshotParts {
             watermark: read.watermark,
+            lineage: read.lineage,
             parts: parts.boxed(),
         })
     }

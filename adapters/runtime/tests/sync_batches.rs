@@ -87,8 +87,8 @@ impl Sink<Vec<u8>> for Checked {
         Sink::<Vec<u8>>::remove(&mut self.inner, key, seq).await
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
-        Sink::<Vec<u8>>::commit(&mut self.inner, watermark).await?;
+    async fn commit(&mut self, watermark: u64, lineage: tidemark::Lineage) -> Result<()> {
+        Sink::<Vec<u8>>::commit(&mut self.inner, watermark, lineage).await?;
         let mut seen = self.seen.lock().unwrap();
         if let Some(&last) = seen.commits.last()
             && watermark < last

@@ -422,7 +422,7 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
         Ok(())
     }
 
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, _: tidemark::Lineage) -> Result<()> {
         let ops = CacheOp::coalesce(std::mem::take(&mut self.batch));
         self.apply(ops, watermark).await
     }

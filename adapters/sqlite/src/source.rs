@@ -579,7 +579,11 @@ impl Source for SqliteSource {
                 })
                 .map_err(sql)?;
                 tx.finish().map_err(sql)?;
-                Ok(Snapshot { entries, watermark })
+                Ok(Snapshot {
+                    entries,
+                    watermark,
+                    lineage: tidemark::Lineage::default(),
+                })
             })
             .await
     }
@@ -625,6 +629,7 @@ impl Source for SqliteSource {
         });
         Ok(SnapshotParts {
             watermark,
+            lineage: tidemark::Lineage::default(),
             parts: parts.boxed(),
         })
     }

@@ -290,13 +290,17 @@ async fn a_batch_and_its_watermark_commit_together_or_not_at_all() {
         .await
         .unwrap();
     assert_eq!(cache.get("k").await.unwrap(), None, "not before the commit");
-    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 6, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(cache.get("k").await.unwrap(), Some((5, b"five".to_vec())));
     Sink::<Vec<u8>>::remove(&mut cache, "k".into(), 7)
         .await
         .unwrap();
     Sink::<Vec<u8>>::rollback(&mut cache).await;
-    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 6, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(
         cache.get("k").await.unwrap(),
         Some((5, b"five".to_vec())),
@@ -321,7 +325,9 @@ async fn the_key_count_is_kept_with_the_watermark_and_counted_once_for_older_fil
             .await
             .unwrap();
     }
-    Sink::<Vec<u8>>::commit(&mut cache, 3).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 3, tidemark::Lineage::default())
+        .await
+        .unwrap();
     Sink::<Vec<u8>>::put(&mut cache, "a".into(), 4, b"w".to_vec())
         .await
         .unwrap();
@@ -331,7 +337,9 @@ async fn the_key_count_is_kept_with_the_watermark_and_counted_once_for_older_fil
     Sink::<Vec<u8>>::remove(&mut cache, "never".into(), 5)
         .await
         .unwrap();
-    Sink::<Vec<u8>>::commit(&mut cache, 5).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 5, tidemark::Lineage::default())
+        .await
+        .unwrap();
     let held = cache.held().await.unwrap().unwrap();
     assert_eq!(
         (held.watermark, held.keys),
@@ -346,7 +354,9 @@ async fn the_key_count_is_kept_with_the_watermark_and_counted_once_for_older_fil
     Sink::<Vec<u8>>::put(&mut cache, "d".into(), 6, b"v".to_vec())
         .await
         .unwrap();
-    Sink::<Vec<u8>>::commit(&mut cache, 6).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 6, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(cache.held().await.unwrap().unwrap().keys, 3);
 }
 
@@ -375,7 +385,7 @@ async fn died_holding(
                 .await
                 .unwrap();
         }
-        Sink::<Vec<u8>>::commit(&mut cache, watermark)
+        Sink::<Vec<u8>>::commit(&mut cache, watermark, tidemark::Lineage::default())
             .await
             .unwrap();
         for (key, seq, value) in ahead {
@@ -390,7 +400,7 @@ async fn died_holding(
                     .unwrap(),
             }
         }
-        Sink::<Vec<u8>>::commit(&mut cache, watermark)
+        Sink::<Vec<u8>>::commit(&mut cache, watermark, tidemark::Lineage::default())
             .await
             .unwrap();
     }
@@ -514,7 +524,9 @@ async fn the_file_keeps_only_what_is_still_ahead_of_the_watermark() {
     Sink::<Vec<u8>>::put(&mut cache, "d".into(), 7, b"7".to_vec())
         .await
         .unwrap();
-    Sink::<Vec<u8>>::commit(&mut cache, 1).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 1, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(
         ahead(cache.clone()).await,
         [("b".into(), 5), ("c".into(), 6), ("d".into(), 7)]
@@ -523,9 +535,13 @@ async fn the_file_keeps_only_what_is_still_ahead_of_the_watermark() {
     Sink::<Vec<u8>>::put(&mut cache, "d".into(), 3, b"3".to_vec())
         .await
         .unwrap();
-    Sink::<Vec<u8>>::commit(&mut cache, 5).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 5, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(ahead(cache.clone()).await, [("c".into(), 6)]);
     // A restored source: the watermark goes back, and c's removal was the old history's.
-    Sink::<Vec<u8>>::commit(&mut cache, 2).await.unwrap();
+    Sink::<Vec<u8>>::commit(&mut cache, 2, tidemark::Lineage::default())
+        .await
+        .unwrap();
     assert_eq!(ahead(cache.clone()).await, []);
 }

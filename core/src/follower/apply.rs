@@ -89,6 +89,7 @@ impl<D: Decode> Follower<D> {
             value,
             pending,
             expires_in,
+            stamp,
         } = entry;
         if let Some(pending) = pending
             && !self.is_ready()
@@ -123,6 +124,9 @@ impl<D: Decode> Follower<D> {
         if seq > self.watermark.saturating_add(1) && self.gapless() {
             self.gap(seq);
             return;
+        }
+        if self.feed_speaks_for_source() {
+            self.note_stamp(seq, stamp);
         }
         if !self.keeps(&key) {
             // Not ours (an announcement of another part of the source, an unfiltered
@@ -477,6 +481,7 @@ impl<D: Decode> Follower<D> {
         let (mut applied, mut removed, mut top) = (0, 0, source_watermark);
         for change in changes {
             top = top.max(change.seq);
+            self.note_stamp(change.seq, change.stamp);
             if change.seq == 0 {
                 self.invalid(0, &change.key, InvalidReason::ZeroSeq);
             } else if change.seq <= floor {
@@ -532,7 +537,13 @@ impl<D: Decode> Follower<D> {
         removed
     }
 
-    pub(super) fn on_snapshot(&mut self, entries: Vec<Entry>, source_watermark: u64) {
+    pub(super) fn on_snapshot(
+        &mut self,
+        entries: Vec<Entry>,
+        source_watermark: u64,
+        read: Option<crate::Lineage>,
+    ) {
+        let new = self.snapshot_is_new(source_watermark, read);
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
         let verdicts = self.judge_ahead(source_watermark, |key, claim| {
@@ -543,18 +554,19 @@ impl<D: Decode> Follower<D> {
                 .unwrap_or(Confirmation::Replaced)
         });
         self.settle_ahead(source_watermark, verdicts);
-        self.reset_if_behind(source_watermark);
+        self.reset_if_new(source_watermark, new);
         let present = Present::of(&entries);
         let gone = self.gone(source_watermark, |key| present.contains(key));
         drop(present);
         self.apply_snapshot(entries, gone, source_watermark, source_watermark);
     }
 
-    /// A snapshot below the watermark is of a new history: seqs held from the old one
-    /// mean nothing against it. They are forgotten, so every snapshot entry is applied and
+    /// A snapshot of a new history (below the watermark, or one a read's lineage proved
+    /// new: [`snapshot_is_new`](Self::snapshot_is_new)): seqs held from the old one mean
+    /// nothing against it. They are forgotten, so every snapshot entry is applied and
     /// every other key removed.
-    pub(super) fn reset_if_behind(&mut self, source_watermark: u64) {
-        if source_watermark < self.watermark {
+    pub(super) fn reset_if_new(&mut self, source_watermark: u64, new: bool) {
+        if new {
             self.counters.resets += 1;
             let watermark = self.watermark;
             self.diag(Diagnostic::SourceReset {
@@ -565,6 +577,7 @@ impl<D: Decode> Follower<D> {
             self.known_source = source_watermark;
             self.ahead.clear();
             self.index.forget_seqs();
+            self.known.stamp_at = None;
         }
     }
 
@@ -621,6 +634,8 @@ impl<D: Decode> Follower<D> {
         }
         let removed = gone.len() + self.remove_unreplaced(removal_seq);
         self.advance(top);
+        let read = self.read_lineage.take().map(|(_, l)| l);
+        self.adopt_snapshot_lineage(source_watermark, read);
         self.become_ready();
         let watermark = self.watermark;
         self.notice(Notice::CaughtUp(CaughtUp {

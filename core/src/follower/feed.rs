@@ -95,6 +95,12 @@ impl<D: Decode> Follower<D> {
                 self.send(Pending::Reconcile);
             }
         }
+        // A source recreated or restored since the watermark was reached: the feed's
+        // seqs past it are another history's, whatever its head says.
+        if self.feed_speaks_for_source() && !self.same_history(info.lineage, from.saturating_sub(1))
+        {
+            return;
+        }
         // A sparse feed replayed into an empty cache is itself a full sync: the server keeps
         // the latest entry of every key, so a compacted prefix hides nothing we hold.
         let empty_replay = matches!(info.continuity, Continuity::Sparse | Continuity::PerKey)

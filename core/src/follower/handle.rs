@@ -67,14 +67,25 @@ impl<D: Decode> Follower<D> {
             Input::FeedEnded { token } => {
                 self.on_feed_lost(token, Cause::FeedEnded, "feed ended".into(), now);
             }
+            Input::Lineage { token, lineage } => {
+                if self.request.as_ref().is_some_and(|(t, _)| *t == token) {
+                    self.read_lineage = Some((token, lineage));
+                } else {
+                    self.counters.ignored += 1;
+                }
+            }
             Input::Changes {
                 token,
                 changes,
                 source_watermark,
             } => {
+                let read = self.read_lineage(token);
                 if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
                     self.backoffs.failure.healthy(now);
-                    self.on_changes(changes, source_watermark);
+                    let watermark = self.watermark;
+                    if read.is_none_or(|read| self.same_history(read, watermark)) {
+                        self.on_changes(changes, source_watermark);
+                    }
                 }
             }
             Input::ChangesUnavailable {
@@ -95,11 +106,12 @@ impl<D: Decode> Follower<D> {
                 entries,
                 source_watermark,
             } => {
+                let read = self.read_lineage(token);
                 if self.has_parts(token) {
                     self.on_last_part(entries, source_watermark, now);
                 } else if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
                     self.backoffs.failure.healthy(now);
-                    self.on_snapshot(entries, source_watermark);
+                    self.on_snapshot(entries, source_watermark, read);
                 }
             }
             Input::SnapshotPart {

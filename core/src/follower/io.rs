@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use crate::entry::Entry;
+use crate::follower::lineage::Lineage;
 use crate::follower::status::Diagnostic;
 
 /// Ties a result to the request that asked for it. Results carrying an old token (a feed
@@ -85,6 +86,11 @@ pub struct FeedInfo {
     pub checkpoints: bool,
     /// How the feed must be followed. A follower that was told otherwise follows the feed.
     pub follow: Follow,
+    /// What the source says of its history, with the stamp of its entry at the seq before
+    /// the one the feed was opened at (the follower's watermark): a follower holding
+    /// another takes the new history ([`Lineage`]). A feed that is not the source's own
+    /// history (announcements) leaves it unknown.
+    pub lineage: Lineage,
 }
 
 impl FeedInfo {
@@ -97,6 +103,7 @@ impl FeedInfo {
             continuity: Continuity::Gapless,
             checkpoints: false,
             follow: Follow::Replay,
+            lineage: Lineage::default(),
         }
     }
 
@@ -121,6 +128,7 @@ impl FeedInfo {
             continuity: Continuity::Sparse,
             checkpoints: false,
             follow: Follow::Replay,
+            lineage: Lineage::default(),
         }
     }
 
@@ -135,7 +143,16 @@ impl FeedInfo {
             continuity: Continuity::Sparse,
             checkpoints: true,
             follow: Follow::Announcements,
+            lineage: Lineage::default(),
         }
+    }
+
+    /// The same feed, saying what its source says of its history (see
+    /// [`lineage`](Self::lineage)).
+    #[must_use]
+    pub fn with_lineage(mut self, lineage: Lineage) -> Self {
+        self.lineage = lineage;
+        self
     }
 
     /// The same feed with a durable cursor that wants a checkpoint per entry.
@@ -376,6 +393,24 @@ pub enum Input {
     FeedEnded {
         /// The feed's token.
         token: Token,
+    },
+    /// What the read asked for under `token` (a reconcile, a snapshot) says of the
+    /// source's history: the history, and the stamp of the source's entry at the seq the
+    /// read names — a reconcile's `since`, a snapshot's watermark ([`Lineage`]). Reported
+    /// just before the read's result (before its first part); a driver whose source cannot
+    /// tell reports nothing. A reconcile whose lineage contradicts the follower's is not
+    /// applied: the follower takes the new history, and the snapshot it reads replaces the
+    /// cache whatever seqs it held.
+    ///
+    /// Read the lineage a reconcile reports *after* its changes (a restore between the two
+    /// is then seen), and the one a snapshot reports *before* its entries (the follower
+    /// keeps it with the snapshot's watermark: a restore between them is then seen by the
+    /// next read).
+    Lineage {
+        /// The read's token.
+        token: Token,
+        /// What it says.
+        lineage: Lineage,
     },
     /// A reconcile's result: every change after the requested seq, in seq order, and the
     /// source's watermark when it was read.

@@ -14,6 +14,7 @@ mod feed;
 mod handle;
 mod index;
 mod io;
+mod lineage;
 mod parts;
 mod status;
 mod timers;
@@ -33,6 +34,7 @@ pub use confirm::Ahead;
 pub use io::{
     Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,
 };
+pub use lineage::Lineage;
 pub use status::{Cause, Counters, Diagnostic, InvalidReason, Phase, Status};
 
 use index::KeyIndex;
@@ -84,6 +86,7 @@ struct Mark {
     watermark: u64,
     ready: bool,
     checkpoint: Option<u64>,
+    known: lineage::Known,
 }
 
 #[derive(Debug)]
@@ -164,6 +167,14 @@ pub struct Follower<D: Decode> {
     /// The open feed waits for a listing of the source's keys before its entries apply
     /// (a per-key feed opened past a moved first seq).
     list_before_feed: bool,
+    /// What the follower knows of its source's history ([`Lineage`]).
+    known: lineage::Known,
+    /// What the read outstanding said of the source's history, reported before its
+    /// result ([`Input::Lineage`]).
+    read_lineage: Option<(Token, Lineage)>,
+    /// A read proved another history: the next snapshot replaces the cache whatever
+    /// seqs it held.
+    other_history: bool,
 }
 
 impl<D: Decode> Follower<D> {
@@ -205,6 +216,7 @@ impl<D: Decode> Follower<D> {
                 watermark,
                 ready: false,
                 checkpoint: None,
+                known: lineage::Known::default(),
             },
             out: VecDeque::new(),
             counters: Counters::default(),
@@ -227,6 +239,9 @@ impl<D: Decode> Follower<D> {
             now: Time::ZERO,
             prefixes: Vec::new(),
             parts: None,
+            known: lineage::Known::default(),
+            read_lineage: None,
+            other_history: false,
         };
         f.send(Pending::Lookup);
         f
@@ -493,6 +508,7 @@ impl<D: Decode> Follower<D> {
             watermark: self.watermark,
             ready: self.is_ready(),
             checkpoint: self.last_checkpoint,
+            known: self.known,
         };
     }
 
@@ -573,6 +589,7 @@ impl<D: Decode> Follower<D> {
         }
         // A new request supersedes a snapshot read in parts: its parts are ignored now.
         self.parts = None;
+        self.read_lineage = None;
         let token = self.token();
         let output = match &request {
             Pending::Lookup => Request::LookupSource { token },

@@ -94,7 +94,7 @@ impl<D: Decode> Follower<D> {
         let parts = match self.parts.take() {
             Some(parts) if parts.token == token => parts,
             _ => {
-                let reset = source_watermark < self.watermark;
+                let reset = self.snapshot_is_new(source_watermark, self.read_lineage(token));
                 // The snapshot names about as many keys as the cache holds: room for them
                 // at once, not a regrowth that holds one and a half times as much.
                 let keys = self.index.len();
@@ -209,6 +209,7 @@ impl<D: Decode> Follower<D> {
     fn finish_parts(&mut self, parts: Parts) {
         let Parts {
             source_watermark,
+            reset,
             seen,
             kept,
             found,
@@ -220,7 +221,7 @@ impl<D: Decode> Follower<D> {
         });
         drop(found);
         self.settle_ahead(source_watermark, verdicts);
-        self.reset_if_behind(source_watermark);
+        self.reset_if_new(source_watermark, reset);
         let gone = self.gone(source_watermark, |key| seen.contains(key));
         drop(seen);
         self.apply_snapshot(kept, gone, source_watermark, top);

@@ -199,6 +199,19 @@ pub enum Diagnostic {
         /// The follower's watermark.
         watermark: u64,
     },
+    /// A read of the source contradicted what the follower knows of its history (another
+    /// history id, or another stamp at its watermark: a source recreated, or restored from
+    /// a backup and written past the watermark since). The follower takes the new
+    /// history: it resyncs, and the snapshot replaces the cache whatever seqs it held
+    /// (counted in [`Counters::resets`]).
+    HistoryChanged {
+        /// The follower's watermark.
+        watermark: u64,
+        /// What the follower knew of its history at the watermark.
+        held: crate::Lineage,
+        /// What the read said.
+        read: crate::Lineage,
+    },
     /// The source is behind the follower's watermark (a bucket deleted and recreated, a
     /// database restored from an old backup): a new history. The cache was replaced by the
     /// source's snapshot and the watermark set to the source's, lower than before.

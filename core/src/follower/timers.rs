@@ -202,6 +202,8 @@ impl<D: Decode> Follower<D> {
         // included: a read in the failed batch that confirmed or replaced one did not land.
         self.ahead.clone_from(&self.committed_ahead);
         self.watermark = self.mark.watermark;
+        self.known = self.mark.known;
+        self.read_lineage = None;
         self.last_checkpoint = self.mark.checkpoint;
         if self.stage == Stage::Live && !self.mark.ready {
             self.stage = Stage::Syncing;

@@ -233,7 +233,7 @@ impl Sink<Vec<u8>> for Recorder {
         inner.ready = Some(watermark);
         inner.held_at_ready = Some(inner.map.len());
     }
-    async fn commit(&mut self, watermark: u64) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, _: tidemark::Lineage) -> Result<()> {
         self.0.inner.lock().unwrap().watermark = watermark;
         Ok(())
     }

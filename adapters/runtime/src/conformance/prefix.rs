@@ -230,7 +230,10 @@ where
             .await
             .unwrap();
     }
-    writer.commit(before.watermark).await.unwrap();
+    writer
+        .commit(before.watermark, tidemark_core::Lineage::default())
+        .await
+        .unwrap();
     let core = Follower::resume(
         config,
         Utf8,

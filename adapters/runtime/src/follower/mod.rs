@@ -119,6 +119,8 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     batch: Batch,
     /// The watermark the sink last committed.
     committed: u64,
+    /// The lineage the sink last committed with it.
+    committed_lineage: tidemark_core::Lineage,
     runs: u32,
     /// The source's head as last learned: what lag is measured against.
     head: u64,
@@ -165,6 +167,7 @@ where
         FollowerTask {
             source_name: core.config().name().to_owned(),
             committed: core.watermark(),
+            committed_lineage: core.lineage(),
             core,
             source,
             feed,
@@ -249,6 +252,7 @@ where
             commands_tx: self.commands_tx,
             batch: self.batch,
             committed: self.committed,
+            committed_lineage: self.committed_lineage,
             runs: self.runs,
             head: self.head,
             metrics: self.metrics,
@@ -331,7 +335,9 @@ where
             if let Some(held) = self.sink.resume().await? {
                 info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, ahead = held.ahead.as_ref().map(Vec::len), "resuming from the sink");
                 self.core.start_from(held.watermark, held.keys);
+                self.core.remember_lineage(held.lineage);
                 self.committed = self.core.watermark();
+                self.committed_lineage = self.core.lineage();
                 match held.ahead {
                     // Announcements run ahead of the source, and a sink keeps them with
                     // their batch: what it committed past the watermark may be a foreign

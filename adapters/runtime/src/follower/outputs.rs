@@ -188,10 +188,13 @@ where
     /// status, readiness, a reconcile's answer, the durable cursor, in that order.
     pub(super) async fn end_batch(&mut self) -> Result<()> {
         let watermark = self.core.watermark();
-        let committing = self.batch.dirty || watermark != self.committed;
+        let lineage = self.core.lineage();
+        let committing =
+            self.batch.dirty || watermark != self.committed || lineage != self.committed_lineage;
         if committing {
-            self.sink.commit(watermark).await?;
+            self.sink.commit(watermark, lineage).await?;
             self.committed = watermark;
+            self.committed_lineage = lineage;
             self.batch.dirty = false;
         }
         // The mark moves even when nothing was written: readiness reached on an empty
@@ -307,7 +310,24 @@ where
                 after_position,
             } => match or_stop(stop, self.open(from, after_position)).await {
                 None => None,
-                Some(Ok(opened)) => {
+                Some(Ok(mut opened)) => {
+                    // The feed is the source's own history: what the source says of it at
+                    // the watermark, read after the feed opened (a restore in between is
+                    // seen), unless the feed said it itself.
+                    if opened.info.follow == Follow::Replay
+                        && opened.info.lineage == tidemark_core::Lineage::default()
+                    {
+                        match or_stop(stop, self.source.lineage_at(from.saturating_sub(1))).await {
+                            None => return Ok(Asked::Abandoned),
+                            Some(Ok(lineage)) => opened.info.lineage = lineage,
+                            Some(Err(e)) => {
+                                return Ok(Asked::Answer(Input::FeedFailed {
+                                    token,
+                                    error: e.to_string(),
+                                }));
+                            }
+                        }
+                    }
                     debug!(worker = %self.core.config().name(), source = %self.source_name, from, head = opened.info.head, "feed opened");
                     // The head the core becomes ready at: exactly what it can reach (a
                     // sparse or filtered feed's last seq may be a message that is gone,
@@ -369,6 +389,15 @@ where
         let answer = match or_stop(stop, self.source.changes_since(since)).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(Changes::Since { entries, watermark })) => {
+                // What the source says of its history at `since`, read after the changes:
+                // a restore between the two reads is seen.
+                match or_stop(stop, self.source.lineage_at(since)).await {
+                    None => return Ok(Asked::Abandoned),
+                    Some(Ok(lineage)) => self
+                        .core
+                        .handle_input(Input::Lineage { token, lineage }, self.clock.now()),
+                    Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
+                }
                 self.learn_head(watermark);
                 let keys = entries.iter().map(|e| e.key.to_string()).collect();
                 if let Err(e) = self.learn(keys).await {
@@ -434,6 +463,13 @@ where
         };
         // A snapshot reads the source whole: its head now, even a lower one.
         self.head = read.watermark;
+        self.core.handle_input(
+            Input::Lineage {
+                token,
+                lineage: read.lineage,
+            },
+            self.clock.now(),
+        );
         let source_watermark = read.watermark;
         let mut parts = read.parts;
         let mut held: Vec<tidemark_core::Entry> = Vec::new();

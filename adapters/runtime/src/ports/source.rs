@@ -4,7 +4,7 @@ use std::future::Future;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use tidemark_core::{Entry, KeyPrefix};
+use tidemark_core::{Entry, KeyPrefix, Lineage};
 use tokio::sync::watch;
 
 use crate::error::Result;
@@ -64,6 +64,9 @@ pub struct Snapshot {
     pub entries: Vec<Entry>,
     /// The source's watermark at the snapshot.
     pub watermark: u64,
+    /// The source's history, with the stamp of its entry at `watermark`, read with the
+    /// snapshot or before it (see [`Source::lineage_at`]).
+    pub lineage: Lineage,
 }
 
 /// A snapshot read part by part ([`Source::snapshot_parts`]): the watermark it was read
@@ -76,6 +79,9 @@ pub struct Snapshot {
 pub struct SnapshotParts<'a> {
     /// The source's watermark at the snapshot.
     pub watermark: u64,
+    /// The source's history, with the stamp of its entry at `watermark`, read with the
+    /// snapshot or before it (see [`Source::lineage_at`]).
+    pub lineage: Lineage,
     /// The parts, in key order; none for an empty source. An error ends the read: the
     /// follower drops what it kept and reads the snapshot again after a backoff.
     pub parts: BoxStream<'a, Result<Vec<Entry>>>,
@@ -85,6 +91,7 @@ impl std::fmt::Debug for SnapshotParts<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SnapshotParts")
             .field("watermark", &self.watermark)
+            .field("lineage", &self.lineage)
             .finish_non_exhaustive()
     }
 }
@@ -139,9 +146,26 @@ pub trait Source: Send + Sync {
             });
             Ok(SnapshotParts {
                 watermark: snap.watermark,
+                lineage: snap.lineage,
                 parts: futures::stream::iter(parts).boxed(),
             })
         }
+    }
+
+    /// Which history the source serves, and the stamp of its entry at `seq` (see
+    /// [`Lineage`]): the history is made when the source is made and kept for its life
+    /// (and by a backup of it); the stamp is one no other mutation at `seq` gets, `None`
+    /// where the source no longer holds that entry (compacted, overwritten) or `seq` is 0.
+    ///
+    /// A follower checks it against what it kept with its watermark on every reopen of a
+    /// feed that is the source's own history and after every reconcile, so a source
+    /// recreated, or restored from a backup and written past the follower's watermark, is
+    /// taken as the new history it is — even by a follower that was down meanwhile. The
+    /// default tells nothing: such a source is noticed only while its head is below a
+    /// follower's watermark.
+    fn lineage_at(&self, seq: u64) -> impl Future<Output = Result<Lineage>> + Send {
+        let _ = seq;
+        async { Ok(Lineage::default()) }
     }
 
     /// `key`'s current value and its seq, or `None` if absent.
