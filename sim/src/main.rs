@@ -43,6 +43,11 @@ struct Args {
     /// How followers are built (the naive strategies must be caught diverging).
     #[arg(long, value_enum, default_value_t = Strategy::Correct)]
     strategy: Strategy,
+    /// Restore the source three times in every run from a backup taken shortly before,
+    /// with the followers cut off meanwhile (the world `--strategy trusts-watermark` is
+    /// caught in; implied by it).
+    #[arg(long)]
+    restores_while_cut: bool,
     /// Run every seed twice and fail if the trace hashes differ.
     #[arg(long)]
     check_determinism: bool,
@@ -79,6 +84,7 @@ impl Args {
             keep_trace,
             tick: Duration::from_millis(self.tick_ms),
             relays: self.relays as usize,
+            restores_while_cut: self.restores_while_cut,
             workload: tidemark_sim::scenario::Workload {
                 hot_keys: self.hot_keys,
                 hot_share: self.hot_share.clamp(0.0, 1.0),
@@ -105,6 +111,9 @@ impl Args {
             clap::ValueEnum::to_possible_value(&self.strategy)
                 .map_or_else(String::new, |v| v.get_name().to_owned()),
         );
+        if self.restores_while_cut {
+            cmd.push_str(" --restores-while-cut");
+        }
         let w = tidemark_sim::scenario::Workload::default();
         if (self.hot_keys, self.hot_share, self.cold_remove_share)
             != (w.hot_keys, w.hot_share, w.cold_remove_share)

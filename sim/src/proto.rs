@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use tidemark::tidemark_core::{
-    AnnouncePlan, AnnounceReport, Continuity, Entry, FeedInfo, Follow, Job, JobId, Op,
+    AnnouncePlan, AnnounceReport, Continuity, Entry, FeedInfo, Follow, Job, JobId, Lineage, Op,
 };
 use tidemark::{Claimed, OutboxRow, OutboxUpdate};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -96,6 +96,8 @@ pub enum Request {
     /// A call on the source host's JetStream (last, so the other variants keep their wire
     /// tags).
     JetStream(crate::jetstream::JsCall),
+    /// Source::lineage_at.
+    LineageAt { seq: u64 },
 }
 
 /// An announcement plan on the wire.
@@ -257,6 +259,31 @@ pub struct WireEntry {
     pub op: String,
     /// Value bytes (puts only).
     pub value: Vec<u8>,
+    /// The source's stamp of the mutation.
+    pub stamp: Option<u64>,
+}
+
+/// A source's history and a stamp, on the wire (see [`Lineage`]).
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WireLineage {
+    pub history: Option<u64>,
+    pub stamp: Option<u64>,
+}
+
+impl From<Lineage> for WireLineage {
+    fn from(l: Lineage) -> Self {
+        WireLineage {
+            history: l.history,
+            stamp: l.stamp,
+        }
+    }
+}
+
+impl From<WireLineage> for Lineage {
+    fn from(w: WireLineage) -> Self {
+        Lineage::new(w.history, w.stamp)
+    }
 }
 
 impl From<Entry> for WireEntry {
@@ -275,6 +302,7 @@ impl From<Entry> for WireEntry {
             key: e.key.to_string(),
             op,
             value: e.value,
+            stamp: e.stamp,
         }
     }
 }
@@ -288,7 +316,7 @@ impl From<WireEntry> for Entry {
             "mutation" => Op::Mutation,
             _ => Op::Unknown(w.op),
         };
-        Entry::new(w.position, w.seq, w.key, op, w.value)
+        Entry::new(w.position, w.seq, w.key, op, w.value).stamped(w.stamp)
     }
 }
 
@@ -308,6 +336,8 @@ pub struct WireFeedInfo {
     pub checkpoints: bool,
     /// A stream of announcements (true) or the source's own history.
     pub announcements: bool,
+    /// What the feed said of its source's history.
+    pub lineage: WireLineage,
 }
 
 impl From<FeedInfo> for WireFeedInfo {
@@ -319,6 +349,7 @@ impl From<FeedInfo> for WireFeedInfo {
             filtered: i.continuity == Continuity::Filtered,
             checkpoints: i.checkpoints,
             announcements: i.follow == Follow::Announcements,
+            lineage: i.lineage.into(),
         }
     }
 }
@@ -339,7 +370,7 @@ impl From<WireFeedInfo> for FeedInfo {
             } else {
                 Follow::Replay
             },
-            lineage: Default::default(),
+            lineage: w.lineage.into(),
         }
     }
 }
@@ -363,6 +394,7 @@ pub enum Response {
     Snapshot {
         entries: Vec<WireEntry>,
         watermark: u64,
+        lineage: WireLineage,
     },
     /// A value and its seq, or none.
     Value(Option<(u64, Vec<u8>)>),
@@ -405,6 +437,8 @@ pub enum Response {
     Head(u64),
     /// A JetStream call's answer.
     JetStream(crate::jetstream::JsAnswer),
+    /// What the source says of its history at a seq.
+    Lineage(WireLineage),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

@@ -60,6 +60,8 @@ pub struct Remote {
     /// A naive client: each part of a snapshot read in parts is read at its own moment,
     /// not at the first part's point in time.
     parts_apart: bool,
+    /// A naive client that cannot tell one history of the source from another.
+    blind_to_history: bool,
     /// Writes go through the announcing source (an outbox row in the same step).
     announced: bool,
     /// The relay publishing through this client, named to the source host's ledger.
@@ -109,6 +111,7 @@ impl Remote {
         Remote {
             host: host.into(),
             parts_apart: false,
+            blind_to_history: false,
             announced: false,
             by: None,
             link: Arc::default(),
@@ -121,6 +124,15 @@ impl Remote {
     #[must_use]
     pub fn reading_parts_apart(mut self) -> Self {
         self.parts_apart = true;
+        self
+    }
+
+    /// A naive client that cannot tell one history of the source from another: it reports
+    /// no history and no stamp, so its follower trusts its watermark across a restore (as
+    /// tidemark did before the source said which history it serves).
+    #[must_use]
+    pub fn blind_to_history(mut self) -> Self {
+        self.blind_to_history = true;
         self
     }
 
@@ -256,6 +268,18 @@ impl Source for Remote {
         }
     }
 
+    /// What the source host says of its history at `seq`; nothing for a naive client
+    /// ([`blind_to_history`](Self::blind_to_history)).
+    async fn lineage_at(&self, seq: u64) -> Result<tidemark::Lineage> {
+        if self.blind_to_history {
+            return Ok(tidemark::Lineage::default());
+        }
+        match self.call("source", Request::LineageAt { seq }).await? {
+            Response::Lineage(l) => Ok(l.into()),
+            r => Err(unexpected("source", &r)),
+        }
+    }
+
     async fn changes_since(&self, since: u64) -> Result<Changes> {
         match self.call("source", Request::ChangesSince { since }).await? {
             Response::Changes {
@@ -275,10 +299,15 @@ impl Source for Remote {
             Response::Snapshot {
                 entries: e,
                 watermark,
+                lineage,
             } => Ok(Snapshot {
                 entries: entries(e),
                 watermark,
-                lineage: tidemark::Lineage::default(),
+                lineage: if self.blind_to_history {
+                    tidemark::Lineage::default()
+                } else {
+                    lineage.into()
+                },
             }),
             r => Err(unexpected("source", &r)),
         }

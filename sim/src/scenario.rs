@@ -175,6 +175,11 @@ pub enum Strategy {
     /// through tidemark-jetstream's pieces. The world `trusts-pending` is caught in.
     #[value(name = "jetstream")]
     JetStream,
+    /// Followers cannot tell one history of the source from another (no history id, no
+    /// stamps: tidemark before issue 25): after a restore the new history writes past their
+    /// watermark, and a follower that reads the source only then resumes from its
+    /// watermark into the new history's seqs, keeping the old one's changes below it.
+    TrustsWatermark,
 }
 
 /// The default simulation step. Every step runs every host's runtime for the step, idle or
@@ -209,6 +214,10 @@ pub struct Scenario {
     /// How far simulated time moves per simulation step: the grain of message delivery
     /// between hosts (timers inside a host fire at their own instants).
     pub tick: Duration,
+    /// Every run restores the source three times from a backup taken shortly before, while
+    /// the followers are cut off (see [`plan`]): the world the `trusts-watermark` strategy
+    /// is caught in, and the one tidemark's own followers must pass.
+    pub restores_while_cut: bool,
 }
 
 /// What the writers write: a few hot keys written and removed often, and cold keys each
@@ -265,6 +274,7 @@ impl Default for Scenario {
             keep_trace: false,
             workload: Workload::default(),
             tick: DEFAULT_TICK,
+            restores_while_cut: false,
         }
     }
 }
@@ -330,9 +340,11 @@ pub enum Action {
     Storm(String, u32, Duration),
     /// Take a backup of the source and its outbox.
     Backup,
-    /// Restore the last backup taken; writers pause at least this long after it, until
-    /// every follower read the restored source.
-    Restore(Duration),
+    /// Restore the last backup taken. Writers stop while it goes back in (their writes in
+    /// flight land first) and write again right after it: the new history passes
+    /// followers' watermarks while some are down or partitioned, and each must tell it
+    /// from the one it followed (its history and the stamp at its watermark).
+    Restore,
     /// Crash worker host `i` (relay and job runner) if it is running a job then; it
     /// restarts with [`Action::RestartRelay`].
     CrashRunner(usize),
@@ -371,7 +383,7 @@ impl Action {
             Action::CrashRelay(_) => FaultKind::RelayCrash,
             Action::Foreign(_) => FaultKind::ForeignEvents,
             Action::Storm(..) => FaultKind::ReconnectStorm,
-            Action::Restore(_) => FaultKind::RestoreBackup,
+            Action::Restore => FaultKind::RestoreBackup,
             Action::CrashRunner(_) => FaultKind::RunnerCrash,
             Action::SlowJob => FaultKind::SlowJob,
             Action::FailJobs(_) => FaultKind::JobFailure,
@@ -386,14 +398,6 @@ impl fmt::Display for Action {
         write!(f, "{self:?}")
     }
 }
-
-/// The least writers pause after a restore: longer than a partition, hold or crash the
-/// plan draws, so what followers had in flight from the replaced history lands first;
-/// then they resume once every follower has read the restored source while its head was
-/// below the follower's watermark. (A follower that first reads it after the new history
-/// passed its watermark cannot tell the histories apart: that needs a history id from
-/// the source, which tidemark does not have yet.)
-pub const RESTORE_PAUSE: Duration = Duration::from_secs(6);
 
 /// The name of follower `i`'s host.
 #[must_use]
@@ -552,7 +556,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                 FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
                 FaultKind::RestoreBackup => {
                     plan.push((t, Action::Backup));
-                    plan.push((heal_at, Action::Restore(RESTORE_PAUSE)));
+                    plan.push((heal_at, Action::Restore));
                 }
                 FaultKind::RunnerCrash => {
                     let i = pick(&mut rng, s.relays);
@@ -577,9 +581,49 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         }
         t += slot;
     }
+    if s.restores_while_cut || s.strategy == Strategy::TrustsWatermark {
+        restore_in_every_run(seed, s, &mut plan);
+    }
     // Stable: equal times keep their drawing order.
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// The world the `trusts-watermark` strategy is caught in: every run restores the source
+/// (three times) from a backup taken shortly before (on top of what the plan drew: a few writes are
+/// lost), while the followers, which applied some of those writes, are cut off from the
+/// source, so that the new history writes past their watermarks before they read it
+/// again. Drawn from a stream of its own: the
+/// rest of the plan is the seed's as for any strategy.
+fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
+    // Only these restores: one drawn between them would take their backup.
+    plan.retain(|(_, a)| !matches!(a, Action::Backup | Action::Restore));
+    let mut rng = Rng::new(seed ^ 0x7265_7374_6f72_6521);
+    let phase = u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(16);
+    // Three times, in each third of the fault phase: a source crash or a held writer
+    // drawn over one window can leave nothing written between the backup and the cut.
+    for (from, len) in [
+        (phase / 10, phase / 5),
+        (phase * 4 / 10, phase / 5),
+        (phase * 7 / 10, phase / 5),
+    ] {
+        let restore = Duration::from_millis(from + rng.next_u64() % len);
+        let backup = restore.saturating_sub(Duration::from_millis(1000 + rng.next_u64() % 1000));
+        plan.push((backup, Action::Backup));
+        plan.push((restore, Action::Restore));
+        for i in 0..s.followers {
+            // After they applied some of the writes the restore takes back.
+            let cut = restore.saturating_sub(Duration::from_millis(50 + rng.next_u64() % 200));
+            let back = restore + Duration::from_millis(3000 + rng.next_u64() % 2000);
+            plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
+            plan.push((
+                back.min(s.fault_phase),
+                Action::Repair(SOURCE.into(), follower_host(i)),
+            ));
+        }
+    }
 }
 
 #[cfg(test)]

@@ -271,9 +271,15 @@ async fn connection(
             Ok(s) => Response::Snapshot {
                 entries: s.entries.into_iter().map(WireEntry::from).collect(),
                 watermark: s.watermark,
+                lineage: s.lineage.into(),
             },
             Err(e) => failed(e),
         },
+        Request::LineageAt { seq } => memory
+            .source
+            .lineage_at(seq)
+            .await
+            .map_or_else(failed, |l| Response::Lineage(l.into())),
         Request::Get { key } => match memory.source.get(&key).await {
             Ok(v) => Response::Value(v.map(|v| (v.seq, v.value))),
             Err(e) => failed(e),

@@ -81,6 +81,8 @@ pub struct FollowerSpec {
     pub parts_apart: bool,
     /// A JetStream follower whose replays end on the pending count (a naive strategy).
     pub trusts_pending: bool,
+    /// Cannot tell one history of the source from another (a naive strategy).
+    pub blind_to_history: bool,
 }
 
 impl FollowerSpec {
@@ -498,12 +500,14 @@ impl Worker for ProbeWorker {
 /// A follower's client of the source host: a naive one for a follower that reads a
 /// snapshot's parts apart.
 fn source_client(spec: &FollowerSpec) -> Remote {
-    let remote = Remote::new(SOURCE);
+    let mut remote = Remote::new(SOURCE);
     if spec.parts_apart {
-        remote.reading_parts_apart()
-    } else {
-        remote
+        remote = remote.reading_parts_apart();
     }
+    if spec.blind_to_history {
+        remote = remote.blind_to_history();
+    }
+    remote
 }
 
 /// How many entries a part of a follower's resync snapshot holds: small (1 to 8) and
@@ -675,6 +679,11 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 Strategy::TrustsPending | Strategy::JetStream => {
                     (Kind::JetStream, Durability::Store)
                 }
+                // Followers of the memory source, whose client says nothing of its history.
+                Strategy::TrustsWatermark => (
+                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
+                    Durability::Store,
+                ),
             };
             let persisted = s.persisted(i);
             FollowerSpec {
@@ -688,6 +697,7 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                 supervised: !persisted && kind == Kind::Log,
                 parts_apart: s.strategy == Strategy::PartsApart,
                 trusts_pending: s.strategy == Strategy::TrustsPending,
+                blind_to_history: s.strategy == Strategy::TrustsWatermark,
             }
         })
         .collect()
@@ -916,7 +926,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         if restores.restore_if_due(now, &world, &trace) {
             world.restart_sparse_followers_cold(&mut sim, &crashed, now);
         }
-        if restores.pause_over(now, &probes, &stores) {
+        if restores.pause_over(now) {
             trace.line_at(now, "writers resume after the restore".into());
             for c in &controls {
                 c.quiet.store(false, Ordering::SeqCst);
@@ -1216,10 +1226,6 @@ struct World<'a> {
     restores: &'a Restores,
 }
 
-/// The most writers pause after a restore, waiting for every follower to read the
-/// restored source.
-const RESTORE_PAUSE_LIMIT: Duration = Duration::from_secs(20);
-
 /// How long a restore waits, writers stopped, for the writes they had in flight.
 const RESTORE_DRAIN: Duration = Duration::from_millis(500);
 
@@ -1227,8 +1233,8 @@ const RESTORE_DRAIN: Duration = Duration::from_millis(500);
 struct Restores {
     backup: Mutex<Option<(MemoryBackup, MemoryOutboxBackup)>>,
     restore_at: Mutex<Option<Duration>>,
-    /// The least and the most the writers' pause lasts.
-    pause_until: Mutex<Option<(Duration, Duration)>>,
+    /// Writers are stopped for a restore due then.
+    pause_until: Mutex<Option<Duration>>,
     /// The source host's writes: closed from a restore until the writers' pause ends.
     gate: server::WriteGate,
     /// Whether the restore had to wait for writes in flight (traced once).
@@ -1293,30 +1299,14 @@ impl Restores {
         lock(&self.restore_at).is_none()
     }
 
-    /// Whether the writers' pause after a restore ended at `now` (once): after its least
-    /// length, once every follower has read the restored source (it took the restored
-    /// history, or its watermark is at or below the backup's, where the two histories
-    /// agree), and at its most length in any case. Seqs alone cannot tell a follower that
-    /// first reads the source after the new history's writes passed its watermark that it
-    /// holds another history (that needs a history id from the source, which tidemark
-    /// does not have yet), so the operator's procedure the world models keeps writers
-    /// stopped until the followers noticed.
-    fn pause_over(
-        &self,
-        now: Duration,
-        probes: &[Probe],
-        stores: &[Option<MemoryCacheStore>],
-    ) -> bool {
+    /// Whether the writers, stopped for a restore, write again at `now` (once): as soon
+    /// as the backup is back in. Followers are not waited for: one that reads the source
+    /// only after the new history passed its watermark tells the two apart by what the
+    /// source says of its history (issue 25).
+    fn pause_over(&self, now: Duration) -> bool {
         let mut until = lock(&self.pause_until);
         let restored = lock(&self.restore_at).is_none();
-        let noticed = || {
-            probes
-                .iter()
-                .zip(stores)
-                .all(|(p, store)| p.on_restored_history(store.as_ref()))
-        };
-        if until.is_some_and(|(least, most)| most <= now || (restored && least <= now && noticed()))
-        {
+        if restored && until.is_some_and(|at| at <= now) {
             *until = None;
             self.gate.open();
             true
@@ -1332,8 +1322,8 @@ impl World<'_> {
     }
 
     /// Schedules the restore of the last backup, if one was taken, once the writers
-    /// stopped at `now` had their writes land; they pause `pause` at least after it.
-    fn schedule_restore(&self, now: Duration, pause: Duration) {
+    /// stopped at `now` had their writes land; they write again right after it.
+    fn schedule_restore(&self, now: Duration) {
         if lock(&self.restores.backup).is_none() {
             return;
         }
@@ -1344,18 +1334,8 @@ impl World<'_> {
         }
         let at = now + RESTORE_DRAIN;
         *lock(&self.restores.restore_at) = Some(at);
-        // Followers that all restart cold at the restore hold nothing of the replaced
-        // history, and every connection they read it on dies with them: the writers have
-        // nothing to wait for once they restarted.
-        let pause = if self.specs.iter().all(|f| f.kind == Kind::JetStream) {
-            Duration::ZERO
-        } else {
-            pause
-        };
-        let until = (at + pause, at + RESTORE_PAUSE_LIMIT);
         let mut pause_until = lock(&self.restores.pause_until);
-        *pause_until =
-            Some(pause_until.map_or(until, |was| (was.0.max(until.0), was.1.max(until.1))));
+        *pause_until = Some(pause_until.map_or(at, |was| was.max(at)));
     }
 
     /// Throws follower `i`'s cache away (its durable store, and the probe's view): it
@@ -1507,7 +1487,7 @@ fn apply(
             *lock(&world.restores.backup) = Some((memory.source.backup(), memory.outbox.backup()));
             world.jetstream.backup();
         }
-        Action::Restore(pause) => world.schedule_restore(sim.elapsed(), *pause),
+        Action::Restore => world.schedule_restore(sim.elapsed()),
         Action::CrashRunner(i) => {
             let h = relay_host(*i);
             // Only while it runs a job: a crash with no lease held is a relay crash.

@@ -26,6 +26,8 @@ const READ_BATCH: usize = 1024;
 struct Stored {
     seq: u64,
     value: Arc<[u8]>,
+    /// The stamp of the mutation that wrote it.
+    stamp: u64,
 }
 
 impl Stored {
@@ -52,13 +54,23 @@ struct State {
 }
 
 impl State {
-    /// The source's history, with the stamp of its entry at `seq` while the log holds it.
+    /// The source's history, with the stamp of its entry at `seq`: the log's while it
+    /// holds it, else the current value's written at `seq`, if one is (a scan of the
+    /// values, only for a seq compacted out of the log).
     fn lineage_at(&self, seq: u64) -> Lineage {
-        let stamp = seq
-            .checked_sub(self.log_base)
-            .and_then(|i| usize::try_from(i).ok())
-            .and_then(|i| self.log.get(i))
-            .and_then(|e| e.stamp);
+        let stamp = if seq == 0 || seq > self.seq {
+            None
+        } else if seq >= self.log_base {
+            usize::try_from(seq - self.log_base)
+                .ok()
+                .and_then(|i| self.log.get(i))
+                .and_then(|e| e.stamp)
+        } else {
+            self.entries
+                .values()
+                .find(|v| v.seq == seq)
+                .map(|v| v.stamp)
+        };
         Lineage::new(Some(self.history), stamp)
     }
 }
@@ -214,6 +226,7 @@ impl MemorySource {
     fn commit_in(&self, s: &mut State, key: &str, op: Op, value: Vec<u8>) -> u64 {
         s.seq += 1;
         let seq = s.seq;
+        let stamp = self.next_stamp();
         let key: Arc<str> = match s.entries.get_key_value(key) {
             Some((held, _)) => Arc::clone(held),
             None => key.into(),
@@ -224,6 +237,7 @@ impl MemorySource {
                 Stored {
                     seq,
                     value: value.as_slice().into(),
+                    stamp,
                 },
             );
         } else {
@@ -233,7 +247,6 @@ impl MemorySource {
             let value = (op == Op::Put).then_some(value.as_slice());
             append_announcement(announce, seq, &key, value);
         }
-        let stamp = self.next_stamp();
         s.log
             .push_back(Entry::new(seq, seq, key, op, value).stamped(Some(stamp)));
         seq
@@ -384,6 +397,7 @@ impl Source for MemorySource {
             }
             s.seq += 1;
             let seq = s.seq;
+            let stamp = self.next_stamp();
             let key: Arc<str> = match s.entries.get_key_value(key) {
                 Some((held, _)) => Arc::clone(held),
                 None => key.into(),
@@ -393,12 +407,12 @@ impl Source for MemorySource {
                 Stored {
                     seq,
                     value: value.as_slice().into(),
+                    stamp,
                 },
             );
             if let Some(announce) = &self.announce {
                 append_announcement(announce, seq, &key, Some(&value));
             }
-            let stamp = self.next_stamp();
             s.log
                 .push_back(Entry::put(seq, key, value).stamped(Some(stamp)));
             seq

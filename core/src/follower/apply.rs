@@ -440,6 +440,7 @@ impl<D: Decode> Follower<D> {
         self.counters.reconciles += 1;
         if source_watermark < self.watermark {
             // The source is behind what we applied: only a snapshot can say what it holds.
+            self.source_behind();
             self.resync();
             return;
         }
@@ -544,6 +545,13 @@ impl<D: Decode> Follower<D> {
         read: Option<crate::Lineage>,
     ) {
         let new = self.snapshot_is_new(source_watermark, read);
+        if !new && entries.iter().any(|e| self.went_back(e, source_watermark)) {
+            // Read again to replace the cache, as a snapshot read in parts must (its
+            // unchanged entries were passed over): one way for both.
+            self.history_went_back();
+            self.send(super::Pending::Snapshot);
+            return;
+        }
         // A snapshot names every key it holds: an announcement it does not confirm is
         // replaced by its answer (or removed).
         let verdicts = self.judge_ahead(source_watermark, |key, claim| {

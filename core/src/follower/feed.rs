@@ -114,6 +114,7 @@ impl<D: Decode> Follower<D> {
                 head: info.head,
                 watermark,
             });
+            self.source_behind();
             self.resync();
             return;
         }

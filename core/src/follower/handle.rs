@@ -92,7 +92,12 @@ impl<D: Decode> Follower<D> {
                 token,
                 first_available,
             } => {
+                let read = self.read_lineage(token);
                 if self.take_request(token, |r| matches!(r, Pending::Reconcile)) {
+                    let watermark = self.watermark;
+                    if read.is_some_and(|read| !self.same_history(read, watermark)) {
+                        return;
+                    }
                     let wanted = self.watermark.saturating_add(1);
                     self.diag(Diagnostic::Compacted {
                         wanted,

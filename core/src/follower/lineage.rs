@@ -155,6 +155,46 @@ impl<D: Decode> Follower<D> {
         true
     }
 
+    /// A read found the source behind the watermark: another history (restored,
+    /// recreated), or its newest entries purged. From a source that says which history it
+    /// serves (and whose head goes back only with its history) it is taken for another:
+    /// the snapshot that follows replaces the cache whatever seqs it held, since by the
+    /// time it is read the new history may have passed the watermark, where its seqs name
+    /// other changes and its stamp at the snapshot's watermark proves nothing of the
+    /// watermark (seed 149). From a source that cannot tell, the snapshot decides by its
+    /// watermark alone, as before.
+    pub(super) fn source_behind(&mut self) {
+        if self.known.history.is_some() {
+            self.other_history = true;
+        }
+    }
+
+    /// Whether a snapshot entry at or below `source_watermark` names its key at a lower
+    /// seq than the cache holds it at (where the cache took it from the source, not from
+    /// an unconfirmed announcement): within one history a key's seq only grows, so the
+    /// snapshot is of another (a copy restored from a backup, compacted past the
+    /// watermark where no stamp is left to tell; seed 274).
+    pub(super) fn went_back(&self, entry: &crate::Entry, source_watermark: u64) -> bool {
+        !self.ahead.contains_key(&*entry.key)
+            && self
+                .index
+                .get(&entry.key)
+                .is_some_and(|held| entry.seq < held && held <= source_watermark)
+    }
+
+    /// A snapshot proved another history by a key whose seq went back: the follower takes
+    /// the new history.
+    pub(super) fn history_went_back(&mut self) {
+        let watermark = self.watermark;
+        let held = self.lineage();
+        self.diag(Diagnostic::HistoryChanged {
+            watermark,
+            held,
+            read: held,
+        });
+        self.other_history = true;
+    }
+
     /// Whether a snapshot at `source_watermark` reporting `read` is of another history
     /// than the cache's: one was found already, the source is behind the watermark, its
     /// history differs, or its stamp at the watermark does.

@@ -35,6 +35,10 @@ pub(super) struct Parts {
     found: BTreeMap<String, Confirmation>,
     /// The highest seq named so far.
     top: u64,
+    /// An entry named a key at a lower seq than the cache holds it at, at or below the
+    /// snapshot's watermark: the snapshot is of another history (see
+    /// [`Follower::went_back`]).
+    went_back: bool,
 }
 
 /// The keys a snapshot named, to tell at its end which cached keys are gone. Parts in key
@@ -107,6 +111,7 @@ impl<D: Decode> Follower<D> {
                     kept: Vec::with_capacity(if reset { keys } else { 0 }),
                     found: BTreeMap::new(),
                     top: source_watermark,
+                    went_back: false,
                 })
             }
         };
@@ -134,7 +139,24 @@ impl<D: Decode> Follower<D> {
         self.request = None;
         self.backoffs.failure.healthy(now);
         self.absorb(&mut parts, entries);
+        if self.read_again_as_new(&parts) {
+            return;
+        }
         self.finish_parts(*parts);
+    }
+
+    /// A snapshot read as the history followed turned out to be another's (a key went
+    /// back; decided at its last part, as every other decision of a snapshot read in
+    /// parts): what was kept is dropped (entries passed over as unchanged may be another
+    /// history's at the same seq) and the snapshot read again, to replace the cache.
+    fn read_again_as_new(&mut self, parts: &Parts) -> bool {
+        if !parts.went_back || parts.reset {
+            return false;
+        }
+        self.history_went_back();
+        self.parts = None;
+        self.send(Pending::Snapshot);
+        true
     }
 
     fn snapshot_outstanding(&self, token: Token) -> bool {
@@ -170,6 +192,7 @@ impl<D: Decode> Follower<D> {
     fn absorb(&mut self, parts: &mut Parts, entries: Vec<Entry>) {
         for entry in entries {
             parts.top = parts.top.max(entry.seq);
+            parts.went_back |= self.went_back(&entry, parts.source_watermark);
             let claim = self.ahead.get(&*entry.key);
             if let Some(claim) = claim
                 && !parts.found.contains_key(&*entry.key)

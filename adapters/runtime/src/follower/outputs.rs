@@ -410,10 +410,21 @@ where
                     source_watermark: watermark,
                 }
             }
-            Some(Ok(Changes::Compacted { first_available })) => Input::ChangesUnavailable {
-                token,
-                first_available,
-            },
+            Some(Ok(Changes::Compacted { first_available })) => {
+                // The entry at `since` may still tell its history (a source that keeps
+                // the stamp of each key's current value), even with its log compacted.
+                match or_stop(stop, self.source.lineage_at(since)).await {
+                    None => return Ok(Asked::Abandoned),
+                    Some(Ok(lineage)) => self
+                        .core
+                        .handle_input(Input::Lineage { token, lineage }, self.clock.now()),
+                    Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
+                }
+                Input::ChangesUnavailable {
+                    token,
+                    first_available,
+                }
+            }
             Some(Err(e)) => failed(token, &e),
         };
         Ok(Asked::Answer(answer))
@@ -606,6 +617,20 @@ where
                     "the source is a new history (recreated or restored); cache replaced"
                 );
             }
+            Diagnostic::HistoryChanged {
+                watermark,
+                held,
+                read,
+            } => {
+                warn!(
+                    worker,
+                    source,
+                    watermark,
+                    ?held,
+                    ?read,
+                    "the source serves another history than the one followed (recreated, or restored and written past the watermark); taking the new one"
+                );
+            }
             Diagnostic::FollowChanged { from, to } => {
                 warn!(
                     worker,
@@ -633,15 +658,16 @@ where
     pub(super) fn publish_status(&self) {
         let core = &self.core;
         self.status.send_if_modified(|s| {
-            let before = (s.phase, s.ready, s.watermark, s.keys, s.counters);
+            let before = (s.phase, s.ready, s.watermark, s.keys, s.counters, s.lineage);
             s.phase = core.phase();
             s.ready = core.is_ready();
             s.watermark = core.watermark();
             s.keys = core.len();
             s.counters = core.counters();
+            s.lineage = core.lineage();
             // Watchers wake for any change, counters included: `wait_for(|s| s.counters
             // .poison > 0)` must not hang on a counter-only change.
-            before != (s.phase, s.ready, s.watermark, s.keys, s.counters)
+            before != (s.phase, s.ready, s.watermark, s.keys, s.counters, s.lineage)
         });
         let status = self.status.borrow();
         self.progress.observe(&status, self.head, Instant::now());
