@@ -314,7 +314,7 @@ async fn what_cannot_be_compared_is_one_line_and_exit_2() {
     let cache_db = tidemark_sqlite::SqliteDb::open(&cache).await.unwrap();
     cache_db
         .follower_cache("mirror-real")
-        .apply(Vec::new(), 0)
+        .apply(Vec::new(), 0, tidemark::Lineage::default())
         .await
         .unwrap();
     let (reg, cache) = (reg.to_str().unwrap(), cache.to_str().unwrap());

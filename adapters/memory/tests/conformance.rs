@@ -89,6 +89,56 @@ async fn prefix_follower_holds_exactly_its_keys() {
     .await;
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_restarted_follower_takes_a_restored_history() {
+    let source = MemorySource::default();
+    tidemark::Source::put(&source, "early", b"e".to_vec())
+        .await
+        .unwrap();
+    let backup = source.backup();
+    let restored = source.clone();
+    c::a_restarted_follower_takes_a_new_history(source, || async move {
+        restored.restore(&backup);
+        restored
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_follower_takes_a_recreated_history() {
+    let source = MemorySource::default();
+    let recreated = source.clone();
+    c::a_restarted_follower_takes_a_new_history(source, || async move {
+        recreated.recreate();
+        recreated
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_follower_takes_a_restored_history() {
+    let source = MemorySource::default();
+    tidemark::Source::put(&source, "early", b"e".to_vec())
+        .await
+        .unwrap();
+    let backup = source.backup();
+    let restored = source.clone();
+    c::a_running_follower_takes_a_new_history(source, || async move {
+        restored.restore(&backup);
+    })
+    .await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_follower_takes_a_recreated_history() {
+    let source = MemorySource::default();
+    let recreated = source.clone();
+    c::a_running_follower_takes_a_new_history(source, || async move {
+        recreated.recreate();
+    })
+    .await;
+}
+
 /// Reads `n` entries off `source`'s change log from `from`: (seq, pending) of each.
 async fn pending_counts(source: &MemorySource, from: u64, n: usize) -> Vec<(u64, Option<u64>)> {
     use tidemark::{Feed, FeedItem, FeedStream};

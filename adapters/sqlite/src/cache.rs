@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
-use tidemark::{Ahead, CacheOp, Error, Held, Result, Sink};
+use tidemark::{Ahead, CacheOp, Error, Held, Lineage, Result, Sink};
 
 use crate::db::{SqliteDb, to_i64, to_u64};
 use crate::error::unavailable;
@@ -201,13 +201,22 @@ impl PersistedCache {
             .call("cache", move |conn| {
                 let state = conn
                     .query_row(
-                        "SELECT watermark, keys FROM follower_state WHERE name = ?1",
+                        "SELECT watermark, keys, history, stamp FROM follower_state WHERE name = ?1",
                         [&name],
-                        |r| Ok((r.get::<_, i64>(0)?, r.get::<_, Option<i64>>(1)?)),
+                        |r| {
+                            Ok((
+                                r.get::<_, i64>(0)?,
+                                r.get::<_, Option<i64>>(1)?,
+                                Lineage::new(
+                                    r.get::<_, Option<i64>>(2)?.map(bits),
+                                    r.get::<_, Option<i64>>(3)?.map(bits),
+                                ),
+                            ))
+                        },
                     )
                     .optional()
                     .map_err(sql)?;
-                let Some((watermark, keys)) = state else {
+                let Some((watermark, keys, lineage)) = state else {
                     return Ok(None);
                 };
                 let ahead = ahead_of(conn, &name)?;
@@ -223,7 +232,11 @@ impl PersistedCache {
                         .map_err(sql)?,
                 };
                 let keys = usize::try_from(keys).unwrap_or(0);
-                Ok(Some(Held::new(to_u64(watermark), keys).with_ahead(ahead)))
+                Ok(Some(
+                    Held::new(to_u64(watermark), keys)
+                        .with_ahead(ahead)
+                        .with_lineage(lineage),
+                ))
             })
             .await
     }
@@ -249,10 +262,11 @@ impl PersistedCache {
             .await
     }
 
-    /// Applies `ops` and records `watermark`, in one transaction. The follower decides
-    /// what is newer: the watermark is set as given (a resync after the source was
-    /// restored from an older backup lowers it) and each op lands as it is.
-    pub async fn apply(&self, ops: Vec<CacheOp>, watermark: u64) -> Result<()> {
+    /// Applies `ops` and records `watermark` with the `lineage` the follower knew there,
+    /// in one transaction. The follower decides what is newer: the watermark is set as
+    /// given (a resync after the source was restored from an older backup lowers it) and
+    /// each op lands as it is.
+    pub async fn apply(&self, ops: Vec<CacheOp>, watermark: u64, lineage: Lineage) -> Result<()> {
         let name = self.name.clone();
         self.db
             .write("cache", move |conn| {
@@ -363,16 +377,33 @@ impl PersistedCache {
                     None => delta,
                 };
                 tx.execute(
-                    "INSERT INTO follower_state (name, watermark, keys) VALUES (?1, ?2, ?3)
+                    "INSERT INTO follower_state (name, watermark, keys, history, stamp)
+                     VALUES (?1, ?2, ?3, ?4, ?5)
                      ON CONFLICT (name) DO UPDATE SET watermark = excluded.watermark,
-                     keys = excluded.keys",
-                    params![name, to_i64(watermark), keys],
+                     keys = excluded.keys, history = excluded.history, stamp = excluded.stamp",
+                    params![
+                        name,
+                        to_i64(watermark),
+                        keys,
+                        lineage.history.map(stored),
+                        lineage.stamp.map(stored)
+                    ],
                 )
                 .map_err(sql)?;
                 tx.commit().map_err(sql)
             })
             .await
     }
+}
+
+/// A stored 64-bit value (SQLite's integers are signed) as the `u64` it stands for.
+fn bits(v: i64) -> u64 {
+    u64::from_ne_bytes(v.to_ne_bytes())
+}
+
+/// A `u64` as SQLite stores it, bit for bit.
+fn stored(v: u64) -> i64 {
+    i64::from_ne_bytes(v.to_ne_bytes())
 }
 
 /// What follower `name` committed ahead of its watermark and still holds, in key order:
@@ -422,9 +453,9 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
         Ok(())
     }
 
-    async fn commit(&mut self, watermark: u64, _: tidemark::Lineage) -> Result<()> {
+    async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
         let ops = CacheOp::coalesce(std::mem::take(&mut self.batch));
-        self.apply(ops, watermark).await
+        self.apply(ops, watermark, lineage).await
     }
 
     async fn rollback(&mut self) {

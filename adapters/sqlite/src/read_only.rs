@@ -261,7 +261,11 @@ mod tests {
             value: b"v".to_vec(),
         };
         cache
-            .apply(vec![put("b/1", 2), put("ba", 3)], 3)
+            .apply(
+                vec![put("b/1", 2), put("ba", 3)],
+                3,
+                tidemark::Lineage::default(),
+            )
             .await
             .unwrap();
 

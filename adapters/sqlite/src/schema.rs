@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 pub const APPLICATION_ID: i32 = 0x5444_4D4B;
 
 /// The newest schema version this build reads and writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// Migration `i` takes a file from version `i` to `i + 1`. Each runs in the transaction that
 /// bumps the version, so a crash mid-migration leaves the old version intact.
@@ -177,6 +177,20 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE jobs ADD COLUMN leases INTEGER NOT NULL DEFAULT 0;
     UPDATE jobs SET leases = attempts;
+    ",
+    // 8 → 9: one history across restarts. The registry's history, made at random with the
+    // file (a file deleted and made again has another; a copy restored from a backup keeps
+    // it), and a random stamp per mutation on its change-log row and its registry row:
+    // a copy restored from a backup and written past a follower's watermark has another
+    // stamp at that seq than the follower applied. Each persisted follower keeps both with
+    // its watermark. Rows written before this step have no stamp (NULL: a follower cannot
+    // tell from them, until its watermark passes them).
+    "
+    INSERT OR IGNORE INTO tidemark_meta (name, value) VALUES ('history', random());
+    ALTER TABLE changelog ADD COLUMN stamp INTEGER;
+    ALTER TABLE registry ADD COLUMN stamp INTEGER;
+    ALTER TABLE follower_state ADD COLUMN history INTEGER;
+    ALTER TABLE follower_state ADD COLUMN stamp INTEGER;
     ",
 ];
 

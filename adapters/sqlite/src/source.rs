@@ -9,7 +9,7 @@ use std::task::{Poll, ready};
 use futures::StreamExt as _;
 use rusqlite::types::ValueRef;
 use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
-use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs};
+use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Lineage};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, SnapshotParts, Source,
     Versioned, check_key_within, check_value,
@@ -104,6 +104,41 @@ pub(crate) fn meta(conn: &Connection, name: &str) -> rusqlite::Result<u64> {
         .map(to_u64)
 }
 
+/// The registry's history, with the stamp of its mutation at `seq` (see
+/// [`Source::lineage_at`]): the change log's row, or, once compacted, the registry row still
+/// current at that seq. `None` where neither holds it, or it was written before stamps were
+/// kept.
+pub(crate) fn lineage_at(conn: &Connection, seq: u64) -> rusqlite::Result<Lineage> {
+    let history = conn
+        .prepare_cached("SELECT value FROM tidemark_meta WHERE name = 'history'")?
+        .query_row([], |r| r.get::<_, i64>(0))
+        .optional()?;
+    let stamp = if seq == 0 {
+        None
+    } else {
+        let seq = to_i64(seq);
+        let logged = conn
+            .prepare_cached("SELECT stamp FROM changelog WHERE seq = ?1")?
+            .query_row([seq], |r| r.get::<_, Option<i64>>(0))
+            .optional()?
+            .flatten();
+        match logged {
+            Some(stamp) => Some(stamp),
+            None => conn
+                .prepare_cached("SELECT stamp FROM registry WHERE seq = ?1")?
+                .query_row([seq], |r| r.get::<_, Option<i64>>(0))
+                .optional()?
+                .flatten(),
+        }
+    };
+    Ok(Lineage::new(history.map(bits), stamp.map(bits)))
+}
+
+/// A stored 64-bit random value (SQLite's integers are signed) as the `u64` it stands for.
+fn bits(v: i64) -> u64 {
+    u64::from_ne_bytes(v.to_ne_bytes())
+}
+
 fn is_live(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<bool> {
     Ok(tx
         .prepare_cached("SELECT deleted FROM registry WHERE key = ?1")?
@@ -126,14 +161,19 @@ fn mutate(
         )?
         .query_row([], |r| r.get(0))?;
     let deleted = value.is_none();
+    // A stamp no mutation at this seq had before, in any copy of this file: random.
+    let stamp: i64 = tx
+        .prepare_cached(
+            "INSERT INTO changelog (seq, key, deleted, value, stamp)
+             VALUES (?1, ?2, ?3, ?4, random()) RETURNING stamp",
+        )?
+        .query_row(params![seq, key, deleted, value], |r| r.get(0))?;
     tx.prepare_cached(
-        "INSERT INTO registry (key, value, seq, deleted) VALUES (?1, ?2, ?3, ?4)
+        "INSERT INTO registry (key, value, seq, deleted, stamp) VALUES (?1, ?2, ?3, ?4, ?5)
          ON CONFLICT (key) DO UPDATE SET value = excluded.value, seq = excluded.seq,
-         deleted = excluded.deleted",
+         deleted = excluded.deleted, stamp = excluded.stamp",
     )?
-    .execute(params![key, value, seq, deleted])?;
-    tx.prepare_cached("INSERT INTO changelog (seq, key, deleted, value) VALUES (?1, ?2, ?3, ?4)")?
-        .execute(params![seq, key, deleted, value])?;
+    .execute(params![key, value, seq, deleted, stamp])?;
     let seq = to_u64(seq);
     if let Some(legs) = announce {
         let event = Event::of_write(seq, key, value);
@@ -273,7 +313,7 @@ fn read_parts(
     db: &SqliteDb,
     prefix: Option<&KeyPrefix>,
     part_len: usize,
-    began: oneshot::Sender<Result<u64>>,
+    began: oneshot::Sender<Result<(u64, Lineage)>>,
     sender: &mpsc::Sender<Read>,
 ) {
     let mut conn = match db.reader() {
@@ -294,7 +334,9 @@ fn read_parts(
         }
     };
     // The read transaction takes its point in time at this first read.
-    let watermark = meta(&tx, "watermark").map_err(sql);
+    let watermark = meta(&tx, "watermark")
+        .and_then(|w| Ok((w, lineage_at(&tx, w)?)))
+        .map_err(sql);
     let failed = watermark.is_err();
     if began.send(watermark).is_err() || failed {
         return;
@@ -450,13 +492,15 @@ impl SqliteSource {
         }
         let watermark = meta(conn, "watermark")?;
         let mut stmt = conn.prepare_cached(
-            "SELECT key, value, seq, deleted FROM registry WHERE seq > ?1 ORDER BY seq",
+            "SELECT key, value, seq, deleted, stamp FROM registry WHERE seq > ?1 ORDER BY seq",
         )?;
         let mut rows = stmt.query([to_i64(since)])?;
         let mut entries = Vec::new();
         while let Some(row) = rows.next()? {
             match read_entry(row.get_ref(0)?, row.get_ref(1)?, row.get(2)?, row.get(3)?) {
-                Ok(e) if within(prefix, &e.key) => entries.push(e),
+                Ok(e) if within(prefix, &e.key) => {
+                    entries.push(e.stamped(row.get::<_, Option<i64>>(4)?.map(bits)));
+                }
                 Ok(_) => {}
                 Err((seq, reason)) => {
                     tracing::warn!(seq, reason, "skipping a registry row no reader can carry");
@@ -578,11 +622,12 @@ impl Source for SqliteSource {
                     ControlFlow::Continue(())
                 })
                 .map_err(sql)?;
+                let lineage = lineage_at(&tx, watermark).map_err(sql)?;
                 tx.finish().map_err(sql)?;
                 Ok(Snapshot {
                     entries,
                     watermark,
-                    lineage: tidemark::Lineage::default(),
+                    lineage,
                 })
             })
             .await
@@ -605,7 +650,7 @@ impl Source for SqliteSource {
         tokio::task::spawn_blocking(move || {
             read_parts(&db, prefix.as_ref(), part_len, began, &sender);
         });
-        let watermark = watermark
+        let (watermark, lineage) = watermark
             .await
             .map_err(|_| Error::unavailable(PORT, "the snapshot reader ended before it began"))??;
         // A reader that stops without saying it reached the end fails the read: a snapshot
@@ -629,9 +674,15 @@ impl Source for SqliteSource {
         });
         Ok(SnapshotParts {
             watermark,
-            lineage: tidemark::Lineage::default(),
+            lineage,
             parts: parts.boxed(),
         })
+    }
+
+    async fn lineage_at(&self, seq: u64) -> Result<Lineage> {
+        self.db
+            .call(PORT, move |conn| lineage_at(conn, seq).map_err(sql))
+            .await
     }
 
     /// `None` for a key outside this view's prefix.
@@ -726,19 +777,21 @@ impl FeedStream for ChangeLogStream {
                     {
                         let mut stmt = tx
                             .prepare_cached(
-                                "SELECT key, value, seq, deleted FROM changelog WHERE seq >= ?1
-                                 ORDER BY seq LIMIT ?2",
+                                "SELECT key, value, seq, deleted, stamp FROM changelog
+                                 WHERE seq >= ?1 ORDER BY seq LIMIT ?2",
                             )
                             .map_err(sql)?;
                         let mut rows =
                             stmt.query(params![to_i64(from), READ_BATCH]).map_err(sql)?;
                         while let Some(row) = rows.next().map_err(sql)? {
+                            let stamp = row.get::<_, Option<i64>>(4).map_err(sql)?.map(bits);
                             let e = read_entry(
                                 row.get_ref(0).map_err(sql)?,
                                 row.get_ref(1).map_err(sql)?,
                                 row.get(2).map_err(sql)?,
                                 row.get(3).map_err(sql)?,
-                            );
+                            )
+                            .map(|e| e.stamped(stamp));
                             last = Some(match &e {
                                 Ok(e) => e.seq,
                                 Err((seq, _)) => *seq,

@@ -7,8 +7,10 @@ mod common;
 
 use std::time::Duration;
 
+use tidemark::Source;
 use tidemark::conformance as c;
 use tidemark::tidemark_core::Legs;
+use tidemark_sqlite::SqliteDb;
 
 /// Leases on the wall clock: every call is a synced commit, and a loaded machine must
 /// finish the checks made under a lease inside it.
@@ -95,6 +97,37 @@ async fn prefix_view_carries_only_its_keys() {
     let (_dir, _path, db) = common::fresh().await;
     let view = db.source().with_prefix("orders.").unwrap();
     c::prefix_view_carries_only_its_keys(&db.source(), &view).await;
+}
+
+/// The registry restored from a copy taken before the body wrote (a file copied back is
+/// another file for the follower's new handle). A running follower cannot see a file
+/// replaced under its open handle, so SQLite runs the restarted body only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_takes_a_restored_history() {
+    let (_dir, path, db) = common::fresh().await;
+    db.source().put("early", b"e".to_vec()).await.unwrap();
+    let backup = path.with_file_name("backup.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    c::a_restarted_follower_takes_a_new_history(db.source(), || async move {
+        SqliteDb::open(&backup).await.unwrap().source()
+    })
+    .await;
+}
+
+/// The registry deleted and made again: a new file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_takes_a_recreated_history() {
+    let (_dir, path, db) = common::fresh().await;
+    c::a_restarted_follower_takes_a_new_history(db.source(), || async move {
+        SqliteDb::open(path.with_file_name("remade.db"))
+            .await
+            .unwrap()
+            .source()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,6 +177,95 @@ async fn a_registry_restored_from_an_older_backup_replaces_the_persisted_cache()
     h.stop();
 }
 
+/// Writes `n` mutations to `db`'s registry over keys `k0`..`k39` (every third a removal of
+/// a key it holds), each value tagged with `tag`.
+async fn churn(db: &SqliteDb, n: u64, tag: &str) {
+    let src = db.source();
+    for i in 0..n {
+        let key = format!("k{}", i % 40);
+        if i % 3 == 2 && src.get(&key).await.unwrap().is_some() {
+            src.remove(&key).await.unwrap();
+        } else {
+            src.put(&key, format!("{tag}{i}").into_bytes())
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// Issue 25: a registry file restored from a copy taken earlier, then written past the
+/// watermark a follower persisted while it was down. Its head is no longer behind the
+/// watermark, so only the stamp the follower kept at its watermark tells the restored
+/// history from the one it followed; without it the follower resumes from its watermark
+/// into the new history's seqs and keeps the old one's keys for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_restored_and_written_past_the_watermark_replaces_the_persisted_cache() {
+    let (_dir, path, registry) = common::fresh().await;
+    churn(&registry, 60, "first-").await;
+    let backup = path.with_file_name("backup.db");
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
+    churn(&registry, 90, "second-").await;
+
+    let caches = SqliteDb::open(path.with_file_name("caches.db"))
+        .await
+        .unwrap();
+    let cache = caches.follower_cache("r");
+    let h = mirror("r", registry.source(), cache.clone());
+    until(&h, "ready at 150", |s| s.ready && s.watermark == 150).await;
+    converged(&cache, &registry, "the first history is followed").await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
+
+    // The copy taken at 60 is put back and written past 150 while the follower is down.
+    let restored = SqliteDb::open(&backup).await.unwrap();
+    churn(&restored, 120, "restored-").await;
+    assert_eq!(restored.source().watermark().await.unwrap(), 180);
+
+    let h = mirror("r", restored.source(), cache.clone());
+    let s = until(&h, "reset and ready", |s| s.counters.resets > 0 && s.ready).await;
+    assert!(
+        s.counters.resyncs > 0,
+        "the new history is read whole: {s:?}"
+    );
+    converged(
+        &cache,
+        &restored,
+        "the persisted cache holds the restored registry, not the history it followed",
+    )
+    .await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
+}
+
+/// Issue 25: a registry deleted and made again (a new file, so a new history) and written
+/// past the watermark a follower persisted while it was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_made_again_and_written_past_the_watermark_replaces_the_persisted_cache() {
+    let (dir, path, registry) = common::fresh().await;
+    churn(&registry, 100, "old-").await;
+    let caches = SqliteDb::open(dir.path().join("caches.db")).await.unwrap();
+    let cache = caches.follower_cache("r");
+    let h = mirror("r", registry.source(), cache.clone());
+    until(&h, "ready at 100", |s| s.ready && s.watermark == 100).await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
+    drop(registry);
+
+    let remade = SqliteDb::open(path.with_file_name("remade.db"))
+        .await
+        .unwrap();
+    churn(&remade, 130, "new-").await;
+    let h = mirror("r", remade.source(), cache.clone());
+    until(&h, "reset and ready", |s| s.counters.resets > 0 && s.ready).await;
+    converged(
+        &cache,
+        &remade,
+        "the persisted cache holds the new registry, not the old one's keys",
+    )
+    .await;
+    h.stop_within(Duration::from_secs(10)).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_removed_after_a_warm_restart_leaves_the_cache() {
     // The restart's delta is empty, so the follower resumes knowing no key; the removal

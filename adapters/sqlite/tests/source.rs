@@ -37,8 +37,12 @@ async fn every_mutation_gets_the_next_seq_and_removals_keep_tombstones() {
         panic!("nothing was compacted");
     };
     assert_eq!(watermark, 3);
+    assert!(
+        entries.iter().all(|e| e.stamp.is_some()),
+        "every change carries its stamp: {entries:?}"
+    );
     assert_eq!(
-        entries,
+        unstamped(entries),
         vec![Entry::put(2, "b", "2"), Entry::delete(3, "a")],
         "changes since 1 must include the removal with its seq"
     );
@@ -124,7 +128,7 @@ async fn compaction_records_a_horizon_below_which_readers_must_resync() {
         panic!("13 + 1 is at the horizon: still served");
     };
     assert_eq!(
-        entries,
+        unstamped(entries),
         vec![Entry::delete(14, "k3"), Entry::delete(15, "k4")]
     );
     let opened = src.open(1, None).await.unwrap();
@@ -147,7 +151,7 @@ async fn changes_since_reads_only_what_changed() {
         panic!("not compacted");
     };
     assert_eq!(watermark, 5001);
-    assert_eq!(entries, vec![Entry::put(5001, "k7", "new")]);
+    assert_eq!(unstamped(entries), vec![Entry::put(5001, "k7", "new")]);
     let plan: String = {
         let conn = rusqlite::Connection::open(db.path()).unwrap();
         conn.query_row(
@@ -174,12 +178,12 @@ async fn the_change_log_is_a_gapless_feed_that_follows_new_commits() {
     assert_eq!(opened.info.head, 3);
     assert_eq!(opened.info.continuity, Continuity::Gapless);
     assert_eq!(
-        opened.stream.next().await.unwrap().unwrap(),
+        unstamped_item(opened.stream.next().await.unwrap().unwrap()),
         FeedItem::Entry(Entry::put(2, "a", "2")),
         "an overwritten value still appears: every seq is on the feed"
     );
     assert_eq!(
-        opened.stream.next().await.unwrap().unwrap(),
+        unstamped_item(opened.stream.next().await.unwrap().unwrap()),
         FeedItem::Entry(Entry::delete(3, "a"))
     );
     let writer = db.source();
@@ -188,7 +192,7 @@ async fn the_change_log_is_a_gapless_feed_that_follows_new_commits() {
         .await
         .expect("an open feed must deliver a later commit");
     assert_eq!(
-        next.unwrap().unwrap(),
+        unstamped_item(next.unwrap().unwrap()),
         FeedItem::Entry(Entry::put(4, "b", "3"))
     );
     later.await.unwrap().unwrap();
@@ -204,7 +208,7 @@ async fn a_feed_opened_on_another_handle_sees_commits_from_this_one() {
         .await
         .expect("a commit on another connection must reach the feed through the watcher");
     assert_eq!(
-        next.unwrap().unwrap(),
+        unstamped_item(next.unwrap().unwrap()),
         FeedItem::Entry(Entry::put(1, "x", "1"))
     );
 }
@@ -373,4 +377,17 @@ async fn a_row_whose_value_is_text_or_a_number_is_read_or_skipped_not_a_wedge() 
         "the number is undecodable, with its seq: {:?}",
         items[2]
     );
+}
+
+/// The entries without their stamps (random per mutation), to compare with expected ones.
+fn unstamped(entries: Vec<Entry>) -> Vec<Entry> {
+    entries.into_iter().map(|e| e.stamped(None)).collect()
+}
+
+/// A feed item without its entry's stamp.
+fn unstamped_item(item: FeedItem) -> FeedItem {
+    match item {
+        FeedItem::Entry(e) => FeedItem::Entry(e.stamped(None)),
+        other => other,
+    }
 }

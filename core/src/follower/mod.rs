@@ -422,6 +422,7 @@ impl<D: Decode> Follower<D> {
             keys: self.index.len(),
             counters: self.counters,
             seed: self.config.seed_or_zero(),
+            lineage: self.lineage(),
         }
     }
 

@@ -75,6 +75,9 @@ pub struct Status {
     pub counters: Counters,
     /// The seed of its jitter: with the same inputs, the same seed replays the run.
     pub seed: u64,
+    /// What it knows of its source's history at its watermark (see
+    /// [`Lineage`](crate::Lineage)).
+    pub lineage: crate::Lineage,
 }
 
 /// Why a feed entry (or feed payload) was skipped as invalid.

@@ -14,7 +14,7 @@ use crate::ports::{Changes, Feed, FeedItem, FeedStream, Source};
 use crate::sink::Sink;
 
 /// Every key of `view` (the prefix `orders`), by key, from its own snapshot.
-async fn snapshot_of<S: Source>(view: &S) -> BTreeMap<String, String> {
+pub(super) async fn snapshot_of<S: Source>(view: &S) -> BTreeMap<String, String> {
     view.snapshot()
         .await
         .unwrap()
@@ -24,7 +24,7 @@ async fn snapshot_of<S: Source>(view: &S) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn cached(cache: &Cache<String>) -> BTreeMap<String, String> {
+pub(super) fn cached(cache: &Cache<String>) -> BTreeMap<String, String> {
     cache
         .snapshot()
         .into_iter()
@@ -33,7 +33,7 @@ fn cached(cache: &Cache<String>) -> BTreeMap<String, String> {
 }
 
 /// Waits (up to 10 s of tokio time) until `cache` holds exactly `want`.
-async fn converges(cache: &Cache<String>, want: &BTreeMap<String, String>, why: &str) {
+pub(super) async fn converges(cache: &Cache<String>, want: &BTreeMap<String, String>, why: &str) {
     for _ in 0..1000 {
         if cached(cache) == *want {
             return;

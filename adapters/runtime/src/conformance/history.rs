@@ -1,0 +1,140 @@
+//! Conformance bodies for one history across restarts: a source recreated, or restored
+//! from a backup, and written past a follower's watermark is taken as the new history it
+//! is — by a follower that was down meanwhile (it kept what it knew of the history with
+//! its watermark) and by one that kept running.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tidemark_core::{Follower, FollowerConfig, Status, Utf8};
+
+use super::prefix::{cached, converges, snapshot_of};
+use crate::cache::cache;
+use crate::follower::FollowerTask;
+use crate::ports::{Feed, Source};
+use crate::sink::Sink;
+
+/// Writes `n` mutations to `source` (puts of `hist.k0`…`hist.k7` with `tag`, every third
+/// a removal of a key it holds) and returns its watermark after them.
+async fn write<S: Source>(source: &S, n: u64, tag: &str) -> u64 {
+    let mut last = source.watermark().await.unwrap();
+    for i in 0..n {
+        let key = format!("hist.k{}", i % 8);
+        if i % 3 == 2 && source.get(&key).await.unwrap().is_some() {
+            last = source.remove(&key).await.unwrap().unwrap_or(last);
+        } else {
+            last = source
+                .put(&key, format!("{tag}-{i}").into_bytes())
+                .await
+                .unwrap();
+        }
+    }
+    last
+}
+
+fn config() -> FollowerConfig {
+    FollowerConfig::builder("history").seed(11).build().unwrap()
+}
+
+/// A persisted follower is stopped at watermark W; `replace` recreates the source, or
+/// restores a backup taken before the body began (so below W), and returns a handle on
+/// the new source; the new source is written past W; the follower restarts warm from what
+/// it persisted — its cache, W and what it knew of the history there — and its cache
+/// becomes the new source's exactly, with the reset counted. Without the history check it
+/// would resume from W+1 and keep every key the old history left at or below W.
+pub async fn a_restarted_follower_takes_a_new_history<S, R, Fut>(source: S, replace: R)
+where
+    S: Source + Feed + Clone + 'static,
+    R: FnOnce() -> Fut,
+    Fut: Future<Output = S>,
+{
+    write(&source, 12, "old").await;
+    let (writer, reader) = cache::<String>();
+    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
+    converges(
+        &reader,
+        &snapshot_of(&source).await,
+        "the first history is followed",
+    )
+    .await;
+    let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
+    let held = reader.snapshot();
+
+    let source = replace().await;
+    // The new history passes the old watermark by a few seqs: the follower's next seq is
+    // another history's.
+    while source.watermark().await.unwrap() <= before.watermark + 4 {
+        write(&source, 5, "new").await;
+    }
+
+    // The persisted cache's restart: its rows, watermark and lineage, as a durable sink
+    // gives them back.
+    let (mut writer, reader) = cache::<String>();
+    for (key, seq, value) in &held {
+        writer
+            .put(key.as_str().into(), *seq, value.as_ref().clone())
+            .await
+            .unwrap();
+    }
+    writer
+        .commit(before.watermark, before.lineage)
+        .await
+        .unwrap();
+    let mut core = Follower::resume(
+        config(),
+        Utf8,
+        before.watermark,
+        held.iter().map(|(k, seq, _)| (k.clone(), *seq)),
+    );
+    core.remember_lineage(before.lineage);
+    let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
+    let want = snapshot_of(&source).await;
+    converges(
+        &reader,
+        &want,
+        "a follower restarted over a new history holds the new history, not the old one's keys",
+    )
+    .await;
+    let after = handle.stop_within(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        after.counters.resets >= 1,
+        "taking a new history is a reset, counted: {after:?}"
+    );
+    assert_eq!(cached(&reader), snapshot_of(&source).await);
+}
+
+/// As [`a_restarted_follower_takes_a_new_history`], with the follower running while
+/// `replace` recreates or restores the source in place (the follower's handle on the
+/// source reads the new history afterwards) and the new history passes its watermark.
+pub async fn a_running_follower_takes_a_new_history<S, R, Fut>(source: S, replace: R)
+where
+    S: Source + Feed + Clone + 'static,
+    R: FnOnce() -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let watermark = write(&source, 12, "old").await;
+    let (writer, reader) = cache::<String>();
+    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
+    converges(
+        &reader,
+        &snapshot_of(&source).await,
+        "the first history is followed",
+    )
+    .await;
+    replace().await;
+    while source.watermark().await.unwrap() <= watermark + 4 {
+        write(&source, 5, "new").await;
+    }
+    let want = snapshot_of(&source).await;
+    converges(
+        &reader,
+        &want,
+        "a running follower holds the new history, not the old one's keys",
+    )
+    .await;
+    let after = handle.stop_within(Duration::from_secs(10)).await.unwrap();
+    assert!(
+        after.counters.resets >= 1,
+        "taking a new history is a reset, counted: {after:?}"
+    );
+}
