@@ -265,3 +265,142 @@ async fn the_stamp_at_a_seq_is_its_messages_stored_time_and_none_once_the_messag
         "{read:?} after {created:?}"
     );
 }
+
+/// A backup of stream `name` as `nats stream backup` takes it (`$JS.API.STREAM.SNAPSHOT`,
+/// no consumers): its config, its state and the snapshot's bytes.
+async fn backup(client: &async_nats::Client, name: &str) -> (serde_json::Value, Vec<u8>) {
+    use futures::StreamExt as _;
+    let inbox = client.new_inbox();
+    let mut chunks = client.subscribe(inbox.clone()).await.unwrap();
+    let request = serde_json::json!({ "deliver_subject": inbox, "no_consumers": true });
+    let answer = client
+        .request(
+            format!("$JS.API.STREAM.SNAPSHOT.{name}"),
+            request.to_string().into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
+    assert!(answer.get("error").is_none(), "snapshot refused: {answer}");
+    let mut data = Vec::new();
+    loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(30), chunks.next())
+            .await
+            .expect("the snapshot's next chunk")
+            .expect("the chunk subscription");
+        if chunk.payload.is_empty() {
+            // The end: a status of 204, or an error.
+            let status = chunk.status.map(|s| s.as_u16());
+            assert!(
+                status.is_none_or(|s| s == 204),
+                "snapshot failed: {chunk:?}"
+            );
+            break;
+        }
+        data.extend_from_slice(&chunk.payload);
+        if let Some(reply) = chunk.reply {
+            client.publish(reply, bytes::Bytes::new()).await.unwrap();
+        }
+    }
+    let meta = serde_json::json!({ "config": answer["config"], "state": answer["state"] });
+    (meta, data)
+}
+
+/// Restores a [`backup`] in place of its stream (deleted first, as a restore needs), as
+/// `nats stream restore` does (`$JS.API.STREAM.RESTORE`, chunks sent as requests).
+async fn restore(client: &async_nats::Client, name: &str, meta: &serde_json::Value, data: &[u8]) {
+    let js = jetstream::new(client.clone());
+    js.delete_stream(name).await.unwrap();
+    let answer = client
+        .request(
+            format!("$JS.API.STREAM.RESTORE.{name}"),
+            meta.to_string().into(),
+        )
+        .await
+        .unwrap();
+    let answer: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
+    let deliver = answer["deliver_subject"]
+        .as_str()
+        .unwrap_or_else(|| panic!("restore refused: {answer}"))
+        .to_owned();
+    for chunk in data.chunks(64 * 1024) {
+        client
+            .request(deliver.clone(), bytes::Bytes::copy_from_slice(chunk))
+            .await
+            .unwrap();
+    }
+    let done = client.request(deliver, bytes::Bytes::new()).await.unwrap();
+    let done: serde_json::Value = serde_json::from_slice(&done.payload).unwrap();
+    assert!(done.get("error").is_none(), "restore failed: {done}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_down_while_its_bucket_was_restored_from_a_backup_and_written_past_its_watermark_takes_the_new_history()
+ {
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "kept", 1, 1).await;
+    put_keys(&store, 600, 256).await;
+    let (meta, data) = backup(&client, "KV_kept").await;
+    let backed_up = KvBucket::new(client.clone(), "kept")
+        .unwrap()
+        .lineage_at(600)
+        .await
+        .unwrap();
+    put_keys_with(&store, KEYS, 256, |i| {
+        bytes::Bytes::from(format!("after{i}"))
+    })
+    .await;
+    let js = jetstream::new(client.clone());
+    let mut stream = js.get_stream("KV_kept").await.unwrap();
+    let watermark = stream.info().await.unwrap().state.last_sequence;
+    let cache = MemoryCacheStore::new();
+    let bucket = KvBucket::new(client.clone(), "kept").unwrap();
+    let h = follow(&bucket, &cache);
+    until(&h, "ready at the head", |s| {
+        s.ready && s.watermark == watermark
+    })
+    .await;
+    h.stop_within(Duration::from_secs(30)).await.unwrap();
+    let kept = cache.held().unwrap().lineage;
+
+    restore(&client, "KV_kept", &meta, &data).await;
+    let restored = KvBucket::new(client.clone(), "kept").unwrap();
+    assert_eq!(
+        restored.watermark().await.unwrap(),
+        600,
+        "the backup's head"
+    );
+    let read = restored.lineage_at(600).await.unwrap();
+    // Written past the watermark: the seqs after 600 are the restored history's.
+    let store = create_bucket(&client, "kept", 1, 1).await;
+    put_keys_with(&store, NEW_KEYS, 256, |i| {
+        bytes::Bytes::from(format!("new{i}"))
+    })
+    .await;
+    let head = restored.watermark().await.unwrap();
+    assert!(head > watermark, "{head} past {watermark}");
+    let want = contents(&store).await;
+
+    let h = follow(&KvBucket::new(client.clone(), "kept").unwrap(), &cache);
+    let status = until(
+        &h,
+        "the restarted follower reached the restored history's head",
+        |s| s.ready && s.watermark == head,
+    )
+    .await;
+    h.stop_within(Duration::from_secs(30)).await.unwrap();
+    assert_same(&held(&cache), &want);
+    assert!(status.counters.resets >= 1, "a reset, counted: {status:?}");
+    // What nats-server 2.15 gives a restored stream (see tidemark-jetstream's lineage
+    // module): a stream restored from a backup of its own format is added again with a
+    // new creation time, so the history alone tells it.
+    assert_ne!(
+        read.history, kept.history,
+        "a restored stream's creation time: {read:?}"
+    );
+    assert_eq!(
+        read.stamp, backed_up.stamp,
+        "a restored message keeps its stored time: {backed_up:?} backed up, {read:?} restored"
+    );
+}
