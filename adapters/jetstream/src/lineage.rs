@@ -6,10 +6,12 @@
 //! `stream_backup.go`, `filestore.go`):
 //! - a stream deleted and made again has a new creation time (`time.Now()` when it is
 //!   added): another history, whatever its seqs;
-//! - a stream restored from a backup on a single server keeps the backup's creation time
-//!   (`Account::RestoreStream` sets it from the backup's metadata), in a cluster gets the
-//!   time of the restore request (`jsClusteredStreamRestoreRequest`), and with the backup
-//!   format of 2.15's development line (`RestoreStreamV2`) the time it is added again;
+//! - a stream restored from a backup of the first format (2.14 and before) on a single
+//!   server keeps the backup's creation time (`Account::RestoreStream` sets it from the
+//!   backup's metadata); in a cluster it gets the time of the restore request
+//!   (`jsClusteredStreamRestoreRequest`, then `processClusterCreateStream`); from a
+//!   backup of 2.15's format (`RestoreStreamV2`, `server/stream_backup.go`) the time it
+//!   is added again — measured with 2.15.1 (`tidemark-nats`'s `one_history` tests);
 //! - every restore keeps its messages' stored times (the message blocks are copied, or each
 //!   message is stored again with its time), and a message stored after it is stamped
 //!   with the server's clock then (`processJetStreamMsg`): later than the messages the
@@ -29,6 +31,13 @@ pub struct StreamLineage {
 }
 
 impl StreamLineage {
+    /// The same lineage, of a stream created at `created`.
+    #[must_use]
+    pub fn with_history(mut self, created: Created) -> Self {
+        self.history = history(created);
+        self
+    }
+
     /// What a read of a stream created at `created` says, its message at the seq the read
     /// names stored at `stored_ns` (`None`: gone — overwritten, deleted, purged — or no
     /// seq named). A creation time the server leaves unset (zero, or out of range) and a

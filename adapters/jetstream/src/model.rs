@@ -154,6 +154,16 @@ impl Stream {
         };
     }
 
+    /// [`restore`](Self::restore) as nats-server 2.15 does it (a backup of its own format,
+    /// `RestoreStreamV2`), and as any server in a cluster does: the backup's messages and
+    /// their stored times, with a new creation time off the server's clock (another
+    /// history). Returns the new creation time.
+    pub fn restore_anew(&mut self, backup: &Stream) -> i128 {
+        self.restore(backup);
+        self.created = i128::from(self.tick());
+        self.created
+    }
+
     /// Its identity: its creation time, in nanoseconds since the Unix epoch.
     #[must_use]
     pub fn created(&self) -> i128 {
@@ -484,6 +494,22 @@ mod tests {
         assert_eq!(s.created(), 1, "a restore keeps the stream's identity");
         let d = s.consumer(Start::Seq(1));
         assert_ne!(c, d, "no id is used twice");
+    }
+
+    #[test]
+    fn a_restore_anew_keeps_the_messages_and_their_times_under_a_new_history() {
+        let mut s = Stream::new(1, 1);
+        s.write("a", Some(b"1".to_vec()));
+        let backup = s.clone();
+        s.write("b", Some(b"1".to_vec()));
+        let created = s.restore_anew(&backup);
+        assert!(created > 1);
+        assert_eq!(s.lineage_at(1), backup.lineage_at(1).with_history(created));
+        assert_eq!(
+            s.lineage_at(2).stamp,
+            None,
+            "the write after the backup is gone"
+        );
     }
 
     #[test]

@@ -22,6 +22,8 @@ enum Op {
     Clock(u64),
     Backup,
     Restore,
+    /// A restore that gives the stream a new creation time (nats-server 2.15, a cluster).
+    RestoreAnew,
     Recreate,
 }
 
@@ -33,6 +35,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u64..50).prop_map(Op::Clock),
         1 => Just(Op::Backup),
         1 => Just(Op::Restore),
+        1 => Just(Op::RestoreAnew),
         1 => Just(Op::Recreate),
     ]
 }
@@ -77,6 +80,13 @@ proptest! {
                         let created = b.created();
                         s.restore(b);
                         prop_assert_eq!(s.created(), created, "a restore keeps the backup's history");
+                    }
+                }
+                Op::RestoreAnew => {
+                    if let Some(b) = &backup {
+                        let created = s.restore_anew(b);
+                        prop_assert!(!histories.contains(&created), "a new history");
+                        histories.push(created);
                     }
                 }
                 Op::Recreate => {
