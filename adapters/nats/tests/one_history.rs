@@ -404,3 +404,46 @@ async fn a_follower_down_while_its_bucket_was_restored_from_a_backup_and_written
         "a restored message keeps its stored time: {backed_up:?} backed up, {read:?} restored"
     );
 }
+
+/// The runtime's conformance body over a bucket deleted and made again while a persisted
+/// follower was down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_a_restarted_follower_takes_a_recreated_bucket() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "conf", 1, 1).await;
+    let again = client.clone();
+    tidemark::conformance::a_restarted_follower_takes_a_new_history(
+        KvBucket::new(client.clone(), "conf").unwrap(),
+        || async move {
+            jetstream::new(again.clone())
+                .delete_key_value("conf")
+                .await
+                .unwrap();
+            create_bucket(&again, "conf", 1, 1).await;
+            KvBucket::new(again, "conf").unwrap()
+        },
+    )
+    .await;
+}
+
+/// The runtime's conformance body over a bucket deleted and made again under a running
+/// follower.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_a_running_follower_takes_a_recreated_bucket() {
+    let server = server().await;
+    let client = client(&server).await;
+    create_bucket(&client, "conf", 1, 1).await;
+    let again = client.clone();
+    tidemark::conformance::a_running_follower_takes_a_new_history(
+        KvBucket::new(client.clone(), "conf").unwrap(),
+        || async move {
+            jetstream::new(again.clone())
+                .delete_key_value("conf")
+                .await
+                .unwrap();
+            create_bucket(&again, "conf", 1, 1).await;
+        },
+    )
+    .await;
+}
