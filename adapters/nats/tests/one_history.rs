@@ -447,3 +447,57 @@ async fn conformance_a_running_follower_takes_a_recreated_bucket() {
     )
     .await;
 }
+
+/// Issue 25's steps at the library level: the bucket mirrored into a SQLite file, which
+/// keeps the lineage with the watermark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_mirrored_into_a_sqlite_file_remade_while_the_mirror_was_down_ends_equal_to_the_new_bucket()
+ {
+    use tidemark_sqlite::SqliteDb;
+    let server = server().await;
+    let client = client(&server).await;
+    let store = create_bucket(&client, "filed", 1, 1).await;
+    put_keys(&store, KEYS, 256).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.db");
+    let mirror = |cache| {
+        FollowerTask::new(
+            config("mirror"),
+            RawBytes,
+            KvBucket::new(client.clone(), "filed").unwrap(),
+            KvBucket::new(client.clone(), "filed").unwrap(),
+            cache,
+        )
+        .spawn()
+    };
+
+    let db = SqliteDb::open(&path).await.unwrap();
+    let h = mirror(db.follower_cache("mirror"));
+    until(&h, "the mirror is ready at the old head", |s| {
+        s.ready && s.watermark == u64::from(KEYS)
+    })
+    .await;
+    h.stop_within(Duration::from_secs(30)).await.unwrap();
+    drop(db);
+
+    let (head, store) = remake(&client, "filed").await;
+    let want = contents(&store).await;
+
+    let db = SqliteDb::open(&path).await.unwrap();
+    let cache = db.follower_cache("mirror");
+    let h = mirror(cache.clone());
+    let status = until(&h, "the restarted mirror reached the new head", |s| {
+        s.ready && s.watermark == head
+    })
+    .await;
+    h.stop_within(Duration::from_secs(30)).await.unwrap();
+    let held: BTreeMap<String, Vec<u8>> = cache
+        .entries()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(k, _, v)| (k, v))
+        .collect();
+    assert_same(&held, &want);
+    assert!(status.counters.resets >= 1, "a reset, counted: {status:?}");
+}
