@@ -37,8 +37,9 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// - As a [`Feed`] it opens an ephemeral push consumer from the follower's watermark + 1
 ///   (the latest revision per key on a first sync, which replays the stream at server
 ///   speed — never `keys()` + `get`), reports the stream's first sequence so compaction
-///   is detected, and the sequence of its last message as the head the initial sync must
-///   reach. Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
+///   is detected, the sequence of its last message as the head the initial sync must
+///   reach, and which history it serves at the follower's watermark ([`FeedInfo::lineage`],
+///   from the same stream info as the head). Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
 ///   error; the follower reopens it from its own watermark + 1.
 /// - As a [`Source`] it writes (put, compare-and-set update, delete), reads single keys,
 ///   and replays changes since a seq or a full snapshot from the stream. A replay reads
@@ -1057,6 +1058,10 @@ impl Feed for KvBucket {
     const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
     type Stream = KvStream;
 
+    /// Sets [`FeedInfo::lineage`] itself rather than leaving it to the runtime's later
+    /// [`Source::lineage_at`]: the creation time comes from the stream info that gives the
+    /// head and first seq (one stream, one answer, one round trip fewer), the stamp at
+    /// `from - 1` is read once the consumer exists.
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<KvStream>> {
         let store = self.store("feed").await?;
         // A first sync needs only the latest revision per key; a resume needs everything
