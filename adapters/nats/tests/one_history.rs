@@ -216,6 +216,11 @@ async fn the_stamp_at_a_seq_is_its_messages_stored_time_and_none_once_the_messag
     );
     assert_eq!(bucket.lineage_at(0).await.unwrap().stamp, None);
     assert_eq!(bucket.lineage_at(a2 + 5).await.unwrap().stamp, None);
+    assert_eq!(
+        bucket.lineage_at(u64::MAX).await.unwrap().stamp,
+        None,
+        "any seq is an answer, never an error"
+    );
 
     // What the feed delivers and what it opens with agree with it, so a follower that
     // kept the stamp of the entry at its watermark finds the same one on its next read.
