@@ -6,9 +6,9 @@
 //! heartbeat; a flow-control request; stream info; a listing page — and hands them to the
 //! pieces here, which say what they mean: deliver this, answer that, confirm with a read
 //! that cannot race, the replay is done at watermark W, the consumer stalled (reopen), the
-//! stream is a new history (reset), the value expires in D. The adapter carries the
-//! decision out. This is quinn-proto's split applied to an adapter: the pieces decide,
-//! the async code does.
+//! stream is a new history (reset), the value expires in D, the history a read says it
+//! is of ([`StreamLineage`]). The adapter carries the decision out. This is quinn-proto's
+//! split applied to an adapter: the pieces decide, the async code does.
 //!
 //! A replay's end, from the facts a consumer delivers:
 //!
@@ -34,10 +34,12 @@
 //! disagree); the property tests drive every piece against it.
 #![forbid(unsafe_code)]
 
+mod lineage;
 mod liveness;
 mod replay;
 mod stream;
 
+pub use lineage::{Delivered, Highest, Remade, StreamLineage, history, snapshot_lineage, stamp};
 pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
 pub use stream::{

@@ -10,8 +10,15 @@
 //!   ([`Stream::signal`]), so for a moment it reads one low;
 //! - a consumer that its client left is deleted ([`Stream::delete_consumer`]); one of a
 //!   stream put back from a backup is gone ([`Stream::restore`]);
-//! - a stream deleted and made again has a new creation time and seqs from 1;
-//! - clocks: the stream stamps messages with the server's clock, which the caller moves.
+//! - a stream deleted and made again has a new creation time, read off the server's clock,
+//!   and seqs from 1; a stream restored from a backup keeps the backup's creation time and
+//!   its messages' stored times (a single server's restore: the least a follower can be
+//!   told, see [`Stream::restore`]);
+//! - clocks: the stream stamps messages (and a recreated stream) with the server's clock,
+//!   which the caller moves and which reads later at each stamp, as a nanosecond clock
+//!   does between two stores; it is the server's, so a restore does not take it back: a
+//!   message stored after a restore is stamped later than every message the restore lost
+//!   ([`Stream::lineage_at`] tells the two histories apart by it).
 //!
 //! A simulator that keeps the stream beside a source of its own stores each write at the
 //! source's seq ([`Stream::write_at`]), and asks each consumer which revisions an
@@ -31,7 +38,8 @@ pub struct Message {
     pub subject: String,
     /// Its value; `None` for a delete marker.
     pub value: Option<Vec<u8>>,
-    /// The server's time when it was stored, in nanoseconds.
+    /// The server's time when it was stored, in nanoseconds: the stamp of its mutation
+    /// ([`Stream::lineage_at`]), later than every stamp the stream's server gave before.
     pub published_ns: u64,
 }
 
@@ -87,18 +95,24 @@ pub struct Stream {
     consumers: BTreeMap<ConsumerId, Consumer>,
     /// The id the next consumer gets.
     next_consumer: usize,
+    /// The server's clock as the caller set it last.
     now_ns: u64,
+    /// The last time the server's clock gave a stamp (a message, a creation): the next
+    /// reads later, as a nanosecond clock does between two stores.
+    stamped_ns: u64,
     /// Every write ever made, removed or not: what the source held at each seq.
     log: Vec<Message>,
 }
 
 impl Stream {
-    /// An empty stream created at `created`, keeping `history` revisions per subject (at
-    /// least 1).
+    /// An empty stream created at `created` (nanoseconds since the Unix epoch; the
+    /// server's clock reads later from then on), keeping `history` revisions per subject
+    /// (at least 1).
     #[must_use]
     pub fn new(created: i128, history: usize) -> Self {
         Stream {
             created,
+            stamped_ns: crate::history(created).unwrap_or(0),
             history: history.max(1),
             last_seq: 0,
             messages: BTreeMap::new(),
@@ -110,33 +124,80 @@ impl Stream {
         }
     }
 
-    /// Deletes the stream and makes it again at `created`: no messages, seqs from 1, every
-    /// consumer gone.
-    pub fn recreate(&mut self, created: i128) {
+    /// Deletes the stream and makes it again, as the server does: created at the server's
+    /// clock now (later than every stamp it gave the old stream: another history), no
+    /// messages, seqs from 1, every consumer gone. Returns the new creation time.
+    pub fn recreate(&mut self) -> i128 {
+        let created = i128::from(self.tick());
         *self = Stream {
             now_ns: self.now_ns,
             next_consumer: self.next_consumer,
             ..Stream::new(created, self.history)
         };
+        created
     }
 
     /// Puts `backup` (a copy of this stream taken earlier) back in place of the stream, as
-    /// a restore from a backup does: its messages and seqs, and its identity; the writes
-    /// made since are gone, the next ones reuse their seqs, and every consumer is gone (a
+    /// a restore from a backup does: its messages and seqs, their stored times, and its
+    /// identity (its creation time: what a single nats-server's restore keeps; one in a
+    /// cluster, or of 2.15's backup format, gets a new one, which a follower tells at
+    /// once); the writes made since are gone, the next ones reuse their seqs with later
+    /// stored times (the server's clock is not restored), and every consumer is gone (a
     /// restore restarts the server, and ephemeral consumers do not survive it).
     pub fn restore(&mut self, backup: &Stream) {
         *self = Stream {
             consumers: BTreeMap::new(),
             next_consumer: self.next_consumer,
             now_ns: self.now_ns.max(backup.now_ns),
+            stamped_ns: self.stamped_ns.max(backup.stamped_ns),
             ..backup.clone()
         };
     }
 
-    /// Its identity.
+    /// [`restore`](Self::restore) as nats-server 2.15 does it (a backup of its own format,
+    /// `RestoreStreamV2`), and as any server in a cluster does: the backup's messages and
+    /// their stored times, with a new creation time off the server's clock (another
+    /// history). Returns the new creation time.
+    pub fn restore_anew(&mut self, backup: &Stream) -> i128 {
+        self.restore(backup);
+        self.created = i128::from(self.tick());
+        self.created
+    }
+
+    /// Its identity: its creation time, in nanoseconds since the Unix epoch.
     #[must_use]
     pub fn created(&self) -> i128 {
         self.created
+    }
+
+    /// The message at `seq`, while the stream holds it.
+    #[must_use]
+    pub fn message(&self, seq: u64) -> Option<&Message> {
+        self.messages.get(&seq)
+    }
+
+    /// The stored time of the message at `seq` (nanoseconds since the Unix epoch), `None`
+    /// if the stream no longer holds it (overwritten beyond the history, purged) or never
+    /// did (0, above the last seq, a seq a source beside it skipped).
+    #[must_use]
+    pub fn stored_at(&self, seq: u64) -> Option<u64> {
+        self.messages.get(&seq).map(|m| m.published_ns)
+    }
+
+    /// What a read from the stream leader says of the history at `seq`, as the NATS
+    /// adapter's `Source::lineage_at` reads it: the stream's creation time, and the stored
+    /// time of its message at `seq` while the stream holds it ([`crate::StreamLineage`]).
+    /// A recreated stream has another history; a restored one the same history, and
+    /// another stamp at every seq written again since.
+    #[must_use]
+    pub fn lineage_at(&self, seq: u64) -> crate::StreamLineage {
+        crate::StreamLineage::read(self.created, self.stored_at(seq))
+    }
+
+    /// The server's clock read for a stamp: now, or later than the last stamp.
+    fn tick(&mut self) -> u64 {
+        self.stamped_ns = self.now_ns.max(self.stamped_ns + 1);
+        self.stamped_ns
     }
 
     /// Moves the server's clock to `now_ns` (never back).
@@ -183,7 +244,7 @@ impl Stream {
             seq,
             subject: subject.to_owned(),
             value,
-            published_ns: self.now_ns,
+            published_ns: self.tick(),
         };
         self.log.push(message.clone());
         self.messages.insert(seq, message);
@@ -436,12 +497,30 @@ mod tests {
     }
 
     #[test]
+    fn a_restore_anew_keeps_the_messages_and_their_times_under_a_new_history() {
+        let mut s = Stream::new(1, 1);
+        s.write("a", Some(b"1".to_vec()));
+        let backup = s.clone();
+        s.write("b", Some(b"1".to_vec()));
+        let created = s.restore_anew(&backup);
+        assert!(created > 1);
+        assert_eq!(s.lineage_at(1), backup.lineage_at(1).with_history(created));
+        assert_eq!(
+            s.lineage_at(2).stamp,
+            None,
+            "the write after the backup is gone"
+        );
+    }
+
+    #[test]
     fn a_recreated_stream_starts_again_at_one() {
         let mut s = Stream::new(1, 1);
         s.write("a", None);
-        s.recreate(2);
+        let created = s.recreate();
+        assert!(created > 1, "a new creation time, off the server's clock");
         assert_eq!(s.write("a", Some(vec![])), 1);
-        assert_eq!(s.created(), 2);
+        assert_eq!(s.created(), created);
+        assert_eq!(s.lineage_at(1).history, crate::history(created));
     }
 }
 

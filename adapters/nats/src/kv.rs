@@ -11,7 +11,7 @@ use async_nats::jetstream::kv::{self, CreateErrorKind, Operation, UpdateErrorKin
 use async_nats::jetstream::stream::{self, State};
 use async_nats::{Client, HeaderMap, jetstream};
 use bytes::Bytes;
-use tidemark::tidemark_core::{Entry, FeedInfo, KeyPrefix, Op};
+use tidemark::tidemark_core::{Entry, FeedInfo, KeyPrefix, Lineage, Op};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, Source, Versioned,
 };
@@ -20,7 +20,8 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use tidemark_jetstream::{
-    Confirmed, Created, Gate, Identity, LastPresent, Reader, ReadyGate, Replay, Step, StreamState,
+    Confirmed, Created, Gate, Highest, Identity, LastPresent, Reader, ReadyGate, Remade, Replay,
+    Step, StreamLineage, StreamState,
 };
 
 use crate::clock::StampedInfo;
@@ -36,8 +37,9 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// - As a [`Feed`] it opens an ephemeral push consumer from the follower's watermark + 1
 ///   (the latest revision per key on a first sync, which replays the stream at server
 ///   speed — never `keys()` + `get`), reports the stream's first sequence so compaction
-///   is detected, and the sequence of its last message as the head the initial sync must
-///   reach. Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
+///   is detected, the sequence of its last message as the head the initial sync must
+///   reach, and which history it serves at the follower's watermark ([`FeedInfo::lineage`],
+///   from the same stream info as the head). Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
 ///   error; the follower reopens it from its own watermark + 1.
 /// - As a [`Source`] it writes (put, compare-and-set update, delete), reads single keys,
 ///   and replays changes since a seq or a full snapshot from the stream. A replay reads
@@ -70,12 +72,14 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 /// new history at its old watermark. Give each follower clones of its own (a clone starts
 /// from the stream the handle first saw, not from what another clone read).
 ///
-/// What is remembered lives as long as the handle: a process that starts with a new
-/// handle takes whatever stream it finds for the one it first saw, so a follower resumed
-/// from a persisted watermark after the bucket was recreated and written past that
-/// watermark is not told (the identity would have to be persisted with the watermark).
-/// Nor is a stream that kept its identity but lost its newest messages and then took new
-/// writes past the watermark.
+/// What a handle remembers lives as long as the handle. What a follower keeps with its
+/// watermark outlives it: every read says which history it is of ([`Source::lineage_at`],
+/// [`FeedInfo::lineage`], [`Snapshot::lineage`], [`Entry::stamp`]) — the stream's creation
+/// time, and the stored time of its message at the seq the read names — and a follower
+/// whose sink persisted them is told of a bucket recreated while it was down (another
+/// creation time), and of a stream restored from a backup and written past its watermark
+/// while the message at its watermark is still there (another stored time at that seq;
+/// on a bucket keeping one revision per key an overwrite of that key since hides it).
 ///
 /// [`with_prefix`](Self::with_prefix) makes a view over part of the bucket: the server
 /// filters every consumer, replay and listing on the prefix's subjects.
@@ -131,6 +135,29 @@ impl Inner {
 
 fn created(info: &jetstream::stream::Info) -> Created {
     info.created.unix_timestamp_nanos()
+}
+
+/// A lineage of the stream, as tidemark's core takes it.
+fn lineage(read: StreamLineage) -> Lineage {
+    Lineage::new(read.history, read.stamp)
+}
+
+/// The stored time (nanoseconds since the Unix epoch) of the stream's message at `seq`,
+/// from the stream leader (a read a lagging replica cannot answer, as
+/// [`last_present`]'s), or `None` when the stream no longer holds it (overwritten,
+/// deleted, purged) or `seq` is 0.
+async fn stored_at(stream: &stream::Stream, seq: u64, port: &'static str) -> Result<Option<u64>> {
+    if seq == 0 {
+        return Ok(None);
+    }
+    match stream.get_raw_message(seq).await {
+        Ok(message) => Ok(u64::try_from(message.time.unix_timestamp_nanos()).ok()),
+        Err(e) if e.kind() == stream::RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(e) => {
+            debug!(error = %e, seq, "message lookup failed");
+            Err(unavailable(port, e))
+        }
+    }
 }
 
 impl std::fmt::Debug for KvBucket {
@@ -655,7 +682,9 @@ fn to_item(prefix: &str, d: Delivered, aging: Option<&Aging>) -> FeedItem {
     } else {
         Vec::new()
     };
-    let entry = Entry::new(d.seq, d.seq, key, op, value).with_pending(d.pending);
+    let entry = Entry::new(d.seq, d.seq, key, op, value)
+        .with_pending(d.pending)
+        .stamped(tidemark_jetstream::stamp(d.published_ns));
     let remaining = aging
         .filter(|_| entry.op == Op::Put)
         .and_then(|a| a.remaining(d.published_ns));
@@ -833,9 +862,14 @@ impl Source for KvBucket {
         }))
     }
 
+    /// The lineage it reports is read before and with its messages, never after them
+    /// ([`tidemark_jetstream::snapshot_lineage`]): the stream's creation time before the
+    /// replay, confirmed by the one read once its consumer existed, and the stored time of
+    /// the message at the watermark as the replay delivered it.
     async fn snapshot(&self) -> Result<Snapshot> {
-        let store = self.store("source").await?;
+        let (store, _, before) = self.info("source").await?;
         let mut entries = Vec::new();
+        let mut highest = Highest::default();
         let (state, stream, through) = self
             .replay(
                 &store,
@@ -843,6 +877,7 @@ impl Source for KvBucket {
                 "source",
                 false,
                 |e| {
+                    highest.on_message(e.seq, e.stamp.unwrap_or(0));
                     entries.push(e);
                 },
             )
@@ -868,10 +903,23 @@ impl Source for KvBucket {
         } else {
             top
         };
+        let lineage = match tidemark_jetstream::snapshot_lineage(before, stream, watermark, highest)
+        {
+            Ok(read) => lineage(read),
+            Err(Remade::During { .. }) => {
+                return Err(unavailable(
+                    "source",
+                    format!(
+                        "bucket {}: its stream was made again during the snapshot",
+                        self.inner.bucket
+                    ),
+                ));
+            }
+        };
         Ok(Snapshot {
             entries,
             watermark,
-            lineage: tidemark::Lineage::default(),
+            lineage,
         })
     }
 
@@ -891,6 +939,16 @@ impl Source for KvBucket {
 
     async fn first_available(&self) -> Result<u64> {
         Ok(first_available(&self.state("source").await?.1))
+    }
+
+    /// The stream's creation time (from stream info) and the stored time of its message
+    /// at `seq` (from the stream leader), each read now ([`StreamLineage`]). The message
+    /// is the stream's at `seq` whatever its key, also for a view over a prefix: a stamp
+    /// names a mutation of the bucket.
+    async fn lineage_at(&self, seq: u64) -> Result<Lineage> {
+        let (store, _, stream) = self.info("source").await?;
+        let stored = stored_at(&store.stream, seq, "source").await?;
+        Ok(lineage(StreamLineage::read(stream, stored)))
     }
 
     fn key_prefix(&self) -> Option<&KeyPrefix> {
@@ -1000,6 +1058,10 @@ impl Feed for KvBucket {
     const FOLLOW: tidemark::tidemark_core::Follow = tidemark::tidemark_core::Follow::Replay;
     type Stream = KvStream;
 
+    /// Sets [`FeedInfo::lineage`] itself rather than leaving it to the runtime's later
+    /// [`Source::lineage_at`]: the creation time comes from the stream info that gives the
+    /// head and first seq (one stream, one answer, one round trip fewer), the stamp at
+    /// `from - 1` is read once the consumer exists.
     async fn open(&self, from: u64, _after_position: Option<u64>) -> Result<Opened<KvStream>> {
         let store = self.store("feed").await?;
         // A first sync needs only the latest revision per key; a resume needs everything
@@ -1040,8 +1102,14 @@ impl Feed for KvBucket {
             // resync, and the snapshot it reads says the rest.
             head = 0;
         }
+        // The history from the same stream info as the head and first seq it reports, and
+        // the stamp at the watermark read after the consumer exists: a stream remade or
+        // restored since the watermark was reached is told at this open.
+        let stored = stored_at(&store.stream, from.saturating_sub(1), "feed").await?;
+        let lineage = lineage(StreamLineage::read(stream, stored));
         Ok(Opened {
-            info: feed_info(&stamped.info.config, first_available(&state), head),
+            info: feed_info(&stamped.info.config, first_available(&state), head)
+                .with_lineage(lineage),
             stream: KvStream {
                 reader,
                 prefix: store.prefix.clone(),
