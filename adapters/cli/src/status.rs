@@ -66,6 +66,7 @@ pub fn to_json(path: &Path, r: &Report) -> Value {
                 "warm_starts": f.warm_starts,
                 "last_start": last_start,
                 "resumed_from": resumed_from,
+                "history": f.history.map(|h| format!("{h:016x}")),
             })
         })
         .collect();
@@ -122,9 +123,13 @@ pub fn to_text(path: &Path, r: &Report) -> String {
             Some(Start::Cold) => "last start cold".to_owned(),
             None => "starts not recorded".to_owned(),
         };
+        let history = f.history.map_or_else(
+            || "history not stated".to_owned(),
+            |h| format!("history {h:016x}"),
+        );
         let _ = writeln!(
             out,
-            "follower     {}: revision {}, {} keys, {} starts ({} warm), {last}",
+            "follower     {}: revision {}, {} keys, {} starts ({} warm), {last}, {history}",
             f.name, f.watermark, f.keys, f.starts, f.warm_starts
         );
     }

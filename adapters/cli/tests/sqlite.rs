@@ -59,6 +59,10 @@ async fn watch_mirror_and_status_over_a_sqlite_registry() {
         ),
         "{text}"
     );
+    assert!(
+        text.contains("last start cold, history "),
+        "the mirror shows the registry's history it follows: {text}"
+    );
     let reg_status = status_json(&reg);
     assert_eq!(reg_status["registry"]["watermark"], 4);
     assert_eq!(reg_status["registry"]["keys"], 2);

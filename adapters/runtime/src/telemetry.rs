@@ -12,6 +12,7 @@
 //! | `tidemark_follower_invalid_total` | counter | `follower`, `source` | invalid entries skipped |
 //! | `tidemark_follower_reopens_total` | counter | `follower`, `source` | feed reopenings |
 //! | `tidemark_follower_resyncs_total` | counter | `follower`, `source` | full resyncs |
+//! | `tidemark_follower_resets_total` | counter | `follower`, `source` | new histories taken (a source recreated or restored) |
 //! | `tidemark_follower_watermark` | gauge | `follower`, `source` | applied watermark |
 //! | `tidemark_follower_source_head` | gauge | `follower`, `source` | the source's head, as last learned |
 //! | `tidemark_follower_lag` | gauge | `follower`, `source` | source head − watermark |
@@ -53,6 +54,7 @@ pub(crate) struct FollowerMetrics {
     invalid: Counter,
     reopens: Counter,
     resyncs: Counter,
+    resets: Counter,
     watermark: Gauge,
     head: Gauge,
     lag: Gauge,
@@ -77,6 +79,7 @@ impl FollowerMetrics {
             invalid: counter!("tidemark_follower_invalid_total", &labels),
             reopens: counter!("tidemark_follower_reopens_total", &labels),
             resyncs: counter!("tidemark_follower_resyncs_total", &labels),
+            resets: counter!("tidemark_follower_resets_total", &labels),
             watermark: gauge!("tidemark_follower_watermark", &labels),
             head: gauge!("tidemark_follower_source_head", &labels),
             lag: gauge!("tidemark_follower_lag", &labels),
@@ -96,6 +99,7 @@ impl FollowerMetrics {
         self.invalid.absolute(c.invalid);
         self.reopens.absolute(c.reopens);
         self.resyncs.absolute(c.resyncs);
+        self.resets.absolute(c.resets);
         self.watermark.set(f(s.watermark));
         self.head.set(f(head));
         self.lag.set(f(head.saturating_sub(s.watermark)));

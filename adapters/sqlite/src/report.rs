@@ -54,6 +54,10 @@ pub struct FollowerReport {
     pub warm_starts: u64,
     /// How it last started (`None`: a file from before starts were recorded).
     pub last_start: Option<Start>,
+    /// The history of its source it follows, as its source states it (see
+    /// [`tidemark::Lineage`]); `None` when the source does not say, or before its first
+    /// commit on this schema.
+    pub history: Option<u64>,
 }
 
 /// The job queue's counts.
@@ -140,7 +144,8 @@ pub(crate) fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
         let mut stmt = tx.prepare(
             "SELECT s.name, s.watermark, s.keys, f.starts, f.warm_starts, f.last_warm,
                     f.resumed_watermark,
-                    (SELECT count(*) FROM follower_cache c WHERE c.name = s.name)
+                    (SELECT count(*) FROM follower_cache c WHERE c.name = s.name),
+                    s.history
              FROM follower_state s LEFT JOIN follower_starts f ON f.name = s.name
              ORDER BY s.name",
         )?;
@@ -162,6 +167,9 @@ pub(crate) fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
                 starts: to_u64(starts.unwrap_or(0)),
                 warm_starts: to_u64(r.get::<_, Option<i64>>(4)?.unwrap_or(0)),
                 last_start,
+                history: r
+                    .get::<_, Option<i64>>(8)?
+                    .map(|h| u64::from_ne_bytes(h.to_ne_bytes())),
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()?
