@@ -637,14 +637,22 @@ impl Probe {
         // just before the crash), if the cache was still on a replaced history and the
         // store is the restored history's state at its watermark; otherwise it lost a
         // commit.
-        let took_restored = watermark < s.watermark
-            && self.may_fall_back(&s)
-            && self
-                .history
-                .inconsistencies(&cache, watermark, &|seq| self.skipped(seq))
-                .is_empty();
-        if took_restored {
-            self.fell_back(&mut s);
+        // The restored history it took may itself have been replaced by a later restore
+        // while it was down (seed 229): any epoch after the one it was on will do.
+        let took = (watermark < s.watermark && self.may_fall_back(&s)).then(|| {
+            let mut cursors = StateCursors::default();
+            self.history.inconsistencies_since(
+                &cache,
+                watermark,
+                s.epoch + 1,
+                &mut cursors,
+                &|seq| self.skipped(seq),
+            )
+        });
+        let took_restored = took.as_ref().is_some_and(|(diffs, _)| diffs.is_empty());
+        if let Some((_, epoch)) = took.filter(|_| took_restored) {
+            s.epoch = epoch;
+            s.fell_back_for = epoch;
         } else if watermark < s.watermark {
             let what = format!(
                 "the durable store went back from watermark {} to {watermark}",

@@ -19,7 +19,8 @@ impl<D: Decode> Follower<D> {
         {
             return;
         }
-        if self.opened_once {
+        let reopen = self.opened_once;
+        if reopen {
             self.counters.reopens += 1;
         }
         self.opened_once = true;
@@ -30,6 +31,7 @@ impl<D: Decode> Follower<D> {
             from,
             info: None,
             last_seq: 0,
+            reopen,
         });
         let after_position = self.last_checkpoint;
         self.request_out(Request::OpenFeed {
@@ -79,7 +81,7 @@ impl<D: Decode> Follower<D> {
             return;
         };
         feed.info = Some(info);
-        let from = feed.from;
+        let (from, reopen) = (feed.from, feed.reopen);
         self.backoffs.failure.healthy(now);
         self.backoffs.end.healthy(now);
         if info.follow != self.follow {
@@ -151,6 +153,19 @@ impl<D: Decode> Follower<D> {
             });
             self.resync();
             return;
+        }
+        if reopen
+            && self.follow == Follow::Announcements
+            && self.is_ready()
+            && self.known.history.is_some()
+            && !self.busy()
+        {
+            // Announcements cannot say which history they are of: after a disconnect, in
+            // which the source may have been restored or recreated, the source is read
+            // (and its history checked) before the stream's entries apply — they wait
+            // while it is (seeds of `--restores-while-cut`: a follower cut off across a
+            // restore applied the new history's announcements over the old one's cache).
+            self.send(Pending::Reconcile);
         }
         self.check_ready(info.head);
     }
