@@ -19,8 +19,7 @@ impl<D: Decode> Follower<D> {
         {
             return;
         }
-        let reopen = self.opened_once;
-        if reopen {
+        if self.opened_once {
             self.counters.reopens += 1;
         }
         self.opened_once = true;
@@ -31,7 +30,6 @@ impl<D: Decode> Follower<D> {
             from,
             info: None,
             last_seq: 0,
-            reopen,
         });
         let after_position = self.last_checkpoint;
         self.request_out(Request::OpenFeed {
@@ -81,7 +79,7 @@ impl<D: Decode> Follower<D> {
             return;
         };
         feed.info = Some(info);
-        let (from, reopen) = (feed.from, feed.reopen);
+        let from = feed.from;
         self.backoffs.failure.healthy(now);
         self.backoffs.end.healthy(now);
         if info.follow != self.follow {
@@ -153,19 +151,6 @@ impl<D: Decode> Follower<D> {
             });
             self.resync();
             return;
-        }
-        if reopen
-            && self.follow == Follow::Announcements
-            && self.is_ready()
-            && self.known.history.is_some()
-            && !self.busy()
-        {
-            // Announcements cannot say which history they are of: after a disconnect, in
-            // which the source may have been restored or recreated, the source is read
-            // (and its history checked) before the stream's entries apply — they wait
-            // while it is (seeds of `--restores-while-cut`: a follower cut off across a
-            // restore applied the new history's announcements over the old one's cache).
-            self.send(Pending::Reconcile);
         }
         self.check_ready(info.head);
     }

@@ -65,9 +65,6 @@ struct FeedState {
     info: Option<FeedInfo>,
     /// The highest seq it delivered.
     last_seq: u64,
-    /// Opened again after the follower's first feed (a reconnect, an end, a restart of
-    /// the feed).
-    reopen: bool,
 }
 
 /// A feed item that arrived while a request was outstanding.
