@@ -317,6 +317,18 @@ impl Queue for MemoryQueue {
                 slot.record.attempts = 0;
                 slot.visible_at = now;
                 slot.finished_at = None;
+                // It has not run since: its key's pending job, unless the key has one.
+                if let Some(key) = slot.record.job.coalesce_key() {
+                    let pending = s.coalesce.get(&key).is_some_and(|other| {
+                        *other != id
+                            && s.jobs.get(other).is_some_and(|o| {
+                                o.record.state == JobState::Ready && o.record.attempts == 0
+                            })
+                    });
+                    if !pending {
+                        s.coalesce.insert(key, id);
+                    }
+                }
                 drop(s);
                 self.readied();
                 Ok(id)

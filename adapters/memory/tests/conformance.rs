@@ -45,6 +45,10 @@ conformance! {
     queue_stale_lease_cannot_act_after_requeue =>
         MemoryQueue::default().with_max_attempts(1), Duration::from_millis(100);
     queue_counts_by_state => MemoryQueue::default();
+    queue_expired_lease_cannot_finish_its_job => MemoryQueue::default(), Duration::from_millis(100);
+    queue_dead_lease_cannot_ack =>
+        MemoryQueue::default().with_max_attempts(1), Duration::from_millis(100);
+    queue_requeued_dead_letter_coalesces => MemoryQueue::default();
     queue_coalesces_pending_jobs_per_key => MemoryQueue::default();
     queue_leases_sweeps_first => MemoryQueue::default();
     runner_wakes_on_enqueue => MemoryQueue::default();

@@ -41,7 +41,10 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// delay, or terminates the message and dead-letters the job once `max_attempts` are used
 /// up, keeping its last error. The job id is the stream sequence of its message. A lease can be acked, renewed
 /// or failed only by the process (the `NatsQueue` handle and its clones) that took it;
-/// leases it took and never finished are forgotten once their ack wait has passed.
+/// leases it took and never finished are forgotten once their ack wait has passed
+/// (counted from before the lease was asked for, so never after the server's), and an
+/// ack, fail or dead letter of a forgotten lease is [`Error::LeaseLost`], whether or not
+/// the server has redelivered the job yet.
 ///
 /// `renew` sends the server an in-progress ack, which restarts the ack wait (the
 /// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
@@ -574,6 +577,10 @@ impl Queue for NatsQueue {
             guard.1 = visibility;
         }
         loop {
+            // The lease's end counts from before the request: the server's ack wait starts
+            // at its delivery, later, so this process gives the job up no later than the
+            // server does.
+            let asked = Instant::now();
             let mut batch = guard
                 .0
                 .batch()
@@ -644,15 +651,14 @@ impl Queue for NatsQueue {
                 finished_ms: None,
             };
             self.store(id, &stored).await?;
-            let now = Instant::now();
             let mut leases = self.inner.leases.lock().await;
-            Self::forget_expired(&mut leases, now);
+            Self::forget_expired(&mut leases, Instant::now());
             leases.insert(
                 id,
                 Held {
                     attempt,
                     message,
-                    until: instant_after(now, guard.1),
+                    until: instant_after(asked, guard.1),
                 },
             );
             return Ok(Some(Leased {

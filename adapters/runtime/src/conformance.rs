@@ -17,6 +17,7 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 mod feed;
+mod lease_end;
 mod lock;
 mod outbox;
 mod prefix;
@@ -26,6 +27,7 @@ mod schedule;
 mod source;
 
 pub use feed::*;
+pub use lease_end::*;
 pub use lock::*;
 pub use outbox::*;
 pub use prefix::{prefix_follower_holds_exactly_its_keys, prefix_view_carries_only_its_keys};

@@ -40,7 +40,12 @@ fn state_of(code: i64) -> JobState {
 /// renewing, acking, failing or dead-lettering with any other lease's receipt, one from
 /// before a requeue included, is [`Error::LeaseLost`]. Those writes match the attempt as
 /// well: a process still running a build from before the count (schema version 7) leases
-/// by bumping attempts alone, and a receipt of this build must not name its lease.
+/// by bumping attempts alone, and a receipt of this build must not name its lease. And
+/// they hold only until the lease's end (`lease_until`, by this machine's clock): a lease
+/// that ran out acks, fails and dead-letters nothing, though nobody has taken its job yet.
+///
+/// A requeued dead letter keeps its coalesce key: it has not run since, so it absorbs later
+/// enqueues for its key, unless the key has another pending job, which keeps absorbing.
 ///
 /// A `pack_housekeeping` job still ready and never leased absorbs later enqueues for its
 /// key (a unique partial index on `dedupe` decides, across processes), and sweeps are
@@ -319,7 +324,8 @@ impl Queue for SqliteQueue {
         self.on_held(
             lease,
             "UPDATE jobs SET state = 2, lease_until = ?3
-             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4
+                AND lease_until > ?3",
             Vec::new(),
         )
         .await
@@ -337,7 +343,8 @@ impl Queue for SqliteQueue {
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5,
                          lease_until = CASE WHEN ?2 = 3 THEN ?6 ELSE lease_until END
-                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?7",
+                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?7
+                            AND lease_until > ?6",
                     )
                     .and_then(|mut s| {
                         s.execute(params![
@@ -374,7 +381,8 @@ impl Queue for SqliteQueue {
         self.on_held(
             lease,
             "UPDATE jobs SET state = 3, last_error = ?5, lease_until = ?3
-             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4
+                AND lease_until > ?3",
             vec![error.to_owned().into()],
         )
         .await
@@ -418,7 +426,10 @@ impl Queue for SqliteQueue {
                 let n = conn
                     .prepare_cached(
                         "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0,
-                         dedupe = NULL WHERE id = ?1 AND state = 3",
+                         dedupe = CASE WHEN EXISTS (SELECT 1 FROM jobs AS other
+                             WHERE other.dedupe = jobs.dedupe AND other.state = 0
+                               AND other.attempts = 0) THEN NULL ELSE dedupe END
+                         WHERE id = ?1 AND state = 3",
                     )
                     .and_then(|mut s| s.execute([to_i64(id.0)]))
                     .map_err(sql)?;

@@ -155,7 +155,10 @@ pub trait Queue: Send + Sync {
     /// attempts are used up is dead-lettered instead of leased.
     fn lease(&self, visibility: Duration) -> impl Future<Output = Result<Option<Leased>>> + Send;
 
-    /// Completes a leased job.
+    /// Completes a leased job. [`Error::LeaseLost`](crate::Error::LeaseLost) once the lease
+    /// has ended, by the queue's clock, even if nobody has leased the job since: so do
+    /// [`fail`](Self::fail), [`renew`](Self::renew) and [`dead_letter`](Self::dead_letter).
+    /// The job is then delivered again (or dead-lettered, if that was its last attempt).
     fn ack(&self, lease: &Leased) -> impl Future<Output = Result<()>> + Send;
 
     /// Records a failure of a leased job: ready again after `retry_after`, or dead-lettered
@@ -193,6 +196,11 @@ pub trait Queue: Send + Sync {
     /// same on memory and SQLite (which keep its last error until it next fails), a new one
     /// on NATS (where a job's id is its message's sequence; the old id is gone).
     /// [`Error::NotFound`](crate::Error::NotFound) if `id` is not a dead letter.
+    ///
+    /// A requeued job has not run since, so it is its key's pending job for coalescing
+    /// (it absorbs later enqueues for its key), unless the key already has a pending job:
+    /// that one keeps absorbing (on NATS the requeue itself is absorbed by it, and its id
+    /// comes back).
     fn requeue(&self, id: JobId) -> impl Future<Output = Result<JobId>> + Send;
 
     /// How many jobs are in each state.
