@@ -65,6 +65,8 @@ conformance! {
     schedule_mark_fired_refuses_a_replaced_schedule => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
     schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
+    schedule_claimed_tick_fires_once_across_crashes =>
+        MemorySchedules::default(), &MemoryQueue::default();
 }
 
 #[tokio::test(start_paused = true)]

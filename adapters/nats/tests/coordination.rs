@@ -48,8 +48,15 @@ async fn schedules_pass_the_conformance_suite() {
     let s = NatsSchedules::open(client.clone(), "sched3", 1)
         .await
         .unwrap();
-    let q = NatsQueue::open(client, "CRONJOBS", 3).await.unwrap();
+    let q = NatsQueue::open(client.clone(), "CRONJOBS", 3)
+        .await
+        .unwrap();
     tidemark::conformance::schedule_cron_fires_each_tick_once(&s, &q).await;
+    let s = NatsSchedules::open(client.clone(), "sched5", 1)
+        .await
+        .unwrap();
+    let q = NatsQueue::open(client, "TICKJOBS", 3).await.unwrap();
+    tidemark::conformance::schedule_claimed_tick_fires_once_across_crashes(&s, &q).await;
 }
 
 /// Processes on separate connections race for one lock: exactly one holds it at a time,

@@ -6,7 +6,7 @@ use tidemark_core::JobId;
 use tracing::{debug, info, warn};
 
 use crate::error::Result;
-use crate::ports::{Queue, ScheduleStore};
+use crate::ports::{Queue, ScheduleStore, TickKey};
 use crate::shutdown::StopSignal;
 
 /// One tick this runner fired.
@@ -26,8 +26,14 @@ const CLAIMED_TICK_RETRY: Duration = Duration::from_secs(5);
 
 /// Fires every due tick once: for each schedule, the latest due tick newer than its last
 /// fired one is claimed by a compare-and-set in the store (so of several runners exactly
-/// one wins it) and its job enqueued. A tick missed while no runner ran fires once.
-/// Interval and cron schedules alike: ticks are decided by the core from the store's clock.
+/// one wins it) and its job enqueued under the tick's key ([`Queue::enqueue_tick`]). A tick
+/// missed while no runner ran fires once. Interval and cron schedules alike: ticks are
+/// decided by the core from the store's clock.
+///
+/// A schedule with no tick due has its last claimed tick's job enqueued again under the
+/// same key: a runner that died between the claim and the enqueue left it to be enqueued,
+/// and one that died after it left nothing (the queue says so, and no second job is made).
+/// So each claimed tick's job is enqueued exactly once, whichever step a crash cut.
 /// Returns what this runner fired and how long until the next tick is due.
 pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     store: &T,
@@ -37,40 +43,45 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     let mut next: Option<Duration> = None;
     for due in store.schedules().await? {
         let s = &due.schedule;
-        if let Some(tick) = s.tick_to_fire(due.last_fired, due.clock)
-            && store.mark_fired(&due, tick).await?
-        {
-            // The tick is this pass's now: its job is enqueued, a passing failure retried
-            // (until the next tick would be due, at most CLAIMED_TICK_RETRY), since no
-            // other scheduler will fire this tick again.
-            let within = s
-                .until_next(due.clock)
-                .unwrap_or(CLAIMED_TICK_RETRY)
-                .min(CLAIMED_TICK_RETRY);
-            let deadline = crate::instant_after(tokio::time::Instant::now(), within);
-            let enqueued = crate::settle::settle(
-                deadline,
-                || queue.enqueue(s.job().clone()),
-                |e, delay| {
-                    debug!(schedule = s.name(), tick, error = %e, ?delay, "enqueue of a claimed tick failed; trying again");
-                },
-            )
-            .await;
-            match enqueued {
-                Ok(job) => {
-                    info!(schedule = s.name(), tick, %job, "schedule fired");
-                    fired.push(Fired {
-                        schedule: s.name().to_owned(),
-                        tick,
-                        job,
-                    });
+        let key = |tick| TickKey {
+            schedule: s.name().to_owned(),
+            anchor: due.clock.anchor,
+            tick,
+        };
+        match s.tick_to_fire(due.last_fired, due.clock) {
+            Some(tick) => {
+                if store.mark_fired(&due, tick).await? {
+                    // The tick is this pass's now: its job is enqueued, a passing failure
+                    // retried (until the next tick would be due, at most
+                    // CLAIMED_TICK_RETRY); a tick still not enqueued then is enqueued by
+                    // the next pass that finds no newer tick due.
+                    let within = s
+                        .until_next(due.clock)
+                        .unwrap_or(CLAIMED_TICK_RETRY)
+                        .min(CLAIMED_TICK_RETRY);
+                    let deadline = crate::instant_after(tokio::time::Instant::now(), within);
+                    let claimed = key(tick);
+                    let enqueued = crate::settle::settle(
+                        deadline,
+                        || queue.enqueue_tick(&claimed, s.job().clone()),
+                        |e, delay| {
+                            debug!(schedule = s.name(), tick, error = %e, ?delay, "enqueue of a claimed tick failed; trying again");
+                        },
+                    )
+                    .await;
+                    record(&mut fired, s.name(), tick, enqueued, "schedule fired");
                 }
-                // Still failing: the tick is lost and the next one fires (one lost tick
-                // beats two jobs for it). So is a tick whose process dies between the
-                // claim and the enqueue; `SqliteSchedules::fire_due` does both in one
-                // transaction.
-                Err(e) => {
-                    warn!(schedule = s.name(), tick, error = %e, "tick claimed but its enqueue kept failing; the tick is lost")
+            }
+            None => {
+                if let Some(tick) = due.last_fired {
+                    let enqueued = queue.enqueue_tick(&key(tick), s.job().clone()).await;
+                    record(
+                        &mut fired,
+                        s.name(),
+                        tick,
+                        enqueued,
+                        "a claimed tick's job was not enqueued (its runner stopped); enqueued now",
+                    );
                 }
             }
         }
@@ -79,6 +90,31 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
         }
     }
     Ok((fired, next))
+}
+
+/// Notes the outcome of a tick's enqueue: a job this pass enqueued is fired; a tick
+/// already enqueued is nothing; a failure is logged (the next pass tries again).
+fn record(
+    fired: &mut Vec<Fired>,
+    schedule: &str,
+    tick: u64,
+    enqueued: Result<Option<JobId>>,
+    what: &'static str,
+) {
+    match enqueued {
+        Ok(Some(job)) => {
+            info!(schedule, tick, %job, "{what}");
+            fired.push(Fired {
+                schedule: schedule.to_owned(),
+                tick,
+                job,
+            });
+        }
+        Ok(None) => {}
+        Err(e) => {
+            warn!(schedule, tick, error = %e, "enqueue of a claimed tick failed; the next pass tries again");
+        }
+    }
 }
 
 /// Runs [`fire_due`] until `stop`, sleeping until the next tick is due (at most `idle`,

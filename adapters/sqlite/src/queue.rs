@@ -8,6 +8,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+    TickKey,
 };
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
@@ -99,6 +100,45 @@ pub(crate) fn enqueue_on(conn: &Connection, job: &Job) -> Result<JobId> {
     }
 }
 
+/// Enqueues the job of a schedule's tick on `conn` (inside the caller's transaction) once
+/// per [`TickKey`]: `None` if this tick, or a later one of the schedule, was enqueued
+/// already. Each schedule's newest enqueued tick is kept in `tidemark_meta`
+/// (`tick:<name>` and `tick_anchor:<name>`, the anchor in unix ms), beside the job it
+/// enqueued in the same transaction, and never removed by retention.
+pub(crate) fn enqueue_tick_on(
+    conn: &Connection,
+    tick: &TickKey,
+    job: &Job,
+) -> Result<Option<JobId>> {
+    let (tick_name, anchor_name) = (
+        format!("tick:{}", tick.schedule),
+        format!("tick_anchor:{}", tick.schedule),
+    );
+    let read = |name: &str| {
+        conn.prepare_cached("SELECT value FROM tidemark_meta WHERE name = ?1")
+            .and_then(|mut s| s.query_row([name], |r| r.get::<_, i64>(0)).optional())
+            .map_err(sql)
+    };
+    let enqueued = match (read(&anchor_name)?, read(&tick_name)?) {
+        (Some(anchor), Some(last)) => Some((Duration::from_millis(to_u64(anchor)), to_u64(last))),
+        _ => None,
+    };
+    if !tick.is_due_after(enqueued) {
+        return Ok(None);
+    }
+    let id = enqueue_on(conn, job)?;
+    let anchor = i64::try_from(tick.anchor.as_millis()).unwrap_or(i64::MAX);
+    for (name, value) in [(anchor_name, anchor), (tick_name, to_i64(tick.tick))] {
+        conn.prepare_cached(
+            "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
+        .and_then(|mut s| s.execute(params![name, value]))
+        .map_err(sql)?;
+    }
+    Ok(Some(id))
+}
+
 impl SqliteQueue {
     pub(crate) fn new(db: SqliteDb) -> Self {
         SqliteQueue { db }
@@ -162,6 +202,27 @@ impl Queue for SqliteQueue {
         self.db
             .write("queue", move |conn| enqueue_on(conn, &job))
             .await
+    }
+
+    async fn enqueue_tick(&self, tick: &TickKey, job: Job) -> Result<Option<JobId>> {
+        let tick = tick.clone();
+        // Not a `write`: a tick already enqueued changes nothing, and must not wake the
+        // runners that wait on commits.
+        let id = self
+            .db
+            .call("queue", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let id = enqueue_tick_on(&tx, &tick, &job)?;
+                tx.commit().map_err(sql)?;
+                Ok(id)
+            })
+            .await?;
+        if id.is_some() {
+            self.db.committed();
+        }
+        Ok(id)
     }
 
     /// One transaction for the whole batch: all enqueued, or all failed with its error.

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use rusqlite::{TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId, Schedule, ScheduleClock};
-use tidemark::{DueSchedule, Error, Result, ScheduleStore};
+use tidemark::{DueSchedule, Error, Result, ScheduleStore, TickKey};
 
 use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
-use crate::queue::enqueue_on;
+use crate::queue::enqueue_tick_on;
 
 fn sql(e: rusqlite::Error) -> Error {
     unavailable("schedule", &e)
@@ -48,7 +48,16 @@ impl SqliteSchedules {
                     };
                     let name = due.schedule.name();
                     if cas(&tx, &due, tick)? {
-                        fired.push((name.to_owned(), enqueue_on(&tx, due.schedule.job())?));
+                        // Under the tick's key, so a scheduler over the port that finds
+                        // this tick claimed does not enqueue it again.
+                        let key = TickKey {
+                            schedule: name.to_owned(),
+                            anchor: due.clock.anchor,
+                            tick,
+                        };
+                        if let Some(id) = enqueue_tick_on(&tx, &key, due.schedule.job())? {
+                            fired.push((name.to_owned(), id));
+                        }
                     }
                 }
                 tx.commit().map_err(sql)?;

@@ -67,6 +67,7 @@ conformance! {
     schedule_mark_fired_refuses_a_replaced_schedule => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
     schedule_cron_fires_each_tick_once => |db| db.schedules(), &db.queue();
+    schedule_claimed_tick_fires_once_across_crashes => |db| db.schedules(), &db.queue();
     outbox_claims_are_exclusive_and_expire =>
         |db| db.outbox(), &db.announced_source(Legs::default()), REAL_LEASE;
 }

@@ -123,3 +123,72 @@ pub async fn schedule_cron_fires_each_tick_once<T: ScheduleStore, Q: Queue>(t: &
         "the expression is kept"
     );
 }
+
+/// Each claimed tick's job is enqueued exactly once, whichever step a crash cuts: a
+/// scheduler that claims a tick and dies before the enqueue leaves it to the next pass,
+/// which enqueues it (racing passes make one job between them); a pass after the enqueue,
+/// or the dead scheduler's enqueue replayed under the tick's key, makes no second job; and
+/// the next tick fires as usual.
+///
+/// Runs a once-a-second interval on the store's clock (tokio's under paused time, the wall
+/// clock or a server's otherwise).
+pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q: Queue>(
+    t: &T,
+    q: &Q,
+) {
+    let s = Schedule::new("crashy", Duration::from_secs(1), Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let tick = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .expect("a tick is due after an interval");
+    assert!(
+        t.mark_fired(&due, tick).await.unwrap(),
+        "the scheduler claims the tick (and dies before its enqueue)"
+    );
+    let (a, b, c) = tokio::join!(
+        crate::fire_due(t, q),
+        crate::fire_due(t, q),
+        crate::fire_due(t, q)
+    );
+    let fired: Vec<u64> = [a.unwrap().0, b.unwrap().0, c.unwrap().0]
+        .into_iter()
+        .flatten()
+        .map(|f| f.tick)
+        .collect();
+    assert_eq!(
+        fired,
+        vec![tick],
+        "a tick claimed by a scheduler that died before its enqueue fires once, by a later pass"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 1, "one job for the tick");
+
+    let (again, _) = crate::fire_due(t, q).await.unwrap();
+    assert!(
+        again.is_empty(),
+        "an enqueued tick is not enqueued again: {again:?}"
+    );
+    let key = crate::ports::TickKey {
+        schedule: "crashy".into(),
+        anchor: due.clock.anchor,
+        tick,
+    };
+    assert_eq!(
+        q.enqueue_tick(&key, Job::Sweep).await.unwrap(),
+        None,
+        "the enqueue replayed under the tick's key (its scheduler died after it) makes no job"
+    );
+    assert_eq!(
+        q.counts().await.unwrap().ready,
+        1,
+        "still one job for the tick"
+    );
+
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (next, _) = crate::fire_due(t, q).await.unwrap();
+    assert_eq!(next.len(), 1, "the next tick fires: {next:?}");
+    assert!(next[0].tick > tick);
+    assert_eq!(q.counts().await.unwrap().ready, 2, "one job per tick");
+}

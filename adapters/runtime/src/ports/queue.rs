@@ -84,6 +84,32 @@ pub struct Leased {
     pub receipt: u64,
 }
 
+/// One tick of one schedule: the key that makes the enqueue of its job idempotent. The
+/// schedule's anchor is part of it, so a replaced schedule (whose ticks count afresh from a
+/// new anchor) never shares a key with the one it replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TickKey {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The schedule's anchor, by the store's clock (see
+    /// [`ScheduleClock`](tidemark_core::ScheduleClock)).
+    pub anchor: Duration,
+    /// The tick.
+    pub tick: u64,
+}
+
+impl TickKey {
+    /// Whether this tick's job is still to be enqueued when the schedule's newest enqueued
+    /// tick is `enqueued` (its anchor and tick; `None`: none yet): only a tick after it, on
+    /// the same or a later anchor, is. A tick at or before it was enqueued already, or was
+    /// passed over by a later one (missed ticks fire once), or belongs to a schedule
+    /// replaced since.
+    #[must_use]
+    pub fn is_due_after(&self, enqueued: Option<(Duration, u64)>) -> bool {
+        enqueued.is_none_or(|last| (self.anchor, self.tick) > last)
+    }
+}
+
 /// Tells a job runner that jobs may have become ready (an enqueue, a failed job back, a
 /// commit by another process), so it leases at once instead of waiting out its idle
 /// poll, which stays as the backstop. "May have": the runner leases to find out.
@@ -120,6 +146,23 @@ pub trait Queue: Send + Sync {
     /// same key, whose id comes back: pending jobs are bounded by the keys written, not by
     /// the writes. A job already leased absorbs nothing (it may have read the key already).
     fn enqueue(&self, job: Job) -> impl Future<Output = Result<JobId>> + Send;
+
+    /// Enqueues `job` as the job of a schedule's tick, once per [`TickKey`]: the queue
+    /// keeps each schedule's newest enqueued tick (never removed by retention) and enqueues
+    /// only a tick after it ([`TickKey::is_due_after`]), in one atomic step with the job.
+    /// `Ok(Some(id))` when this call enqueued it; `Ok(None)` when the tick's job was
+    /// enqueued already (by this or any process) or a later tick's was. So a scheduler
+    /// that claimed a tick and died, before or after the enqueue, is followed by one that
+    /// enqueues the tick again and makes no second job.
+    ///
+    /// On NATS the job's message carries the tick as its `Nats-Msg-Id`, and the tick is
+    /// recorded after the publish: a scheduler that dies between the two is covered by the
+    /// stream's duplicate window (2 minutes by default).
+    fn enqueue_tick(
+        &self,
+        tick: &TickKey,
+        job: Job,
+    ) -> impl Future<Output = Result<Option<JobId>>> + Send;
 
     /// Enqueues every job in order; one result per job, in the same order. A job with a
     /// [`coalesce_key`](Job::coalesce_key) that a ready, never-leased job already has is
