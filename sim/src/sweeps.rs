@@ -96,9 +96,11 @@ pub enum SweepCall {
         due: WireDue,
         tick: u64,
     },
-    /// `by`: the owner sweeping, named to the ledger.
+    /// `by`: the owner sweeping, named to the ledger; `fence`: the sweeper lock's lease
+    /// it sweeps under.
     Sweep {
         by: Option<String>,
+        fence: WireLockLease,
     },
 }
 
@@ -211,14 +213,15 @@ impl Sweeps {
         clock: impl Fn() -> tokio::time::Instant + Clone + Send + Sync + 'static,
         cursors: Vec<String>,
     ) -> Self {
+        let lock = MemoryLock::with_clock(memory.faults.clone(), clock.clone());
         Sweeps {
-            lock: MemoryLock::with_clock(memory.faults.clone(), clock.clone()),
+            lock: lock.clone(),
             schedules: MemorySchedules::with_clock(
                 memory.faults.clone(),
                 Duration::from_secs(1_700_000_000),
                 clock.clone(),
             ),
-            sweep: memory.sweeper_with_clock(POLICY, clock),
+            sweep: memory.sweeper_with_clock(POLICY, clock).fenced_by(lock),
             ledger: SweepLedger {
                 inner: Arc::default(),
                 cursors: Arc::new(cursors),
@@ -276,7 +279,11 @@ impl Sweeps {
                     .map(SweepAnswer::Yes),
                 Err(e) => Err(e),
             },
-            SweepCall::Sweep { by } => self.swept(memory, by.as_deref().unwrap_or("?"), now).await,
+            SweepCall::Sweep { by, fence } => {
+                let fence = LockLease::from(fence);
+                self.swept(memory, by.as_deref().unwrap_or("?"), &fence, now)
+                    .await
+            }
         };
         match answer {
             Ok(a) => Response::Sweeps(a),
@@ -286,7 +293,13 @@ impl Sweeps {
     }
 
     /// One sweep of the source host's ports, checked against what it found before.
-    async fn swept(&self, memory: &Memory, by: &str, now: Duration) -> Result<SweepAnswer> {
+    async fn swept(
+        &self,
+        memory: &Memory,
+        by: &str,
+        fence: &LockLease,
+        now: Duration,
+    ) -> Result<SweepAnswer> {
         let watermark = memory.source.current_watermark();
         let first_log = tidemark::Source::first_available(&memory.source)
             .await
@@ -305,7 +318,7 @@ impl Sweeps {
             .filter(|(_, done)| !done)
             .map(|(row, _)| row.id)
             .collect();
-        let swept = self.sweep.sweep().await?;
+        let swept = self.sweep.sweep(fence).await?;
         let still: BTreeSet<u64> = memory
             .outbox
             .rows()
@@ -689,9 +702,10 @@ impl ScheduleStore for Remote {
 
 /// The source host's sweep of its history and outbox, over the wire.
 impl Sweep for Remote {
-    async fn sweep(&self) -> Result<Swept> {
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
         let call = SweepCall::Sweep {
             by: self.owner().map(str::to_owned),
+            fence: fence.into(),
         };
         match self.sweep_call(call).await? {
             SweepAnswer::Swept {

@@ -70,6 +70,13 @@ conformance! {
 }
 
 #[tokio::test(start_paused = true)]
+async fn sweep_refuses_a_stale_fence() {
+    let m = Memory::new();
+    let sweep = m.sweeper(tidemark::RetentionPolicy::default());
+    c::sweep_refuses_a_stale_fence(&m.lock, &sweep, Duration::from_millis(100)).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn outbox_claims_are_exclusive_and_expire() {
     let m = Memory::new();
     let announced = m.announced_source(Legs::default());

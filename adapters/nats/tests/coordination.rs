@@ -127,3 +127,20 @@ async fn racing_schedulers_fire_each_interval_tick_once() {
     );
     assert!(ticks.len() >= 3, "due ticks fired: {ticks:?}");
 }
+
+/// The sweeper lock's fencing token goes with the sweep: a NATS sweep fenced by the lock
+/// refuses a stalled sweeper's lease once another has taken the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_refuses_a_stale_fence() {
+    let server = server().await;
+    let client = client(&server).await;
+    let events = tidemark_nats::NatsEvents::new(client.clone(), "FENCED", "fenced").unwrap();
+    events.ensure(1).await.unwrap();
+    let lock = NatsLock::open(client.clone(), "sweeplocks", 1)
+        .await
+        .unwrap();
+    let sweep = tidemark_nats::NatsSweep::new(client)
+        .events("FENCED", tidemark_nats::StreamLimits::EVENTS)
+        .fenced_by(lock.clone());
+    tidemark::conformance::sweep_refuses_a_stale_fence(&lock, &sweep, REAL_LEASE).await;
+}

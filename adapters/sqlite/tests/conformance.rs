@@ -62,6 +62,7 @@ conformance! {
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     lock_for_ever_is_held => |db| db.lock();
     lock_taken_again_by_its_owner_is_a_new_lease => |db| db.lock();
+    sweep_refuses_a_stale_fence => |db| db.lock(), &db.sweeper(), REAL_LEASE;
     queue_lease_for_ever_holds_the_job => |db| db.queue();
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_mark_fired_refuses_a_replaced_schedule => |db| db.schedules();
