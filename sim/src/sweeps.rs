@@ -27,8 +27,10 @@
 //! follower's watermark (that lives in the follower's own store), so change-log history
 //! older than `keep` may go while such a follower still needs it; that follower then
 //! resyncs, and the oracle checks that it converges. A sweep served after its owner's lease
-//! ran out (a request held on the wire past its lease) is counted, not failed: the
-//! `Sweep` port takes no fencing token, so a lease cannot stop a request already sent.
+//! ran out (a request held on the wire past its lease) is counted, not failed, as long as
+//! nobody took the lock since: its fence is still the newest. A sweep served under a fence
+//! older than the newest grant (two sweepers sweeping at once) fails the ledger; the
+//! source host's sweep refuses such fences (`MemorySweep::fenced_by` the host's lock).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -335,6 +337,7 @@ impl Sweeps {
             cursors,
             lost,
             swept,
+            fencing: fence.fencing,
         });
         Ok(SweepAnswer::Swept {
             outbox_rows: swept.outbox_rows,
@@ -358,6 +361,8 @@ struct SweepSeen<'a> {
     /// Outbox rows pending before the sweep and gone after it.
     lost: Vec<u64>,
     swept: Swept,
+    /// The fencing token the sweep ran under.
+    fencing: u64,
 }
 
 #[derive(Debug)]
@@ -474,6 +479,13 @@ impl SweepLedger {
             .values()
             .any(|h| h.owner == seen.by && !h.released && h.until > now);
         s.late += u32::from(!held);
+        let newest = s.holds.keys().next_back().copied();
+        if let Some(newest) = newest.filter(|&n| n > seen.fencing) {
+            s.violations.push(format!(
+                "a sweep by {} at {now:?} ran under fencing {} while the sweeper lock was granted again (fencing {newest}): two sweeps at once",
+                seen.by, seen.fencing
+            ));
+        }
         s.marks.push((now, seen.watermark, seen.events_head));
         let log: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.1)).collect();
         let events: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.2)).collect();
@@ -812,7 +824,28 @@ mod tests {
             cursors: cursors.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect(),
             lost: Vec::new(),
             swept,
+            fencing: 0,
         }
+    }
+
+    #[test]
+    fn a_sweep_under_a_fence_older_than_the_newest_grant_is_a_violation() {
+        let ledger = SweepLedger::default();
+        let s = Duration::from_secs;
+        ledger.granted(&lease("relay-0", 1), s(0), s(2));
+        ledger.check_sweep(&SweepSeen {
+            fencing: 1,
+            ..seen(1, Swept::default(), &[])
+        });
+        assert!(ledger.violations().is_empty(), "the holder sweeps");
+        ledger.granted(&lease("relay-1", 2), s(3), s(5));
+        ledger.check_sweep(&SweepSeen {
+            fencing: 1,
+            ..seen(4, Swept::default(), &[])
+        });
+        let v = ledger.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("two sweeps at once"), "{v:?}");
     }
 
     #[test]

@@ -33,7 +33,12 @@ const CLAIMED_TICK_RETRY: Duration = Duration::from_secs(5);
 /// A schedule with no tick due has its last claimed tick's job enqueued again under the
 /// same key: a runner that died between the claim and the enqueue left it to be enqueued,
 /// and one that died after it left nothing (the queue says so, and no second job is made).
-/// So each claimed tick's job is enqueued exactly once, whichever step a crash cut.
+/// So each claimed tick's job is enqueued exactly once, whichever step a crash cut, when a
+/// pass comes before the next tick is due (a later tick due first supersedes it: missed
+/// ticks fire once). A tick claimed by [`run_retention`](crate::run_retention), which
+/// sweeps without a queue, has no record in the queue either: a pass between ticks (a
+/// scheduler starting, or retrying after a store error) enqueues a `sweep` job for it, one
+/// sweep more for that tick.
 /// Returns what this runner fired and how long until the next tick is due.
 pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     store: &T,
