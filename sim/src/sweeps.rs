@@ -93,16 +93,23 @@ pub enum SweepCall {
     RemoveSchedule {
         name: String,
     },
-    /// The schedule as the runner read it, and the tick it fires.
+    /// The schedule as the runner read it, and the tick it fires (`for_job`: claimed for
+    /// a job, pending until settled).
     MarkFired {
         due: WireDue,
         tick: u64,
+        for_job: bool,
     },
     /// `by`: the owner sweeping, named to the ledger; `fence`: the sweeper lock's lease
     /// it sweeps under.
     Sweep {
         by: Option<String>,
         fence: WireLockLease,
+    },
+    /// A pending tick's job is enqueued.
+    JobEnqueued {
+        name: String,
+        tick: u64,
     },
 }
 
@@ -144,6 +151,7 @@ pub struct WireDue {
     #[serde(with = "crate::proto::job")]
     pub job: Job,
     pub last_fired: Option<u64>,
+    pub pending: Option<u64>,
     pub anchor: Duration,
     pub now: Duration,
 }
@@ -156,6 +164,7 @@ impl WireDue {
             every: d.schedule.interval()?,
             job: d.schedule.job().clone(),
             last_fired: d.last_fired,
+            pending: d.pending,
             anchor: d.clock.anchor,
             now: d.clock.now,
         })
@@ -168,6 +177,7 @@ impl WireDue {
         Ok(DueSchedule {
             schedule,
             last_fired: self.last_fired,
+            pending: self.pending,
             clock: ScheduleClock {
                 anchor: self.anchor,
                 now: self.now,
@@ -273,7 +283,12 @@ impl Sweeps {
                 .remove_schedule(&name)
                 .await
                 .map(SweepAnswer::Yes),
-            SweepCall::MarkFired { due, tick } => match due.into_due() {
+            SweepCall::MarkFired { due, tick, for_job } => match due.into_due() {
+                Ok(read) if for_job => self
+                    .schedules
+                    .claim_for_job(&read, tick)
+                    .await
+                    .map(SweepAnswer::Yes),
                 Ok(read) => self
                     .schedules
                     .mark_fired(&read, tick)
@@ -281,6 +296,11 @@ impl Sweeps {
                     .map(SweepAnswer::Yes),
                 Err(e) => Err(e),
             },
+            SweepCall::JobEnqueued { name, tick } => self
+                .schedules
+                .job_enqueued(&name, tick)
+                .await
+                .map(|()| SweepAnswer::Done),
             SweepCall::Sweep { by, fence } => {
                 let fence = LockLease::from(fence);
                 self.swept(memory, by.as_deref().unwrap_or("?"), &fence, now)
@@ -704,11 +724,41 @@ impl ScheduleStore for Remote {
                 "cron schedules are not served over the simulator's wire",
             ));
         };
-        let call = SweepCall::MarkFired { due, tick };
+        let call = SweepCall::MarkFired {
+            due,
+            tick,
+            for_job: false,
+        };
         match self.sweep_call(call).await? {
             SweepAnswer::Yes(y) => Ok(y),
             a => Err(unexpected(&a)),
         }
+    }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        let Some(due) = WireDue::of(read) else {
+            return Err(Error::unavailable(
+                "schedules",
+                "cron schedules are not served over the simulator's wire",
+            ));
+        };
+        let call = SweepCall::MarkFired {
+            due,
+            tick,
+            for_job: true,
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Yes(y) => Ok(y),
+            a => Err(unexpected(&a)),
+        }
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        let call = SweepCall::JobEnqueued {
+            name: name.to_owned(),
+            tick,
+        };
+        self.sweep_call(call).await.map(drop)
     }
 }
 

@@ -25,21 +25,19 @@ pub struct Fired {
 const CLAIMED_TICK_RETRY: Duration = Duration::from_secs(5);
 
 /// Fires every due tick once: for each schedule, the latest due tick newer than its last
-/// fired one is claimed by a compare-and-set in the store (so of several runners exactly
-/// one wins it) and its job enqueued under the tick's key ([`Queue::enqueue_tick`]). A tick
-/// missed while no runner ran fires once. Interval and cron schedules alike: ticks are
-/// decided by the core from the store's clock.
+/// fired one is claimed by a compare-and-set in the store
+/// ([`ScheduleStore::claim_for_job`]: of several runners exactly one wins it), its job
+/// enqueued under the tick's key ([`Queue::enqueue_tick`]), and the enqueue recorded in
+/// the store ([`ScheduleStore::job_enqueued`]). A tick missed while no runner ran fires
+/// once. Interval and cron schedules alike: ticks are decided by the core from the
+/// store's clock.
 ///
-/// A schedule with no tick due has its last claimed tick's job enqueued again under the
-/// same key: a runner that died between the claim and the enqueue left it to be enqueued,
-/// and one that died after it left nothing (the queue says so, and no second job is made).
-/// So each claimed tick's job is enqueued exactly once, whichever step a crash cut, when a
-/// pass comes before the next tick is due (a later tick due first supersedes it: missed
-/// ticks fire once). A tick claimed by [`run_retention`](crate::run_retention), which
-/// sweeps without a queue, has no record in the queue either: a pass between ticks (a
-/// scheduler starting, or retrying after a store error) enqueues a `sweep` job for it, one
-/// sweep more for that tick.
-/// Returns what this runner fired and how long until the next tick is due.
+/// A schedule whose last claimed tick is still [`pending`](crate::DueSchedule::pending)
+/// (its runner died after the claim, before or after the enqueue) has that tick's job
+/// enqueued first, under the same key: enqueued now if it never was, nothing if it was.
+/// Until that succeeds no newer tick of the schedule is claimed. So each claimed tick's job
+/// is enqueued exactly once, whichever step a crash cut. Returns what this runner fired
+/// and how long until the next tick is due.
 pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     store: &T,
     queue: &Q,
@@ -48,53 +46,71 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
     let mut next: Option<Duration> = None;
     for due in store.schedules().await? {
         let s = &due.schedule;
+        if let Some(wait) = s.until_next(due.clock) {
+            next = Some(next.map_or(wait, |n| n.min(wait)));
+        }
         let key = |tick| TickKey {
             schedule: s.name().to_owned(),
             anchor: due.clock.anchor,
             tick,
         };
-        match s.tick_to_fire(due.last_fired, due.clock) {
-            Some(tick) => {
-                if store.mark_fired(&due, tick).await? {
-                    // The tick is this pass's now: its job is enqueued, a passing failure
-                    // retried (until the next tick would be due, at most
-                    // CLAIMED_TICK_RETRY); a tick still not enqueued then is enqueued by
-                    // the next pass that finds no newer tick due.
-                    let within = s
-                        .until_next(due.clock)
-                        .unwrap_or(CLAIMED_TICK_RETRY)
-                        .min(CLAIMED_TICK_RETRY);
-                    let deadline = crate::instant_after(tokio::time::Instant::now(), within);
-                    let claimed = key(tick);
-                    let enqueued = crate::settle::settle(
-                        deadline,
-                        || queue.enqueue_tick(&claimed, s.job().clone()),
-                        |e, delay| {
-                            debug!(schedule = s.name(), tick, error = %e, ?delay, "enqueue of a claimed tick failed; trying again");
-                        },
-                    )
-                    .await;
-                    record(&mut fired, s.name(), tick, enqueued, "schedule fired");
-                }
-            }
-            None => {
-                if let Some(tick) = due.last_fired {
-                    let enqueued = queue.enqueue_tick(&key(tick), s.job().clone()).await;
-                    record(
-                        &mut fired,
-                        s.name(),
-                        tick,
-                        enqueued,
-                        "a claimed tick's job was not enqueued (its runner stopped); enqueued now",
-                    );
-                }
+        if let Some(tick) = due.pending {
+            let enqueued = queue.enqueue_tick(&key(tick), s.job().clone()).await;
+            let ok = enqueued.is_ok();
+            record(
+                &mut fired,
+                s.name(),
+                tick,
+                enqueued,
+                "a claimed tick's job was not enqueued (its runner stopped); enqueued now",
+            );
+            if !ok || !settled(store, s.name(), tick).await {
+                // The pending tick first: a newer one claimed now would pass it over.
+                continue;
             }
         }
-        if let Some(wait) = s.until_next(due.clock) {
-            next = Some(next.map_or(wait, |n| n.min(wait)));
+        let Some(tick) = s.tick_to_fire(due.last_fired, due.clock) else {
+            continue;
+        };
+        if !store.claim_for_job(&due, tick).await? {
+            continue;
+        }
+        // The tick is this pass's now: its job is enqueued, a passing failure retried
+        // (until the next tick would be due, at most CLAIMED_TICK_RETRY); a tick still not
+        // enqueued then stays pending, for the next pass.
+        let within = s
+            .until_next(due.clock)
+            .unwrap_or(CLAIMED_TICK_RETRY)
+            .min(CLAIMED_TICK_RETRY);
+        let deadline = crate::instant_after(tokio::time::Instant::now(), within);
+        let claimed = key(tick);
+        let enqueued = crate::settle::settle(
+            deadline,
+            || queue.enqueue_tick(&claimed, s.job().clone()),
+            |e, delay| {
+                debug!(schedule = s.name(), tick, error = %e, ?delay, "enqueue of a claimed tick failed; trying again");
+            },
+        )
+        .await;
+        let ok = enqueued.is_ok();
+        record(&mut fired, s.name(), tick, enqueued, "schedule fired");
+        if ok {
+            settled(store, s.name(), tick).await;
         }
     }
     Ok((fired, next))
+}
+
+/// Records in the store that `tick`'s job is enqueued; whether it was recorded (a failure
+/// is logged, and the next pass settles the tick again).
+async fn settled<T: ScheduleStore>(store: &T, schedule: &str, tick: u64) -> bool {
+    match store.job_enqueued(schedule, tick).await {
+        Ok(()) => true,
+        Err(e) => {
+            warn!(schedule, tick, error = %e, "could not record a tick's job as enqueued; the next pass does");
+            false
+        }
+    }
 }
 
 /// Notes the outcome of a tick's enqueue: a job this pass enqueued is fired; a tick

@@ -43,19 +43,25 @@ impl SqliteSchedules {
                     .map_err(sql)?;
                 let mut fired = Vec::new();
                 for due in read_due(&tx)? {
+                    let name = due.schedule.name();
+                    let key = |tick| TickKey {
+                        schedule: name.to_owned(),
+                        anchor: due.clock.anchor,
+                        tick,
+                    };
+                    // A tick a runner over the port claimed and did not settle.
+                    if let Some(tick) = due.pending {
+                        if let Some(id) = enqueue_tick_on(&tx, &key(tick), due.schedule.job())? {
+                            fired.push((name.to_owned(), id));
+                        }
+                        settle(&tx, name, tick)?;
+                    }
                     let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.clock) else {
                         continue;
                     };
-                    let name = due.schedule.name();
-                    if cas(&tx, &due, tick)? {
-                        // Under the tick's key, so a scheduler over the port that finds
-                        // this tick claimed does not enqueue it again.
-                        let key = TickKey {
-                            schedule: name.to_owned(),
-                            anchor: due.clock.anchor,
-                            tick,
-                        };
-                        if let Some(id) = enqueue_tick_on(&tx, &key, due.schedule.job())? {
+                    if cas(&tx, &due, tick, false)? {
+                        // Under the tick's key, as a scheduler over the port enqueues.
+                        if let Some(id) = enqueue_tick_on(&tx, &key(tick), due.schedule.job())? {
                             fired.push((name.to_owned(), id));
                         }
                     }
@@ -70,7 +76,7 @@ impl SqliteSchedules {
 /// Records `tick` as the last fired tick of the schedule `read` names, only if its row is
 /// still the one read: its last fired tick, its anchor (a replacement restarts it) and its
 /// interval, cron expression and job.
-fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64) -> Result<bool> {
+fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
     let job = read
         .schedule
         .job()
@@ -91,7 +97,37 @@ fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64) -> Result<boo
             ],
         )
         .map_err(sql)?;
+    if n == 1 {
+        // The tick is pending (its job still to be enqueued) only when claimed for a job.
+        let pending = pending_name(read.schedule.name());
+        if for_job {
+            conn.execute(
+                "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                params![pending, to_i64(tick)],
+            )
+        } else {
+            conn.execute("DELETE FROM tidemark_meta WHERE name = ?1", [pending])
+        }
+        .map_err(sql)?;
+    }
     Ok(n == 1)
+}
+
+/// The `tidemark_meta` row holding a schedule's pending tick (claimed for a job not yet
+/// known to be enqueued): no schema change, and absent for every schedule stored before.
+fn pending_name(schedule: &str) -> String {
+    format!("pending_tick:{schedule}")
+}
+
+/// Clears the schedule's pending tick if it is still `tick`.
+fn settle(conn: &rusqlite::Connection, schedule: &str, tick: u64) -> Result<()> {
+    conn.execute(
+        "DELETE FROM tidemark_meta WHERE name = ?1 AND value = ?2",
+        params![pending_name(schedule), to_i64(tick)],
+    )
+    .map_err(sql)?;
+    Ok(())
 }
 
 /// A schedule's interval as stored (0 for a cron schedule).
@@ -99,6 +135,23 @@ fn interval_ns(schedule: &Schedule) -> i64 {
     schedule
         .interval()
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+impl SqliteSchedules {
+    /// The compare-and-set of a tick, and its pending row, in one transaction.
+    async fn claim(&self, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
+        let read = read.clone();
+        self.db
+            .write("schedule", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let won = cas(&tx, &read, tick, for_job)?;
+                tx.commit().map_err(sql)?;
+                Ok(won)
+            })
+            .await
+    }
 }
 
 impl ScheduleStore for SqliteSchedules {
@@ -124,6 +177,11 @@ impl ScheduleStore for SqliteSchedules {
                     ],
                 )
                 .map_err(sql)?;
+                conn.execute(
+                    "DELETE FROM tidemark_meta WHERE name = ?1",
+                    [pending_name(schedule.name())],
+                )
+                .map_err(sql)?;
                 Ok(())
             })
             .await
@@ -133,6 +191,11 @@ impl ScheduleStore for SqliteSchedules {
         let name = name.to_owned();
         self.db
             .write("schedule", move |conn| {
+                conn.execute(
+                    "DELETE FROM tidemark_meta WHERE name = ?1",
+                    [pending_name(&name)],
+                )
+                .map_err(sql)?;
                 conn.execute("DELETE FROM schedules WHERE name = ?1", [name])
                     .map(|n| n > 0)
                     .map_err(sql)
@@ -145,9 +208,17 @@ impl ScheduleStore for SqliteSchedules {
     }
 
     async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
-        let read = read.clone();
+        self.claim(read, tick, false).await
+    }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.claim(read, tick, true).await
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        let name = name.to_owned();
         self.db
-            .write("schedule", move |conn| cas(conn, &read, tick))
+            .write("schedule", move |conn| settle(conn, &name, tick))
             .await
     }
 }
@@ -158,8 +229,10 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
     let now = now_ms();
     let mut stmt = conn
         .prepare_cached(
-            "SELECT name, interval_ns, job, anchor, last_fired, cron FROM schedules
-             ORDER BY name",
+            "SELECT s.name, s.interval_ns, s.job, s.anchor, s.last_fired, s.cron, m.value
+             FROM schedules AS s LEFT JOIN tidemark_meta AS m
+               ON m.name = 'pending_tick:' || s.name
+             ORDER BY s.name",
         )
         .map_err(sql)?;
     let rows = stmt
@@ -171,12 +244,13 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
                 r.get::<_, i64>(3)?,
                 r.get::<_, Option<i64>>(4)?,
                 r.get::<_, Option<String>>(5)?,
+                r.get::<_, Option<i64>>(6)?,
             ))
         })
         .map_err(sql)?;
     let mut out = Vec::new();
     for row in rows {
-        let (name, interval, job, anchor, last_fired, cron) = row.map_err(sql)?;
+        let (name, interval, job, anchor, last_fired, cron, pending) = row.map_err(sql)?;
         let parsed = Job::decode(&job)
             .map_err(|e| e.to_string())
             .and_then(|job| {
@@ -192,6 +266,8 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
             Ok(schedule) => out.push(DueSchedule {
                 schedule,
                 last_fired: last_fired.map(to_u64),
+                // Pending only while it is the last fired tick.
+                pending: pending.filter(|p| Some(*p) == last_fired).map(to_u64),
                 clock: ScheduleClock {
                     anchor: Duration::from_millis(to_u64(anchor)),
                     now: Duration::from_millis(to_u64(now)),

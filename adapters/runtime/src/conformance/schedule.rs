@@ -124,11 +124,13 @@ pub async fn schedule_cron_fires_each_tick_once<T: ScheduleStore, Q: Queue>(t: &
     );
 }
 
-/// Each claimed tick's job is enqueued exactly once, whichever step a crash cuts: a
-/// scheduler that claims a tick and dies before the enqueue leaves it to the next pass,
-/// which enqueues it (racing passes make one job between them); a pass after the enqueue,
-/// or the dead scheduler's enqueue replayed under the tick's key, makes no second job; and
-/// the next tick fires as usual.
+/// Each claimed tick's job is enqueued exactly once, whichever step a crash cuts. A
+/// scheduler that claims a tick for its job and dies before the enqueue leaves the tick
+/// pending; the next pass, even one that finds a newer tick due, enqueues it first (racing
+/// passes make one job between them) and then fires the newer tick. A scheduler that dies
+/// after the enqueue, before recording it, leaves a tick whose enqueue, replayed under the
+/// tick's key, makes no second job. A tick claimed with `mark_fired` (whose claimer does
+/// the work itself, as the retention driver does) gets no job.
 ///
 /// Runs a once-a-second interval on the store's clock (tokio's under paused time, the wall
 /// clock or a server's otherwise).
@@ -140,55 +142,92 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
     t.put_schedule(s).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let due = t.schedules().await.unwrap().remove(0);
-    let tick = due
+    let key = |tick| crate::ports::TickKey {
+        schedule: "crashy".into(),
+        anchor: due.clock.anchor,
+        tick,
+    };
+    let first = due
         .schedule
         .tick_to_fire(due.last_fired, due.clock)
         .expect("a tick is due after an interval");
     assert!(
-        t.mark_fired(&due, tick).await.unwrap(),
+        t.claim_for_job(&due, first).await.unwrap(),
         "the scheduler claims the tick (and dies before its enqueue)"
     );
+    assert_eq!(
+        t.schedules().await.unwrap()[0].pending,
+        Some(first),
+        "a tick claimed for a job is pending until its job is known enqueued"
+    );
+    // The next tick comes due before any scheduler passes again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let (a, b, c) = tokio::join!(
         crate::fire_due(t, q),
         crate::fire_due(t, q),
         crate::fire_due(t, q)
     );
-    let fired: Vec<u64> = [a.unwrap().0, b.unwrap().0, c.unwrap().0]
+    let mut fired: Vec<u64> = [a.unwrap().0, b.unwrap().0, c.unwrap().0]
         .into_iter()
         .flatten()
         .map(|f| f.tick)
         .collect();
+    fired.sort_unstable();
     assert_eq!(
-        fired,
-        vec![tick],
-        "a tick claimed by a scheduler that died before its enqueue fires once, by a later pass"
+        fired.len(),
+        2,
+        "the dead scheduler's tick and the next: {fired:?}"
     );
-    assert_eq!(q.counts().await.unwrap().ready, 1, "one job for the tick");
+    assert_eq!(
+        fired[0], first,
+        "a tick claimed by a scheduler that died before its enqueue fires once, though a newer tick is due: {fired:?}"
+    );
+    assert!(fired[1] > first, "then the newer tick fires: {fired:?}");
+    assert_eq!(q.counts().await.unwrap().ready, 2, "one job per tick");
+    let now = t.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (now.last_fired, now.pending),
+        (Some(fired[1]), None),
+        "both enqueues are recorded"
+    );
 
+    // Died after the enqueue, before recording it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let third = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.claim_for_job(&due, third).await.unwrap());
+    let job = q.enqueue_tick(&key(third), Job::Sweep).await.unwrap();
+    assert!(
+        job.is_some(),
+        "the tick's job is enqueued (then its scheduler dies)"
+    );
     let (again, _) = crate::fire_due(t, q).await.unwrap();
     assert!(
         again.is_empty(),
-        "an enqueued tick is not enqueued again: {again:?}"
+        "a tick whose job was enqueued is not enqueued again: {again:?}"
     );
-    let key = crate::ports::TickKey {
-        schedule: "crashy".into(),
-        anchor: due.clock.anchor,
-        tick,
-    };
+    assert_eq!(q.counts().await.unwrap().ready, 3, "still one job per tick");
     assert_eq!(
-        q.enqueue_tick(&key, Job::Sweep).await.unwrap(),
+        t.schedules().await.unwrap()[0].pending,
         None,
-        "the enqueue replayed under the tick's key (its scheduler died after it) makes no job"
-    );
-    assert_eq!(
-        q.counts().await.unwrap().ready,
-        1,
-        "still one job for the tick"
+        "the next pass records the enqueue"
     );
 
+    // Claimed by a runner that does the work itself: no job.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let (next, _) = crate::fire_due(t, q).await.unwrap();
-    assert_eq!(next.len(), 1, "the next tick fires: {next:?}");
-    assert!(next[0].tick > tick);
-    assert_eq!(q.counts().await.unwrap().ready, 2, "one job per tick");
+    let due = t.schedules().await.unwrap().remove(0);
+    let fourth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.mark_fired(&due, fourth).await.unwrap());
+    let (none, _) = crate::fire_due(t, q).await.unwrap();
+    assert!(
+        none.is_empty(),
+        "a tick claimed with mark_fired is its claimer's to run: {none:?}"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 3);
 }
