@@ -159,7 +159,9 @@ impl MemorySchedules {
                     && stored.schedule == read.schedule =>
             {
                 stored.last_fired = Some(tick);
-                stored.pending = for_job.then_some(tick);
+                if for_job {
+                    stored.pending = Some(tick);
+                }
                 Ok(true)
             }
             _ => Ok(false),

@@ -155,7 +155,7 @@ impl ScheduleStore for NatsSchedules {
                 Ok(schedule) => out.push(DueSchedule {
                     schedule,
                     last_fired: stored.last_fired,
-                    pending: stored.pending.filter(|p| Some(*p) == stored.last_fired),
+                    pending: stored.pending,
                     clock: ScheduleClock {
                         anchor: Duration::from_nanos(stored.anchor_ns),
                         now,
@@ -228,7 +228,7 @@ impl NatsSchedules {
         }
         let fired = Stored {
             last_fired: Some(tick),
-            pending: for_job.then_some(tick),
+            pending: if for_job { Some(tick) } else { stored.pending },
             ..stored
         };
         let value = serde_json::to_vec(&fired).map_err(|e| unavailable(PORT, e))?;

@@ -97,18 +97,14 @@ fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64, for_job: bool
             ],
         )
         .map_err(sql)?;
-    if n == 1 {
-        // The tick is pending (its job still to be enqueued) only when claimed for a job.
-        let pending = pending_name(read.schedule.name());
-        if for_job {
-            conn.execute(
-                "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
-                 ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                params![pending, to_i64(tick)],
-            )
-        } else {
-            conn.execute("DELETE FROM tidemark_meta WHERE name = ?1", [pending])
-        }
+    if n == 1 && for_job {
+        // Pending (its job still to be enqueued) until settled; a claim by a runner that
+        // does the work itself leaves an older pending tick as it is.
+        conn.execute(
+            "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            params![pending_name(read.schedule.name()), to_i64(tick)],
+        )
         .map_err(sql)?;
     }
     Ok(n == 1)
@@ -266,8 +262,7 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
             Ok(schedule) => out.push(DueSchedule {
                 schedule,
                 last_fired: last_fired.map(to_u64),
-                // Pending only while it is the last fired tick.
-                pending: pending.filter(|p| Some(*p) == last_fired).map(to_u64),
+                pending: pending.map(to_u64),
                 clock: ScheduleClock {
                     anchor: Duration::from_millis(to_u64(anchor)),
                     now: Duration::from_millis(to_u64(now)),

@@ -230,4 +230,34 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
         "a tick claimed with mark_fired is its claimer's to run: {none:?}"
     );
     assert_eq!(q.counts().await.unwrap().ready, 3);
+
+    // A tick claimed for its job by a scheduler that died, then passed over by a runner
+    // that does its ticks itself: the job is still enqueued.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let fifth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.claim_for_job(&due, fifth).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let sixth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.mark_fired(&due, sixth).await.unwrap());
+    assert_eq!(
+        t.schedules().await.unwrap()[0].pending,
+        Some(fifth),
+        "a claim that runs its tick itself leaves an older pending tick pending"
+    );
+    let (late, _) = crate::fire_due(t, q).await.unwrap();
+    let late: Vec<u64> = late.iter().map(|f| f.tick).collect();
+    assert_eq!(
+        late,
+        vec![fifth],
+        "the passed-over tick's job is enqueued, once"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 4);
 }

@@ -13,11 +13,11 @@ pub struct DueSchedule {
     pub schedule: Schedule,
     /// The last tick fired, if any.
     pub last_fired: Option<u64>,
-    /// The last fired tick while its job is not known to be enqueued: claimed with
-    /// [`ScheduleStore::claim_for_job`] and not yet settled with
-    /// [`ScheduleStore::job_enqueued`] (its runner may have died between the two). `None`
-    /// for a tick claimed with [`ScheduleStore::mark_fired`], whose claimer does the
-    /// tick's work itself.
+    /// A tick claimed with [`ScheduleStore::claim_for_job`] whose job is not known to be
+    /// enqueued (not yet settled with [`ScheduleStore::job_enqueued`]: its runner may have
+    /// died between the two). Usually the last fired tick; older when a runner that does
+    /// its ticks' work itself ([`ScheduleStore::mark_fired`], which leaves this alone)
+    /// claimed a newer one meanwhile.
     pub pending: Option<u64>,
     /// The schedule's anchor (when it was stored) and now, both by the store's clock: the
     /// one clock every runner shares (a database's or a server's, never each process's).
@@ -52,7 +52,8 @@ pub trait ScheduleStore: Send + Sync {
     /// compare-and-set, which also records `tick` as the schedule's
     /// [`pending`](DueSchedule::pending) tick, in the same write, until
     /// [`job_enqueued`](Self::job_enqueued) settles it. So a runner that dies after the
-    /// claim leaves the tick for another to enqueue.
+    /// claim leaves the tick for another to enqueue. (`mark_fired` leaves the pending
+    /// tick as it is.)
     fn claim_for_job(
         &self,
         read: &DueSchedule,
