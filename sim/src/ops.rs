@@ -70,6 +70,8 @@ pub enum QueueCall {
         tick: u64,
         #[serde(with = "crate::proto::job")]
         job: Job,
+        /// The scheduler enqueueing, named to the ledger.
+        by: Option<String>,
     },
 }
 
@@ -142,6 +144,7 @@ pub async fn serve(queue: &MemoryQueue, ledger: &JobLedger, call: QueueCall) -> 
             anchor,
             tick,
             job,
+            by: _,
         } => {
             let key = TickKey {
                 schedule,
@@ -256,6 +259,7 @@ impl Queue for Remote {
             anchor: tick.anchor,
             tick: tick.tick,
             job,
+            by: self.owner().map(str::to_owned),
         };
         match self.queue_call(call).await? {
             QueueAnswer::Tick(id) => Ok(id),
@@ -361,6 +365,9 @@ pub struct JobFaults {
     pub slow_next: AtomicBool,
     /// The next this-many handler calls fail.
     pub fail_next: AtomicU32,
+    /// The sweep schedulers enqueue without the (schedule, tick) key (the `naive-ticks`
+    /// strategy).
+    pub naive_ticks: AtomicBool,
 }
 
 /// One handler run of a job, as the ledger saw it.

@@ -99,6 +99,7 @@ pub enum SweepCall {
         due: WireDue,
         tick: u64,
         for_job: bool,
+        by: Option<String>,
     },
     /// `by`: the owner sweeping, named to the ledger; `fence`: the sweeper lock's lease
     /// it sweeps under.
@@ -110,6 +111,7 @@ pub enum SweepCall {
     JobEnqueued {
         name: String,
         tick: u64,
+        by: Option<String>,
     },
 }
 
@@ -283,12 +285,29 @@ impl Sweeps {
                 .remove_schedule(&name)
                 .await
                 .map(SweepAnswer::Yes),
-            SweepCall::MarkFired { due, tick, for_job } => match due.into_due() {
-                Ok(read) if for_job => self
-                    .schedules
-                    .claim_for_job(&read, tick)
-                    .await
-                    .map(SweepAnswer::Yes),
+            SweepCall::MarkFired { by, .. } | SweepCall::JobEnqueued { by, .. }
+                if self.ledger.is_doomed(by.as_deref()) =>
+            {
+                Err(Error::unavailable("schedules", "the scheduler is crashing"))
+            }
+            SweepCall::MarkFired {
+                due,
+                tick,
+                for_job,
+                by,
+            } => match due.into_due() {
+                Ok(read) if for_job => {
+                    let won = self.schedules.claim_for_job(&read, tick).await;
+                    if let (Ok(true), Some(by)) = (&won, &by) {
+                        self.ledger.claimed_for_job(by, tick);
+                        let mut s = lock(&self.ledger.inner);
+                        if let Some((false, down)) = s.scheduler_armed {
+                            s.scheduler_armed = None;
+                            s.doomed = Some((by.clone(), down));
+                        }
+                    }
+                    won.map(SweepAnswer::Yes)
+                }
                 Ok(read) => self
                     .schedules
                     .mark_fired(&read, tick)
@@ -296,11 +315,28 @@ impl Sweeps {
                     .map(SweepAnswer::Yes),
                 Err(e) => Err(e),
             },
-            SweepCall::JobEnqueued { name, tick } => self
-                .schedules
-                .job_enqueued(&name, tick)
-                .await
-                .map(|()| SweepAnswer::Done),
+            SweepCall::JobEnqueued { name, tick, by } => {
+                let crash = {
+                    let mut s = lock(&self.ledger.inner);
+                    match (s.scheduler_armed, &by) {
+                        (Some((true, down)), Some(by)) => {
+                            s.scheduler_armed = None;
+                            s.doomed = Some((by.clone(), down));
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if crash {
+                    // The enqueue landed; the host dies before recording it.
+                    Err(Error::unavailable("schedules", "the scheduler is crashing"))
+                } else {
+                    self.schedules
+                        .job_enqueued(&name, tick)
+                        .await
+                        .map(|()| SweepAnswer::Done)
+                }
+            }
             SweepCall::Sweep { by, fence } => {
                 let fence = LockLease::from(fence);
                 self.swept(memory, by.as_deref().unwrap_or("?"), &fence, now)
@@ -412,6 +448,17 @@ struct LedgerState {
     forced: BTreeSet<String>,
     /// A sweeper crash armed, with the host's time down.
     crash_armed: Option<Duration>,
+    /// A scheduler crash armed: after the enqueue (or right after the claim), and the
+    /// host's time down.
+    scheduler_armed: Option<(bool, Duration)>,
+    /// The scheduler host to crash now, with its time down: the source host serves it
+    /// nothing more until it restarted.
+    doomed: Option<(String, Duration)>,
+    /// A sweeper stall armed, with how long it lasts.
+    stall_armed: Option<Duration>,
+    /// Ticks claimed for their job, and `sweep` jobs enqueued (by key or not).
+    claimed_for_job: u64,
+    tick_jobs: u64,
 }
 
 /// What the sweepers did, checked as the source host serves them.
@@ -563,6 +610,76 @@ impl SweepLedger {
             s.marks.retain(|m| m.0 >= cut || Some(m.0) == newest_old);
         }
         s.violations.extend(found);
+    }
+
+    /// Arms a stall of the next worker host seen holding the sweeper lock, for `stall`.
+    pub fn arm_stall(&self, stall: Duration) {
+        lock(&self.inner).stall_armed = Some(stall);
+    }
+
+    /// The host holding the sweeper lock now, if a stall is armed (disarming it), with how
+    /// long the stall lasts.
+    #[must_use]
+    pub fn stalled_holder(&self) -> Option<(String, Duration)> {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let mut s = lock(&self.inner);
+        let stall = s.stall_armed?;
+        let holder = s
+            .holds
+            .values()
+            .find(|h| !h.released && h.until > now)?
+            .owner
+            .clone();
+        s.stall_armed = None;
+        Some((holder, stall))
+    }
+
+    /// Arms a crash of the next sweep scheduler that claims a tick for its job: right after
+    /// the claim, or (`after_enqueue`) when it records the job enqueued; it comes back
+    /// after `down`.
+    pub fn arm_scheduler_crash(&self, after_enqueue: bool, down: Duration) {
+        lock(&self.inner).scheduler_armed = Some((after_enqueue, down));
+    }
+
+    /// The scheduler host to crash now, if one is doomed, with its time down (taken: the
+    /// world crashes it once).
+    #[must_use]
+    pub fn doomed_scheduler(&self) -> Option<(String, Duration)> {
+        lock(&self.inner).doomed.take()
+    }
+
+    /// Whether `host` is a scheduler doomed to crash (served nothing more).
+    pub(crate) fn is_doomed(&self, host: Option<&str>) -> bool {
+        let s = lock(&self.inner);
+        host.is_some_and(|h| s.doomed.as_ref().is_some_and(|(d, _)| d == h))
+    }
+
+    /// A tick was claimed for its job: every tick claimed before must have its job by now
+    /// (a scheduler enqueues a pending tick's job before it claims a newer one).
+    fn claimed_for_job(&self, by: &str, tick: u64) {
+        let mut s = lock(&self.inner);
+        if s.tick_jobs < s.claimed_for_job {
+            let (claimed, jobs) = (s.claimed_for_job, s.tick_jobs);
+            s.violations.push(format!(
+                "{by} claimed tick {tick} while {} of {claimed} ticks claimed for their job had none: a tick never fired",
+                claimed - jobs
+            ));
+        }
+        s.claimed_for_job += 1;
+    }
+
+    /// A `sweep` job was enqueued for a tick (by the source host's queue): never more of
+    /// them than ticks claimed for their job.
+    pub fn tick_job_enqueued(&self, by: Option<&str>) {
+        let mut s = lock(&self.inner);
+        s.tick_jobs += 1;
+        if s.tick_jobs > s.claimed_for_job {
+            let (claimed, jobs) = (s.claimed_for_job, s.tick_jobs);
+            s.violations.push(format!(
+                "{jobs} sweep jobs enqueued for {claimed} ticks claimed for their job (the last by {}): a tick fired twice",
+                by.unwrap_or("?")
+            ));
+        }
     }
 
     /// Arms a crash of the next worker host seen holding the sweeper lock; it comes back
@@ -728,6 +845,7 @@ impl ScheduleStore for Remote {
             due,
             tick,
             for_job: false,
+            by: self.owner().map(str::to_owned),
         };
         match self.sweep_call(call).await? {
             SweepAnswer::Yes(y) => Ok(y),
@@ -746,6 +864,7 @@ impl ScheduleStore for Remote {
             due,
             tick,
             for_job: true,
+            by: self.owner().map(str::to_owned),
         };
         match self.sweep_call(call).await? {
             SweepAnswer::Yes(y) => Ok(y),
@@ -757,6 +876,7 @@ impl ScheduleStore for Remote {
         let call = SweepCall::JobEnqueued {
             name: name.to_owned(),
             tick,
+            by: self.owner().map(str::to_owned),
         };
         self.sweep_call(call).await.map(drop)
     }
@@ -801,7 +921,7 @@ pub fn sweep_of(remote: &Remote) -> SweepWithJobs<Remote, Remote> {
 /// Worker host `i`'s retention: the runtime's `run_retention` on even hosts, its
 /// `run_scheduler` enqueueing `sweep` jobs for the job runners on odd ones. Runs until
 /// the host crashes.
-pub async fn retention(i: usize, owner: String, trace: Trace) -> Result<()> {
+pub async fn retention(i: usize, owner: String, trace: Trace, naive_ticks: bool) -> Result<()> {
     let remote = Remote::relay(crate::scenario::SOURCE, owner.clone());
     let config = Retention::new(owner.clone())
         .and_then(|r| r.every(SWEEP_EVERY))
@@ -821,7 +941,12 @@ pub async fn retention(i: usize, owner: String, trace: Trace) -> Result<()> {
         trace.line(format!("{owner} sweep scheduler starts"));
         // Stored by the scheduler's first pass too, if this call fails.
         let _ = config.install(&remote).await;
-        run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
+        if naive_ticks {
+            let queue = crate::naive::KeylessTicks(remote.clone());
+            run_scheduler(&remote, &queue, SWEEP_EVERY, StopSignal::never()).await;
+        } else {
+            run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
+        }
     }
     Ok(())
 }
