@@ -37,7 +37,8 @@ struct Args {
     /// Bound on convergence after healing, in simulated seconds.
     #[arg(long, default_value_t = 60)]
     liveness: u64,
-    /// Fault kinds to draw from (default: every kind). Repeat or separate with commas.
+    /// Fault kinds to draw from (default: every kind but the opt-in `scheduler-crash` and
+    /// `sweeper-stall`, drawn only when named). Repeat or separate with commas.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// How followers are built (the naive strategies must be caught diverging).

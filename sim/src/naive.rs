@@ -186,3 +186,61 @@ impl PendingEnd {
         (self.seen >= self.head).then_some(Step::Done { through: self.seen })
     }
 }
+
+/// "Keyless ticks": the sweep scheduler's queue enqueues each tick's job without its
+/// (schedule, tick) key, as a plain enqueue: a tick whose scheduler died after the enqueue,
+/// before recording it, is enqueued again by the pass that finds it pending.
+#[derive(Clone, Debug)]
+pub struct KeylessTicks(pub Remote);
+
+impl tidemark::Queue for KeylessTicks {
+    async fn enqueue(&self, job: tidemark::Job) -> Result<tidemark::JobId> {
+        tidemark::Queue::enqueue(&self.0, job).await
+    }
+    async fn enqueue_tick(
+        &self,
+        _tick: &tidemark::TickKey,
+        job: tidemark::Job,
+    ) -> Result<Option<tidemark::JobId>> {
+        tidemark::Queue::enqueue(&self.0, job).await.map(Some)
+    }
+    async fn get(&self, id: tidemark::JobId) -> Result<Option<tidemark::JobRecord>> {
+        tidemark::Queue::get(&self.0, id).await
+    }
+    async fn lease(&self, visibility: std::time::Duration) -> Result<Option<tidemark::Leased>> {
+        self.0.lease(visibility).await
+    }
+    async fn ack(&self, lease: &tidemark::Leased) -> Result<()> {
+        self.0.ack(lease).await
+    }
+    async fn fail(
+        &self,
+        lease: &tidemark::Leased,
+        error: &str,
+        retry_after: std::time::Duration,
+    ) -> Result<tidemark::JobState> {
+        self.0.fail(lease, error, retry_after).await
+    }
+    async fn renew(&self, lease: &tidemark::Leased, visibility: std::time::Duration) -> Result<()> {
+        self.0.renew(lease, visibility).await
+    }
+    async fn dead_letter(&self, lease: &tidemark::Leased, error: &str) -> Result<()> {
+        self.0.dead_letter(lease, error).await
+    }
+    async fn dead_letters(
+        &self,
+        after: Option<tidemark::JobId>,
+        limit: usize,
+    ) -> Result<Vec<tidemark::JobRecord>> {
+        self.0.dead_letters(after, limit).await
+    }
+    async fn requeue(&self, id: tidemark::JobId) -> Result<tidemark::JobId> {
+        self.0.requeue(id).await
+    }
+    async fn counts(&self) -> Result<tidemark::JobCounts> {
+        self.0.counts().await
+    }
+    async fn remove_finished(&self, retention: tidemark::JobRetention) -> Result<u64> {
+        self.0.remove_finished(retention).await
+    }
+}

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::{BackoffPolicy, Job, JobId};
 use tidemark::{
     Error, JobContext, JobCounts, JobHandlers, JobRecord, JobRetention, JobRunner, JobState,
-    Leased, Queue, Result, StopSignal,
+    Leased, Queue, Result, StopSignal, TickKey,
 };
 use tidemark_memory::MemoryQueue;
 
@@ -62,6 +62,17 @@ pub enum QueueCall {
         done: Duration,
         dead: Option<Duration>,
     },
+    /// The job of a schedule's tick, once per tick (last, so the other variants keep
+    /// their wire form).
+    EnqueueTick {
+        schedule: String,
+        anchor: Duration,
+        tick: u64,
+        #[serde(with = "crate::proto::job")]
+        job: Job,
+        /// The scheduler enqueueing, named to the ledger.
+        by: Option<String>,
+    },
 }
 
 /// A queue call's answer on the wire.
@@ -85,6 +96,8 @@ pub enum QueueAnswer {
     LeaseLost(String),
     /// Finished jobs removed.
     Removed(u64),
+    /// A tick's job: its id if this call enqueued it.
+    Tick(Option<JobId>),
 }
 
 /// A lease on the wire.
@@ -126,6 +139,20 @@ pub async fn serve(queue: &MemoryQueue, ledger: &JobLedger, call: QueueCall) -> 
     let now = turmoil::sim_elapsed().unwrap_or_default();
     let answer = match call {
         QueueCall::Enqueue(job) => queue.enqueue(job).await.map(QueueAnswer::Id),
+        QueueCall::EnqueueTick {
+            schedule,
+            anchor,
+            tick,
+            job,
+            by: _,
+        } => {
+            let key = TickKey {
+                schedule,
+                anchor,
+                tick,
+            };
+            queue.enqueue_tick(&key, job).await.map(QueueAnswer::Tick)
+        }
         QueueCall::Lease { visibility, by } => queue.lease(visibility).await.map(|l| {
             if let Some(l) = &l {
                 ledger.leased(
@@ -222,6 +249,20 @@ impl Queue for Remote {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
         match self.queue_call(QueueCall::Enqueue(job)).await? {
             QueueAnswer::Id(id) => Ok(id),
+            a => Err(Error::unavailable("queue", format!("unexpected {a:?}"))),
+        }
+    }
+
+    async fn enqueue_tick(&self, tick: &TickKey, job: Job) -> Result<Option<JobId>> {
+        let call = QueueCall::EnqueueTick {
+            schedule: tick.schedule.clone(),
+            anchor: tick.anchor,
+            tick: tick.tick,
+            job,
+            by: self.owner().map(str::to_owned),
+        };
+        match self.queue_call(call).await? {
+            QueueAnswer::Tick(id) => Ok(id),
             a => Err(Error::unavailable("queue", format!("unexpected {a:?}"))),
         }
     }
@@ -324,6 +365,9 @@ pub struct JobFaults {
     pub slow_next: AtomicBool,
     /// The next this-many handler calls fail.
     pub fail_next: AtomicU32,
+    /// The sweep schedulers enqueue without the (schedule, tick) key (the `naive-ticks`
+    /// strategy).
+    pub naive_ticks: AtomicBool,
 }
 
 /// One handler run of a job, as the ledger saw it.

@@ -353,11 +353,40 @@ async fn connection(
             .await
             .map_or_else(failed, Response::Seq),
         Request::WatchOutbox => return stream_outbox(memory, stream).await,
-        Request::Queue(call) => crate::ops::serve(&memory.queue, jobs, call).await,
+        Request::Queue(call) => serve_queue(memory, jobs, sweeps, call).await,
         Request::Sweeps(call) => sweeps.serve(memory, call).await,
         Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
     };
     proto::write(&mut stream, &response).await
+}
+
+/// A queue call, the sweep ledger told of the jobs enqueued for schedule ticks (`sweep`
+/// jobs, keyed or not), and a scheduler doomed to crash served no tick's enqueue.
+async fn serve_queue(
+    memory: &Memory,
+    jobs: &crate::ops::JobLedger,
+    sweeps: &crate::sweeps::Sweeps,
+    call: crate::ops::QueueCall,
+) -> Response {
+    use crate::ops::{QueueAnswer, QueueCall};
+    let (tick_job, by) = match &call {
+        QueueCall::EnqueueTick { by, .. } => (true, by.clone()),
+        QueueCall::Enqueue(job) => (*job == tidemark::tidemark_core::Job::Sweep, None),
+        _ => (false, None),
+    };
+    if tick_job && sweeps.ledger.is_doomed(by.as_deref()) {
+        return Response::Failed("the scheduler is crashing".into());
+    }
+    let response = crate::ops::serve(&memory.queue, jobs, call).await;
+    if tick_job
+        && matches!(
+            response,
+            Response::Queue(QueueAnswer::Id(_) | QueueAnswer::Tick(Some(_)))
+        )
+    {
+        sweeps.ledger.tick_job_enqueued(by.as_deref());
+    }
+    response
 }
 
 async fn stream_feed<S: FeedStream>(

@@ -27,8 +27,10 @@
 //! follower's watermark (that lives in the follower's own store), so change-log history
 //! older than `keep` may go while such a follower still needs it; that follower then
 //! resyncs, and the oracle checks that it converges. A sweep served after its owner's lease
-//! ran out (a request held on the wire past its lease) is counted, not failed: the
-//! `Sweep` port takes no fencing token, so a lease cannot stop a request already sent.
+//! ran out (a request held on the wire past its lease) is counted, not failed, as long as
+//! nobody took the lock since: its fence is still the newest. A sweep served under a fence
+//! older than the newest grant (two sweepers sweeping at once) fails the ledger; the
+//! source host's sweep refuses such fences (`MemorySweep::fenced_by` the host's lock).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -91,13 +93,24 @@ pub enum SweepCall {
     RemoveSchedule {
         name: String,
     },
-    /// The schedule as the runner read it, and the tick it fires.
+    /// The schedule as the runner read it, and the tick it fires (`for_job`: claimed for
+    /// a job, pending until settled).
     MarkFired {
         due: WireDue,
         tick: u64,
+        for_job: bool,
+        by: Option<String>,
     },
-    /// `by`: the owner sweeping, named to the ledger.
+    /// `by`: the owner sweeping, named to the ledger; `fence`: the sweeper lock's lease
+    /// it sweeps under.
     Sweep {
+        by: Option<String>,
+        fence: WireLockLease,
+    },
+    /// A pending tick's job is enqueued.
+    JobEnqueued {
+        name: String,
+        tick: u64,
         by: Option<String>,
     },
 }
@@ -140,6 +153,7 @@ pub struct WireDue {
     #[serde(with = "crate::proto::job")]
     pub job: Job,
     pub last_fired: Option<u64>,
+    pub pending: Option<u64>,
     pub anchor: Duration,
     pub now: Duration,
 }
@@ -152,6 +166,7 @@ impl WireDue {
             every: d.schedule.interval()?,
             job: d.schedule.job().clone(),
             last_fired: d.last_fired,
+            pending: d.pending,
             anchor: d.clock.anchor,
             now: d.clock.now,
         })
@@ -164,6 +179,7 @@ impl WireDue {
         Ok(DueSchedule {
             schedule,
             last_fired: self.last_fired,
+            pending: self.pending,
             clock: ScheduleClock {
                 anchor: self.anchor,
                 now: self.now,
@@ -211,14 +227,15 @@ impl Sweeps {
         clock: impl Fn() -> tokio::time::Instant + Clone + Send + Sync + 'static,
         cursors: Vec<String>,
     ) -> Self {
+        let lock = MemoryLock::with_clock(memory.faults.clone(), clock.clone());
         Sweeps {
-            lock: MemoryLock::with_clock(memory.faults.clone(), clock.clone()),
+            lock: lock.clone(),
             schedules: MemorySchedules::with_clock(
                 memory.faults.clone(),
                 Duration::from_secs(1_700_000_000),
                 clock.clone(),
             ),
-            sweep: memory.sweeper_with_clock(POLICY, clock),
+            sweep: memory.sweeper_with_clock(POLICY, clock).fenced_by(lock),
             ledger: SweepLedger {
                 inner: Arc::default(),
                 cursors: Arc::new(cursors),
@@ -268,7 +285,29 @@ impl Sweeps {
                 .remove_schedule(&name)
                 .await
                 .map(SweepAnswer::Yes),
-            SweepCall::MarkFired { due, tick } => match due.into_due() {
+            SweepCall::MarkFired { by, .. } | SweepCall::JobEnqueued { by, .. }
+                if self.ledger.is_doomed(by.as_deref()) =>
+            {
+                Err(Error::unavailable("schedules", "the scheduler is crashing"))
+            }
+            SweepCall::MarkFired {
+                due,
+                tick,
+                for_job,
+                by,
+            } => match due.into_due() {
+                Ok(read) if for_job => {
+                    let won = self.schedules.claim_for_job(&read, tick).await;
+                    if let (Ok(true), Some(by)) = (&won, &by) {
+                        self.ledger.claimed_for_job(by, tick);
+                        let mut s = lock(&self.ledger.inner);
+                        if let Some((false, down)) = s.scheduler_armed {
+                            s.scheduler_armed = None;
+                            s.doomed = Some((by.clone(), down));
+                        }
+                    }
+                    won.map(SweepAnswer::Yes)
+                }
                 Ok(read) => self
                     .schedules
                     .mark_fired(&read, tick)
@@ -276,7 +315,33 @@ impl Sweeps {
                     .map(SweepAnswer::Yes),
                 Err(e) => Err(e),
             },
-            SweepCall::Sweep { by } => self.swept(memory, by.as_deref().unwrap_or("?"), now).await,
+            SweepCall::JobEnqueued { name, tick, by } => {
+                let crash = {
+                    let mut s = lock(&self.ledger.inner);
+                    match (s.scheduler_armed, &by) {
+                        (Some((true, down)), Some(by)) => {
+                            s.scheduler_armed = None;
+                            s.doomed = Some((by.clone(), down));
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if crash {
+                    // The enqueue landed; the host dies before recording it.
+                    Err(Error::unavailable("schedules", "the scheduler is crashing"))
+                } else {
+                    self.schedules
+                        .job_enqueued(&name, tick)
+                        .await
+                        .map(|()| SweepAnswer::Done)
+                }
+            }
+            SweepCall::Sweep { by, fence } => {
+                let fence = LockLease::from(fence);
+                self.swept(memory, by.as_deref().unwrap_or("?"), &fence, now)
+                    .await
+            }
         };
         match answer {
             Ok(a) => Response::Sweeps(a),
@@ -286,7 +351,13 @@ impl Sweeps {
     }
 
     /// One sweep of the source host's ports, checked against what it found before.
-    async fn swept(&self, memory: &Memory, by: &str, now: Duration) -> Result<SweepAnswer> {
+    async fn swept(
+        &self,
+        memory: &Memory,
+        by: &str,
+        fence: &LockLease,
+        now: Duration,
+    ) -> Result<SweepAnswer> {
         let watermark = memory.source.current_watermark();
         let first_log = tidemark::Source::first_available(&memory.source)
             .await
@@ -305,7 +376,7 @@ impl Sweeps {
             .filter(|(_, done)| !done)
             .map(|(row, _)| row.id)
             .collect();
-        let swept = self.sweep.sweep().await?;
+        let swept = self.sweep.sweep(fence).await?;
         let still: BTreeSet<u64> = memory
             .outbox
             .rows()
@@ -322,6 +393,7 @@ impl Sweeps {
             cursors,
             lost,
             swept,
+            fencing: fence.fencing,
         });
         Ok(SweepAnswer::Swept {
             outbox_rows: swept.outbox_rows,
@@ -345,6 +417,8 @@ struct SweepSeen<'a> {
     /// Outbox rows pending before the sweep and gone after it.
     lost: Vec<u64>,
     swept: Swept,
+    /// The fencing token the sweep ran under.
+    fencing: u64,
 }
 
 #[derive(Debug)]
@@ -374,6 +448,17 @@ struct LedgerState {
     forced: BTreeSet<String>,
     /// A sweeper crash armed, with the host's time down.
     crash_armed: Option<Duration>,
+    /// A scheduler crash armed: after the enqueue (or right after the claim), and the
+    /// host's time down.
+    scheduler_armed: Option<(bool, Duration)>,
+    /// The scheduler host to crash now, with its time down: the source host serves it
+    /// nothing more until it restarted.
+    doomed: Option<(String, Duration)>,
+    /// A sweeper stall armed, with how long it lasts.
+    stall_armed: Option<Duration>,
+    /// Ticks claimed for their job, and `sweep` jobs enqueued (by key or not).
+    claimed_for_job: u64,
+    tick_jobs: u64,
 }
 
 /// What the sweepers did, checked as the source host serves them.
@@ -461,6 +546,13 @@ impl SweepLedger {
             .values()
             .any(|h| h.owner == seen.by && !h.released && h.until > now);
         s.late += u32::from(!held);
+        let newest = s.holds.keys().next_back().copied();
+        if let Some(newest) = newest.filter(|&n| n > seen.fencing) {
+            s.violations.push(format!(
+                "a sweep by {} at {now:?} ran under fencing {} while the sweeper lock was granted again (fencing {newest}): two sweeps at once",
+                seen.by, seen.fencing
+            ));
+        }
         s.marks.push((now, seen.watermark, seen.events_head));
         let log: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.1)).collect();
         let events: Vec<(Duration, u64)> = s.marks.iter().map(|m| (m.0, m.2)).collect();
@@ -518,6 +610,76 @@ impl SweepLedger {
             s.marks.retain(|m| m.0 >= cut || Some(m.0) == newest_old);
         }
         s.violations.extend(found);
+    }
+
+    /// Arms a stall of the next worker host seen holding the sweeper lock, for `stall`.
+    pub fn arm_stall(&self, stall: Duration) {
+        lock(&self.inner).stall_armed = Some(stall);
+    }
+
+    /// The host holding the sweeper lock now, if a stall is armed (disarming it), with how
+    /// long the stall lasts.
+    #[must_use]
+    pub fn stalled_holder(&self) -> Option<(String, Duration)> {
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let mut s = lock(&self.inner);
+        let stall = s.stall_armed?;
+        let holder = s
+            .holds
+            .values()
+            .find(|h| !h.released && h.until > now)?
+            .owner
+            .clone();
+        s.stall_armed = None;
+        Some((holder, stall))
+    }
+
+    /// Arms a crash of the next sweep scheduler that claims a tick for its job: right after
+    /// the claim, or (`after_enqueue`) when it records the job enqueued; it comes back
+    /// after `down`.
+    pub fn arm_scheduler_crash(&self, after_enqueue: bool, down: Duration) {
+        lock(&self.inner).scheduler_armed = Some((after_enqueue, down));
+    }
+
+    /// The scheduler host to crash now, if one is doomed, with its time down (taken: the
+    /// world crashes it once).
+    #[must_use]
+    pub fn doomed_scheduler(&self) -> Option<(String, Duration)> {
+        lock(&self.inner).doomed.take()
+    }
+
+    /// Whether `host` is a scheduler doomed to crash (served nothing more).
+    pub(crate) fn is_doomed(&self, host: Option<&str>) -> bool {
+        let s = lock(&self.inner);
+        host.is_some_and(|h| s.doomed.as_ref().is_some_and(|(d, _)| d == h))
+    }
+
+    /// A tick was claimed for its job: every tick claimed before must have its job by now
+    /// (a scheduler enqueues a pending tick's job before it claims a newer one).
+    fn claimed_for_job(&self, by: &str, tick: u64) {
+        let mut s = lock(&self.inner);
+        if s.tick_jobs < s.claimed_for_job {
+            let (claimed, jobs) = (s.claimed_for_job, s.tick_jobs);
+            s.violations.push(format!(
+                "{by} claimed tick {tick} while {} of {claimed} ticks claimed for their job had none: a tick never fired",
+                claimed - jobs
+            ));
+        }
+        s.claimed_for_job += 1;
+    }
+
+    /// A `sweep` job was enqueued for a tick (by the source host's queue): never more of
+    /// them than ticks claimed for their job.
+    pub fn tick_job_enqueued(&self, by: Option<&str>) {
+        let mut s = lock(&self.inner);
+        s.tick_jobs += 1;
+        if s.tick_jobs > s.claimed_for_job {
+            let (claimed, jobs) = (s.claimed_for_job, s.tick_jobs);
+            s.violations.push(format!(
+                "{jobs} sweep jobs enqueued for {claimed} ticks claimed for their job (the last by {}): a tick fired twice",
+                by.unwrap_or("?")
+            ));
+        }
     }
 
     /// Arms a crash of the next worker host seen holding the sweeper lock; it comes back
@@ -679,19 +841,53 @@ impl ScheduleStore for Remote {
                 "cron schedules are not served over the simulator's wire",
             ));
         };
-        let call = SweepCall::MarkFired { due, tick };
+        let call = SweepCall::MarkFired {
+            due,
+            tick,
+            for_job: false,
+            by: self.owner().map(str::to_owned),
+        };
         match self.sweep_call(call).await? {
             SweepAnswer::Yes(y) => Ok(y),
             a => Err(unexpected(&a)),
         }
     }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        let Some(due) = WireDue::of(read) else {
+            return Err(Error::unavailable(
+                "schedules",
+                "cron schedules are not served over the simulator's wire",
+            ));
+        };
+        let call = SweepCall::MarkFired {
+            due,
+            tick,
+            for_job: true,
+            by: self.owner().map(str::to_owned),
+        };
+        match self.sweep_call(call).await? {
+            SweepAnswer::Yes(y) => Ok(y),
+            a => Err(unexpected(&a)),
+        }
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        let call = SweepCall::JobEnqueued {
+            name: name.to_owned(),
+            tick,
+            by: self.owner().map(str::to_owned),
+        };
+        self.sweep_call(call).await.map(drop)
+    }
 }
 
 /// The source host's sweep of its history and outbox, over the wire.
 impl Sweep for Remote {
-    async fn sweep(&self) -> Result<Swept> {
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
         let call = SweepCall::Sweep {
             by: self.owner().map(str::to_owned),
+            fence: fence.into(),
         };
         match self.sweep_call(call).await? {
             SweepAnswer::Swept {
@@ -725,7 +921,7 @@ pub fn sweep_of(remote: &Remote) -> SweepWithJobs<Remote, Remote> {
 /// Worker host `i`'s retention: the runtime's `run_retention` on even hosts, its
 /// `run_scheduler` enqueueing `sweep` jobs for the job runners on odd ones. Runs until
 /// the host crashes.
-pub async fn retention(i: usize, owner: String, trace: Trace) -> Result<()> {
+pub async fn retention(i: usize, owner: String, trace: Trace, naive_ticks: bool) -> Result<()> {
     let remote = Remote::relay(crate::scenario::SOURCE, owner.clone());
     let config = Retention::new(owner.clone())
         .and_then(|r| r.every(SWEEP_EVERY))
@@ -745,7 +941,12 @@ pub async fn retention(i: usize, owner: String, trace: Trace) -> Result<()> {
         trace.line(format!("{owner} sweep scheduler starts"));
         // Stored by the scheduler's first pass too, if this call fails.
         let _ = config.install(&remote).await;
-        run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
+        if naive_ticks {
+            let queue = crate::naive::KeylessTicks(remote.clone());
+            run_scheduler(&remote, &queue, SWEEP_EVERY, StopSignal::never()).await;
+        } else {
+            run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
+        }
     }
     Ok(())
 }
@@ -798,7 +999,28 @@ mod tests {
             cursors: cursors.iter().map(|(n, p)| ((*n).to_owned(), *p)).collect(),
             lost: Vec::new(),
             swept,
+            fencing: 0,
         }
+    }
+
+    #[test]
+    fn a_sweep_under_a_fence_older_than_the_newest_grant_is_a_violation() {
+        let ledger = SweepLedger::default();
+        let s = Duration::from_secs;
+        ledger.granted(&lease("relay-0", 1), s(0), s(2));
+        ledger.check_sweep(&SweepSeen {
+            fencing: 1,
+            ..seen(1, Swept::default(), &[])
+        });
+        assert!(ledger.violations().is_empty(), "the holder sweeps");
+        ledger.granted(&lease("relay-1", 2), s(3), s(5));
+        ledger.check_sweep(&SweepSeen {
+            fencing: 1,
+            ..seen(4, Swept::default(), &[])
+        });
+        let v = ledger.violations();
+        assert_eq!(v.len(), 1, "{v:?}");
+        assert!(v[0].contains("two sweeps at once"), "{v:?}");
     }
 
     #[test]

@@ -371,6 +371,7 @@ async fn worker_host(
     jobs: JobLedger,
     job_faults: Arc<JobFaults>,
 ) -> turmoil::Result {
+    let naive_ticks = job_faults.naive_ticks.load(Ordering::SeqCst);
     let runner = ops::runner(
         relay_host(i),
         seed ^ (i as u64 + 7),
@@ -378,7 +379,7 @@ async fn worker_host(
         job_faults,
         trace.clone(),
     );
-    let retention = sweeps::retention(i, relay_host(i), trace.clone());
+    let retention = sweeps::retention(i, relay_host(i), trace.clone(), naive_ticks);
     tokio::select! {
         biased;
         done = relay(i, seed, trace) => done,
@@ -684,6 +685,7 @@ pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
                     [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
                     Durability::Store,
                 ),
+                Strategy::NaiveTicks => (correct, Durability::Store),
             };
             let persisted = s.persisted(i);
             FollowerSpec {
@@ -740,6 +742,9 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     memory.queue = ops::source_queue(memory.faults.clone(), sim_clock);
     let jobs = JobLedger::default();
     let job_faults = Arc::new(JobFaults::default());
+    job_faults
+        .naive_ticks
+        .store(scenario.strategy == Strategy::NaiveTicks, Ordering::SeqCst);
     // The durable consumers, whose events the sweeps must keep (up to the maximum age).
     let cursors = followers(scenario)
         .into_iter()
@@ -834,6 +839,8 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let mut restarts: Vec<(Duration, usize)> = Vec::new();
     // Worker hosts crashed holding the sweeper lock, and when they restart.
     let mut sweeper_restarts: Vec<(Duration, String)> = Vec::new();
+    // Worker hosts stalled holding the sweeper lock, and when their link is released.
+    let mut stalls: Vec<(Duration, String)> = Vec::new();
     let mut landed = 0;
     let all_hosts: Vec<String> = specs
         .iter()
@@ -971,7 +978,29 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
                 sweeper_restarts.push((sim.elapsed() + down, h));
             }
         }
+        if let Some((h, down)) = sweeps.ledger.doomed_scheduler()
+            && crashed.insert(h.clone())
+        {
+            trace.line_at(
+                sim.elapsed(),
+                format!("{h} crashed between a tick's claim and its record"),
+            );
+            sim.crash(h.as_str());
+            sweeper_restarts.push((sim.elapsed() + down, h));
+        }
+        if let Some((h, stall)) = sweeps.ledger.stalled_holder() {
+            trace.line_at(
+                sim.elapsed(),
+                format!("{h} stalls holding the sweeper lock"),
+            );
+            sim.hold(SOURCE, h.as_str());
+            stalls.push((sim.elapsed() + stall, h));
+        }
         let now = sim.elapsed();
+        for (_, h) in stalls.iter().filter(|(at, _)| *at <= now) {
+            sim.release(SOURCE, h.as_str());
+        }
+        stalls.retain(|(at, _)| *at > now);
         for (_, h) in sweeper_restarts.iter().filter(|(at, _)| *at <= now) {
             if crashed.remove(h) {
                 sim.bounce(h.as_str());
@@ -1496,6 +1525,11 @@ fn apply(
             }
         }
         Action::CrashSweeper(down) => world.sweeps.arm_crash(*down),
+        Action::StallSweeper(stall) => world.sweeps.arm_stall(*stall),
+        Action::CrashScheduler {
+            after_enqueue,
+            down,
+        } => world.sweeps.arm_scheduler_crash(*after_enqueue, *down),
         Action::SlowJob => world.job_faults.slow_next.store(true, Ordering::SeqCst),
         Action::FailJobs(n) => world.job_faults.fail_next.store(*n, Ordering::SeqCst),
         // Carried out by the orchestrator, flap by flap.

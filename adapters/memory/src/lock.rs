@@ -58,6 +58,15 @@ impl MemoryLock {
     fn state(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// Refuses work carrying `fence` if the lock it names has been taken since with a
+    /// newer fencing token ([`LockLease::check_fence`]).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] for a fence older than the lock's current token.
+    pub fn check_fence(&self, fence: &LockLease) -> Result<()> {
+        fence.check_fence(self.state().fencing.get(&fence.name).copied())
+    }
 }
 
 impl Lock for MemoryLock {

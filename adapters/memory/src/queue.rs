@@ -8,6 +8,7 @@ use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+    TickKey,
 };
 use tokio::time::Instant;
 
@@ -35,6 +36,8 @@ struct State {
     /// The job each coalesce key last went to; it absorbs later enqueues while it is
     /// still ready and never leased.
     coalesce: BTreeMap<String, JobId>,
+    /// Each schedule's newest enqueued tick (anchor, tick): never removed by retention.
+    ticks: BTreeMap<String, (Duration, u64)>,
 }
 
 impl State {
@@ -156,10 +159,10 @@ impl MemoryQueue {
     }
 }
 
-impl Queue for MemoryQueue {
-    async fn enqueue(&self, job: Job) -> Result<JobId> {
-        self.faults.check(Port::Queue)?;
-        let mut s = self.state();
+impl MemoryQueue {
+    /// Enqueues `job` on the locked state; returns its id and whether it is a new job
+    /// (not absorbed by a pending one).
+    fn enqueue_on(&self, s: &mut State, job: Job) -> (JobId, bool) {
         let coalesce = job.coalesce_key();
         if let Some(key) = &coalesce {
             let pending = s.coalesce.get(key).copied().filter(|id| {
@@ -168,7 +171,7 @@ impl Queue for MemoryQueue {
                 })
             });
             if let Some(id) = pending {
-                return Ok(id);
+                return (id, false);
             }
         }
         s.next_id += 1;
@@ -192,9 +195,36 @@ impl Queue for MemoryQueue {
                 finished_at: None,
             },
         );
+        (id, true)
+    }
+}
+
+impl Queue for MemoryQueue {
+    async fn enqueue(&self, job: Job) -> Result<JobId> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        let (id, new) = self.enqueue_on(&mut s, job);
         drop(s);
-        self.readied();
+        if new {
+            self.readied();
+        }
         Ok(id)
+    }
+
+    async fn enqueue_tick(&self, tick: &TickKey, job: Job) -> Result<Option<JobId>> {
+        self.faults.check(Port::Queue)?;
+        let mut s = self.state();
+        if !tick.is_due_after(s.ticks.get(&tick.schedule).copied()) {
+            return Ok(None);
+        }
+        let (id, new) = self.enqueue_on(&mut s, job);
+        s.ticks
+            .insert(tick.schedule.clone(), (tick.anchor, tick.tick));
+        drop(s);
+        if new {
+            self.readied();
+        }
+        Ok(Some(id))
     }
 
     fn ready_signal(&self) -> Option<ReadySignal> {
@@ -317,6 +347,18 @@ impl Queue for MemoryQueue {
                 slot.record.attempts = 0;
                 slot.visible_at = now;
                 slot.finished_at = None;
+                // It has not run since: its key's pending job, unless the key has one.
+                if let Some(key) = slot.record.job.coalesce_key() {
+                    let pending = s.coalesce.get(&key).is_some_and(|other| {
+                        *other != id
+                            && s.jobs.get(other).is_some_and(|o| {
+                                o.record.state == JobState::Ready && o.record.attempts == 0
+                            })
+                    });
+                    if !pending {
+                        s.coalesce.insert(key, id);
+                    }
+                }
                 drop(s);
                 self.readied();
                 Ok(id)

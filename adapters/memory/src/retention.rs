@@ -4,12 +4,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tidemark::tidemark_core::{Mark, RetentionPolicy};
-use tidemark::{Result, Sweep, Swept};
+use tidemark::{LockLease, Result, Sweep, Swept};
 use tokio::time::Instant;
 
 use crate::clock::Now;
 use crate::faults::Port;
-use crate::{Memory, MemoryEvents, MemoryOutbox, MemorySource};
+use crate::{Memory, MemoryEvents, MemoryLock, MemoryOutbox, MemorySource};
 
 /// The memory adapter's [`Sweep`]: removes finished outbox rows, change-log history no
 /// durable cursor needs once older than the policy's `keep` (and any older than its
@@ -20,6 +20,8 @@ pub struct MemorySweep {
     source: MemorySource,
     events: MemoryEvents,
     outbox: MemoryOutbox,
+    /// The lock whose fencing tokens a sweep's fence is checked against.
+    lock: MemoryLock,
     policy: RetentionPolicy,
     origin: Instant,
     clock: Now,
@@ -37,6 +39,7 @@ impl Memory {
             source: self.source.clone(),
             events: self.events.clone(),
             outbox: self.outbox.clone(),
+            lock: self.lock.clone(),
             policy,
             origin: Instant::now(),
             clock: Now::default(),
@@ -62,9 +65,22 @@ impl Memory {
     }
 }
 
+impl MemorySweep {
+    /// The same sweep, its fences checked against `lock` instead of its [`Memory`]'s (a
+    /// simulator's lock on its own clock).
+    #[must_use]
+    pub fn fenced_by(mut self, lock: MemoryLock) -> Self {
+        self.lock = lock;
+        self
+    }
+}
+
 impl Sweep for MemorySweep {
-    async fn sweep(&self) -> Result<Swept> {
+    /// The fence is checked against the lock right before the removals, which run in one
+    /// step with no await between them.
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
         self.source.faults().check(Port::Source)?;
+        self.lock.check_fence(fence)?;
         let now = self.clock.now().saturating_duration_since(self.origin);
         let (watermark, restores) = self.source.watermark_and_restores();
         let (events_head, cursor_floor) = self.events.head_and_floor();

@@ -16,6 +16,7 @@ struct Stored {
     schedule: Schedule,
     anchor: Duration,
     last_fired: Option<u64>,
+    pending: Option<u64>,
 }
 
 /// In-process schedules. The store's clock, the one every runner in the process shares,
@@ -98,6 +99,7 @@ impl ScheduleStore for MemorySchedules {
                 schedule,
                 anchor: self.now(),
                 last_fired: None,
+                pending: None,
             },
         );
         Ok(())
@@ -117,6 +119,7 @@ impl ScheduleStore for MemorySchedules {
             .map(|s| DueSchedule {
                 schedule: s.schedule.clone(),
                 last_fired: s.last_fired,
+                pending: s.pending,
                 clock: ScheduleClock {
                     anchor: s.anchor,
                     now,
@@ -126,6 +129,27 @@ impl ScheduleStore for MemorySchedules {
     }
 
     async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.fire(read, tick, false)
+    }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.fire(read, tick, true)
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        self.faults.check(Port::Schedule)?;
+        if let Some(stored) = self.state().get_mut(name)
+            && stored.pending == Some(tick)
+        {
+            stored.pending = None;
+        }
+        Ok(())
+    }
+}
+
+impl MemorySchedules {
+    /// The compare-and-set of the last fired tick; `for_job` records it as pending too.
+    fn fire(&self, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
         self.faults.check(Port::Schedule)?;
         let mut s = self.state();
         match s.get_mut(read.schedule.name()) {
@@ -135,6 +159,9 @@ impl ScheduleStore for MemorySchedules {
                     && stored.schedule == read.schedule =>
             {
                 stored.last_fired = Some(tick);
+                if for_job {
+                    stored.pending = Some(tick);
+                }
                 Ok(true)
             }
             _ => Ok(false),

@@ -12,6 +12,15 @@ use tidemark::{JobState, Lock, Queue, ScheduleStore, Source, Sweep};
 use tidemark_memory::{Faults, Memory, MemoryLock, MemoryQueue, MemorySchedules};
 use tokio::time::Instant;
 
+/// The fence of a sweep run by hand, outside the sweeper lock (never taken here).
+fn fence() -> tidemark::LockLease {
+    tidemark::LockLease {
+        name: tidemark::SWEEP_LOCK.into(),
+        owner: "test".into(),
+        fencing: 0,
+    }
+}
+
 /// A clock that moves only when told to.
 fn manual_clock() -> (Arc<AtomicU64>, impl Fn() -> Instant + Send + Sync + 'static) {
     let base = Instant::now();
@@ -123,16 +132,16 @@ async fn a_sweep_given_a_clock_ages_history_on_it_and_not_on_tokios() {
     }
     let policy = RetentionPolicy::new(Duration::from_secs(1), None).unwrap();
     let sweep = m.sweeper_with_clock(policy, clock);
-    sweep.sweep().await.unwrap();
+    sweep.sweep(&fence()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         (swept.log_rows, swept.first_available),
         (0, 1),
         "tokio's time moved, the sweep's clock did not: nothing is a second old"
     );
     millis.store(1_000, Ordering::SeqCst);
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         (swept.log_rows, m.source.first_available().await.unwrap()),
         (5, 6),

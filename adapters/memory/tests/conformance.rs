@@ -45,6 +45,10 @@ conformance! {
     queue_stale_lease_cannot_act_after_requeue =>
         MemoryQueue::default().with_max_attempts(1), Duration::from_millis(100);
     queue_counts_by_state => MemoryQueue::default();
+    queue_expired_lease_cannot_finish_its_job => MemoryQueue::default(), Duration::from_millis(100);
+    queue_dead_lease_cannot_ack =>
+        MemoryQueue::default().with_max_attempts(1), Duration::from_millis(100);
+    queue_requeued_dead_letter_coalesces => MemoryQueue::default();
     queue_coalesces_pending_jobs_per_key => MemoryQueue::default();
     queue_leases_sweeps_first => MemoryQueue::default();
     runner_wakes_on_enqueue => MemoryQueue::default();
@@ -61,6 +65,15 @@ conformance! {
     schedule_mark_fired_refuses_a_replaced_schedule => MemorySchedules::default();
     schedule_replace_and_remove => MemorySchedules::default();
     schedule_cron_fires_each_tick_once => MemorySchedules::default(), &MemoryQueue::default();
+    schedule_claimed_tick_fires_once_across_crashes =>
+        MemorySchedules::default(), &MemoryQueue::default();
+}
+
+#[tokio::test(start_paused = true)]
+async fn sweep_refuses_a_stale_fence() {
+    let m = Memory::new();
+    let sweep = m.sweeper(tidemark::RetentionPolicy::default());
+    c::sweep_refuses_a_stale_fence(&m.lock, &sweep, Duration::from_millis(100)).await;
 }
 
 #[tokio::test(start_paused = true)]

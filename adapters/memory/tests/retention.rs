@@ -13,6 +13,15 @@ use tidemark::{
 };
 use tidemark_memory::{Memory, MemorySweep};
 
+/// The fence of a sweep run by hand, outside the sweeper lock (never taken here).
+fn fence() -> tidemark::LockLease {
+    tidemark::LockLease {
+        name: tidemark::SWEEP_LOCK.into(),
+        owner: "test".into(),
+        fencing: 0,
+    }
+}
+
 /// Counts the sweeps that ran, and how many at once.
 #[derive(Clone)]
 struct Counted {
@@ -23,12 +32,12 @@ struct Counted {
 }
 
 impl Sweep for Counted {
-    async fn sweep(&self) -> tidemark::Result<Swept> {
+    async fn sweep(&self, fence: &tidemark::LockLease) -> tidemark::Result<Swept> {
         let n = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(n, Ordering::SeqCst);
         // A slow sweep: a second driver would overlap it without the lock.
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let out = self.inner.sweep().await;
+        let out = self.inner.sweep(fence).await;
         self.running.fetch_sub(1, Ordering::SeqCst);
         self.runs.fetch_add(1, Ordering::SeqCst);
         out
@@ -93,7 +102,7 @@ async fn a_cursor_holds_events_and_history_until_the_maximum_age() {
     m.events.save("slow", 3).await.unwrap();
     let policy = RetentionPolicy::new(Duration::ZERO, Some(Duration::from_secs(60))).unwrap();
     let sweep = m.sweeper(policy);
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         (swept.first_event, swept.events, swept.first_available),
         (4, 3, 4),
@@ -101,7 +110,7 @@ async fn a_cursor_holds_events_and_history_until_the_maximum_age() {
     );
     tokio::time::sleep(Duration::from_secs(61)).await;
     m.source.put("late", b"v".to_vec()).await.unwrap();
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         (swept.first_event, swept.first_available),
         (11, 11),
@@ -126,7 +135,7 @@ async fn relayed_outbox_rows_go_and_pending_ones_stay() {
     }
     let sweep = m.sweeper(RetentionPolicy::default());
     assert_eq!(
-        sweep.sweep().await.unwrap().outbox_rows,
+        sweep.sweep(&fence()).await.unwrap().outbox_rows,
         0,
         "nothing relayed yet"
     );
@@ -137,7 +146,7 @@ async fn relayed_outbox_rows_go_and_pending_ones_stay() {
     );
     relay.drain().await.unwrap();
     src.put("late", b"v".to_vec()).await.unwrap();
-    assert_eq!(sweep.sweep().await.unwrap().outbox_rows, 4);
+    assert_eq!(sweep.sweep(&fence()).await.unwrap().outbox_rows, 4);
     let rows = m.outbox.rows();
     assert_eq!(rows.len(), 1, "the pending row stays");
     assert!(!rows[0].1);
@@ -233,12 +242,16 @@ async fn a_restore_makes_marks_forget_the_seqs_it_took_back() {
     }
     let policy = RetentionPolicy::new(Duration::from_secs(2), None).unwrap();
     let sweep = m.sweeper(policy);
-    assert_eq!(sweep.sweep().await.unwrap().first_available, 1, "all young");
+    assert_eq!(
+        sweep.sweep(&fence()).await.unwrap().first_available,
+        1,
+        "all young"
+    );
     tokio::time::sleep(Duration::from_secs(5)).await;
     m.source.restore(&backup);
     m.source.put("new-a", b"v".to_vec()).await.unwrap();
     m.source.put("new-b", b"v".to_vec()).await.unwrap();
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         swept.first_available, 4,
         "only what the backup held is as old as the mark; seqs 4 and 5 are new"

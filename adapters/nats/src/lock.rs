@@ -127,6 +127,18 @@ impl NatsLock {
     }
 }
 
+impl NatsLock {
+    /// The newest fencing token of the lock `name` (`None`: never taken), read from the
+    /// bucket: what a store checks a fence against ([`LockLease::check_fence`]).
+    ///
+    /// # Errors
+    /// [`Error::Unavailable`] if the bucket cannot be read.
+    pub async fn fencing(&self, name: &str) -> Result<Option<u64>> {
+        let key = coord::key("lock", name);
+        Ok(self.read(&key).await?.map(|(_, held)| held.fencing))
+    }
+}
+
 impl Lock for NatsLock {
     async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
         let key = coord::key("lock", name);

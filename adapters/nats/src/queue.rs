@@ -14,7 +14,9 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 use tidemark::instant_after;
 use tidemark::tidemark_core::{Job, JobId};
-use tidemark::{Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result};
+use tidemark::{
+    Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result, TickKey,
+};
 use tidemark_jetstream::{Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, coalesce};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -41,7 +43,10 @@ const LEASE_WAIT: Duration = Duration::from_millis(300);
 /// delay, or terminates the message and dead-letters the job once `max_attempts` are used
 /// up, keeping its last error. The job id is the stream sequence of its message. A lease can be acked, renewed
 /// or failed only by the process (the `NatsQueue` handle and its clones) that took it;
-/// leases it took and never finished are forgotten once their ack wait has passed.
+/// leases it took and never finished are forgotten once their ack wait has passed
+/// (counted from before the lease was asked for, so never after the server's), and an
+/// ack, fail or dead letter of a forgotten lease is [`Error::LeaseLost`], whether or not
+/// the server has redelivered the job yet.
 ///
 /// `renew` sends the server an in-progress ack, which restarts the ack wait (the
 /// consumer's, whatever visibility is asked). Done and dead-lettered jobs keep their state
@@ -302,7 +307,7 @@ impl NatsQueue {
         let mut out = Vec::new();
         for (key, last) in latest {
             let Some(value) = last.value else { continue };
-            if key.starts_with(PENDING) {
+            if key.starts_with(PENDING) || key.starts_with(TICKS) {
                 continue;
             }
             match key.parse::<u64>() {
@@ -360,6 +365,26 @@ fn pending_key(coalesce: &str) -> String {
 
 /// The prefix of pending-job keys in the state bucket (job ids are bare numbers).
 const PENDING: &str = "pending.";
+
+/// The prefix of the keys that hold each schedule's newest enqueued tick.
+const TICKS: &str = "tick.";
+
+/// A schedule's name in hex: any name makes a valid KV key and message id.
+fn hex(name: &str) -> String {
+    use std::fmt::Write as _;
+    name.bytes()
+        .fold(String::with_capacity(name.len() * 2), |mut out, b| {
+            let _ = write!(out, "{b:02x}");
+            out
+        })
+}
+
+/// A schedule's newest enqueued tick, as the state bucket keeps it.
+#[derive(Serialize, Deserialize)]
+struct TickMark {
+    anchor_ms: u64,
+    tick: u64,
+}
 
 /// Keeps `entry` as its key's state if it is newer than the one kept: a scan may deliver
 /// a key twice, before and after it moved on.
@@ -552,6 +577,81 @@ impl Queue for NatsQueue {
         Ok(JobId(ack.sequence))
     }
 
+    /// The tick's message carries `Nats-Msg-Id: tick.<name in hex>.<anchor ms>.<tick>`, so
+    /// racing schedulers (and one that died after the publish, within the stream's
+    /// duplicate window) publish one message; the schedule's newest tick is then recorded
+    /// under `tick.<name in hex>` in the state bucket by compare-and-set.
+    async fn enqueue_tick(&self, tick: &TickKey, job: Job) -> Result<Option<JobId>> {
+        let name = hex(&tick.schedule);
+        let key = format!("{TICKS}{name}");
+        let entry = self
+            .inner
+            .state
+            .entry(key.as_str())
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        let anchor_ms = u64::try_from(tick.anchor.as_millis()).unwrap_or(u64::MAX);
+        let enqueued = entry
+            .as_ref()
+            .filter(|e| e.operation == kv::Operation::Put)
+            .and_then(|e| serde_json::from_slice::<TickMark>(&e.value).ok())
+            .map(|m| (Duration::from_millis(m.anchor_ms), m.tick));
+        if !tick.is_due_after(enqueued) {
+            return Ok(None);
+        }
+        let payload = job.encode().map_err(|e| unavailable("queue", e))?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(
+            "Nats-Msg-Id",
+            format!("{TICKS}{name}.{anchor_ms}.{}", tick.tick).as_str(),
+        );
+        let ack = self
+            .inner
+            .context
+            .publish_with_headers(self.inner.subject.clone(), headers, payload.into())
+            .await
+            .map_err(|e| unavailable("queue", e))?
+            .await
+            .map_err(|e| unavailable("queue", e))?;
+        let stored = Stored {
+            job,
+            state: Stage::Ready,
+            attempts: 0,
+            last_error: None,
+            finished_ms: None,
+        };
+        match self
+            .inner
+            .state
+            .create(ack.sequence.to_string(), stored.encode()?)
+            .await
+        {
+            Ok(_) => {}
+            Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+            Err(e) => return Err(unavailable("queue", e)),
+        }
+        let mark = serde_json::to_vec(&TickMark {
+            anchor_ms,
+            tick: tick.tick,
+        })
+        .map_err(|e| unavailable("queue", e))?;
+        // A failed compare-and-set: another scheduler recorded this tick (or a later one)
+        // meanwhile; the message id kept the job single.
+        match entry {
+            Some(e) => match self.inner.state.update(key, mark.into(), e.revision).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+                Err(e) => return Err(unavailable("queue", e)),
+            },
+            None => match self.inner.state.create(key, mark.into()).await {
+                Ok(_) => {}
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(e) => return Err(unavailable("queue", e)),
+            },
+        }
+        Ok((!ack.duplicate).then_some(JobId(ack.sequence)))
+    }
+
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
         Ok(self.load(id.0).await?.map(|s| record(id, s)))
     }
@@ -574,6 +674,10 @@ impl Queue for NatsQueue {
             guard.1 = visibility;
         }
         loop {
+            // The lease's end counts from before the request: the server's ack wait starts
+            // at its delivery, later, so this process gives the job up no later than the
+            // server does.
+            let asked = Instant::now();
             let mut batch = guard
                 .0
                 .batch()
@@ -644,15 +748,14 @@ impl Queue for NatsQueue {
                 finished_ms: None,
             };
             self.store(id, &stored).await?;
-            let now = Instant::now();
             let mut leases = self.inner.leases.lock().await;
-            Self::forget_expired(&mut leases, now);
+            Self::forget_expired(&mut leases, Instant::now());
             leases.insert(
                 id,
                 Held {
                     attempt,
                     message,
-                    until: instant_after(now, guard.1),
+                    until: instant_after(asked, guard.1),
                 },
             );
             return Ok(Some(Leased {

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
-use tidemark::{Result, Sweep, Swept};
+use tidemark::{LockLease, Result, Sweep, Swept};
+
+use crate::NatsLock;
 
 use crate::error::unavailable;
 
@@ -63,6 +65,7 @@ impl StreamLimits {
 pub struct NatsSweep {
     context: jetstream::Context,
     streams: Vec<(String, StreamLimits)>,
+    lock: Option<NatsLock>,
 }
 
 impl NatsSweep {
@@ -73,7 +76,18 @@ impl NatsSweep {
         NatsSweep {
             context: jetstream::new(client),
             streams: Vec::new(),
+            lock: None,
         }
+    }
+
+    /// Checks each sweep's fence against `lock` (the lock the sweeps run under) before it
+    /// changes each stream: a sweeper whose lock was taken since changes nothing more.
+    /// Without it the fence is not checked (putting limits the server enforces is safe
+    /// to repeat).
+    #[must_use]
+    pub fn fenced_by(mut self, lock: NatsLock) -> Self {
+        self.lock = Some(lock);
+        self
     }
 
     /// Keeps the events stream `stream` within `limits` ([`StreamLimits::EVENTS`] by
@@ -94,9 +108,12 @@ impl NatsSweep {
 }
 
 impl Sweep for NatsSweep {
-    async fn sweep(&self) -> Result<Swept> {
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
         let mut swept = Swept::default();
         for (name, limits) in &self.streams {
+            if let Some(lock) = &self.lock {
+                fence.check_fence(lock.fencing(&fence.name).await?)?;
+            }
             let mut s = self
                 .context
                 .get_stream(name)

@@ -29,6 +29,9 @@ struct Stored {
     /// When it was stored, by the server's clock (ns since the unix epoch).
     anchor_ns: u64,
     last_fired: Option<u64>,
+    /// The last fired tick while its job is not known to be enqueued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pending: Option<u64>,
 }
 
 impl Stored {
@@ -105,6 +108,7 @@ impl ScheduleStore for NatsSchedules {
             job,
             anchor_ns: nanos(now),
             last_fired: None,
+            pending: None,
         };
         let value = serde_json::to_vec(&stored).map_err(|e| unavailable(PORT, e))?;
         self.store
@@ -151,6 +155,7 @@ impl ScheduleStore for NatsSchedules {
                 Ok(schedule) => out.push(DueSchedule {
                     schedule,
                     last_fired: stored.last_fired,
+                    pending: stored.pending,
                     clock: ScheduleClock {
                         anchor: Duration::from_nanos(stored.anchor_ns),
                         now,
@@ -170,6 +175,45 @@ impl ScheduleStore for NatsSchedules {
     }
 
     async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.fire(read, tick, false).await
+    }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.fire(read, tick, true).await
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        let key = coord::key("schedule", name);
+        // A lost compare-and-set means the schedule moved on (another settle, a claim, a
+        // replacement): look again, a few times.
+        for _ in 0..4 {
+            let Some((revision, stored)) = self.read(&key).await? else {
+                return Ok(());
+            };
+            if stored.pending != Some(tick) {
+                return Ok(());
+            }
+            let settled = Stored {
+                pending: None,
+                ..stored
+            };
+            let value = serde_json::to_vec(&settled).map_err(|e| unavailable(PORT, e))?;
+            match self.store.update(&key, value.into(), revision).await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
+                Err(e) => return Err(unavailable(PORT, e)),
+            }
+        }
+        Err(unavailable(
+            PORT,
+            "the schedule kept changing while its tick was settled",
+        ))
+    }
+}
+
+impl NatsSchedules {
+    /// The compare-and-set of the last fired tick; `for_job` records it as pending too.
+    async fn fire(&self, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
         let key = coord::key("schedule", read.schedule.name());
         let Some((revision, stored)) = self.read(&key).await? else {
             return Ok(false);
@@ -184,6 +228,7 @@ impl ScheduleStore for NatsSchedules {
         }
         let fired = Stored {
             last_fired: Some(tick),
+            pending: if for_job { Some(tick) } else { stored.pending },
             ..stored
         };
         let value = serde_json::to_vec(&fired).map_err(|e| unavailable(PORT, e))?;

@@ -48,8 +48,15 @@ async fn schedules_pass_the_conformance_suite() {
     let s = NatsSchedules::open(client.clone(), "sched3", 1)
         .await
         .unwrap();
-    let q = NatsQueue::open(client, "CRONJOBS", 3).await.unwrap();
+    let q = NatsQueue::open(client.clone(), "CRONJOBS", 3)
+        .await
+        .unwrap();
     tidemark::conformance::schedule_cron_fires_each_tick_once(&s, &q).await;
+    let s = NatsSchedules::open(client.clone(), "sched5", 1)
+        .await
+        .unwrap();
+    let q = NatsQueue::open(client, "TICKJOBS", 3).await.unwrap();
+    tidemark::conformance::schedule_claimed_tick_fires_once_across_crashes(&s, &q).await;
 }
 
 /// Processes on separate connections race for one lock: exactly one holds it at a time,
@@ -119,4 +126,21 @@ async fn racing_schedulers_fire_each_interval_tick_once() {
         "no tick fired twice: {ticks:?}"
     );
     assert!(ticks.len() >= 3, "due ticks fired: {ticks:?}");
+}
+
+/// The sweeper lock's fencing token goes with the sweep: a NATS sweep fenced by the lock
+/// refuses a stalled sweeper's lease once another has taken the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_refuses_a_stale_fence() {
+    let server = server().await;
+    let client = client(&server).await;
+    let events = tidemark_nats::NatsEvents::new(client.clone(), "FENCED", "fenced").unwrap();
+    events.ensure(1).await.unwrap();
+    let lock = NatsLock::open(client.clone(), "sweeplocks", 1)
+        .await
+        .unwrap();
+    let sweep = tidemark_nats::NatsSweep::new(client)
+        .events("FENCED", tidemark_nats::StreamLimits::EVENTS)
+        .fenced_by(lock.clone());
+    tidemark::conformance::sweep_refuses_a_stale_fence(&lock, &sweep, REAL_LEASE).await;
 }

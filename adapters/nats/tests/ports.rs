@@ -47,6 +47,23 @@ async fn wake_and_queue_pass_the_conformance_suite() {
         .await;
 }
 
+/// Where the adapters used to disagree: a lease that ran out (nobody else took its job,
+/// or it was the last attempt) finishes nothing, and a requeued dead letter coalesces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_lease_end_and_requeue_pass_the_conformance_suite() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "ENDED1", 3).await.unwrap();
+    tidemark::conformance::queue_expired_lease_cannot_finish_its_job(&q, Duration::from_secs(1))
+        .await;
+    let q = NatsQueue::open(client.clone(), "ENDED2", 1).await.unwrap();
+    tidemark::conformance::queue_dead_lease_cannot_ack(&q, Duration::from_secs(1)).await;
+    let q = NatsQueue::open(client.clone(), "REQUEUED", 3)
+        .await
+        .unwrap();
+    tidemark::conformance::queue_requeued_dead_letter_coalesces(&q).await;
+}
+
 /// The writer announces on all three legs; a durable stream consumer converges through
 /// the events and resumes after its cursor; the jobs can be leased and acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

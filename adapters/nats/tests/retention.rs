@@ -12,6 +12,15 @@ use tidemark_nats::{NatsEvents, NatsSweep, StreamLimits};
 
 use common::*;
 
+/// The fence of a sweep run by hand, outside the sweeper lock (never taken here).
+fn fence() -> tidemark::LockLease {
+    tidemark::LockLease {
+        name: tidemark::SWEEP_LOCK.into(),
+        owner: "test".into(),
+        fencing: 0,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_events_stream_is_created_with_the_default_limits() {
     let server = server().await;
@@ -58,7 +67,7 @@ async fn a_sweep_bounds_a_stream_created_without_limits() {
         max_messages: 10,
     };
     let sweep = NatsSweep::new(client.clone()).events("OLD", limits);
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(swept.events, 90, "the oldest go, down to the limit");
     for i in 0..50 {
         events
@@ -74,7 +83,7 @@ async fn a_sweep_bounds_a_stream_created_without_limits() {
     );
     assert_eq!(info.state.last_sequence, 150, "nothing new was refused");
     assert_eq!(
-        sweep.sweep().await.unwrap().events,
+        sweep.sweep(&fence()).await.unwrap().events,
         0,
         "limits in place: nothing to do"
     );

@@ -18,6 +18,7 @@
 
 mod feed;
 mod history;
+mod lease_end;
 mod lock;
 mod outbox;
 mod prefix;
@@ -28,6 +29,7 @@ mod source;
 
 pub use feed::*;
 pub use history::*;
+pub use lease_end::*;
 pub use lock::*;
 pub use outbox::*;
 pub use prefix::{prefix_follower_holds_exactly_its_keys, prefix_view_carries_only_its_keys};

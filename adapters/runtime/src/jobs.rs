@@ -362,6 +362,9 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                 }
                 continue;
             }
+            // The lease's end counts from before the request: the queue's starts later,
+            // so this runner gives the job up no later than the queue does.
+            let asked = tokio::time::Instant::now();
             match work.beside(self.queue.lease(self.visibility)).await {
                 Ok(Some(lease)) => {
                     backoff.healthy(clock.now());
@@ -375,6 +378,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                         counts: Arc::clone(&self.counts),
                         visibility: self.visibility,
                         retry_after,
+                        held_until: crate::instant_after(asked, self.visibility),
                     };
                     let span = tracing::debug_span!("job", id = %lease.id, kind = lease.job.kind(), attempt = lease.attempt);
                     work.jobs.push(Box::pin(job.run(lease).instrument(span)));
@@ -538,11 +542,15 @@ struct RunJob<Q> {
     counts: Arc<Counts>,
     visibility: Duration,
     retry_after: Duration,
+    /// Until when the lease is surely held, by this runner's clock: from before the
+    /// request that took or last renewed it.
+    held_until: tokio::time::Instant,
 }
 
 impl<Q: Queue + 'static> RunJob<Q> {
-    async fn run(self, lease: Leased) {
-        let _in_flight = InFlight::enter(&self.counts);
+    async fn run(mut self, lease: Leased) {
+        let counts = Arc::clone(&self.counts);
+        let _in_flight = InFlight::enter(&counts);
         // A panic outside the handler (in the queue's own code) ends this job's run, not
         // the runner: the job's lease runs out and it is delivered again.
         if let Err(panic) = AssertUnwindSafe(self.run_leased(&lease))
@@ -557,7 +565,7 @@ impl<Q: Queue + 'static> RunJob<Q> {
         }
     }
 
-    async fn run_leased(&self, lease: &Leased) {
+    async fn run_leased(&mut self, lease: &Leased) {
         let kind = lease.job.kind().to_owned();
         let ctx = JobContext {
             id: lease.id,
@@ -589,23 +597,51 @@ impl<Q: Queue + 'static> RunJob<Q> {
                     Ok(result) => result,
                     Err(panic) => Err(format!("handler panicked: {}", panic_message(&*panic))),
                 },
+                // The lease ends with no renewal through: the job may be another
+                // runner's from now, so this run ends here (the handler is dropped).
+                () = tokio::time::sleep_until(self.held_until) => {
+                    Counts::bump(&self.counts.lost);
+                    warn!("job lease ran out with no renewal through; stopping its handler");
+                    return;
+                }
                 () = tokio::time::sleep(renew_every) => {
-                    match self.queue.renew(lease, self.visibility).await {
-                        Ok(()) => Counts::bump(&self.counts.renewals),
-                        Err(Error::LeaseLost(why)) => {
+                    let asked = tokio::time::Instant::now();
+                    // A renewal still unanswered when the lease ends ends the run too.
+                    let renewed = tokio::select! {
+                        biased;
+                        r = self.queue.renew(lease, self.visibility) => Some(r),
+                        () = tokio::time::sleep_until(self.held_until) => None,
+                    };
+                    match renewed {
+                        None => {
+                            Counts::bump(&self.counts.lost);
+                            warn!("job lease ran out while its renewal was unanswered; stopping its handler");
+                            return;
+                        }
+                        Some(Ok(())) => {
+                            Counts::bump(&self.counts.renewals);
+                            self.held_until = crate::instant_after(asked, self.visibility);
+                        }
+                        Some(Err(Error::LeaseLost(why))) => {
                             // Someone else may run it now; this run's result would be refused.
                             Counts::bump(&self.counts.lost);
                             warn!(error = %why, "job lease lost while its handler ran; stopping it");
                             return;
                         }
-                        Err(e) => {
+                        Some(Err(e)) => {
                             Counts::bump(&self.counts.queue_errors);
-                            warn!(error = %e, "renewing a job lease failed; will try again");
+                            warn!(error = %e, "renewing a job lease failed; will try again until it ends");
                         }
                     }
                 }
             }
         };
+        if tokio::time::Instant::now() >= self.held_until {
+            // Finished as the lease ended: the result is not this runner's to record.
+            Counts::bump(&self.counts.lost);
+            warn!("job finished as its lease ran out; its result is dropped and it runs again");
+            return;
+        }
         match outcome {
             Ok(()) => match self.settle(|| self.queue.ack(lease)).await {
                 Ok(()) => Counts::bump(&self.counts.acked),
@@ -638,14 +674,15 @@ impl<Q: Queue + 'static> RunJob<Q> {
 
     /// Makes a call that records a job's outcome, trying again while it fails retryably
     /// (after the core's quick-reopen delays, 50 ms doubling) for up to a third of the
-    /// visibility, which the lease still has: a blip must not cost a finished job a second
-    /// run.
+    /// visibility, and never past the lease's end: a blip must not cost a finished job a
+    /// second run, and a lease that ended records nothing.
     async fn settle<T, F, Fut>(&self, call: F) -> Result<T>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let deadline = crate::instant_after(tokio::time::Instant::now(), self.visibility / 3);
+        let deadline = crate::instant_after(tokio::time::Instant::now(), self.visibility / 3)
+            .min(self.held_until);
         settle::settle(deadline, call, |e, delay| {
             Counts::bump(&self.counts.queue_errors);
             debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");

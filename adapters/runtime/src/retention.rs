@@ -8,7 +8,7 @@ use tracing::{info, warn};
 
 use crate::error::Result;
 use crate::jobs::{JobContext, JobHandlers};
-use crate::ports::{JobRetention, Lock, Queue, ScheduleStore, Sweep, Swept};
+use crate::ports::{JobRetention, Lock, LockLease, Queue, ScheduleStore, Sweep, Swept};
 use crate::shutdown::StopSignal;
 
 /// The lock a sweep runs under: one process sweeps at a time.
@@ -25,12 +25,10 @@ pub const DEFAULT_SWEEP_LEASE: Duration = Duration::from_secs(60);
 /// fails (this process stalled past its lease and another took over) the sweep is
 /// abandoned there with [`Error::LeaseLost`](crate::Error::LeaseLost).
 ///
-/// The lock keeps sweepers from repeating each other's work; it is not what keeps a sweep
-/// safe. A process stalled past its lease carries its sweep on until that next renewal,
-/// so two sweeps can overlap then, and the [`Sweep`] port takes no fencing token. Every
-/// sweep is built to be safe at any time: SQLite records its new horizon before it
-/// deletes below it, memory compacts in one step, NATS only puts limits on streams that
-/// the server enforces.
+/// The lease goes with the sweep as its fence ([`Sweep::sweep`]): a process stalled past
+/// its lease, whose lock another process has taken since, has its sweep refused by the
+/// store where it acts, so two sweeps never both remove. (Every sweep is also built to be
+/// safe at any time: SQLite records its new horizon before it deletes below it.)
 pub async fn sweep_under_lock<L: Lock, S: Sweep>(
     lock: &L,
     sweep: &S,
@@ -40,7 +38,7 @@ pub async fn sweep_under_lock<L: Lock, S: Sweep>(
     let Some(held) = lock.try_lock(SWEEP_LOCK, owner, lease).await? else {
         return Ok(None);
     };
-    let work = sweep.sweep();
+    let work = sweep.sweep(&held);
     tokio::pin!(work);
     let renew_every = (lease / 3).max(Duration::from_millis(1));
     let result = loop {
@@ -82,8 +80,10 @@ impl<S: Sweep, Q: Queue> SweepWithJobs<S, Q> {
 }
 
 impl<S: Sweep, Q: Queue> Sweep for SweepWithJobs<S, Q> {
-    async fn sweep(&self) -> Result<Swept> {
-        let mut swept = self.sweep.sweep().await?;
+    /// The fence goes to the adapter's sweep; the queue's retention runs only after it
+    /// was let through.
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
+        let mut swept = self.sweep.sweep(fence).await?;
         swept.jobs += self.queue.remove_finished(self.retention).await?;
         Ok(swept)
     }

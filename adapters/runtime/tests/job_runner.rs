@@ -408,3 +408,88 @@ async fn a_long_handler_hears_the_stop_and_its_job_comes_back_later() {
         "its job is ready again for the next runner"
     );
 }
+
+/// Counts a job's runs going at once, and notes when the first attempt's run ended (its
+/// future completed or was dropped).
+struct RunGuard {
+    running: Arc<AtomicUsize>,
+    first_ended: Option<Arc<Mutex<Option<Instant>>>>,
+}
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        if let Some(ended) = &self.first_ended {
+            *ended.lock().unwrap() = Some(Instant::now());
+        }
+    }
+}
+
+/// A runner that cannot renew a lease (the queue is unreachable) stops the job's handler
+/// before the lease ends and does not ack for it: when the job is delivered again, its
+/// first run is over. Why: past its lease the job may be another runner's, and a handler
+/// still running then runs the job twice at the same time. At least once stays; at the
+/// same time goes.
+#[tokio::test(start_paused = true)]
+async fn a_lease_that_cannot_be_renewed_stops_its_handler_before_it_ends() {
+    const VISIBILITY: Duration = Duration::from_millis(300);
+    let faults = Faults::new();
+    let q = MemoryQueue::new(faults.clone());
+    let running = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let first_ended: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let started = Arc::new(AtomicUsize::new(0));
+    let handlers = {
+        let (running, most) = (Arc::clone(&running), Arc::clone(&most));
+        let (first_ended, started) = (Arc::clone(&first_ended), Arc::clone(&started));
+        JobHandlers::new().on(["sweep"], move |_: Job, ctx| {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            most.fetch_max(now, Ordering::SeqCst);
+            started.fetch_add(1, Ordering::SeqCst);
+            let guard = RunGuard {
+                running: Arc::clone(&running),
+                first_ended: (ctx.attempt == 1).then(|| Arc::clone(&first_ended)),
+            };
+            async move {
+                let _guard = guard;
+                if ctx.attempt == 1 {
+                    // Works on for ever: only the runner can end it.
+                    std::future::pending::<()>().await;
+                }
+                Ok::<(), String>(())
+            }
+        })
+    };
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let leased_by = Instant::now();
+    let runner = JobRunner::new("cut off", q.clone(), handlers)
+        .visibility(VISIBILITY)
+        .idle_poll(POLL)
+        .spawn();
+    while started.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // From here the queue answers nothing: no renewal goes through.
+    faults.set_failing(Port::Queue, true);
+    tokio::time::sleep(VISIBILITY * 2).await;
+    let ended = *first_ended.lock().unwrap();
+    assert!(
+        ended.is_some_and(|at| at <= leased_by + VISIBILITY),
+        "the handler is stopped by the end of a lease it could not renew (lease taken by \
+         {leased_by:?} for {VISIBILITY:?}; the run ended {ended:?})"
+    );
+    faults.set_failing(Port::Queue, false);
+    assert_eq!(
+        wait_for(&q, id, JobState::Done).await,
+        2,
+        "the job runs again: at least once"
+    );
+    assert_eq!(
+        most.load(Ordering::SeqCst),
+        1,
+        "never two runs of the job at the same time"
+    );
+    let counters = runner.stop_within(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(counters.acked, 1, "only the second run is acked");
+    assert!(counters.lost >= 1, "the lease that ended is counted lost");
+}

@@ -43,6 +43,9 @@ impl<Q: Queue> Queue for OneByOne<Q> {
     async fn enqueue(&self, job: Job) -> Result<JobId> {
         self.0.enqueue(job).await
     }
+    async fn enqueue_tick(&self, tick: &tidemark::TickKey, job: Job) -> Result<Option<JobId>> {
+        self.0.enqueue_tick(tick, job).await
+    }
     async fn get(&self, id: JobId) -> Result<Option<JobRecord>> {
         self.0.get(id).await
     }

@@ -8,6 +8,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
+    TickKey,
 };
 
 use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
@@ -40,7 +41,12 @@ fn state_of(code: i64) -> JobState {
 /// renewing, acking, failing or dead-lettering with any other lease's receipt, one from
 /// before a requeue included, is [`Error::LeaseLost`]. Those writes match the attempt as
 /// well: a process still running a build from before the count (schema version 7) leases
-/// by bumping attempts alone, and a receipt of this build must not name its lease.
+/// by bumping attempts alone, and a receipt of this build must not name its lease. And
+/// they hold only until the lease's end (`lease_until`, by this machine's clock): a lease
+/// that ran out acks, fails and dead-letters nothing, though nobody has taken its job yet.
+///
+/// A requeued dead letter keeps its coalesce key: it has not run since, so it absorbs later
+/// enqueues for its key, unless the key has another pending job, which keeps absorbing.
 ///
 /// A `pack_housekeeping` job still ready and never leased absorbs later enqueues for its
 /// key (a unique partial index on `dedupe` decides, across processes), and sweeps are
@@ -92,6 +98,45 @@ pub(crate) fn enqueue_on(conn: &Connection, job: &Job) -> Result<JobId> {
             .ok_or_else(|| Error::unavailable("queue", "coalesced job vanished; retry")),
         (None, None) => Err(Error::unavailable("queue", "job insert ignored; retry")),
     }
+}
+
+/// Enqueues the job of a schedule's tick on `conn` (inside the caller's transaction) once
+/// per [`TickKey`]: `None` if this tick, or a later one of the schedule, was enqueued
+/// already. Each schedule's newest enqueued tick is kept in `tidemark_meta`
+/// (`tick:<name>` and `tick_anchor:<name>`, the anchor in unix ms), beside the job it
+/// enqueued in the same transaction, and never removed by retention.
+pub(crate) fn enqueue_tick_on(
+    conn: &Connection,
+    tick: &TickKey,
+    job: &Job,
+) -> Result<Option<JobId>> {
+    let (tick_name, anchor_name) = (
+        format!("tick:{}", tick.schedule),
+        format!("tick_anchor:{}", tick.schedule),
+    );
+    let read = |name: &str| {
+        conn.prepare_cached("SELECT value FROM tidemark_meta WHERE name = ?1")
+            .and_then(|mut s| s.query_row([name], |r| r.get::<_, i64>(0)).optional())
+            .map_err(sql)
+    };
+    let enqueued = match (read(&anchor_name)?, read(&tick_name)?) {
+        (Some(anchor), Some(last)) => Some((Duration::from_millis(to_u64(anchor)), to_u64(last))),
+        _ => None,
+    };
+    if !tick.is_due_after(enqueued) {
+        return Ok(None);
+    }
+    let id = enqueue_on(conn, job)?;
+    let anchor = i64::try_from(tick.anchor.as_millis()).unwrap_or(i64::MAX);
+    for (name, value) in [(anchor_name, anchor), (tick_name, to_i64(tick.tick))] {
+        conn.prepare_cached(
+            "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
+        .and_then(|mut s| s.execute(params![name, value]))
+        .map_err(sql)?;
+    }
+    Ok(Some(id))
 }
 
 impl SqliteQueue {
@@ -157,6 +202,27 @@ impl Queue for SqliteQueue {
         self.db
             .write("queue", move |conn| enqueue_on(conn, &job))
             .await
+    }
+
+    async fn enqueue_tick(&self, tick: &TickKey, job: Job) -> Result<Option<JobId>> {
+        let tick = tick.clone();
+        // Not a `write`: a tick already enqueued changes nothing, and must not wake the
+        // runners that wait on commits.
+        let id = self
+            .db
+            .call("queue", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let id = enqueue_tick_on(&tx, &tick, &job)?;
+                tx.commit().map_err(sql)?;
+                Ok(id)
+            })
+            .await?;
+        if id.is_some() {
+            self.db.committed();
+        }
+        Ok(id)
     }
 
     /// One transaction for the whole batch: all enqueued, or all failed with its error.
@@ -319,7 +385,8 @@ impl Queue for SqliteQueue {
         self.on_held(
             lease,
             "UPDATE jobs SET state = 2, lease_until = ?3
-             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4
+                AND lease_until > ?3",
             Vec::new(),
         )
         .await
@@ -337,7 +404,8 @@ impl Queue for SqliteQueue {
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5,
                          lease_until = CASE WHEN ?2 = 3 THEN ?6 ELSE lease_until END
-                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?7",
+                         WHERE id = ?1 AND state = 1 AND leases = ?3 AND attempts = ?7
+                            AND lease_until > ?6",
                     )
                     .and_then(|mut s| {
                         s.execute(params![
@@ -374,7 +442,8 @@ impl Queue for SqliteQueue {
         self.on_held(
             lease,
             "UPDATE jobs SET state = 3, last_error = ?5, lease_until = ?3
-             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4",
+             WHERE id = ?1 AND state = 1 AND leases = ?2 AND attempts = ?4
+                AND lease_until > ?3",
             vec![error.to_owned().into()],
         )
         .await
@@ -418,7 +487,10 @@ impl Queue for SqliteQueue {
                 let n = conn
                     .prepare_cached(
                         "UPDATE jobs SET state = 0, attempts = 0, not_before = 0, lease_until = 0,
-                         dedupe = NULL WHERE id = ?1 AND state = 3",
+                         dedupe = CASE WHEN EXISTS (SELECT 1 FROM jobs AS other
+                             WHERE other.dedupe = jobs.dedupe AND other.state = 0
+                               AND other.attempts = 0) THEN NULL ELSE dedupe END
+                         WHERE id = ?1 AND state = 3",
                     )
                     .and_then(|mut s| s.execute([to_i64(id.0)]))
                     .map_err(sql)?;

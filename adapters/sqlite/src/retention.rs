@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tidemark::tidemark_core::{Mark, RetentionPolicy};
-use tidemark::{Error, Result, Sweep, Swept};
+use tidemark::{Error, LockLease, Result, Sweep, Swept};
 
 use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
@@ -62,13 +62,15 @@ impl SqliteSweep {
     }
 
     /// Records a mark, decides the horizons and records the change log's new horizon.
-    async fn plan(&self) -> Result<Plan> {
+    async fn plan(&self, fence: &LockLease) -> Result<Plan> {
         let policy = self.policy;
+        let fence = fence.clone();
         self.db
             .write(PORT, move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
+                fenced(&tx, &fence)?;
                 let now = now_ms();
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
                 let first = meta(&tx, "first_available").map_err(sql)?;
@@ -131,18 +133,30 @@ impl SqliteSweep {
 
     /// Runs `delete` (which takes the batch size and returns the rows it removed) in
     /// transactions of its own until it removes fewer than a batch.
-    async fn drain(&self, delete: &'static str, bound: Option<u64>) -> Result<u64> {
+    async fn drain(
+        &self,
+        fence: &LockLease,
+        delete: &'static str,
+        bound: Option<u64>,
+    ) -> Result<u64> {
         let mut total = 0;
         let batch = i64::try_from(self.batch).unwrap_or(i64::MAX);
         loop {
+            let fence = fence.clone();
             let n = self
                 .db
                 .write(PORT, move |conn| {
-                    match bound {
-                        Some(b) => conn.execute(delete, params![to_i64(b), batch]),
-                        None => conn.execute(delete, params![batch]),
+                    let tx = conn
+                        .transaction_with_behavior(TransactionBehavior::Immediate)
+                        .map_err(sql)?;
+                    fenced(&tx, &fence)?;
+                    let n = match bound {
+                        Some(b) => tx.execute(delete, params![to_i64(b), batch]),
+                        None => tx.execute(delete, params![batch]),
                     }
-                    .map_err(sql)
+                    .map_err(sql)?;
+                    tx.commit().map_err(sql)?;
+                    Ok(n)
                 })
                 .await?;
             total += n as u64;
@@ -154,6 +168,19 @@ impl SqliteSweep {
 }
 
 /// `MIN(column) + 1` of a query, if it found any row.
+/// Refuses the transaction's work if the lock `fence` names has a newer fencing token in
+/// the file: a sweeper stalled past its lease, whose lock another took since.
+fn fenced(conn: &Connection, fence: &LockLease) -> Result<()> {
+    let current = conn
+        .prepare_cached("SELECT fencing FROM locks WHERE name = ?1")
+        .and_then(|mut s| {
+            s.query_row([&fence.name], |r| r.get::<_, i64>(0))
+                .optional()
+        })
+        .map_err(sql)?;
+    fence.check_fence(current.map(to_u64))
+}
+
 fn min_plus_one(conn: &Connection, query: &str) -> Result<Option<u64>> {
     conn.query_row(query, [], |r| r.get::<_, Option<i64>>(0))
         .optional()
@@ -178,10 +205,14 @@ fn read_marks(conn: &Connection) -> Result<Vec<(Duration, u64, u64)>> {
 }
 
 impl Sweep for SqliteSweep {
-    async fn sweep(&self) -> Result<Swept> {
-        let plan = self.plan().await?;
+    /// The fence is checked against the `locks` table in every transaction of the sweep
+    /// (its plan and each batch it deletes), so a sweeper whose lock was taken since stops
+    /// at its next batch.
+    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
+        let plan = self.plan(fence).await?;
         let outbox_rows = self
             .drain(
+                fence,
                 "DELETE FROM outbox WHERE id IN
                  (SELECT id FROM outbox WHERE done = 1 ORDER BY id LIMIT ?1)",
                 None,
@@ -189,6 +220,7 @@ impl Sweep for SqliteSweep {
             .await?;
         let log_rows = self
             .drain(
+                fence,
                 "DELETE FROM changelog WHERE seq IN
                  (SELECT seq FROM changelog WHERE seq < ?1 ORDER BY seq LIMIT ?2)",
                 Some(plan.horizon),
@@ -196,6 +228,7 @@ impl Sweep for SqliteSweep {
             .await?;
         let tombstones = self
             .drain(
+                fence,
                 "DELETE FROM registry WHERE key IN
                  (SELECT key FROM registry WHERE deleted = 1 AND seq < ?1 LIMIT ?2)",
                 Some(plan.horizon),
@@ -203,6 +236,7 @@ impl Sweep for SqliteSweep {
             .await?;
         let events = self
             .drain(
+                fence,
                 "DELETE FROM events WHERE position IN
                  (SELECT position FROM events WHERE position < ?1 ORDER BY position LIMIT ?2)",
                 Some(plan.first_event),

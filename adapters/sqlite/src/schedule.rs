@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use rusqlite::{TransactionBehavior, params};
 use tidemark::tidemark_core::{Job, JobId, Schedule, ScheduleClock};
-use tidemark::{DueSchedule, Error, Result, ScheduleStore};
+use tidemark::{DueSchedule, Error, Result, ScheduleStore, TickKey};
 
 use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
-use crate::queue::enqueue_on;
+use crate::queue::enqueue_tick_on;
 
 fn sql(e: rusqlite::Error) -> Error {
     unavailable("schedule", &e)
@@ -43,12 +43,27 @@ impl SqliteSchedules {
                     .map_err(sql)?;
                 let mut fired = Vec::new();
                 for due in read_due(&tx)? {
+                    let name = due.schedule.name();
+                    let key = |tick| TickKey {
+                        schedule: name.to_owned(),
+                        anchor: due.clock.anchor,
+                        tick,
+                    };
+                    // A tick a runner over the port claimed and did not settle.
+                    if let Some(tick) = due.pending {
+                        if let Some(id) = enqueue_tick_on(&tx, &key(tick), due.schedule.job())? {
+                            fired.push((name.to_owned(), id));
+                        }
+                        settle(&tx, name, tick)?;
+                    }
                     let Some(tick) = due.schedule.tick_to_fire(due.last_fired, due.clock) else {
                         continue;
                     };
-                    let name = due.schedule.name();
-                    if cas(&tx, &due, tick)? {
-                        fired.push((name.to_owned(), enqueue_on(&tx, due.schedule.job())?));
+                    if cas(&tx, &due, tick, false)? {
+                        // Under the tick's key, as a scheduler over the port enqueues.
+                        if let Some(id) = enqueue_tick_on(&tx, &key(tick), due.schedule.job())? {
+                            fired.push((name.to_owned(), id));
+                        }
                     }
                 }
                 tx.commit().map_err(sql)?;
@@ -61,7 +76,7 @@ impl SqliteSchedules {
 /// Records `tick` as the last fired tick of the schedule `read` names, only if its row is
 /// still the one read: its last fired tick, its anchor (a replacement restarts it) and its
 /// interval, cron expression and job.
-fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64) -> Result<bool> {
+fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
     let job = read
         .schedule
         .job()
@@ -82,7 +97,33 @@ fn cas(conn: &rusqlite::Connection, read: &DueSchedule, tick: u64) -> Result<boo
             ],
         )
         .map_err(sql)?;
+    if n == 1 && for_job {
+        // Pending (its job still to be enqueued) until settled; a claim by a runner that
+        // does the work itself leaves an older pending tick as it is.
+        conn.execute(
+            "INSERT INTO tidemark_meta (name, value) VALUES (?1, ?2)
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+            params![pending_name(read.schedule.name()), to_i64(tick)],
+        )
+        .map_err(sql)?;
+    }
     Ok(n == 1)
+}
+
+/// The `tidemark_meta` row holding a schedule's pending tick (claimed for a job not yet
+/// known to be enqueued): no schema change, and absent for every schedule stored before.
+fn pending_name(schedule: &str) -> String {
+    format!("pending_tick:{schedule}")
+}
+
+/// Clears the schedule's pending tick if it is still `tick`.
+fn settle(conn: &rusqlite::Connection, schedule: &str, tick: u64) -> Result<()> {
+    conn.execute(
+        "DELETE FROM tidemark_meta WHERE name = ?1 AND value = ?2",
+        params![pending_name(schedule), to_i64(tick)],
+    )
+    .map_err(sql)?;
+    Ok(())
 }
 
 /// A schedule's interval as stored (0 for a cron schedule).
@@ -90,6 +131,23 @@ fn interval_ns(schedule: &Schedule) -> i64 {
     schedule
         .interval()
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+impl SqliteSchedules {
+    /// The compare-and-set of a tick, and its pending row, in one transaction.
+    async fn claim(&self, read: &DueSchedule, tick: u64, for_job: bool) -> Result<bool> {
+        let read = read.clone();
+        self.db
+            .write("schedule", move |conn| {
+                let tx = conn
+                    .transaction_with_behavior(TransactionBehavior::Immediate)
+                    .map_err(sql)?;
+                let won = cas(&tx, &read, tick, for_job)?;
+                tx.commit().map_err(sql)?;
+                Ok(won)
+            })
+            .await
+    }
 }
 
 impl ScheduleStore for SqliteSchedules {
@@ -115,6 +173,11 @@ impl ScheduleStore for SqliteSchedules {
                     ],
                 )
                 .map_err(sql)?;
+                conn.execute(
+                    "DELETE FROM tidemark_meta WHERE name = ?1",
+                    [pending_name(schedule.name())],
+                )
+                .map_err(sql)?;
                 Ok(())
             })
             .await
@@ -124,6 +187,11 @@ impl ScheduleStore for SqliteSchedules {
         let name = name.to_owned();
         self.db
             .write("schedule", move |conn| {
+                conn.execute(
+                    "DELETE FROM tidemark_meta WHERE name = ?1",
+                    [pending_name(&name)],
+                )
+                .map_err(sql)?;
                 conn.execute("DELETE FROM schedules WHERE name = ?1", [name])
                     .map(|n| n > 0)
                     .map_err(sql)
@@ -136,9 +204,17 @@ impl ScheduleStore for SqliteSchedules {
     }
 
     async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
-        let read = read.clone();
+        self.claim(read, tick, false).await
+    }
+
+    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
+        self.claim(read, tick, true).await
+    }
+
+    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
+        let name = name.to_owned();
         self.db
-            .write("schedule", move |conn| cas(conn, &read, tick))
+            .write("schedule", move |conn| settle(conn, &name, tick))
             .await
     }
 }
@@ -149,8 +225,10 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
     let now = now_ms();
     let mut stmt = conn
         .prepare_cached(
-            "SELECT name, interval_ns, job, anchor, last_fired, cron FROM schedules
-             ORDER BY name",
+            "SELECT s.name, s.interval_ns, s.job, s.anchor, s.last_fired, s.cron, m.value
+             FROM schedules AS s LEFT JOIN tidemark_meta AS m
+               ON m.name = 'pending_tick:' || s.name
+             ORDER BY s.name",
         )
         .map_err(sql)?;
     let rows = stmt
@@ -162,12 +240,13 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
                 r.get::<_, i64>(3)?,
                 r.get::<_, Option<i64>>(4)?,
                 r.get::<_, Option<String>>(5)?,
+                r.get::<_, Option<i64>>(6)?,
             ))
         })
         .map_err(sql)?;
     let mut out = Vec::new();
     for row in rows {
-        let (name, interval, job, anchor, last_fired, cron) = row.map_err(sql)?;
+        let (name, interval, job, anchor, last_fired, cron, pending) = row.map_err(sql)?;
         let parsed = Job::decode(&job)
             .map_err(|e| e.to_string())
             .and_then(|job| {
@@ -183,6 +262,7 @@ fn read_due(conn: &rusqlite::Connection) -> Result<Vec<DueSchedule>> {
             Ok(schedule) => out.push(DueSchedule {
                 schedule,
                 last_fired: last_fired.map(to_u64),
+                pending: pending.map(to_u64),
                 clock: ScheduleClock {
                     anchor: Duration::from_millis(to_u64(anchor)),
                     now: Duration::from_millis(to_u64(now)),

@@ -51,6 +51,8 @@ conformance! {
     queue_renew_extends_a_lease => |db| db.queue(), REAL_LEASE;
     queue_dead_letters_list_and_requeue => |db| db.queue();
     queue_counts_by_state => |db| db.queue();
+    queue_expired_lease_cannot_finish_its_job => |db| db.queue(), REAL_LEASE;
+    queue_requeued_dead_letter_coalesces => |db| db.queue();
     queue_coalesces_pending_jobs_per_key => |db| db.queue();
     queue_leases_sweeps_first => |db| db.queue();
     runner_wakes_on_enqueue => |db| db.queue();
@@ -62,11 +64,13 @@ conformance! {
     lock_is_exclusive_and_expires => |db| db.lock(), REAL_LEASE;
     lock_for_ever_is_held => |db| db.lock();
     lock_taken_again_by_its_owner_is_a_new_lease => |db| db.lock();
+    sweep_refuses_a_stale_fence => |db| db.lock(), &db.sweeper(), REAL_LEASE;
     queue_lease_for_ever_holds_the_job => |db| db.queue();
     schedule_mark_fired_is_compare_and_set => |db| db.schedules();
     schedule_mark_fired_refuses_a_replaced_schedule => |db| db.schedules();
     schedule_replace_and_remove => |db| db.schedules();
     schedule_cron_fires_each_tick_once => |db| db.schedules(), &db.queue();
+    schedule_claimed_tick_fires_once_across_crashes => |db| db.schedules(), &db.queue();
     outbox_claims_are_exclusive_and_expire =>
         |db| db.outbox(), &db.announced_source(Legs::default()), REAL_LEASE;
 }
@@ -90,6 +94,20 @@ async fn queue_stale_lease_cannot_act_after_requeue() {
         .await
         .unwrap();
     c::queue_stale_lease_cannot_act_after_requeue(&db.queue(), REAL_LEASE).await;
+}
+
+/// On a queue that dead-letters after one attempt, so the lapsed lease was the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_dead_lease_cannot_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let opts = tidemark_sqlite::Options {
+        max_attempts: 1,
+        ..tidemark_sqlite::Options::default()
+    };
+    let db = tidemark_sqlite::SqliteDb::open_with(dir.path().join("tidemark.db"), opts)
+        .await
+        .unwrap();
+    c::queue_dead_lease_cannot_ack(&db.queue(), REAL_LEASE).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

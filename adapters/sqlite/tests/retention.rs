@@ -16,6 +16,15 @@ use tidemark::tidemark_core::{Legs, RetentionPolicy};
 use tidemark::{Cursors, Publish, Source, Sweep, Swept, sweep_under_lock};
 use tidemark_sqlite::{SqliteDb, SqliteSource, Write};
 
+/// The fence of a sweep run by hand, outside the sweeper lock (never taken here).
+fn fence() -> tidemark::LockLease {
+    tidemark::LockLease {
+        name: tidemark::SWEEP_LOCK.into(),
+        owner: "test".into(),
+        fencing: 0,
+    }
+}
+
 /// Keeps nothing for unknown readers; never forces out what a known one needs.
 fn needed_only() -> RetentionPolicy {
     RetentionPolicy::new(Duration::ZERO, None).unwrap()
@@ -45,14 +54,14 @@ async fn outbox_rows_are_removed_only_after_they_were_relayed() {
         src.put(&format!("k{i}"), b"v".to_vec()).await.unwrap();
     }
     let sweep = db.sweeper().with_policy(needed_only());
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(swept.outbox_rows, 0, "pending rows are never swept");
     assert_eq!(count(&db, "outbox").await, 5);
 
     let relay = db.relay(db.events(), db.wake(), db.queue(), "reg");
     assert_eq!(relay.drain().await.unwrap().done, 5);
     src.put("late", b"v".to_vec()).await.unwrap();
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         swept.outbox_rows, 5,
         "relayed rows go, with their copies of the values"
@@ -80,7 +89,7 @@ async fn history_a_persisted_follower_needs_is_kept_and_it_restarts_warm() {
     let swept = db
         .sweeper()
         .with_policy(needed_only())
-        .sweep()
+        .sweep(&fence())
         .await
         .unwrap();
     assert_eq!(
@@ -127,7 +136,7 @@ async fn max_age_forces_history_out_and_the_lagging_follower_resyncs_and_converg
     let sweep = db
         .sweeper()
         .with_policy(RetentionPolicy::new(Duration::ZERO, Some(max_age)).unwrap());
-    let first = sweep.sweep().await.unwrap();
+    let first = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         first.first_available,
         stopped_at + 1,
@@ -136,7 +145,7 @@ async fn max_age_forces_history_out_and_the_lagging_follower_resyncs_and_converg
     let marked = src.watermark().await.unwrap();
     tokio::time::sleep(max_age + Duration::from_millis(50)).await;
     puts(&src, 80..90).await;
-    let forced = sweep.sweep().await.unwrap();
+    let forced = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         forced.first_available,
         marked + 1,
@@ -175,7 +184,7 @@ async fn events_a_durable_cursor_still_needs_are_kept() {
     }
     events.save("consumer", 4).await.unwrap();
     let sweep = db.sweeper().with_policy(needed_only());
-    let swept = sweep.sweep().await.unwrap();
+    let swept = sweep.sweep(&fence()).await.unwrap();
     assert_eq!(
         (swept.events, swept.first_event),
         (4, 5),
@@ -196,7 +205,7 @@ async fn events_a_durable_cursor_still_needs_are_kept() {
 
     // A default policy keeps even unneeded records for a minute.
     events.save("consumer", 10).await.unwrap();
-    let swept = db.sweeper().sweep().await.unwrap();
+    let swept = db.sweeper().sweep(&fence()).await.unwrap();
     assert_eq!(
         swept.events, 0,
         "young records stay for readers the file cannot see"
@@ -212,7 +221,7 @@ struct Watched {
 }
 
 impl Sweep for Watched {
-    async fn sweep(&self) -> tidemark::Result<Swept> {
+    async fn sweep(&self, _fence: &tidemark::LockLease) -> tidemark::Result<Swept> {
         let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(200)).await;

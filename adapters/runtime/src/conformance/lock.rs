@@ -106,3 +106,49 @@ pub async fn lock_is_exclusive_and_expires<L: Lock>(l: &L, ttl: Duration) {
         "released: free"
     );
 }
+
+/// The sweeper lock's fencing token goes with the sweep, and the store refuses a token
+/// older than the lock's current one: a sweeper stalled past its lease (a pause, a
+/// partition), whose lock another process has taken since, must not sweep beside its
+/// successor; nor may an owner's earlier lease once it took the lock again. The current
+/// holder sweeps.
+///
+/// `s` must check its fences against `l`; `ttl` as for [`lock_is_exclusive_and_expires`].
+pub async fn sweep_refuses_a_stale_fence<L: Lock, S: crate::ports::Sweep>(
+    l: &L,
+    s: &S,
+    ttl: Duration,
+) {
+    let name = crate::retention::SWEEP_LOCK;
+    let stalled = l
+        .try_lock(name, "a", ttl)
+        .await
+        .unwrap()
+        .expect("a free lock");
+    tokio::time::sleep(ttl * 3 / 2).await;
+    let successor = l
+        .try_lock(name, "b", ttl)
+        .await
+        .unwrap()
+        .expect("an expired lease frees the lock");
+    let refused = s.sweep(&stalled).await;
+    assert!(
+        matches!(refused, Err(crate::Error::LeaseLost(_))),
+        "a sweeper whose lock was taken since must not sweep beside its successor: {refused:?}"
+    );
+    s.sweep(&successor)
+        .await
+        .expect("the lock's current holder sweeps");
+    let again = l
+        .try_lock(name, "b", ttl)
+        .await
+        .unwrap()
+        .expect("its owner takes it again");
+    let refused = s.sweep(&successor).await;
+    assert!(
+        matches!(refused, Err(crate::Error::LeaseLost(_))),
+        "an owner's earlier lease is fenced out by its own later one: {refused:?}"
+    );
+    s.sweep(&again).await.expect("the newest lease sweeps");
+    l.release(&again).await.unwrap();
+}

@@ -123,3 +123,141 @@ pub async fn schedule_cron_fires_each_tick_once<T: ScheduleStore, Q: Queue>(t: &
         "the expression is kept"
     );
 }
+
+/// Each claimed tick's job is enqueued exactly once, whichever step a crash cuts. A
+/// scheduler that claims a tick for its job and dies before the enqueue leaves the tick
+/// pending; the next pass, even one that finds a newer tick due, enqueues it first (racing
+/// passes make one job between them) and then fires the newer tick. A scheduler that dies
+/// after the enqueue, before recording it, leaves a tick whose enqueue, replayed under the
+/// tick's key, makes no second job. A tick claimed with `mark_fired` (whose claimer does
+/// the work itself, as the retention driver does) gets no job.
+///
+/// Runs a once-a-second interval on the store's clock (tokio's under paused time, the wall
+/// clock or a server's otherwise).
+pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q: Queue>(
+    t: &T,
+    q: &Q,
+) {
+    let s = Schedule::new("crashy", Duration::from_secs(1), Job::Sweep).unwrap();
+    t.put_schedule(s).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let key = |tick| crate::ports::TickKey {
+        schedule: "crashy".into(),
+        anchor: due.clock.anchor,
+        tick,
+    };
+    let first = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .expect("a tick is due after an interval");
+    assert!(
+        t.claim_for_job(&due, first).await.unwrap(),
+        "the scheduler claims the tick (and dies before its enqueue)"
+    );
+    assert_eq!(
+        t.schedules().await.unwrap()[0].pending,
+        Some(first),
+        "a tick claimed for a job is pending until its job is known enqueued"
+    );
+    // The next tick comes due before any scheduler passes again.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (a, b, c) = tokio::join!(
+        crate::fire_due(t, q),
+        crate::fire_due(t, q),
+        crate::fire_due(t, q)
+    );
+    let mut fired: Vec<u64> = [a.unwrap().0, b.unwrap().0, c.unwrap().0]
+        .into_iter()
+        .flatten()
+        .map(|f| f.tick)
+        .collect();
+    fired.sort_unstable();
+    assert_eq!(
+        fired.len(),
+        2,
+        "the dead scheduler's tick and the next: {fired:?}"
+    );
+    assert_eq!(
+        fired[0], first,
+        "a tick claimed by a scheduler that died before its enqueue fires once, though a newer tick is due: {fired:?}"
+    );
+    assert!(fired[1] > first, "then the newer tick fires: {fired:?}");
+    assert_eq!(q.counts().await.unwrap().ready, 2, "one job per tick");
+    let now = t.schedules().await.unwrap().remove(0);
+    assert_eq!(
+        (now.last_fired, now.pending),
+        (Some(fired[1]), None),
+        "both enqueues are recorded"
+    );
+
+    // Died after the enqueue, before recording it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let third = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.claim_for_job(&due, third).await.unwrap());
+    let job = q.enqueue_tick(&key(third), Job::Sweep).await.unwrap();
+    assert!(
+        job.is_some(),
+        "the tick's job is enqueued (then its scheduler dies)"
+    );
+    let (again, _) = crate::fire_due(t, q).await.unwrap();
+    assert!(
+        again.is_empty(),
+        "a tick whose job was enqueued is not enqueued again: {again:?}"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 3, "still one job per tick");
+    assert_eq!(
+        t.schedules().await.unwrap()[0].pending,
+        None,
+        "the next pass records the enqueue"
+    );
+
+    // Claimed by a runner that does the work itself: no job.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let fourth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.mark_fired(&due, fourth).await.unwrap());
+    let (none, _) = crate::fire_due(t, q).await.unwrap();
+    assert!(
+        none.is_empty(),
+        "a tick claimed with mark_fired is its claimer's to run: {none:?}"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 3);
+
+    // A tick claimed for its job by a scheduler that died, then passed over by a runner
+    // that does its ticks itself: the job is still enqueued.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let fifth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.claim_for_job(&due, fifth).await.unwrap());
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let due = t.schedules().await.unwrap().remove(0);
+    let sixth = due
+        .schedule
+        .tick_to_fire(due.last_fired, due.clock)
+        .unwrap();
+    assert!(t.mark_fired(&due, sixth).await.unwrap());
+    assert_eq!(
+        t.schedules().await.unwrap()[0].pending,
+        Some(fifth),
+        "a claim that runs its tick itself leaves an older pending tick pending"
+    );
+    let (late, _) = crate::fire_due(t, q).await.unwrap();
+    let late: Vec<u64> = late.iter().map(|f| f.tick).collect();
+    assert_eq!(
+        late,
+        vec![fifth],
+        "the passed-over tick's job is enqueued, once"
+    );
+    assert_eq!(q.counts().await.unwrap().ready, 4);
+}

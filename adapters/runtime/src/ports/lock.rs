@@ -17,6 +17,26 @@ pub struct LockLease {
     pub fencing: u64,
 }
 
+impl LockLease {
+    /// Refuses work carrying this lease when the lock's newest fencing token is `current`
+    /// (`None`: the lock was never taken): [`Error::LeaseLost`](crate::Error::LeaseLost) if
+    /// a later acquisition exists, since its holder may be doing the same work now. A
+    /// store calls it where it acts, with the token it reads there.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost) when `current` is newer than this
+    /// lease's token.
+    pub fn check_fence(&self, current: Option<u64>) -> crate::Result<()> {
+        match current {
+            Some(current) if current > self.fencing => Err(crate::Error::LeaseLost(format!(
+                "lock {} fencing {} is older than its current token {current}",
+                self.name, self.fencing
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Named, expiring locks.
 pub trait Lock: Send + Sync {
     /// Takes `name` for `owner` for `ttl`, if it is free or its holder's lease expired.

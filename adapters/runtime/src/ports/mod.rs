@@ -21,7 +21,9 @@ pub use feed::{Feed, FeedItem, FeedStream, Opened, take_ready};
 pub use lock::{Lock, LockLease};
 pub use outbox::{Claimed, Outbox, OutboxRow, OutboxUpdate, OutboxWatch};
 pub use publish::Publish;
-pub use queue::{JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal};
+pub use queue::{
+    JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, TickKey,
+};
 pub use schedule::{DueSchedule, ScheduleStore};
 pub use source::{Changes, PresentKeys, Snapshot, SnapshotParts, Source, ValueAt, Versioned};
 pub use sweep::{Sweep, Swept};

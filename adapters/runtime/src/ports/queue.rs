@@ -84,6 +84,32 @@ pub struct Leased {
     pub receipt: u64,
 }
 
+/// One tick of one schedule: the key that makes the enqueue of its job idempotent. The
+/// schedule's anchor is part of it, so a replaced schedule (whose ticks count afresh from a
+/// new anchor) never shares a key with the one it replaced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TickKey {
+    /// The schedule's name.
+    pub schedule: String,
+    /// The schedule's anchor, by the store's clock (see
+    /// [`ScheduleClock`](tidemark_core::ScheduleClock)).
+    pub anchor: Duration,
+    /// The tick.
+    pub tick: u64,
+}
+
+impl TickKey {
+    /// Whether this tick's job is still to be enqueued when the schedule's newest enqueued
+    /// tick is `enqueued` (its anchor and tick; `None`: none yet): only a tick after it, on
+    /// the same or a later anchor, is. A tick at or before it was enqueued already, or was
+    /// passed over by a later one (missed ticks fire once), or belongs to a schedule
+    /// replaced since.
+    #[must_use]
+    pub fn is_due_after(&self, enqueued: Option<(Duration, u64)>) -> bool {
+        enqueued.is_none_or(|last| (self.anchor, self.tick) > last)
+    }
+}
+
 /// Tells a job runner that jobs may have become ready (an enqueue, a failed job back, a
 /// commit by another process), so it leases at once instead of waiting out its idle
 /// poll, which stays as the backstop. "May have": the runner leases to find out.
@@ -121,6 +147,23 @@ pub trait Queue: Send + Sync {
     /// the writes. A job already leased absorbs nothing (it may have read the key already).
     fn enqueue(&self, job: Job) -> impl Future<Output = Result<JobId>> + Send;
 
+    /// Enqueues `job` as the job of a schedule's tick, once per [`TickKey`]: the queue
+    /// keeps each schedule's newest enqueued tick (never removed by retention) and enqueues
+    /// only a tick after it ([`TickKey::is_due_after`]), in one atomic step with the job.
+    /// `Ok(Some(id))` when this call enqueued it; `Ok(None)` when the tick's job was
+    /// enqueued already (by this or any process) or a later tick's was. So a scheduler
+    /// that claimed a tick and died, before or after the enqueue, is followed by one that
+    /// enqueues the tick again and makes no second job.
+    ///
+    /// On NATS the job's message carries the tick as its `Nats-Msg-Id`, and the tick is
+    /// recorded after the publish: a scheduler that dies between the two is covered by the
+    /// stream's duplicate window (2 minutes by default).
+    fn enqueue_tick(
+        &self,
+        tick: &TickKey,
+        job: Job,
+    ) -> impl Future<Output = Result<Option<JobId>>> + Send;
+
     /// Enqueues every job in order; one result per job, in the same order. A job with a
     /// [`coalesce_key`](Job::coalesce_key) that a ready, never-leased job already has is
     /// absorbed by it and gets its id (as with [`enqueue`](Self::enqueue)). The default
@@ -155,7 +198,10 @@ pub trait Queue: Send + Sync {
     /// attempts are used up is dead-lettered instead of leased.
     fn lease(&self, visibility: Duration) -> impl Future<Output = Result<Option<Leased>>> + Send;
 
-    /// Completes a leased job.
+    /// Completes a leased job. [`Error::LeaseLost`](crate::Error::LeaseLost) once the lease
+    /// has ended, by the queue's clock, even if nobody has leased the job since: so do
+    /// [`fail`](Self::fail), [`renew`](Self::renew) and [`dead_letter`](Self::dead_letter).
+    /// The job is then delivered again (or dead-lettered, if that was its last attempt).
     fn ack(&self, lease: &Leased) -> impl Future<Output = Result<()>> + Send;
 
     /// Records a failure of a leased job: ready again after `retry_after`, or dead-lettered
@@ -193,6 +239,11 @@ pub trait Queue: Send + Sync {
     /// same on memory and SQLite (which keep its last error until it next fails), a new one
     /// on NATS (where a job's id is its message's sequence; the old id is gone).
     /// [`Error::NotFound`](crate::Error::NotFound) if `id` is not a dead letter.
+    ///
+    /// A requeued job has not run since, so it is its key's pending job for coalescing
+    /// (it absorbs later enqueues for its key), unless the key already has a pending job:
+    /// that one keeps absorbing (on NATS the requeue itself is absorbed by it, and its id
+    /// comes back).
     fn requeue(&self, id: JobId) -> impl Future<Output = Result<JobId>> + Send;
 
     /// How many jobs are in each state.

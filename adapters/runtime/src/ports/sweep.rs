@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use crate::error::Result;
+use crate::ports::LockLease;
 
 /// What one sweep removed, by kind, and where the logs it cut now start.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,8 +37,13 @@ impl Swept {
 ///
 /// A sweep is safe to run at any time and from any process, and idempotent; the drivers
 /// run one at a time under the sweeper lock ([`sweep_under_lock`](crate::sweep_under_lock)),
-/// so several processes do not repeat each other's work.
+/// so several processes do not repeat each other's work, and the lock's fencing token goes
+/// with the sweep, so a sweeper stalled past its lease cannot sweep beside its successor.
 pub trait Sweep: Send + Sync {
-    /// Removes what the retention limits allow, once.
-    fn sweep(&self) -> impl Future<Output = Result<Swept>> + Send;
+    /// Removes what the retention limits allow, once, under the sweeper lock's lease
+    /// `fence`: [`Error::LeaseLost`](crate::Error::LeaseLost) if the lock has been taken
+    /// since with a newer fencing token ([`LockLease::check_fence`]), checked where the
+    /// sweep acts (SQLite: in every transaction that deletes; memory: in the step that
+    /// removes; NATS: before each stream it changes, when the sweep knows the lock).
+    fn sweep(&self, fence: &LockLease) -> impl Future<Output = Result<Swept>> + Send;
 }
