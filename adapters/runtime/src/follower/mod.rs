@@ -333,7 +333,7 @@ where
         }
         if self.runs == 0 {
             if let Some(held) = self.sink.resume().await? {
-                info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, ahead = held.ahead.as_ref().map(Vec::len), "resuming from the sink");
+                info!(worker = %self.core.config().name(), watermark = held.watermark, keys = held.keys, ahead = held.ahead.as_ref().map(Vec::len), lineage = ?held.lineage, "resuming from the sink");
                 self.core.start_from(held.watermark, held.keys);
                 self.core.remember_lineage(held.lineage);
                 self.committed = self.core.watermark();
