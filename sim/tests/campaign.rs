@@ -244,7 +244,7 @@ fn a_write_still_on_the_wire_at_a_restore_lands_before_it_or_is_kept_out_of_the_
     // for writes in flight, and one that outlives its writer's wait is refused while the
     // writers pause, or reset with its pre-restore connection.
     pinned_seeds_pass(
-        &[2779, 3604, 5013, 5026],
+        &[2779, 2788, 2790, 2793],
         "has a write in flight at a restore",
         |trace| {
             trace.iter().any(|l| {
