@@ -44,7 +44,7 @@ struct Args {
     /// How followers are built (the naive strategies must be caught diverging).
     #[arg(long, value_enum, default_value_t = Strategy::Correct)]
     strategy: Strategy,
-    /// Restore the source three times in every run from a backup taken shortly before,
+    /// Restore the source four times in every run from a backup taken shortly before,
     /// with the followers cut off meanwhile (the world `--strategy trusts-watermark` is
     /// caught in; implied by it).
     #[arg(long)]

@@ -98,6 +98,9 @@ pub enum Request {
     JetStream(crate::jetstream::JsCall),
     /// Source::lineage_at.
     LineageAt { seq: u64 },
+    /// Source::changes_and_lineage: the changes since `since` and the lineage there, read
+    /// at one point.
+    ChangesAndLineage { since: u64 },
 }
 
 /// An announcement plan on the wire.
@@ -439,6 +442,8 @@ pub enum Response {
     JetStream(crate::jetstream::JsAnswer),
     /// What the source says of its history at a seq.
     Lineage(WireLineage),
+    /// Changes (or their compaction) and the lineage at the seq they were asked since.
+    ChangesAndLineage(Box<Response>, WireLineage),
 }
 
 /// How often an idle streaming connection sends a heartbeat.

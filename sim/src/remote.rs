@@ -294,6 +294,39 @@ impl Source for Remote {
         }
     }
 
+    /// One call, read at one point on the source host; nothing of the history for a
+    /// naive client ([`blind_to_history`](Self::blind_to_history)).
+    async fn changes_and_lineage(&self, since: u64) -> Result<(Changes, tidemark::Lineage)> {
+        if self.blind_to_history {
+            return Ok((
+                self.changes_since(since).await?,
+                tidemark::Lineage::default(),
+            ));
+        }
+        match self
+            .call("source", Request::ChangesAndLineage { since })
+            .await?
+        {
+            Response::ChangesAndLineage(changes, lineage) => {
+                let changes = match *changes {
+                    Response::Changes {
+                        entries: e,
+                        watermark,
+                    } => Changes::Since {
+                        entries: entries(e),
+                        watermark,
+                    },
+                    Response::Compacted { first_available } => {
+                        Changes::Compacted { first_available }
+                    }
+                    r => return Err(unexpected("source", &r)),
+                };
+                Ok((changes, lineage.into()))
+            }
+            r => Err(unexpected("source", &r)),
+        }
+    }
+
     async fn snapshot(&self) -> Result<Snapshot> {
         match self.call("source", Request::Snapshot).await? {
             Response::Snapshot {

@@ -237,7 +237,7 @@ pub struct Scenario {
     /// How far simulated time moves per simulation step: the grain of message delivery
     /// between hosts (timers inside a host fire at their own instants).
     pub tick: Duration,
-    /// Every run restores the source three times from a backup taken shortly before, while
+    /// Every run restores the source four times from a backup taken shortly before, while
     /// the followers are cut off (see [`plan`]): the world the `trusts-watermark` strategy
     /// is caught in, and the one tidemark's own followers must pass.
     pub restores_while_cut: bool,
@@ -643,7 +643,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
 }
 
 /// The world the `trusts-watermark` strategy is caught in: every run restores the source
-/// (three times) from a backup taken shortly before (on top of what the plan drew: a few writes are
+/// (four times) from a backup taken shortly before (on top of what the plan drew: a few writes are
 /// lost), while the followers, which applied some of those writes, are cut off from the
 /// source, so that the new history writes past their watermarks before they read it
 /// again. Drawn from a stream of its own: the
@@ -655,12 +655,13 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
     let phase = u64::try_from(s.fault_phase.as_millis())
         .unwrap_or(u64::MAX)
         .max(16);
-    // Three times, in each third of the fault phase: a source crash or a held writer
-    // drawn over one window can leave nothing written between the backup and the cut.
+    // Four times, spread over the fault phase: a source crash or a held writer drawn over
+    // one window can leave nothing written between the backup and the cut.
     for (from, len) in [
-        (phase / 10, phase / 5),
-        (phase * 4 / 10, phase / 5),
-        (phase * 7 / 10, phase / 5),
+        (phase / 12, phase / 6),
+        (phase * 4 / 12, phase / 6),
+        (phase * 7 / 12, phase / 6),
+        (phase * 10 / 12, phase / 12),
     ] {
         let restore = Duration::from_millis(from + rng.next_u64() % len);
         let backup = restore.saturating_sub(Duration::from_millis(1000 + rng.next_u64() % 1000));

@@ -275,6 +275,23 @@ async fn connection(
             },
             Err(e) => failed(e),
         },
+        Request::ChangesAndLineage { since } => {
+            match memory.source.changes_and_lineage(since).await {
+                Ok((changes, lineage)) => {
+                    let changes = match changes {
+                        Changes::Since { entries, watermark } => Response::Changes {
+                            entries: entries.into_iter().map(WireEntry::from).collect(),
+                            watermark,
+                        },
+                        Changes::Compacted { first_available } => {
+                            Response::Compacted { first_available }
+                        }
+                    };
+                    Response::ChangesAndLineage(Box::new(changes), lineage.into())
+                }
+                Err(e) => failed(e),
+            }
+        }
         Request::LineageAt { seq } => memory
             .source
             .lineage_at(seq)

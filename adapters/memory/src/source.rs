@@ -51,6 +51,10 @@ struct State {
     /// The history this state belongs to: made with the source, kept by a backup, new
     /// when the source is [`recreate`](MemorySource::recreate)d.
     history: u64,
+    /// The seq and stamp of the last entry compaction dropped: a follower whose watermark
+    /// is the compaction's horizon still reads from the log, and its watermark's stamp
+    /// must still tell its history (seed 119).
+    floor: Option<(u64, u64)>,
 }
 
 impl State {
@@ -60,6 +64,8 @@ impl State {
     fn lineage_at(&self, seq: u64) -> Lineage {
         let stamp = if seq == 0 || seq > self.seq {
             None
+        } else if let Some((_, stamp)) = self.floor.filter(|(at, _)| *at == seq) {
+            Some(stamp)
         } else if seq >= self.log_base {
             usize::try_from(seq - self.log_base)
                 .ok()
@@ -270,7 +276,11 @@ impl MemorySource {
         let upto = seq.min(s.seq + 1);
         let mut removed = 0;
         while s.log_base < upto {
-            s.log.pop_front();
+            if let Some(gone) = s.log.pop_front()
+                && let Some(stamp) = gone.stamp
+            {
+                s.floor = Some((gone.seq, stamp));
+            }
             s.log_base += 1;
             removed += 1;
         }
@@ -348,6 +358,27 @@ impl MemorySource {
     pub fn end_feeds(&self) {
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
         self.inner.head.bump();
+    }
+
+    /// The changes after `since` in `s`, or the news that they were compacted.
+    fn changes_in(&self, s: &State, since: u64) -> Changes {
+        if since.saturating_add(1) < s.log_base {
+            return Changes::Compacted {
+                first_available: s.log_base,
+            };
+        }
+        let skip = usize::try_from(since.saturating_add(1) - s.log_base).unwrap_or(usize::MAX);
+        // Only the latest mutation per key: the cost is what changed, once per key.
+        let mut latest: BTreeMap<&str, &Entry> = BTreeMap::new();
+        for e in s.log.iter().skip(skip).filter(|e| self.holds(&e.key)) {
+            latest.insert(&*e.key, e);
+        }
+        let mut entries: Vec<Entry> = latest.into_values().cloned().collect();
+        entries.sort_by_key(|e| e.seq);
+        Changes::Since {
+            entries,
+            watermark: s.seq,
+        }
     }
 
     /// The fault switches this source consults.
@@ -444,24 +475,14 @@ impl Source for MemorySource {
 
     async fn changes_since(&self, since: u64) -> Result<Changes> {
         self.inner.faults.check(Port::Source)?;
+        Ok(self.changes_in(&self.state(), since))
+    }
+
+    /// Both under one lock: a compaction cannot take the entry at `since` between them.
+    async fn changes_and_lineage(&self, since: u64) -> Result<(Changes, Lineage)> {
+        self.inner.faults.check(Port::Source)?;
         let s = self.state();
-        if since.saturating_add(1) < s.log_base {
-            return Ok(Changes::Compacted {
-                first_available: s.log_base,
-            });
-        }
-        let skip = usize::try_from(since.saturating_add(1) - s.log_base).unwrap_or(usize::MAX);
-        // Only the latest mutation per key: the cost is what changed, once per key.
-        let mut latest: BTreeMap<&str, &Entry> = BTreeMap::new();
-        for e in s.log.iter().skip(skip).filter(|e| self.holds(&e.key)) {
-            latest.insert(&*e.key, e);
-        }
-        let mut entries: Vec<Entry> = latest.into_values().cloned().collect();
-        entries.sort_by_key(|e| e.seq);
-        Ok(Changes::Since {
-            entries,
-            watermark: s.seq,
-        })
+        Ok((self.changes_in(&s, since), s.lineage_at(since)))
     }
 
     async fn present_keys(&self) -> Result<Option<tidemark::PresentKeys>> {

@@ -191,6 +191,16 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE registry ADD COLUMN stamp INTEGER;
     ALTER TABLE follower_state ADD COLUMN history INTEGER;
     ALTER TABLE follower_state ADD COLUMN stamp INTEGER;
+    -- The seq and stamp of the newest change-log row compaction removed: a follower whose
+    -- watermark is the horizon still reads from the log, and its watermark's stamp must
+    -- still tell its history.
+    CREATE TRIGGER changelog_floor AFTER DELETE ON changelog
+    WHEN OLD.stamp IS NOT NULL
+        AND OLD.seq > coalesce((SELECT value FROM tidemark_meta WHERE name = 'floor_seq'), 0)
+    BEGIN
+        INSERT OR REPLACE INTO tidemark_meta (name, value)
+            VALUES ('floor_seq', OLD.seq), ('floor_stamp', OLD.stamp);
+    END;
     ",
 ];
 

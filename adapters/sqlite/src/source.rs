@@ -122,13 +122,28 @@ pub(crate) fn lineage_at(conn: &Connection, seq: u64) -> rusqlite::Result<Lineag
             .query_row([seq], |r| r.get::<_, Option<i64>>(0))
             .optional()?
             .flatten();
+        let floor = || -> rusqlite::Result<Option<i64>> {
+            let at = conn
+                .prepare_cached("SELECT value FROM tidemark_meta WHERE name = 'floor_seq'")?
+                .query_row([], |r| r.get::<_, i64>(0))
+                .optional()?;
+            if at != Some(seq) {
+                return Ok(None);
+            }
+            conn.prepare_cached("SELECT value FROM tidemark_meta WHERE name = 'floor_stamp'")?
+                .query_row([], |r| r.get::<_, i64>(0))
+                .optional()
+        };
         match logged {
             Some(stamp) => Some(stamp),
-            None => conn
-                .prepare_cached("SELECT stamp FROM registry WHERE seq = ?1")?
-                .query_row([seq], |r| r.get::<_, Option<i64>>(0))
-                .optional()?
-                .flatten(),
+            None => match floor()? {
+                Some(stamp) => Some(stamp),
+                None => conn
+                    .prepare_cached("SELECT stamp FROM registry WHERE seq = ?1")?
+                    .query_row([seq], |r| r.get::<_, Option<i64>>(0))
+                    .optional()?
+                    .flatten(),
+            },
         }
     };
     Ok(Lineage::new(history.map(bits), stamp.map(bits)))
@@ -677,6 +692,22 @@ impl Source for SqliteSource {
             lineage,
             parts: parts.boxed(),
         })
+    }
+
+    /// Both in one read transaction: a compaction cannot take the entry at `since`
+    /// between them.
+    async fn changes_and_lineage(&self, since: u64) -> Result<(Changes, Lineage)> {
+        let prefix = self.prefix.clone();
+        self.db
+            .call(PORT, move |conn| {
+                let tx = conn.transaction().map_err(sql)?;
+                let changes =
+                    SqliteSource::changes_blocking(&tx, since, prefix.as_ref()).map_err(sql)?;
+                let lineage = lineage_at(&tx, since).map_err(sql)?;
+                tx.finish().map_err(sql)?;
+                Ok((changes, lineage))
+            })
+            .await
     }
 
     async fn lineage_at(&self, seq: u64) -> Result<Lineage> {

@@ -181,11 +181,12 @@ async fn a_version_1_file_migrates_and_its_pending_outbox_rows_are_relayed() {
              ALTER TABLE jobs DROP COLUMN priority;
              DROP TABLE follower_ahead;
              ALTER TABLE jobs DROP COLUMN leases;
+             DROP TRIGGER changelog_floor;
              ALTER TABLE changelog DROP COLUMN stamp;
              ALTER TABLE registry DROP COLUMN stamp;
              ALTER TABLE follower_state DROP COLUMN history;
              ALTER TABLE follower_state DROP COLUMN stamp;
-             DELETE FROM tidemark_meta WHERE name = 'history';
+             DELETE FROM tidemark_meta WHERE name IN ('history', 'floor_seq', 'floor_stamp');
              PRAGMA user_version = 1;",
         )
         .unwrap();
@@ -288,11 +289,12 @@ async fn a_version_7_file_keeps_its_jobs_and_its_leases_receipts() {
         let c = rusqlite::Connection::open(&path).unwrap();
         c.execute_batch(
             "ALTER TABLE jobs DROP COLUMN leases;
+             DROP TRIGGER changelog_floor;
              ALTER TABLE changelog DROP COLUMN stamp;
              ALTER TABLE registry DROP COLUMN stamp;
              ALTER TABLE follower_state DROP COLUMN history;
              ALTER TABLE follower_state DROP COLUMN stamp;
-             DELETE FROM tidemark_meta WHERE name = 'history';
+             DELETE FROM tidemark_meta WHERE name IN ('history', 'floor_seq', 'floor_stamp');
              PRAGMA user_version = 7;",
         )
         .unwrap();

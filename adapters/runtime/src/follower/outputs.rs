@@ -386,18 +386,17 @@ where
         since: u64,
         stop: &mut StopSignal,
     ) -> Result<Asked> {
-        let answer = match or_stop(stop, self.source.changes_since(since)).await {
+        let (changes, lineage) = match or_stop(stop, self.source.changes_and_lineage(since)).await {
             None => return Ok(Asked::Abandoned),
-            Some(Ok(Changes::Since { entries, watermark })) => {
-                // What the source says of its history at `since`, read after the changes:
-                // a restore between the two reads is seen.
-                match or_stop(stop, self.source.lineage_at(since)).await {
-                    None => return Ok(Asked::Abandoned),
-                    Some(Ok(lineage)) => self
-                        .core
-                        .handle_input(Input::Lineage { token, lineage }, self.clock.now()),
-                    Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
-                }
+            Some(Ok(read)) => read,
+            Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
+        };
+        // What the source says of its history at `since`, read with the changes or after
+        // them: a restore between the two reads is seen.
+        self.core
+            .handle_input(Input::Lineage { token, lineage }, self.clock.now());
+        let answer = match changes {
+            Changes::Since { entries, watermark } => {
                 self.learn_head(watermark);
                 let keys = entries.iter().map(|e| e.key.to_string()).collect();
                 if let Err(e) = self.learn(keys).await {
@@ -410,22 +409,10 @@ where
                     source_watermark: watermark,
                 }
             }
-            Some(Ok(Changes::Compacted { first_available })) => {
-                // The entry at `since` may still tell its history (a source that keeps
-                // the stamp of each key's current value), even with its log compacted.
-                match or_stop(stop, self.source.lineage_at(since)).await {
-                    None => return Ok(Asked::Abandoned),
-                    Some(Ok(lineage)) => self
-                        .core
-                        .handle_input(Input::Lineage { token, lineage }, self.clock.now()),
-                    Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
-                }
-                Input::ChangesUnavailable {
-                    token,
-                    first_available,
-                }
-            }
-            Some(Err(e)) => failed(token, &e),
+            Changes::Compacted { first_available } => Input::ChangesUnavailable {
+                token,
+                first_available,
+            },
         };
         Ok(Asked::Answer(answer))
     }

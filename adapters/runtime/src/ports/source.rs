@@ -168,6 +168,23 @@ pub trait Source: Send + Sync {
         async { Ok(Lineage::default()) }
     }
 
+    /// [`changes_since`](Self::changes_since) and [`lineage_at`](Self::lineage_at)`(since)`
+    /// together: what a reconcile reads. The lineage must not be read before the changes (a
+    /// restore between the two would go unseen); a source that can read both at one point
+    /// (a lock, a read transaction) should, since a compaction between the two reads can
+    /// take the entry at `since` and leave its history unconfirmed. The default reads the
+    /// changes, then the lineage.
+    fn changes_and_lineage(
+        &self,
+        since: u64,
+    ) -> impl Future<Output = Result<(Changes, Lineage)>> + Send {
+        async move {
+            let changes = self.changes_since(since).await?;
+            let lineage = self.lineage_at(since).await?;
+            Ok((changes, lineage))
+        }
+    }
+
     /// `key`'s current value and its seq, or `None` if absent.
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<Versioned>>> + Send;
 
