@@ -91,6 +91,13 @@ impl Known {
     }
 }
 
+/// Whether a snapshot at `source_watermark` naming a key at `seq` proves another
+/// history, the cache holding that key at `held` (from the source): within one history a
+/// key's seq only grows.
+pub(super) fn went_back(held: Option<u64>, seq: u64, source_watermark: u64) -> bool {
+    held.is_some_and(|held| seq < held && held <= source_watermark)
+}
+
 impl<D: Decode> Follower<D> {
     /// What the follower knows of its source's history at its watermark: a durable sink
     /// keeps it with the watermark and gives it back on a warm start
@@ -132,13 +139,8 @@ impl<D: Decode> Follower<D> {
     /// replaces the cache whatever seqs it held. Returns whether the read may be used;
     /// otherwise it learns the source's history if it knew none.
     pub(super) fn same_history(&mut self, read: Lineage, at: u64) -> bool {
-        let held = self.known.at(self.watermark);
-        let contradicted = if at == self.watermark {
-            held.contradicts(read)
-        } else {
-            held.other_history(read)
-        };
-        if contradicted {
+        if self.contradicted(read, at) {
+            let held = self.known.at(self.watermark);
             let watermark = self.watermark;
             self.diag(Diagnostic::HistoryChanged {
                 watermark,
@@ -176,10 +178,7 @@ impl<D: Decode> Follower<D> {
     /// watermark where no stamp is left to tell; seed 274).
     pub(super) fn went_back(&self, entry: &crate::Entry, source_watermark: u64) -> bool {
         !self.ahead.contains_key(&*entry.key)
-            && self
-                .index
-                .get(&entry.key)
-                .is_some_and(|held| entry.seq < held && held <= source_watermark)
+            && went_back(self.index.get(&entry.key), entry.seq, source_watermark)
     }
 
     /// A snapshot proved another history by a key whose seq went back: the follower takes
@@ -199,16 +198,20 @@ impl<D: Decode> Follower<D> {
     /// than the cache's: one was found already, the source is behind the watermark, its
     /// history differs, or its stamp at the watermark does.
     pub(super) fn snapshot_is_new(&self, source_watermark: u64, read: Option<Lineage>) -> bool {
-        let held = self.known.at(self.watermark);
         self.other_history
             || source_watermark < self.watermark
-            || read.is_some_and(|read| {
-                if source_watermark == self.watermark {
-                    held.contradicts(read)
-                } else {
-                    held.other_history(read)
-                }
-            })
+            || read.is_some_and(|read| self.contradicted(read, source_watermark))
+    }
+
+    /// Whether a read's lineage at seq `at` contradicts what the follower knows: its
+    /// history always, its stamp only when `at` is the watermark.
+    fn contradicted(&self, read: Lineage, at: u64) -> bool {
+        let held = self.known.at(self.watermark);
+        if at == self.watermark {
+            held.contradicts(read)
+        } else {
+            held.other_history(read)
+        }
     }
 
     /// A snapshot at `source_watermark` was applied: what it said of the history is the

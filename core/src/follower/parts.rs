@@ -192,8 +192,15 @@ impl<D: Decode> Follower<D> {
     fn absorb(&mut self, parts: &mut Parts, entries: Vec<Entry>) {
         for entry in entries {
             parts.top = parts.top.max(entry.seq);
-            parts.went_back |= self.went_back(&entry, parts.source_watermark);
             let claim = self.ahead.get(&*entry.key);
+            // One lookup of the key for both questions: this is a resync's hot path.
+            let found = self.index.seqs.get_key_value(&*entry.key);
+            parts.went_back |= claim.is_none()
+                && super::lineage::went_back(
+                    found.map(|(_, seq)| *seq),
+                    entry.seq,
+                    parts.source_watermark,
+                );
             if let Some(claim) = claim
                 && !parts.found.contains_key(&*entry.key)
                 && let Some(verdict) = claim.is(&entry)
@@ -207,10 +214,7 @@ impl<D: Decode> Follower<D> {
                 && entry.seq != 0
                 && entry.op == Op::Put
                 && entry.expires_in.is_none();
-            let held = self
-                .index
-                .seqs
-                .get_key_value(&*entry.key)
+            let held = found
                 .filter(|(_, seq)| unchanged && **seq == entry.seq)
                 .map(|(key, _)| Arc::clone(key));
             // A repeated key is kept even when unchanged: an earlier entry of it may
