@@ -7,7 +7,7 @@ use std::sync::Arc;
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use tidemark::{Ahead, CacheOp, Error, Held, Lineage, Result, Sink};
 
-use crate::db::{SqliteDb, to_i64, to_u64};
+use crate::db::{SqliteDb, bits, stored, to_i64, to_u64};
 use crate::error::unavailable;
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -394,16 +394,6 @@ impl PersistedCache {
             })
             .await
     }
-}
-
-/// A stored 64-bit value (SQLite's integers are signed) as the `u64` it stands for.
-fn bits(v: i64) -> u64 {
-    u64::from_ne_bytes(v.to_ne_bytes())
-}
-
-/// A `u64` as SQLite stores it, bit for bit.
-fn stored(v: u64) -> i64 {
-    i64::from_ne_bytes(v.to_ne_bytes())
 }
 
 /// What follower `name` committed ahead of its watermark and still holds, in key order:

@@ -294,6 +294,17 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// A stored 64-bit random value (a history id, a stamp: SQLite's integers are signed) as
+/// the `u64` it stands for, bit for bit (unlike [`to_u64`], which clamps a count).
+pub(crate) fn bits(v: i64) -> u64 {
+    u64::from_ne_bytes(v.to_ne_bytes())
+}
+
+/// A `u64` as SQLite stores it, bit for bit: the inverse of [`bits`].
+pub(crate) fn stored(v: u64) -> i64 {
+    i64::from_ne_bytes(v.to_ne_bytes())
+}
+
 /// A `u64` seq or position as SQLite's integer.
 pub(crate) fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

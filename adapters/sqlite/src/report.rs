@@ -167,9 +167,7 @@ pub(crate) fn read(conn: &mut Connection) -> rusqlite::Result<Report> {
                 starts: to_u64(starts.unwrap_or(0)),
                 warm_starts: to_u64(r.get::<_, Option<i64>>(4)?.unwrap_or(0)),
                 last_start,
-                history: r
-                    .get::<_, Option<i64>>(8)?
-                    .map(|h| u64::from_ne_bytes(h.to_ne_bytes())),
+                history: r.get::<_, Option<i64>>(8)?.map(crate::db::bits),
             })
         })?;
         rows.collect::<rusqlite::Result<Vec<_>>>()?

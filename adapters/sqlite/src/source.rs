@@ -16,7 +16,7 @@ use tidemark::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::db::{SqliteDb, to_i64, to_u64};
+use crate::db::{SqliteDb, bits, to_i64, to_u64};
 use crate::error::unavailable;
 
 pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
@@ -147,11 +147,6 @@ pub(crate) fn lineage_at(conn: &Connection, seq: u64) -> rusqlite::Result<Lineag
         }
     };
     Ok(Lineage::new(history.map(bits), stamp.map(bits)))
-}
-
-/// A stored 64-bit random value (SQLite's integers are signed) as the `u64` it stands for.
-fn bits(v: i64) -> u64 {
-    u64::from_ne_bytes(v.to_ne_bytes())
 }
 
 fn is_live(tx: &Transaction<'_>, key: &str) -> rusqlite::Result<bool> {
