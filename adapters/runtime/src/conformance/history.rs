@@ -6,13 +6,12 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tidemark_core::{Follower, FollowerConfig, Status, Utf8};
+use tidemark_core::{FollowerConfig, Status, Utf8};
 
-use super::prefix::{cached, converges, snapshot_of};
+use super::prefix::{cached, converges, restart_warm, snapshot_of};
 use crate::cache::cache;
 use crate::follower::FollowerTask;
 use crate::ports::{Feed, Source};
-use crate::sink::Sink;
 
 /// Writes `n` mutations to `source` (puts of `hist.k0`…`hist.k7` with `tag`, every third
 /// a removal of a key it holds) and returns its watermark after them.
@@ -58,7 +57,6 @@ where
     )
     .await;
     let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
-    let held = reader.snapshot();
 
     let source = replace().await;
     // The new history passes the old watermark by a few seqs: the follower's next seq is
@@ -69,24 +67,7 @@ where
 
     // The persisted cache's restart: its rows, watermark and lineage, as a durable sink
     // gives them back.
-    let (mut writer, reader) = cache::<String>();
-    for (key, seq, value) in &held {
-        writer
-            .put(key.as_str().into(), *seq, value.as_ref().clone())
-            .await
-            .unwrap();
-    }
-    writer
-        .commit(before.watermark, before.lineage)
-        .await
-        .unwrap();
-    let mut core = Follower::resume(
-        config(),
-        Utf8,
-        before.watermark,
-        held.iter().map(|(k, seq, _)| (k.clone(), *seq)),
-    );
-    core.remember_lineage(before.lineage);
+    let (writer, reader, core) = restart_warm(config(), &reader, &before).await;
     let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
     let want = snapshot_of(&source).await;
     converges(

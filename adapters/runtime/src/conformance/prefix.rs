@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::time::Duration;
 
-use tidemark_core::{Follower, FollowerConfig, Op, Utf8};
+use tidemark_core::{Follower, FollowerConfig, Op, Status, Utf8};
 
-use crate::cache::{Cache, cache};
+use crate::cache::{Cache, CacheWriter, cache};
 use crate::follower::FollowerTask;
 use crate::ports::{Changes, Feed, FeedItem, FeedStream, Source};
 use crate::sink::Sink;
@@ -41,6 +41,36 @@ pub(super) async fn converges(cache: &Cache<String>, want: &BTreeMap<String, Str
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(cached(cache), *want, "{why}");
+}
+
+/// A persisted cache's warm restart, as a durable sink gives it back: what `reader` held
+/// put into a fresh cache and committed at `before`'s watermark with its lineage, and a
+/// core resumed from them.
+pub(super) async fn restart_warm(
+    config: FollowerConfig,
+    reader: &Cache<String>,
+    before: &Status,
+) -> (CacheWriter<String>, Cache<String>, Follower<Utf8>) {
+    let held = reader.snapshot();
+    let (mut writer, reader) = cache::<String>();
+    for (key, seq, value) in &held {
+        writer
+            .put(key.as_str().into(), *seq, value.as_ref().clone())
+            .await
+            .unwrap();
+    }
+    writer
+        .commit(before.watermark, before.lineage)
+        .await
+        .unwrap();
+    let mut core = Follower::resume(
+        config,
+        Utf8,
+        before.watermark,
+        held.iter().map(|(k, seq, _)| (k.clone(), *seq)),
+    );
+    core.remember_lineage(before.lineage);
+    (writer, reader, core)
 }
 
 /// A view over the prefix `orders` of `whole` reads, lists, reconciles and snapshots only
@@ -222,24 +252,7 @@ where
 
     // It restarts warm from what it held (a persisted cache's restart), below the
     // compacted history: only a resync can bring it up to date.
-    let held = reader.snapshot();
-    let (mut writer, reader) = cache::<String>();
-    for (key, seq, value) in &held {
-        writer
-            .put(key.as_str().into(), *seq, value.as_ref().clone())
-            .await
-            .unwrap();
-    }
-    writer
-        .commit(before.watermark, tidemark_core::Lineage::default())
-        .await
-        .unwrap();
-    let core = Follower::resume(
-        config,
-        Utf8,
-        before.watermark,
-        held.iter().map(|(k, seq, _)| (k.clone(), *seq)),
-    );
+    let (writer, reader, core) = restart_warm(config, &reader, &before).await;
     let second = FollowerTask::from_core(core, view.clone(), view.clone(), writer);
     let handle = second.spawn();
     let want = snapshot_of(&view).await;
