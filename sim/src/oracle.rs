@@ -178,20 +178,24 @@ impl History {
     ) -> (Vec<String>, usize) {
         // Cursors of epochs before `since` are no longer asked for.
         *cursors = cursors.split_off(&since);
-        {
-            let past = lock(&self.past);
-            for (epoch, history) in past.iter().enumerate().skip(since) {
-                let state = cursors
-                    .entry(epoch)
-                    .or_default()
-                    .seek((epoch, 0), history, watermark);
-                if inconsistencies_in(history, &past, state, cache, watermark, skipped).is_empty() {
-                    return (Vec::new(), epoch);
-                }
-            }
-        }
         let current = lock(&self.inner);
         let past = lock(&self.past);
+        // Every epoch's history, the current one last: an announcement applied ahead of
+        // the watermark may come from any of them (seed 777: the restored history's
+        // removal, announced before the follower read the restored source).
+        let all: Vec<&BTreeMap<u64, Commit>> = past
+            .iter()
+            .chain(std::iter::once(&current.commits))
+            .collect();
+        for (epoch, history) in past.iter().enumerate().skip(since) {
+            let state = cursors
+                .entry(epoch)
+                .or_default()
+                .seek((epoch, 0), history, watermark);
+            if inconsistencies_in(&all, state, cache, watermark, skipped).is_empty() {
+                return (Vec::new(), epoch);
+            }
+        }
         let epoch = past.len();
         let state = cursors.entry(epoch).or_default().seek(
             (epoch, current.generation),
@@ -199,7 +203,7 @@ impl History {
             watermark,
         );
         (
-            inconsistencies_in(&current.commits, &past, state, cache, watermark, skipped),
+            inconsistencies_in(&all, state, cache, watermark, skipped),
             epoch,
         )
     }
@@ -265,7 +269,11 @@ impl History {
         let current = lock(&self.inner);
         let past = lock(&self.past);
         let state = StateCursor::state_at(&current.commits, watermark);
-        inconsistencies_in(&current.commits, &past, &state, cache, watermark, skipped)
+        let all: Vec<&BTreeMap<u64, Commit>> = past
+            .iter()
+            .chain(std::iter::once(&current.commits))
+            .collect();
+        inconsistencies_in(&all, &state, cache, watermark, skipped)
     }
 }
 
@@ -317,20 +325,21 @@ impl FeedSkips {
     }
 }
 
-/// [`History::inconsistencies`] against one epoch's `history`, whose state at `watermark`
-/// is `state`. A key may also be absent through a removal past the watermark in one of the
-/// `other` epochs: an announcement of a history a restore replaced, applied ahead of the
-/// watermark like any announcement, and held unconfirmed until the next read of the source.
+/// [`History::inconsistencies`] against one epoch's history, whose state at `watermark`
+/// is `state`. A key may also be absent through a removal past the watermark in any epoch
+/// (`all`): an announcement of another history (one a restore
+/// replaced, or the restored one announced before the follower read it), applied ahead of
+/// the watermark like any announcement, and held unconfirmed until the next read of the
+/// source.
 fn inconsistencies_in(
-    history: &BTreeMap<u64, Commit>,
-    other: &[BTreeMap<u64, Commit>],
+    all: &[&BTreeMap<u64, Commit>],
     state: &State,
     cache: &BTreeMap<String, (u64, String)>,
     watermark: u64,
     skipped: Skipped<'_>,
 ) -> Vec<String> {
     let newer = |key: &str, pred: &dyn Fn(&Option<Vec<u8>>) -> bool| {
-        std::iter::once(history).chain(other).any(|h| {
+        all.iter().any(|h| {
             // Past the watermark: nothing, at the top of the seqs (a follower may commit
             // u64::MAX, where `watermark + 1` would wrap to the whole history).
             h.range((
@@ -763,11 +772,15 @@ impl Probe {
             .is_some_and(|head| s.watermark > head)
     }
 
-    /// The follower took the restored history.
+    /// The follower took a restored history: one after the epoch it was on, not
+    /// necessarily the current one. A snapshot read before a later restore is the state of
+    /// a history that restore replaced (seed 268: read at 57 of the first restored
+    /// history, applied after the second restore went back to 53); the check that follows
+    /// finds which, and the follower may go back once more to take the next.
     fn fell_back(&self, s: &mut ProbeState) {
-        let current = self.history.epoch();
-        s.epoch = current;
-        s.fell_back_for = current;
+        let next = (s.epoch + 1).min(self.history.epoch());
+        s.epoch = next;
+        s.fell_back_for = next;
     }
 
     /// Whether the follower has left every history a restore replaced: its watermark (or
