@@ -504,7 +504,14 @@ impl Remote {
             .map_err(|e| unavailable("feed", e))?
         {
             Response::FeedOpened(info) => Ok(Opened {
-                info: FeedInfo::from(info),
+                info: if self.blind_to_history {
+                    FeedInfo {
+                        lineage: tidemark::Lineage::default(),
+                        ..FeedInfo::from(info)
+                    }
+                } else {
+                    FeedInfo::from(info)
+                },
                 stream: RemoteStream {
                     frames,
                     done: false,

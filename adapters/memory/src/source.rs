@@ -688,7 +688,12 @@ impl Feed for MemorySource {
         let from = from.max(1);
         let info = {
             let s = self.state();
-            match &self.prefix {
+            // The history at the follower's watermark under the same lock as the first
+            // seq: a compaction between two reads could take the entry whose stamp tells
+            // a restored history from the one the follower read (seed 63 of
+            // `--restores-while-cut`).
+            let lineage = s.lineage_at(from - 1);
+            let info = match &self.prefix {
                 None => FeedInfo::change_log(s.log_base, s.seq),
                 Some(p) => {
                     // The last entry of the prefix this feed will deliver.
@@ -701,7 +706,8 @@ impl Feed for MemorySource {
                         .map_or(0, |e| e.seq);
                     FeedInfo::filtered_log(s.log_base, FeedInfo::filtered_head(last, s.seq, from))
                 }
-            }
+            };
+            info.with_lineage(lineage)
         };
         Ok(Opened {
             info,

@@ -34,6 +34,7 @@ conformance! {
     source_refuses_invalid_keys => MemorySource::default();
     source_writes_refuse_what_followers_refuse => MemorySource::default();
     change_log_replays_then_follows => MemorySource::default();
+    change_log_states_its_history_at_the_watermark_on_open => MemorySource::default();
     events_deliver_published_in_order => MemoryEvents::default();
     cursors_are_monotone => MemoryEvents::default();
     wake_reaches_listeners => MemoryWake::default();

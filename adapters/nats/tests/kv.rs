@@ -838,6 +838,7 @@ async fn the_source_passes_the_runtime_conformance_suite() {
     c::source_lists_its_present_keys(&fresh("c10").await).await;
     c::source_puts_typed_values_as_json(&fresh("c11").await).await;
     c::source_snapshot_parts_are_one_point_in_time(&fresh("c13").await).await;
+    c::change_log_states_its_history_at_the_watermark_on_open(&fresh("c15").await).await;
 }
 
 /// The overwrite body on its own, so it can be run many times in a row: a snapshot taken as

@@ -881,6 +881,10 @@ impl Feed for SqliteSource {
                         )
                     }
                 };
+                // The history at the follower's watermark, in the same read as the first
+                // seq: a compaction between two reads could take the entry whose stamp
+                // tells a restored copy from the file the follower read.
+                let info = info.with_lineage(lineage_at(&tx, from - 1).map_err(sql)?);
                 tx.finish().map_err(sql)?;
                 Ok(info)
             })

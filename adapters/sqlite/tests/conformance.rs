@@ -43,6 +43,7 @@ conformance! {
     source_refuses_invalid_keys => |db| db.source();
     source_writes_refuse_what_followers_refuse => |db| db.source();
     change_log_replays_then_follows => |db| db.source();
+    change_log_states_its_history_at_the_watermark_on_open => |db| db.source();
     events_deliver_published_in_order => |db| db.events();
     cursors_are_monotone => |db| db.events();
     wake_reaches_listeners => |db| db.wake();
