@@ -194,8 +194,12 @@ impl PersistedCache {
     }
 
     /// What is persisted: the watermark and how many keys, or `None` for a follower never
-    /// persisted.
+    /// persisted. Read once every write this process has in flight on the file has
+    /// landed, through any handle: a follower aborted mid-commit (`stop_within` past its
+    /// budget) leaves its commit running on the blocking pool, and a warm start that read
+    /// before it would resume from a watermark and rows the commit then moves on.
     pub async fn held(&self) -> Result<Option<Held>> {
+        self.db.settled().await;
         let name = self.name.clone();
         self.db
             .call("cache", move |conn| {

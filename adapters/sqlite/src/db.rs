@@ -69,6 +69,33 @@ pub(crate) struct Shared {
     /// any connection, this process's included): what wake listeners wait on, so one
     /// commit makes one wake.
     pub(crate) seen: watch::Sender<u64>,
+    /// Every handle on this file in this process shares it ([`file_gate`]): each write
+    /// holds it shared until its blocking call returns, whether or not anyone still awaits
+    /// it, and [`SqliteDb::settled`] takes it whole.
+    gate: Arc<tokio::sync::RwLock<()>>,
+}
+
+/// The write gate of the file at `path` in this process: the one every handle on the
+/// same file (by its canonical path) shares, made on the first open.
+fn file_gate(path: &Path) -> Arc<tokio::sync::RwLock<()>> {
+    type Gates = Mutex<Vec<(PathBuf, Weak<tokio::sync::RwLock<()>>)>>;
+    static GATES: std::sync::OnceLock<Gates> = std::sync::OnceLock::new();
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut gates = GATES
+        .get_or_init(Gates::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    gates.retain(|(_, gate)| gate.strong_count() > 0);
+    if let Some(gate) = gates
+        .iter()
+        .find(|(p, _)| *p == key)
+        .and_then(|(_, gate)| gate.upgrade())
+    {
+        return gate;
+    }
+    let gate = Arc::new(tokio::sync::RwLock::new(()));
+    gates.push((key, Arc::downgrade(&gate)));
+    gate
 }
 
 /// One tidemark database file. Cheap to clone; every port is a view of it:
@@ -170,6 +197,7 @@ impl SqliteDb {
             options,
             commits,
             seen,
+            gate: file_gate(path),
         });
         spawn_watcher(Arc::downgrade(&shared), watcher)?;
         Ok(SqliteDb { shared })
@@ -194,25 +222,62 @@ impl SqliteDb {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
     {
-        let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| tidemark::Error::unavailable(port, format!("blocking task failed: {e}")))?
+        self.run(port, None, f).await
     }
 
-    /// Like [`call`](Self::call) for a write: wakes this process's waiters once it
+    /// Like [`call`](Self::call) for a call that may write without waking anyone (see
+    /// [`write`](Self::write)): it holds the file's write gate until the blocking call
+    /// returns, also when the caller was dropped meanwhile (a follower task aborted
+    /// mid-commit), so [`settled`](Self::settled) waits for it.
+    pub(crate) async fn call_write<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let gate = Arc::clone(&self.shared.gate).read_owned().await;
+        self.run(port, Some(gate), f).await
+    }
+
+    /// Like [`call_write`](Self::call_write), and wakes this process's waiters once it
     /// committed (other processes see it through their watcher).
     pub(crate) async fn write<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
     {
-        let out = self.call(port, f).await?;
+        let out = self.call_write(port, f).await?;
         self.shared.commits.send_modify(|n| *n = n.wrapping_add(1));
         Ok(out)
+    }
+
+    /// Waits until every write this process started on the file (through any handle) has
+    /// returned, those whose callers are gone included: a call on tokio's blocking pool
+    /// runs to its end once started, so a task aborted mid-commit (`stop_within` past its
+    /// budget) leaves its commit to land later. A warm start reads after it.
+    pub(crate) async fn settled(&self) {
+        drop(self.shared.gate.write().await);
+    }
+
+    /// Runs `f` on the connection on the blocking pool, holding `gate` (if any) until it
+    /// returns.
+    async fn run<T, F>(
+        &self,
+        port: &'static str,
+        gate: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+        f: F,
+    ) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || {
+            let _gate = gate;
+            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| tidemark::Error::unavailable(port, format!("blocking task failed: {e}")))?
     }
 
     /// Tells this process's waiters about a commit made through [`call`](Self::call).

@@ -92,7 +92,7 @@ impl Outbox for SqliteOutbox {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         // Not a `write`: an empty claim changes nothing, and a claim wakes no one here.
         self.db
-            .call(PORT, move |conn| {
+            .call_write(PORT, move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;

@@ -210,7 +210,7 @@ impl Queue for SqliteQueue {
         // runners that wait on commits.
         let id = self
             .db
-            .call("queue", move |conn| {
+            .call_write("queue", move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
@@ -287,7 +287,7 @@ impl Queue for SqliteQueue {
         // that wait on commits (the one asking among them).
         let (leased, changed) = self
             .db
-            .call("queue", move |conn| {
+            .call_write("queue", move |conn| {
                 let tx = conn
                     .transaction_with_behavior(TransactionBehavior::Immediate)
                     .map_err(sql)?;
