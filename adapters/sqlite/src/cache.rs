@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tidemark::{Ahead, CacheOp, Error, Held, Lineage, Result, Sink};
 
-use crate::db::{SqliteDb, bits, stored, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, bits, stored, to_i64, to_u64};
 use crate::error::unavailable;
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -274,9 +274,7 @@ impl PersistedCache {
         let name = self.name.clone();
         self.db
             .write("cache", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 // How many keys the batch adds (negative: removes), for the kept count.
                 let mut delta: i64 = 0;
                 // The watermark and key count before this batch.

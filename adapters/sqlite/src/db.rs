@@ -2,6 +2,7 @@
 //! sees every commit by any process.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -73,6 +74,10 @@ pub(crate) struct Shared {
     /// holds it shared until its blocking call returns, whether or not anyone still awaits
     /// it, and [`SqliteDb::settled`] takes it whole.
     gate: Arc<tokio::sync::RwLock<()>>,
+    /// `PRAGMA data_version` of `conn` when the schema was last found to be this build's:
+    /// it moves only when another connection commits, so an unmoved one spares every call
+    /// the schema check (read and changed only under `conn`'s lock).
+    schema_seen_at: AtomicI64,
 }
 
 /// The write gate of the file at `path` in this process: the one every handle on the
@@ -188,6 +193,7 @@ impl SqliteDb {
                 });
             }
         }
+        let schema_seen_at = data_version(&conn).map_err(sql)?;
         let watcher = connect(path, &options)?;
         let (commits, _) = watch::channel(0);
         let (seen, _) = watch::channel(0);
@@ -198,6 +204,7 @@ impl SqliteDb {
             commits,
             seen,
             gate: file_gate(path),
+            schema_seen_at: AtomicI64::new(schema_seen_at),
         });
         spawn_watcher(Arc::downgrade(&shared), watcher)?;
         Ok(SqliteDb { shared })
@@ -274,6 +281,7 @@ impl SqliteDb {
         tokio::task::spawn_blocking(move || {
             let _gate = gate;
             let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
+            shared.schema_unchanged(&conn, port)?;
             f(&mut conn)
         })
         .await
@@ -311,6 +319,68 @@ impl SqliteDb {
     pub(crate) fn seen(&self) -> watch::Receiver<u64> {
         self.shared.seen.subscribe()
     }
+}
+
+impl Shared {
+    /// Refuses a call once the file's schema is not this build's: another process, on a
+    /// newer build, migrated it since this handle opened it ([`SchemaChanged`]). The
+    /// version is read only when another connection committed since it was last found
+    /// good. A write transaction checks again under the write lock ([`begin_write`]).
+    ///
+    /// [`SchemaChanged`]: tidemark::Error::SchemaChanged
+    fn schema_unchanged(&self, conn: &Connection, port: &'static str) -> tidemark::Result<()> {
+        let sql = |e: rusqlite::Error| crate::error::unavailable(port, &e);
+        let now = data_version(conn).map_err(sql)?;
+        if now == self.schema_seen_at.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        check_schema(conn, sql)?;
+        self.schema_seen_at.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// `PRAGMA data_version` of `conn`: changes when another connection commits to the file.
+fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))
+}
+
+/// [`tidemark::Error::SchemaChanged`] unless the file is at the schema this build reads
+/// and writes ([`SCHEMA_VERSION`](schema::SCHEMA_VERSION)), which it was brought to when
+/// this handle opened it.
+fn check_schema(
+    conn: &Connection,
+    sql: impl Fn(rusqlite::Error) -> tidemark::Error,
+) -> tidemark::Result<()> {
+    let found: i64 = conn
+        .prepare_cached("PRAGMA user_version")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(sql)?;
+    if found == schema::SCHEMA_VERSION {
+        return Ok(());
+    }
+    Err(tidemark::Error::SchemaChanged {
+        store: conn.path().unwrap_or("(in memory)").to_owned(),
+        opened: schema::SCHEMA_VERSION,
+        found,
+    })
+}
+
+/// Begins a write transaction: `BEGIN IMMEDIATE` (the write lock is held from here on, so
+/// no migration can land before it commits), then checks that the file is still at the
+/// schema this build writes. Every write transaction of every port starts here, so none
+/// runs this build's statements on a file a newer build migrated while it was open
+/// ([`tidemark::Error::SchemaChanged`]). `sql` maps an SQLite failure to the port's error.
+pub(crate) fn begin_write(
+    conn: &mut Connection,
+    sql: impl Fn(rusqlite::Error) -> tidemark::Error,
+) -> tidemark::Result<rusqlite::Transaction<'_>> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(&sql)?;
+    check_schema(&tx, sql)?;
+    Ok(tx)
 }
 
 /// The commit watcher: a dedicated thread and connection asking `PRAGMA data_version`,
@@ -384,4 +454,39 @@ pub(crate) fn to_u64(n: i64) -> u64 {
 /// A duration as whole milliseconds for SQLite.
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The check under the write lock, without the per-call one in front of it: a
+    /// migration that lands between a call's check and its transaction is still caught.
+    #[test]
+    fn a_write_transaction_checks_the_schema_under_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = SqliteDb::open_blocking(&path, Options::default()).unwrap();
+        let sql = |e: rusqlite::Error| crate::error::unavailable("test", &e);
+        let mut conn = db.shared.conn.lock().unwrap();
+        begin_write(&mut conn, sql).unwrap().commit().unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", schema::SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = begin_write(&mut conn, sql).map(drop).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                tidemark::Error::SchemaChanged { opened, found, .. }
+                    if opened == schema::SCHEMA_VERSION && found == schema::SCHEMA_VERSION + 1
+            ),
+            "{err}"
+        );
+        assert!(
+            conn.is_autocommit(),
+            "the refused transaction is rolled back"
+        );
+    }
 }
