@@ -157,3 +157,80 @@ fn a_filtered_head_is_the_last_entry_delivered_or_the_position_already_reached()
         "a source behind the watermark shows as a head behind it"
     );
 }
+
+/// Issue 30: what a sink committed ahead of its watermark was held unconfirmed whatever its
+/// key, so a change an earlier, wider follower committed to a key outside the prefix
+/// became a claim no read of the (filtered) source would ever name: every read went on to
+/// a snapshot and counted the key invalid. It is passed, like every other outside key.
+#[test]
+fn a_claim_a_sink_holds_ahead_outside_the_prefix_is_passed() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let f = Follower::resume_lazily(config, Utf8, 5, 2)
+        .following(Follow::Announcements)
+        .within(KeyPrefix::new("orders/").unwrap());
+    let mut h = H::with(f);
+    h.f.remember_ahead(vec![
+        Ahead::Put {
+            key: "orders/1".into(),
+            seq: 7,
+            value: b"a".to_vec(),
+        },
+        Ahead::Put {
+            key: "users/1".into(),
+            seq: 8,
+            value: b"x".to_vec(),
+        },
+        Ahead::Removed {
+            key: "users/2".into(),
+            seq: 9,
+        },
+    ]);
+    h.found();
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(7, "orders/1", "a")],
+        source_watermark: 9,
+    });
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "a read of the prefix cannot name another key, so it must not wait on one: {outs:?}"
+    );
+    assert_eq!(h.f.counters().resyncs, 0);
+    assert_eq!(h.f.counters().invalid, 0, "nothing was refuted: {outs:?}");
+    assert_eq!(h.f.counters().outside, 2, "both outside changes are passed");
+    assert_eq!(h.f.watermark(), 9, "the read covers the watermark at once");
+    assert_eq!(
+        h.f.seq_of("orders/1"),
+        Some(7),
+        "the prefix's claim is confirmed"
+    );
+}
+
+/// The same for a sink that does not say what it holds ahead: the seqs a driver gives
+/// with `remember` for keys outside the prefix are learned, not awaited.
+#[test]
+fn a_key_held_past_the_watermark_outside_the_prefix_is_no_claim() {
+    let config = config().max_ahead(1000).build().unwrap();
+    let f = Follower::resume_lazily(config, Utf8, 5, 2)
+        .following(Follow::Announcements)
+        .within(KeyPrefix::new("orders/").unwrap());
+    let mut h = H::with(f);
+    h.f.remember([("orders/1".to_owned(), 3), ("users/1".to_owned(), 8)]);
+    h.f.index_complete();
+    h.found();
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 9,
+    });
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "{outs:?}"
+    );
+    assert_eq!(h.f.counters().invalid, 0, "{outs:?}");
+    assert_eq!(h.f.watermark(), 9);
+}

@@ -231,3 +231,38 @@ fn a_listing_the_feed_waits_for_that_fails_fails_the_feed_and_is_asked_again_on_
         "asked again: {outs:?}"
     );
 }
+
+/// Issue 30: the removal of a key a listing found gone carried the listing's watermark,
+/// above the follower's on an events stream (whose watermark trails until the next
+/// reconcile), so a durable sink kept it as an announcement's claim committed ahead, and a
+/// warm start held it unconfirmed: a spurious claim the first read refuted or sent on to
+/// a snapshot.
+#[test]
+fn a_key_a_listing_finds_gone_on_an_events_stream_is_removed_at_no_seq_past_the_watermark() {
+    let config = config()
+        .presence_check(Duration::from_secs(30))
+        .build()
+        .unwrap();
+    let mut h = H::with(Follower::new(config, Utf8).following(Follow::Announcements));
+    h.found();
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(1, "gone", "1"), Entry::put(2, "b", "2")],
+        source_watermark: 2,
+    });
+    h.reopen(FeedInfo::announcements(2));
+    assert!(h.f.is_ready());
+    h.advance(Duration::from_secs(30));
+    let outs = h.input(Input::Keys {
+        token: h.request.unwrap(),
+        keys: vec!["b".into(), "c".into()],
+        source_watermark: 9,
+    });
+    assert_eq!(
+        removes(&outs),
+        [("gone".into(), 2)],
+        "removed as of the watermark the cache is at, not the listing's 9"
+    );
+    assert_eq!(h.f.watermark(), 2);
+    assert_eq!(h.f.counters().vanished, 1);
+}

@@ -739,6 +739,59 @@ mod tests {
         assert!(status.counters.invalid > 0, "the forged key is counted");
     }
 
+    /// Issue 30: a key the presence check found gone was removed at the listing's
+    /// watermark, above the follower's own on an events stream, so the store kept the
+    /// removal ahead like an announcement's; after a crash the follower held it as a claim,
+    /// and the first read, naming the key's real removal at another seq, counted it
+    /// invalid (one that did not name the key would have sent it to a snapshot).
+    #[tokio::test(start_paused = true)]
+    async fn a_key_a_presence_check_found_gone_is_no_claim_after_a_crash() {
+        use tidemark::tidemark_core::{FollowerConfig, RawBytes};
+        use tidemark::{FollowerTask, Source};
+        let memory = source_with(&[("a", "1"), ("b", "2"), ("c", "3")]).await;
+        let store = MemoryCacheStore::new();
+        let config = FollowerConfig::builder("events")
+            .seed(7)
+            .presence_check(Duration::from_secs(1))
+            .build()
+            .expect("valid");
+        let task = FollowerTask::new(
+            config,
+            RawBytes,
+            memory.source.clone(),
+            memory.events.clone(),
+            store.sink(),
+        )
+        .spawn();
+        let mut status = task.watch_status();
+        status
+            .wait_for(|s| s.ready && s.watermark == 3)
+            .await
+            .expect("ready");
+        // Written without an announcement: only the presence check finds `a` gone, at the
+        // listing's watermark 5, while the follower's stays at 3.
+        memory.source.remove("a").await.expect("removed");
+        memory.source.put("d", b"4".to_vec()).await.expect("put");
+        status
+            .wait_for(|s| s.counters.vanished == 1)
+            .await
+            .expect("the presence check finds a gone");
+        task.stop_within(Duration::from_secs(5))
+            .await
+            .expect("stops");
+        assert_eq!(store.get("a"), None);
+        let status = restart(&memory, &store, 5).await;
+        assert_eq!(
+            status.counters.invalid, 0,
+            "a removal a read of the source made is no claim to refute"
+        );
+        assert_eq!(status.counters.resyncs, 0);
+        assert_eq!(
+            store.entries(),
+            rows(&[("b", 2, "2"), ("c", 3, "3"), ("d", 5, "4")])
+        );
+    }
+
     /// What the store keeps ahead of the watermark: a commit whose watermark passes a
     /// change, or that changes its key again at or below it, drops it; a watermark that
     /// goes back (a restored source) drops what was ahead of the old one.

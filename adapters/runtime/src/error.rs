@@ -77,6 +77,21 @@ pub enum Error {
         /// The handler's error, displayed.
         reason: String,
     },
+    /// The store's schema is no longer the one this process opened it at: a newer build,
+    /// in another process sharing the store, migrated it since. This build's statements
+    /// may no longer mean what they did, so it writes (and reads) nothing through them.
+    /// Not retryable: restart the process on a build that knows version `found`.
+    #[error(
+        "{store}: schema version {found} is not version {opened}, which this process opened it at (a newer build migrated it); restart this process on a build that knows version {found}"
+    )]
+    SchemaChanged {
+        /// The store (a file's path).
+        store: String,
+        /// The schema version this process opened the store at and writes.
+        opened: i64,
+        /// The version the store carries now.
+        found: i64,
+    },
     /// A value that cannot be a user job (not tagged by `"kind"`, or a built-in kind).
     #[error(transparent)]
     Job(#[from] tidemark_core::JobError),

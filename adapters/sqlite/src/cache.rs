@@ -4,10 +4,10 @@
 
 use std::sync::Arc;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tidemark::{Ahead, CacheOp, Error, Held, Lineage, Result, Sink};
 
-use crate::db::{SqliteDb, bits, stored, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, bits, stored, to_i64, to_u64};
 use crate::error::unavailable;
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -194,8 +194,12 @@ impl PersistedCache {
     }
 
     /// What is persisted: the watermark and how many keys, or `None` for a follower never
-    /// persisted.
+    /// persisted. Read once every write this process has in flight on the file has
+    /// landed, through any handle: a follower aborted mid-commit (`stop_within` past its
+    /// budget) leaves its commit running on the blocking pool, and a warm start that read
+    /// before it would resume from a watermark and rows the commit then moves on.
     pub async fn held(&self) -> Result<Option<Held>> {
+        self.db.settled().await;
         let name = self.name.clone();
         self.db
             .call("cache", move |conn| {
@@ -270,9 +274,7 @@ impl PersistedCache {
         let name = self.name.clone();
         self.db
             .write("cache", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 // How many keys the batch adds (negative: removes), for the kept count.
                 let mut delta: i64 = 0;
                 // The watermark and key count before this batch.

@@ -2,6 +2,7 @@
 //! sees every commit by any process.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -69,6 +70,37 @@ pub(crate) struct Shared {
     /// any connection, this process's included): what wake listeners wait on, so one
     /// commit makes one wake.
     pub(crate) seen: watch::Sender<u64>,
+    /// Every handle on this file in this process shares it ([`file_gate`]): each write
+    /// holds it shared until its blocking call returns, whether or not anyone still awaits
+    /// it, and [`SqliteDb::settled`] takes it whole.
+    gate: Arc<tokio::sync::RwLock<()>>,
+    /// `PRAGMA data_version` of `conn` when the schema was last found to be this build's:
+    /// it moves only when another connection commits, so an unmoved one spares every call
+    /// the schema check (read and changed only under `conn`'s lock).
+    schema_seen_at: AtomicI64,
+}
+
+/// The write gate of the file at `path` in this process: the one every handle on the
+/// same file (by its canonical path) shares, made on the first open.
+fn file_gate(path: &Path) -> Arc<tokio::sync::RwLock<()>> {
+    type Gates = Mutex<Vec<(PathBuf, Weak<tokio::sync::RwLock<()>>)>>;
+    static GATES: std::sync::OnceLock<Gates> = std::sync::OnceLock::new();
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut gates = GATES
+        .get_or_init(Gates::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    gates.retain(|(_, gate)| gate.strong_count() > 0);
+    if let Some(gate) = gates
+        .iter()
+        .find(|(p, _)| *p == key)
+        .and_then(|(_, gate)| gate.upgrade())
+    {
+        return gate;
+    }
+    let gate = Arc::new(tokio::sync::RwLock::new(()));
+    gates.push((key, Arc::downgrade(&gate)));
+    gate
 }
 
 /// One tidemark database file. Cheap to clone; every port is a view of it:
@@ -161,6 +193,7 @@ impl SqliteDb {
                 });
             }
         }
+        let schema_seen_at = data_version(&conn).map_err(sql)?;
         let watcher = connect(path, &options)?;
         let (commits, _) = watch::channel(0);
         let (seen, _) = watch::channel(0);
@@ -170,6 +203,8 @@ impl SqliteDb {
             options,
             commits,
             seen,
+            gate: file_gate(path),
+            schema_seen_at: AtomicI64::new(schema_seen_at),
         });
         spawn_watcher(Arc::downgrade(&shared), watcher)?;
         Ok(SqliteDb { shared })
@@ -194,25 +229,63 @@ impl SqliteDb {
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
     {
-        let shared = Arc::clone(&self.shared);
-        tokio::task::spawn_blocking(move || {
-            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| tidemark::Error::unavailable(port, format!("blocking task failed: {e}")))?
+        self.run(port, None, f).await
     }
 
-    /// Like [`call`](Self::call) for a write: wakes this process's waiters once it
+    /// Like [`call`](Self::call) for a call that may write without waking anyone (see
+    /// [`write`](Self::write)): it holds the file's write gate until the blocking call
+    /// returns, also when the caller was dropped meanwhile (a follower task aborted
+    /// mid-commit), so [`settled`](Self::settled) waits for it.
+    pub(crate) async fn call_write<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let gate = Arc::clone(&self.shared.gate).read_owned().await;
+        self.run(port, Some(gate), f).await
+    }
+
+    /// Like [`call_write`](Self::call_write), and wakes this process's waiters once it
     /// committed (other processes see it through their watcher).
     pub(crate) async fn write<T, F>(&self, port: &'static str, f: F) -> tidemark::Result<T>
     where
         T: Send + 'static,
         F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
     {
-        let out = self.call(port, f).await?;
+        let out = self.call_write(port, f).await?;
         self.shared.commits.send_modify(|n| *n = n.wrapping_add(1));
         Ok(out)
+    }
+
+    /// Waits until every write this process started on the file (through any handle) has
+    /// returned, those whose callers are gone included: a call on tokio's blocking pool
+    /// runs to its end once started, so a task aborted mid-commit (`stop_within` past its
+    /// budget) leaves its commit to land later. A warm start reads after it.
+    pub(crate) async fn settled(&self) {
+        drop(self.shared.gate.write().await);
+    }
+
+    /// Runs `f` on the connection on the blocking pool, holding `gate` (if any) until it
+    /// returns.
+    async fn run<T, F>(
+        &self,
+        port: &'static str,
+        gate: Option<tokio::sync::OwnedRwLockReadGuard<()>>,
+        f: F,
+    ) -> tidemark::Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> tidemark::Result<T> + Send + 'static,
+    {
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || {
+            let _gate = gate;
+            let mut conn = shared.conn.lock().unwrap_or_else(|e| e.into_inner());
+            shared.schema_unchanged(&conn, port)?;
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| tidemark::Error::unavailable(port, format!("blocking task failed: {e}")))?
     }
 
     /// Tells this process's waiters about a commit made through [`call`](Self::call).
@@ -246,6 +319,68 @@ impl SqliteDb {
     pub(crate) fn seen(&self) -> watch::Receiver<u64> {
         self.shared.seen.subscribe()
     }
+}
+
+impl Shared {
+    /// Refuses a call once the file's schema is not this build's: another process, on a
+    /// newer build, migrated it since this handle opened it ([`SchemaChanged`]). The
+    /// version is read only when another connection committed since it was last found
+    /// good. A write transaction checks again under the write lock ([`begin_write`]).
+    ///
+    /// [`SchemaChanged`]: tidemark::Error::SchemaChanged
+    fn schema_unchanged(&self, conn: &Connection, port: &'static str) -> tidemark::Result<()> {
+        let sql = |e: rusqlite::Error| crate::error::unavailable(port, &e);
+        let now = data_version(conn).map_err(sql)?;
+        if now == self.schema_seen_at.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        check_schema(conn, sql)?;
+        self.schema_seen_at.store(now, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// `PRAGMA data_version` of `conn`: changes when another connection commits to the file.
+fn data_version(conn: &Connection) -> rusqlite::Result<i64> {
+    conn.prepare_cached("PRAGMA data_version")?
+        .query_row([], |r| r.get(0))
+}
+
+/// [`tidemark::Error::SchemaChanged`] unless the file is at the schema this build reads
+/// and writes ([`SCHEMA_VERSION`](schema::SCHEMA_VERSION)), which it was brought to when
+/// this handle opened it.
+fn check_schema(
+    conn: &Connection,
+    sql: impl Fn(rusqlite::Error) -> tidemark::Error,
+) -> tidemark::Result<()> {
+    let found: i64 = conn
+        .prepare_cached("PRAGMA user_version")
+        .and_then(|mut s| s.query_row([], |r| r.get(0)))
+        .map_err(sql)?;
+    if found == schema::SCHEMA_VERSION {
+        return Ok(());
+    }
+    Err(tidemark::Error::SchemaChanged {
+        store: conn.path().unwrap_or("(in memory)").to_owned(),
+        opened: schema::SCHEMA_VERSION,
+        found,
+    })
+}
+
+/// Begins a write transaction: `BEGIN IMMEDIATE` (the write lock is held from here on, so
+/// no migration can land before it commits), then checks that the file is still at the
+/// schema this build writes. Every write transaction of every port starts here, so none
+/// runs this build's statements on a file a newer build migrated while it was open
+/// ([`tidemark::Error::SchemaChanged`]). `sql` maps an SQLite failure to the port's error.
+pub(crate) fn begin_write(
+    conn: &mut Connection,
+    sql: impl Fn(rusqlite::Error) -> tidemark::Error,
+) -> tidemark::Result<rusqlite::Transaction<'_>> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(&sql)?;
+    check_schema(&tx, sql)?;
+    Ok(tx)
 }
 
 /// The commit watcher: a dedicated thread and connection asking `PRAGMA data_version`,
@@ -319,4 +454,39 @@ pub(crate) fn to_u64(n: i64) -> u64 {
 /// A duration as whole milliseconds for SQLite.
 pub(crate) fn ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// The check under the write lock, without the per-call one in front of it: a
+    /// migration that lands between a call's check and its transaction is still caught.
+    #[test]
+    fn a_write_transaction_checks_the_schema_under_the_write_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.db");
+        let db = SqliteDb::open_blocking(&path, Options::default()).unwrap();
+        let sql = |e: rusqlite::Error| crate::error::unavailable("test", &e);
+        let mut conn = db.shared.conn.lock().unwrap();
+        begin_write(&mut conn, sql).unwrap().commit().unwrap();
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", schema::SCHEMA_VERSION + 1)
+            .unwrap();
+        let err = begin_write(&mut conn, sql).map(drop).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                tidemark::Error::SchemaChanged { opened, found, .. }
+                    if opened == schema::SCHEMA_VERSION && found == schema::SCHEMA_VERSION + 1
+            ),
+            "{err}"
+        );
+        assert!(
+            conn.is_autocommit(),
+            "the refused transaction is rolled back"
+        );
+    }
 }

@@ -8,7 +8,7 @@ use tidemark::tidemark_core::{Event, FeedInfo};
 use tidemark::{Cursors, Error, Feed, FeedItem, FeedStream, Opened, Publish, Result};
 use tokio::sync::watch;
 
-use crate::db::{SqliteDb, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, to_i64, to_u64};
 use crate::error::unavailable;
 
 const READ_BATCH: i64 = 1024;
@@ -112,7 +112,7 @@ impl Publish for SqliteEvents {
         let done = self
             .db
             .write("publish", move |conn| {
-                let tx = conn.transaction().map_err(sql("publish"))?;
+                let tx = begin_write(conn, sql("publish"))?;
                 let positions = items
                     .iter()
                     .map(|(key, payload)| append(&tx, key, payload))

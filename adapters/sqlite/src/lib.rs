@@ -34,7 +34,10 @@
 //!
 //! The schema is versioned (`PRAGMA user_version`, `PRAGMA application_id`); a file that is
 //! not a database, is truncated or corrupt, belongs to another application or has a newer
-//! schema is refused with an [`Error`], never a panic.
+//! schema is refused with an [`Error`], never a panic. A file that a newer build migrates
+//! while this process has it open is neither written nor read any more: every port answers
+//! [`tidemark::Error::SchemaChanged`], naming both versions (each write transaction checks
+//! the version under the write lock).
 //!
 //! A registry in a file, and a cache that follows it and keeps its own copy in the same
 //! file for a warm restart:

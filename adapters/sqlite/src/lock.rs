@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use rusqlite::{OptionalExtension, TransactionBehavior, params};
+use rusqlite::{OptionalExtension, params};
 use tidemark::{Error, Lock, LockLease, Result};
 
-use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 
 fn sql(e: rusqlite::Error) -> Error {
@@ -31,9 +31,7 @@ impl Lock for SqliteLock {
         let (name, owner) = (name.to_owned(), owner.to_owned());
         self.db
             .write("lock", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let now = now_ms();
                 let held = tx
                     .query_row(

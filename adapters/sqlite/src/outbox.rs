@@ -7,7 +7,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use rusqlite::{TransactionBehavior, params};
+use rusqlite::params;
 use tidemark::tidemark_core::{AnnouncePlan, AnnounceReport, Job, JobId};
 use tidemark::{
     Announcer, Claimed, Error, Outbox, OutboxRow, OutboxUpdate, OutboxWatch, Publish, Queue, Relay,
@@ -15,7 +15,7 @@ use tidemark::{
 };
 use tokio::sync::watch;
 
-use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 
 const PORT: &str = "outbox";
@@ -92,10 +92,8 @@ impl Outbox for SqliteOutbox {
         let max = i64::try_from(max).unwrap_or(i64::MAX);
         // Not a `write`: an empty claim changes nothing, and a claim wakes no one here.
         self.db
-            .call(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+            .call_write(PORT, move |conn| {
+                let tx = begin_write(conn, sql)?;
                 let now = now_ms();
                 let until = now.saturating_add(ms(lease));
                 let mut rows = {
@@ -146,9 +144,7 @@ impl Outbox for SqliteOutbox {
         let owner = owner.to_owned();
         self.db
             .write(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let mut recorded = 0;
                 {
                     // Legs only ever land: a stale report cannot unset one.

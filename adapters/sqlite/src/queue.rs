@@ -4,14 +4,14 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, ReadySignal, Result,
     TickKey,
 };
 
-use crate::db::{SqliteDb, ms, now_ms, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, ms, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 
 const READY: i64 = 0;
@@ -162,14 +162,17 @@ impl SqliteQueue {
                     i64::from(attempt).into(),
                 ];
                 values.extend(extra);
-                let n = conn
+                // A receipt's statement is this build's: checked against the file's schema
+                // under the write lock.
+                let tx = begin_write(conn, sql)?;
+                let n = tx
                     .prepare_cached(statement)
                     .and_then(|mut s| s.execute(rusqlite::params_from_iter(values)))
                     .map_err(sql)?;
                 if n == 0 {
                     return Err(lease_lost(id, receipt, attempt));
                 }
-                Ok(())
+                tx.commit().map_err(sql)
             })
             .await
     }
@@ -210,10 +213,8 @@ impl Queue for SqliteQueue {
         // runners that wait on commits.
         let id = self
             .db
-            .call("queue", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+            .call_write("queue", move |conn| {
+                let tx = begin_write(conn, sql)?;
                 let id = enqueue_tick_on(&tx, &tick, &job)?;
                 tx.commit().map_err(sql)?;
                 Ok(id)
@@ -234,9 +235,7 @@ impl Queue for SqliteQueue {
         let done = self
             .db
             .write("queue", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let ids = jobs
                     .iter()
                     .map(|job| enqueue_on(&tx, job))
@@ -287,10 +286,8 @@ impl Queue for SqliteQueue {
         // that wait on commits (the one asking among them).
         let (leased, changed) = self
             .db
-            .call("queue", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+            .call_write("queue", move |conn| {
+                let tx = begin_write(conn, sql)?;
                 let now = now_ms();
                 let next = |query: &str| {
                     tx.prepare_cached(query)
@@ -400,7 +397,8 @@ impl Queue for SqliteQueue {
             .write("queue", move |conn| {
                 let now = now_ms();
                 let state = if attempt >= max_attempts { DEAD } else { READY };
-                let n = conn
+                let tx = begin_write(conn, sql)?;
+                let n = tx
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, last_error = ?4, not_before = ?5,
                          lease_until = CASE WHEN ?2 = 3 THEN ?6 ELSE lease_until END
@@ -422,6 +420,7 @@ impl Queue for SqliteQueue {
                 if n == 0 {
                     return Err(lease_lost(id, receipt, attempt));
                 }
+                tx.commit().map_err(sql)?;
                 Ok(state_of(state))
             })
             .await

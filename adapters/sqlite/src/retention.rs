@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
-use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, params};
 use tidemark::tidemark_core::{Mark, RetentionPolicy};
 use tidemark::{Error, LockLease, Result, Sweep, Swept};
 
-use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 use crate::source::meta;
 
@@ -67,9 +67,7 @@ impl SqliteSweep {
         let fence = fence.clone();
         self.db
             .write(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 fenced(&tx, &fence)?;
                 let now = now_ms();
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
@@ -146,9 +144,7 @@ impl SqliteSweep {
             let n = self
                 .db
                 .write(PORT, move |conn| {
-                    let tx = conn
-                        .transaction_with_behavior(TransactionBehavior::Immediate)
-                        .map_err(sql)?;
+                    let tx = begin_write(conn, sql)?;
                     fenced(&tx, &fence)?;
                     let n = match bound {
                         Some(b) => tx.execute(delete, params![to_i64(b), batch]),

@@ -4,11 +4,11 @@
 
 use std::time::Duration;
 
-use rusqlite::{TransactionBehavior, params};
+use rusqlite::params;
 use tidemark::tidemark_core::{Job, JobId, Schedule, ScheduleClock};
 use tidemark::{DueSchedule, Error, Result, ScheduleStore, TickKey};
 
-use crate::db::{SqliteDb, now_ms, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, now_ms, to_i64, to_u64};
 use crate::error::unavailable;
 use crate::queue::enqueue_tick_on;
 
@@ -38,9 +38,7 @@ impl SqliteSchedules {
         // pass the compare-and-set and fire the old job with the old anchor's tick.
         self.db
             .write("schedule", |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let mut fired = Vec::new();
                 for due in read_due(&tx)? {
                     let name = due.schedule.name();
@@ -139,9 +137,7 @@ impl SqliteSchedules {
         let read = read.clone();
         self.db
             .write("schedule", move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let won = cas(&tx, &read, tick, for_job)?;
                 tx.commit().map_err(sql)?;
                 Ok(won)

@@ -8,7 +8,7 @@ use std::task::{Poll, ready};
 
 use futures::StreamExt as _;
 use rusqlite::types::ValueRef;
-use rusqlite::{Connection, OptionalExtension, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OptionalExtension, Transaction, params};
 use tidemark::tidemark_core::{AnnouncePlan, Entry, Event, FeedInfo, KeyPrefix, Legs, Lineage};
 use tidemark::{
     Changes, Error, Feed, FeedItem, FeedStream, Opened, Result, Snapshot, SnapshotParts, Source,
@@ -16,7 +16,7 @@ use tidemark::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::db::{SqliteDb, bits, to_i64, to_u64};
+use crate::db::{SqliteDb, begin_write, bits, to_i64, to_u64};
 use crate::error::unavailable;
 
 pub use tidemark::tidemark_core::{MAX_KEY_BYTES, MAX_VALUE_BYTES};
@@ -433,9 +433,7 @@ impl SqliteSource {
         let announce = self.announce;
         self.db
             .write(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let mut seqs = Vec::with_capacity(writes.len());
                 for w in &writes {
                     seqs.push(match w {
@@ -461,9 +459,7 @@ impl SqliteSource {
     pub async fn compact_below(&self, horizon: u64) -> Result<Compaction> {
         self.db
             .write(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let watermark = meta(&tx, "watermark").map_err(sql)?;
                 let first = meta(&tx, "first_available").map_err(sql)?;
                 let horizon = horizon.min(watermark.saturating_add(1)).max(first);
@@ -539,9 +535,7 @@ impl Source for SqliteSource {
         let announce = self.announce;
         self.db
             .write(PORT, move |conn| {
-                let tx = conn
-                    .transaction_with_behavior(TransactionBehavior::Immediate)
-                    .map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 let current = tx
                     .query_row(
                         "SELECT seq FROM registry WHERE key = ?1 AND deleted = 0",

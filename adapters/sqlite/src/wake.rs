@@ -11,7 +11,7 @@ use rusqlite::params;
 use tidemark::{Error, Received, Result, Wake, WakeListener};
 use tokio::sync::watch;
 
-use crate::db::SqliteDb;
+use crate::db::{SqliteDb, begin_write};
 use crate::error::unavailable;
 use crate::source::meta;
 
@@ -140,7 +140,7 @@ impl Wake for SqliteWake {
         let done = self
             .db
             .write("wake", move |conn| {
-                let tx = conn.transaction().map_err(sql)?;
+                let tx = begin_write(conn, sql)?;
                 for payload in &payloads {
                     notify_on(&tx, &channel, payload)?;
                 }

@@ -353,3 +353,103 @@ async fn a_version_7_file_keeps_its_jobs_and_its_leases_receipts() {
         "the ready job is still there"
     );
 }
+
+/// Issue 30: a process kept writing with this build's statements to a file that a newer
+/// build (another process sharing it) had migrated since this one opened it, its queue
+/// receipts included. Every port now refuses, with an error naming both versions, and
+/// writes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_a_newer_build_migrated_while_it_was_open_is_neither_written_nor_read() {
+    use tidemark::{Lineage, Lock, Publish, Wake};
+    let (_dir, path, db) = common::fresh().await;
+    let source = db.source();
+    source.put("a", b"1".to_vec()).await.unwrap();
+    let queue = db.queue();
+    queue
+        .enqueue(Job::PackHousekeeping { key: "a".into() })
+        .await
+        .unwrap();
+    let leased = queue
+        .lease(std::time::Duration::from_secs(30))
+        .await
+        .unwrap()
+        .expect("a job");
+    let cache = db.follower_cache("mirror");
+    // The newer build's migration, from another connection (another process).
+    let newer = rusqlite::Connection::open(&path).unwrap();
+    newer
+        .pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    let changed = |what: &str, err: tidemark::Error| {
+        assert!(
+            matches!(
+                err,
+                tidemark::Error::SchemaChanged { opened, found, .. }
+                    if opened == SCHEMA_VERSION && found == SCHEMA_VERSION + 1
+            ),
+            "{what}: {err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains(&SCHEMA_VERSION.to_string())
+                && text.contains(&(SCHEMA_VERSION + 1).to_string()),
+            "{what}: the error names both versions: {text}"
+        );
+        assert!(!err.is_retryable(), "{what}: no retry can help");
+    };
+    changed("put", source.put("b", b"2".to_vec()).await.unwrap_err());
+    changed("ack", queue.ack(&leased).await.unwrap_err());
+    changed(
+        "enqueue",
+        queue
+            .enqueue(Job::PackHousekeeping { key: "b".into() })
+            .await
+            .unwrap_err(),
+    );
+    changed(
+        "cache commit",
+        cache
+            .apply(
+                vec![tidemark::CacheOp::Put {
+                    key: "a".into(),
+                    seq: 1,
+                    value: b"1".to_vec(),
+                }],
+                1,
+                Lineage::default(),
+            )
+            .await
+            .unwrap_err(),
+    );
+    changed(
+        "lock",
+        db.lock()
+            .try_lock("sweep", "me", std::time::Duration::from_secs(5))
+            .await
+            .unwrap_err(),
+    );
+    changed(
+        "publish",
+        db.events().publish("a", b"x".to_vec()).await.unwrap_err(),
+    );
+    changed(
+        "notify",
+        db.wake().notify("c", b"x".to_vec()).await.unwrap_err(),
+    );
+    changed(
+        "outbox claim",
+        db.outbox()
+            .claim("relay", 0, 10, std::time::Duration::from_secs(5))
+            .await
+            .unwrap_err(),
+    );
+    changed("read", source.get("a").await.unwrap_err());
+    let (rows, jobs_done): (i64, i64) = newer
+        .query_row(
+            "SELECT (SELECT count(*) FROM registry), (SELECT count(*) FROM jobs WHERE state = 2)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .unwrap();
+    assert_eq!((rows, jobs_done), (1, 0), "nothing was written");
+}

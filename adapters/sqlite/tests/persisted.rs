@@ -634,3 +634,54 @@ async fn the_file_keeps_only_what_is_still_ahead_of_the_watermark() {
         .unwrap();
     assert_eq!(ahead(cache.clone()).await, []);
 }
+
+/// Issue 30: `stop_within` aborts a follower whose commit waits for the file (another
+/// connection holds its write lock), and the commit, on tokio's blocking pool, lands after
+/// the abort. A warm start in the same process read what the cache held before it landed:
+/// a watermark and rows the orphaned commit then moved on under it. It now reads after
+/// every write this process has in flight on the file, through any handle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_start_reads_after_the_commit_an_aborted_follower_left_in_flight() {
+    let (_dir, path, db) = common::fresh().await;
+    // The restart's handle: another open of the same file in this process.
+    let again = SqliteDb::open(&path).await.unwrap();
+    let memory = tidemark_memory::Memory::new();
+    memory.source.put("a", b"1".to_vec()).await.unwrap();
+    let h = FollowerTask::new(
+        config("orphan"),
+        RawBytes,
+        memory.source.clone(),
+        memory.source.clone(),
+        db.follower_cache("orphan"),
+    )
+    .spawn();
+    until(&h, "ready at 1", |s| s.ready && s.watermark == 1).await;
+    let blocker = rusqlite::Connection::open(&path).unwrap();
+    blocker.execute_batch("BEGIN IMMEDIATE").unwrap();
+    memory.source.put("b", b"2".to_vec()).await.unwrap();
+    // The follower applies b and its commit waits for the lock (busy timeout 5 s).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopped = h.stop_within(Duration::from_millis(100)).await;
+    assert!(
+        matches!(stopped, Err(tidemark::Error::Timeout { .. })),
+        "the stop must have aborted the task mid-commit: {stopped:?}"
+    );
+    let release = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        blocker.execute_batch("COMMIT").unwrap();
+    });
+    let held = again
+        .follower_cache("orphan")
+        .held()
+        .await
+        .unwrap()
+        .expect("persisted");
+    release.join().unwrap();
+    assert_eq!(
+        held.watermark, 2,
+        "a warm start must not read before the aborted follower's commit lands"
+    );
+    let cache = again.follower_cache("orphan");
+    assert_eq!(cache.watermark().await.unwrap(), 2, "the commit landed");
+    assert_eq!(cache.len().await.unwrap(), 2);
+}

@@ -441,7 +441,9 @@ impl<D: Decode> Follower<D> {
             // goes back to a commit that holds it. (Unless the driver said what the sink
             // holds ahead: then every such key was claimed at start or in this run, and a
             // claim a read already confirmed must not be made again.)
-            let ahead = (!self.ahead_told && self.holds_unconfirmed(seq)).then(|| key.clone());
+            // A key outside the prefix is no claim: no read of the source will name it.
+            let ahead = (!self.ahead_told && self.holds_unconfirmed(seq) && self.keeps(&key))
+                .then(|| key.clone());
             if self.index.learn(key, seq)
                 && let Some(key) = ahead
             {
@@ -466,10 +468,20 @@ impl<D: Decode> Follower<D> {
     /// keys held past the watermark that it is told with `remember`, and by their seq (a
     /// read's put at that seq is applied again), and a removal committed ahead leaves it
     /// nothing to check.
+    ///
+    /// A change to a key outside the follower's prefixes ([`within`](Self::within); a
+    /// cache that an earlier, wider follower wrote) is passed and counted in
+    /// [`Counters::outside`]: no read of the source names that key, so held as a claim it
+    /// would send every read on to a snapshot. A lazily resumed cache's key outside the
+    /// prefixes leaves at the next resync, as the others do.
     pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
         self.parts_disturbed(None);
         self.ahead_told = true;
         for change in changes {
+            if !self.keeps(change.key()) {
+                self.counters.outside += 1;
+                continue;
+            }
             match change {
                 Ahead::Put { key, seq, value } => {
                     if self.index.learn(key.clone(), seq) && self.holds_unconfirmed(seq) {

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 
 use super::Follower;
 use crate::decode::Decode;
-use crate::follower::io::{Apply, Output};
+use crate::follower::io::{Apply, Follow, Output};
 use crate::time::Time;
 
 impl<D: Decode> Follower<D> {
@@ -25,6 +25,12 @@ impl<D: Decode> Follower<D> {
 
     /// A listing of the source's keys, its watermark read first: a cached key it does not
     /// list, at a seq the listing covers, is gone from the source.
+    ///
+    /// The removal is as of the listing's watermark, except on an events stream: there
+    /// every change above the watermark is an announcement's claim, which a durable sink
+    /// keeps to check after a crash ([`Ahead`](crate::Ahead)), and the watermark trails
+    /// the listing's until the next reconcile; this removal is a read of the source, not a
+    /// claim, so it carries no seq past the watermark unless the key's own value did.
     pub(super) fn on_keys(&mut self, keys: Vec<String>, source_watermark: u64) {
         self.listed_at = Some(
             self.listed_at
@@ -43,7 +49,11 @@ impl<D: Decode> Follower<D> {
         for (key, seq) in gone {
             self.index.remove(&key);
             self.counters.vanished += 1;
-            let removal = source_watermark.max(seq);
+            let removal = if self.follow == Follow::Announcements {
+                source_watermark.min(self.watermark).max(seq)
+            } else {
+                source_watermark.max(seq)
+            };
             self.out
                 .push_back(Output::Apply(Apply::Remove { key, seq: removal }));
         }
