@@ -83,10 +83,13 @@ async fn each_due_tick_enqueues_exactly_one_job_across_racing_schedulers() {
     let late: usize = db.schedules().fire_due().await.unwrap().len()
         + others[0].schedules().fire_due().await.unwrap().len();
     let crossed = usize::try_from(ticks_begun(&db, every).await - first).unwrap();
-    assert_eq!(
-        late,
-        1 + crossed,
-        "missed ticks fire once, not once per missed interval"
+    // Two looks: the first fires the missed ticks once; the second fires again only if a
+    // tick began after the first looked (a loaded machine can stretch the two past several
+    // boundaries, but two looks never fire more than twice).
+    assert!(
+        (1..=1 + crossed.min(1)).contains(&late),
+        "missed ticks fire once, not once per missed interval: {late} jobs, {crossed} ticks \
+         began while the two schedulers looked"
     );
     fired += late;
     let ready = db.queue().counts().await.unwrap().ready;
