@@ -37,8 +37,7 @@ struct Args {
     /// Bound on convergence after healing, in simulated seconds.
     #[arg(long, default_value_t = 60)]
     liveness: u64,
-    /// Fault kinds to draw from (default: every kind but the opt-in `scheduler-crash` and
-    /// `sweeper-stall`, drawn only when named). Repeat or separate with commas.
+    /// Fault kinds to draw from (default: every kind). Repeat or separate with commas.
     #[arg(long, value_enum, value_delimiter = ',')]
     faults: Vec<FaultKind>,
     /// How followers are built (the naive strategies must be caught diverging).
@@ -49,6 +48,10 @@ struct Args {
     /// caught in; implied by it).
     #[arg(long)]
     restores_while_cut: bool,
+    /// Crash a sweep scheduler between claiming a tick and recording its job four times in
+    /// every run (the world `--strategy naive-ticks` is caught in; implied by it).
+    #[arg(long)]
+    crashes_at_ticks: bool,
     /// Run every seed twice and fail if the trace hashes differ.
     #[arg(long)]
     check_determinism: bool,
@@ -86,6 +89,7 @@ impl Args {
             tick: Duration::from_millis(self.tick_ms),
             relays: self.relays as usize,
             restores_while_cut: self.restores_while_cut,
+            crashes_at_ticks: self.crashes_at_ticks,
             workload: tidemark_sim::scenario::Workload {
                 hot_keys: self.hot_keys,
                 hot_share: self.hot_share.clamp(0.0, 1.0),
@@ -114,6 +118,9 @@ impl Args {
         );
         if self.restores_while_cut {
             cmd.push_str(" --restores-while-cut");
+        }
+        if self.crashes_at_ticks {
+            cmd.push_str(" --crashes-at-ticks");
         }
         let w = tidemark_sim::scenario::Workload::default();
         if (self.hot_keys, self.hot_share, self.cold_remove_share)

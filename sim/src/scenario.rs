@@ -82,15 +82,16 @@ pub enum FaultKind {
 }
 
 impl FaultKind {
-    /// What a run draws from unless told otherwise: every kind but the opt-in ones.
+    /// What a run draws from unless told otherwise: every kind.
     pub fn default_kinds() -> impl Iterator<Item = FaultKind> {
-        FaultKind::ALL.into_iter().filter(|k| !k.opt_in())
+        FaultKind::ALL.into_iter()
     }
 
-    /// Whether the kind is drawn only when named (`--faults`): kinds added after seeds were
-    /// pinned by tests, which a new kind in the default draw would give other plans.
+    /// Whether the kind is drawn from a stream of its own beside other kinds (up to two a
+    /// run each), not in the main draw: kinds added after seeds were pinned by tests, so
+    /// that drawing them by default left every other kind's plan as it was.
     #[must_use]
-    pub fn opt_in(self) -> bool {
+    pub fn drawn_apart(self) -> bool {
         matches!(self, FaultKind::SchedulerCrash | FaultKind::SweeperStall)
     }
 
@@ -241,6 +242,11 @@ pub struct Scenario {
     /// the followers are cut off (see [`plan`]): the world the `trusts-watermark` strategy
     /// is caught in, and the one tidemark's own followers must pass.
     pub restores_while_cut: bool,
+    /// Every run crashes a sweep scheduler between claiming a tick and recording its job
+    /// four times, twice after the enqueue and twice before it (see [`plan`]): the world
+    /// the `naive-ticks` strategy is caught in, and the one tidemark's schedulers must
+    /// pass.
+    pub crashes_at_ticks: bool,
 }
 
 /// What the writers write: a few hot keys written and removed often, and cold keys each
@@ -298,6 +304,7 @@ impl Default for Scenario {
             workload: Workload::default(),
             tick: DEFAULT_TICK,
             restores_while_cut: false,
+            crashes_at_ticks: false,
         }
     }
 }
@@ -465,7 +472,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     let persisted: Vec<usize> = (0..s.followers).filter(|&i| s.persisted(i)).collect();
     // Supervised workers are among these (the volatile change-log followers).
     let volatile: Vec<usize> = (0..s.followers).filter(|&i| !s.persisted(i)).collect();
-    let kinds: Vec<FaultKind> = s
+    let drawable: Vec<FaultKind> = s
         .faults
         .iter()
         .copied()
@@ -473,10 +480,20 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         .filter(|k| *k != FaultKind::HandlerFailure || !volatile.is_empty())
         .filter(|k| !k.needs_runners() || s.relays > 0)
         .collect();
+    // Kinds drawn apart join the main draw only when nothing else is drawn (`--faults
+    // scheduler-crash`); beside other kinds they come from a stream of their own.
+    let (apart, kinds): (Vec<FaultKind>, Vec<FaultKind>) =
+        drawable.iter().partition(|k| k.drawn_apart());
+    let (kinds, apart) = if kinds.is_empty() {
+        (apart, Vec::new())
+    } else {
+        (kinds, apart)
+    };
     let mut plan = Vec::new();
     if kinds.is_empty() {
         return plan;
     }
+    draw_apart(seed, s, &apart, &mut plan);
     let total_weight: u64 = kinds.iter().map(|k| k.weight()).sum();
     let draw_kind = |rng: &mut Rng| {
         let mut w = rng.next_u64() % total_weight;
@@ -605,21 +622,8 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
                     let down = Duration::from_millis(300 + rng.next_u64() % 3000);
                     plan.push((t, Action::CrashSweeper(down)));
                 }
-                FaultKind::SchedulerCrash => {
-                    let after_enqueue = rng.next_u64() % 2 == 0;
-                    let down = Duration::from_millis(300 + rng.next_u64() % 3000);
-                    plan.push((
-                        t,
-                        Action::CrashScheduler {
-                            after_enqueue,
-                            down,
-                        },
-                    ));
-                }
-                FaultKind::SweeperStall => {
-                    let stall = crate::sweeps::SWEEP_LEASE
-                        + Duration::from_millis(500 + rng.next_u64() % 2000);
-                    plan.push((t, Action::StallSweeper(stall)));
+                FaultKind::SchedulerCrash | FaultKind::SweeperStall => {
+                    plan.push((t, apart_action(kind, &mut rng)));
                 }
                 FaultKind::JobFailure => {
                     plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
@@ -636,6 +640,9 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     }
     if s.restores_while_cut || s.strategy == Strategy::TrustsWatermark {
         restore_in_every_run(seed, s, &mut plan);
+    }
+    if (s.crashes_at_ticks || s.strategy == Strategy::NaiveTicks) && s.relays > 1 {
+        crash_schedulers_in_every_run(seed, s, &mut plan);
     }
     // Stable: equal times keep their drawing order.
     plan.sort_by_key(|(at, _)| *at);
@@ -677,6 +684,70 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
                 Action::Repair(SOURCE.into(), follower_host(i)),
             ));
         }
+    }
+}
+
+/// The fault of a kind drawn apart ([`FaultKind::drawn_apart`]), with its parameters
+/// drawn from `rng`.
+fn apart_action(kind: FaultKind, rng: &mut Rng) -> Action {
+    match kind {
+        FaultKind::SweeperStall => {
+            let stall =
+                crate::sweeps::SWEEP_LEASE + Duration::from_millis(500 + rng.next_u64() % 2000);
+            Action::StallSweeper(stall)
+        }
+        _ => {
+            let after_enqueue = rng.next_u64() % 2 == 0;
+            let down = Duration::from_millis(300 + rng.next_u64() % 3000);
+            Action::CrashScheduler {
+                after_enqueue,
+                down,
+            }
+        }
+    }
+}
+
+/// Up to two faults of each kind in `apart` at times drawn over the fault phase, from a
+/// stream of their own: the rest of the plan is what it was before those kinds were
+/// drawn by default, so seeds pinned by tests keep their faults.
+fn draw_apart(seed: u64, s: &Scenario, apart: &[FaultKind], plan: &mut Vec<(Duration, Action)>) {
+    let mut rng = Rng::new(seed ^ 0x6170_6172_7464_7261);
+    let phase = u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    for &kind in apart {
+        for _ in 0..rng.next_u64() % 3 {
+            let at = Duration::from_millis(rng.next_u64() % phase);
+            plan.push((at, apart_action(kind, &mut rng)));
+        }
+    }
+}
+
+/// The world the `naive-ticks` strategy is caught in: on top of what the plan drew, four
+/// sweep-scheduler crashes spread over the fault phase, alternately when the scheduler
+/// records a tick's enqueue (a job in the queue, the tick not marked fired: a scheduler
+/// that enqueues without the tick's key enqueues it again) and right after the claim (the
+/// tick's job not yet enqueued: one that does not enqueue a claimed tick again loses it).
+/// Drawn from a stream of its own: the rest of the plan is the seed's as for any strategy.
+/// Only with two relays or more: the odd one runs the scheduler.
+fn crash_schedulers_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
+    let mut rng = Rng::new(seed ^ 0x7469_636b_6372_6173);
+    let phase = u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(16);
+    for (n, from) in [phase / 16, phase * 5 / 16, phase * 9 / 16, phase * 12 / 16]
+        .into_iter()
+        .enumerate()
+    {
+        let at = Duration::from_millis(from + rng.next_u64() % (phase / 8));
+        let down = Duration::from_millis(300 + rng.next_u64() % 1500);
+        plan.push((
+            at,
+            Action::CrashScheduler {
+                after_enqueue: n % 2 == 0,
+                down,
+            },
+        ));
     }
 }
 

@@ -21,6 +21,12 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
         "restores from an older backup are drawn by default"
     );
     assert!(
+        scenario.faults.contains(&FaultKind::SchedulerCrash)
+            && scenario.faults.contains(&FaultKind::SweeperStall),
+        "scheduler crashes between a tick's claim and its job, and sweepers stalled past \
+         their lease, are drawn by default"
+    );
+    assert!(
         followers(&scenario)
             .iter()
             .any(|f| f.kind == Kind::JetStream && f.persisted()),
@@ -376,4 +382,54 @@ fn correct_followers_take_restores_they_were_cut_off_from() {
 #[test]
 fn announcements_of_a_restored_history_and_a_snapshot_a_second_restore_replaced_pass() {
     pinned_seeds_pass(&[777, 268], "restores the source", restores);
+}
+
+/// The world `--strategy naive-ticks` runs in: four sweep-scheduler crashes a run between
+/// claiming a tick and recording its job, on top of the default draw.
+fn crashes_at_ticks(strategy: Strategy) -> Scenario {
+    Scenario {
+        strategy,
+        crashes_at_ticks: true,
+        ..Scenario::default()
+    }
+}
+
+#[test]
+fn the_oracle_catches_a_scheduler_that_enqueues_ticks_without_their_key() {
+    // 300 of seeds 0..300 (`--strategy naive-ticks`): the tick ledger finds a tick fired
+    // twice once a scheduler dies after its enqueue, before recording it.
+    let scenario = crashes_at_ticks(Strategy::NaiveTicks);
+    let seeds = SEEDS.start..SEEDS.start + 12;
+    let caught = seeds
+        .clone()
+        .filter(|&seed| !run(seed, &scenario).passed())
+        .count();
+    let of = seeds.count();
+    assert!(
+        caught * 20 >= of * 19,
+        "naive-ticks diverged in only {caught} of {of} seeds: a tick enqueued again after a scheduler crash goes unchecked"
+    );
+}
+
+/// tidemark's schedulers pass the world the naive one is caught in, and sweepers stalled
+/// past their lease never sweep beside the next holder.
+#[test]
+fn each_tick_fires_once_across_scheduler_crashes_and_stalled_sweepers_never_overlap() {
+    let mut failures = Vec::new();
+    let stalls = Scenario {
+        faults: [FaultKind::SweeperStall].into_iter().collect(),
+        ..Scenario::default()
+    };
+    for (scenario, what) in [
+        (crashes_at_ticks(Strategy::Correct), "--crashes-at-ticks"),
+        (stalls, "--faults sweeper-stall"),
+    ] {
+        for seed in SEEDS.start..SEEDS.start + 8 {
+            let o = run(seed, &scenario);
+            if !o.passed() {
+                failures.push(format!("{what} seed {seed}: {}", o.failures.join(" | ")));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
