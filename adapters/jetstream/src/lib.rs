@@ -69,3 +69,7 @@ pub use queue_scan::{ScanEnd, ScanStep};
 mod lease;
 
 pub use lease::{LockRecord, TAKE_ATTEMPTS, Take, holds, names, take};
+
+mod tick_job;
+
+pub use tick_job::{TickJob, TickRecord, tick_job, tick_of_message_id};

@@ -17,7 +17,10 @@ use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result, TickKey,
 };
-use tidemark_jetstream::{Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, coalesce};
+use tidemark_jetstream::{
+    Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, TickJob, TickRecord, coalesce, tick_job,
+    tick_of_message_id,
+};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 use tracing::warn;
@@ -203,6 +206,60 @@ impl NatsQueue {
         })
     }
 
+    /// For a job message of a schedule's tick (see [`tick_job`]): `Some(job)` when `job`
+    /// is the tick's and this one (`id`) is a second; `None` when this one runs — it was
+    /// the tick's already, it claimed the tick by compare-and-set on the schedule's record,
+    /// or it is not a tick's job at all.
+    async fn tick_taken(&self, message: &jetstream::Message, id: u64) -> Result<Option<u64>> {
+        let Some((key, anchor_ms, tick)) = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .and_then(|v| tick_of_message_id(v.as_str()))
+        else {
+            return Ok(None);
+        };
+        for _ in 0..TICK_CLAIM_ATTEMPTS {
+            let entry = self
+                .inner
+                .state
+                .entry(key)
+                .await
+                .map_err(|e| unavailable("queue", e))?;
+            let record = tick_mark(entry.as_ref()).map(|m| m.record());
+            match tick_job(record, anchor_ms, tick, id) {
+                TickJob::Run => return Ok(None),
+                TickJob::Duplicate { of } => return Ok(Some(of)),
+                TickJob::Claim => {}
+            }
+            let mark = serde_json::to_vec(&TickMark {
+                anchor_ms,
+                tick,
+                job: Some(id),
+            })
+            .map_err(|e| unavailable("queue", e))?;
+            let claimed = match entry {
+                Some(e) => match self.inner.state.update(key, mark.into(), e.revision).await {
+                    Ok(_) => true,
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => false,
+                    Err(e) => return Err(unavailable("queue", e)),
+                },
+                None => match self.inner.state.create(key, mark.into()).await {
+                    Ok(_) => true,
+                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => false,
+                    Err(e) => return Err(unavailable("queue", e)),
+                },
+            };
+            if claimed {
+                return Ok(None);
+            }
+        }
+        Err(unavailable(
+            "queue",
+            "a schedule's tick record kept changing while a runner claimed its tick",
+        ))
+    }
+
     async fn load(&self, id: u64) -> Result<Option<Stored>> {
         self.load_bytes(id)
             .await?
@@ -369,6 +426,10 @@ const PENDING: &str = "pending.";
 /// The prefix of the keys that hold each schedule's newest enqueued tick.
 const TICKS: &str = "tick.";
 
+/// How many compare-and-sets a runner tries on a schedule's tick record before it gives
+/// the lease up for now: each loss means a scheduler or runner wrote the record meanwhile.
+const TICK_CLAIM_ATTEMPTS: usize = 8;
+
 /// A schedule's name in hex: any name makes a valid KV key and message id.
 fn hex(name: &str) -> String {
     use std::fmt::Write as _;
@@ -379,11 +440,31 @@ fn hex(name: &str) -> String {
         })
 }
 
-/// A schedule's newest enqueued tick, as the state bucket keeps it.
+/// A schedule's newest enqueued tick, as the state bucket keeps it, with the job that is
+/// the tick's once known (absent from records written before it was kept).
 #[derive(Serialize, Deserialize)]
 struct TickMark {
     anchor_ms: u64,
     tick: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    job: Option<u64>,
+}
+
+impl TickMark {
+    fn record(&self) -> TickRecord {
+        TickRecord {
+            anchor_ms: self.anchor_ms,
+            tick: self.tick,
+            job: self.job,
+        }
+    }
+}
+
+/// The tick a record entry of the state bucket holds (`None`: none, or a removal).
+fn tick_mark(entry: Option<&kv::Entry>) -> Option<TickMark> {
+    entry
+        .filter(|e| e.operation == kv::Operation::Put)
+        .and_then(|e| serde_json::from_slice::<TickMark>(&e.value).ok())
 }
 
 /// Keeps `entry` as its key's state if it is newer than the one kept: a scan may deliver
@@ -591,11 +672,8 @@ impl Queue for NatsQueue {
             .await
             .map_err(|e| unavailable("queue", e))?;
         let anchor_ms = u64::try_from(tick.anchor.as_millis()).unwrap_or(u64::MAX);
-        let enqueued = entry
-            .as_ref()
-            .filter(|e| e.operation == kv::Operation::Put)
-            .and_then(|e| serde_json::from_slice::<TickMark>(&e.value).ok())
-            .map(|m| (Duration::from_millis(m.anchor_ms), m.tick));
+        let enqueued =
+            tick_mark(entry.as_ref()).map(|m| (Duration::from_millis(m.anchor_ms), m.tick));
         if !tick.is_due_after(enqueued) {
             return Ok(None);
         }
@@ -633,6 +711,7 @@ impl Queue for NatsQueue {
         let mark = serde_json::to_vec(&TickMark {
             anchor_ms,
             tick: tick.tick,
+            job: Some(ack.sequence),
         })
         .map_err(|e| unavailable("queue", e))?;
         // A failed compare-and-set: another scheduler recorded this tick (or a later one)
@@ -735,6 +814,27 @@ impl Queue for NatsQueue {
                     finished_ms: Some(now_ms()),
                 };
                 self.store(id, &dead).await?;
+                continue;
+            }
+            // A tick's second message (its scheduler died between the publish and the
+            // record, and published again after the duplicate window): the first leased is
+            // the tick's job, this one is finished without running.
+            if let Some(of) = self.tick_taken(&message, id).await? {
+                warn!(
+                    id,
+                    of, "a second job of one schedule tick; finished without running"
+                );
+                let done = Stored {
+                    job,
+                    state: Stage::Done,
+                    attempts: attempt,
+                    last_error: Some(format!(
+                        "a second job of one schedule tick (its job is {of}): not run"
+                    )),
+                    finished_ms: Some(now_ms()),
+                };
+                self.store(id, &done).await?;
+                let _ = message.ack_with(AckKind::Term).await;
                 continue;
             }
             // Before the handler can run: an enqueue that still finds the job pending

@@ -144,3 +144,65 @@ async fn sweep_refuses_a_stale_fence() {
         .fenced_by(lock.clone());
     tidemark::conformance::sweep_refuses_a_stale_fence(&lock, &sweep, REAL_LEASE).await;
 }
+
+/// A scheduler that dies between publishing a tick's job and recording the tick, and
+/// passes again after the stream's duplicate window, publishes the tick's job a second
+/// time: the message id no longer dedups it. The runner settles it by the schedule's tick
+/// record: the first job leased claims the tick, the second is finished without running.
+/// (A one-second window here stands for the default two minutes.) On the code before the
+/// runner's check, both jobs were leased to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticks_job_published_again_after_the_duplicate_window_runs_once() {
+    use async_nats::jetstream;
+    use tidemark::{Queue, TickKey};
+    let server = server().await;
+    let client = client(&server).await;
+    let js = jetstream::new(client.clone());
+    js.create_stream(jetstream::stream::Config {
+        name: "SHORTDUP".into(),
+        subjects: vec!["tidemark.jobs.SHORTDUP".into()],
+        retention: jetstream::stream::RetentionPolicy::WorkQueue,
+        duplicate_window: Duration::from_secs(1),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let q = NatsQueue::open(client.clone(), "SHORTDUP", 3)
+        .await
+        .unwrap();
+    let tick = TickKey {
+        schedule: "sweep".into(),
+        anchor: Duration::from_millis(1_000),
+        tick: 7,
+    };
+    let first = q.enqueue_tick(&tick, Job::Sweep).await.unwrap();
+    assert!(first.is_some(), "the tick's job is enqueued");
+    // The scheduler died before its record: the record is gone as if never written.
+    let state = js.get_key_value("SHORTDUP_state").await.unwrap();
+    state.purge("tick.7377656570").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let second = q.enqueue_tick(&tick, Job::Sweep).await.unwrap();
+    assert!(
+        second.is_some() && second != first,
+        "past the duplicate window the publish makes a second message: {first:?} {second:?}"
+    );
+    let mut ran = Vec::new();
+    while let Some(lease) = q.lease(Duration::from_secs(5)).await.unwrap() {
+        ran.push(lease.id);
+        q.ack(&lease).await.unwrap();
+    }
+    assert_eq!(ran.len(), 1, "one job of the tick runs: {ran:?}");
+    let other = if ran[0] == first.unwrap() {
+        second
+    } else {
+        first
+    };
+    let record = q.get(other.unwrap()).await.unwrap().unwrap();
+    assert!(
+        record
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("not run")),
+        "the second is finished, saying why: {record:?}"
+    );
+}
