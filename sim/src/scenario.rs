@@ -640,6 +640,8 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     }
     if s.restores_while_cut || s.strategy == Strategy::TrustsWatermark {
         restore_in_every_run(seed, s, &mut plan);
+    } else if s.faults.contains(&FaultKind::Partition) {
+        outages_in_every_run(seed, s, &mut plan);
     }
     if (s.crashes_at_ticks || s.strategy == Strategy::NaiveTicks) && s.relays > 1 {
         crash_schedulers_in_every_run(seed, s, &mut plan);
@@ -647,6 +649,84 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     // Stable: equal times keep their drawing order.
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// How long an outage in [`outages_in_every_run`] cuts a follower off: longer than the
+/// sweeps keep the change log for a follower the source knows nothing of
+/// ([`POLICY`](crate::sweeps::POLICY)`.keep`).
+pub const OUTAGE: std::ops::Range<Duration> =
+    Duration::from_millis(3200)..Duration::from_millis(4400);
+
+/// How long before an outage ends the source compacts its change log.
+const COMPACT_BEFORE: Duration = Duration::from_millis(100);
+
+/// Every run cuts each follower of the source's change log off from the source twice for a
+/// few seconds ([`OUTAGE`]) while the writers go on — a network outage, a host paused or
+/// rescheduled — and, when compaction is drawn, the source compacts its change log just
+/// before the follower comes back, as retention bounded by size or an operator's
+/// compaction may: what the follower missed is gone, and it resyncs from a snapshot while
+/// writes still land, well before the heal (the writers stop there). The sweeps alone
+/// rarely do it: they keep the log for a durable consumer's cursor up to their maximum age
+/// (8 s), and that consumer is often cut off or down itself. Without these outages few
+/// seeds resynced while writes went on, and only those could show a snapshot that is not
+/// one point in time (`parts-apart`). JetStream followers are left alone: a bucket keeps
+/// every key's last revision, so an outage only takes one away, and a replay, not a
+/// resync, brings it back. Drawn from a stream of their own, so the rest of the plan is
+/// the seed's as before; part of the partition kind (a run that draws no partitions has
+/// none), and clear of the restores drawn: a follower cut off across a restore, or before
+/// it read the restored source, is the `--restores-while-cut` world's.
+fn outages_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
+    let mut rng = Rng::new(seed ^ 0x6f75_7461_6765_7321);
+    let draw = |rng: &mut Rng, r: &std::ops::Range<Duration>| {
+        let width = u64::try_from((r.end - r.start).as_millis()).unwrap_or(u64::MAX);
+        r.start + Duration::from_millis(rng.next_u64() % width.max(1))
+    };
+    let compact = s.faults.contains(&FaultKind::Compaction);
+    // Back with time to resync before the heal: a resync's read takes up to a second or
+    // two, and the source must move on meanwhile.
+    let last = s
+        .fault_phase
+        .saturating_sub(OUTAGE.end + Duration::from_secs(2));
+    // A restore happens after the writes in flight landed (at least `RESTORE_DRAIN` after
+    // its planned time), and a follower reads the restored source some time after it.
+    let restores: Vec<Duration> = plan
+        .iter()
+        .filter(|(_, a)| matches!(a, Action::Restore))
+        .map(|(at, _)| *at)
+        .collect();
+    let clear = |cut: Duration, back: Duration| {
+        restores
+            .iter()
+            .all(|&r| back + Duration::from_millis(500) < r || cut > r + Duration::from_secs(5))
+    };
+    let logs = crate::world::followers(s)
+        .into_iter()
+        .enumerate()
+        .filter(|(_, f)| f.kind != crate::world::Kind::JetStream)
+        .map(|(i, _)| i);
+    for i in logs {
+        // The first in the first half of the fault phase, the second after it.
+        let mut from = Duration::ZERO;
+        for until in [last / 2, last] {
+            // A few tries at one clear of the restores, else none.
+            for _ in 0..8 {
+                if from >= until {
+                    break;
+                }
+                let cut = draw(&mut rng, &(from..until));
+                let back = cut + draw(&mut rng, &OUTAGE);
+                if clear(cut, back) {
+                    plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
+                    if compact {
+                        plan.push((back - COMPACT_BEFORE, Action::Compact));
+                    }
+                    plan.push((back, Action::Repair(SOURCE.into(), follower_host(i))));
+                    from = back + Duration::from_millis(500);
+                    break;
+                }
+            }
+        }
+    }
 }
 
 /// The world the `trusts-watermark` strategy is caught in: every run restores the source
@@ -760,6 +840,30 @@ mod tests {
         let s = Scenario::default();
         assert_eq!(plan(5, &s), plan(5, &s));
         assert_ne!(plan(5, &s), plan(6, &s));
+    }
+
+    #[test]
+    fn nearly_every_follower_of_the_change_log_is_cut_off_while_the_source_compacts() {
+        let s = Scenario::default();
+        let (mut cut, mut of) = (0, 0);
+        for seed in 0..50 {
+            let plan = plan(seed, &s);
+            // Follower 3 reads the bucket, which does not compact.
+            for i in 0..3 {
+                let host = follower_host(i);
+                of += 1;
+                cut += usize::from(plan.iter().any(|(at, a)| {
+                    *a == Action::Partition(SOURCE.into(), host.clone())
+                        && plan.iter().any(|(back, b)| {
+                            *b == Action::Repair(SOURCE.into(), host.clone())
+                                && back.checked_sub(*at).is_some_and(|d| OUTAGE.contains(&d))
+                                && plan.contains(&(*back - COMPACT_BEFORE, Action::Compact))
+                        })
+                }));
+            }
+        }
+        // Only an outage that would cross a restore is left out.
+        assert!(cut * 10 >= of * 9, "{cut} of {of} followers cut off");
     }
 
     #[test]

@@ -169,11 +169,11 @@ fn the_oracle_catches_a_follower_that_never_reconciles() {
 
 #[test]
 fn the_oracle_catches_a_follower_whose_snapshot_parts_come_from_different_moments() {
-    // Only seeds with a resync while writes go on can show it: 6 of these 12, 175 of
-    // seeds 0..300.
+    // Only a resync while writes go on can show it, and the outages every run draws make
+    // one in nearly every seed: 12 of these 12, 292 of seeds 0..300 (235 without them).
     let (caught, of) = divergence_rate(Strategy::PartsApart);
     assert!(
-        caught * 4 > of,
+        caught * 10 >= of * 9,
         "parts-apart diverged in only {caught} of {of} seeds: a snapshot that is not one point in time goes unchecked"
     );
 }
