@@ -440,27 +440,23 @@ fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
 
 /// Seed 93041109: a marker of a history a restore replaced, fetched from the restored
 /// source (its watermark below both the marker and the follower's own), was held as a
-/// removal no history made. It is read again, then settled by a read of the whole source,
-/// which finds the source behind the follower and resyncs.
+/// removal no history made. Seed 2282: read again and again under a backoff an outage had
+/// grown, it kept the follower from converging for over a minute. A source behind the
+/// follower's own watermark is no replica catching up: the first such read settles the
+/// marker by a read of the whole source, which finds the source behind and resyncs.
 #[test]
 fn a_marker_fetched_from_a_source_restored_below_it_ends_in_a_resync_not_a_removal() {
     let mut h = announcements_at(10, vec![Entry::put(10, "a", "old")]);
     h.entry(Entry::mutation(12, "a"));
-    let mut outs = Vec::new();
-    for read in 0..3 {
-        if read > 0 {
-            h.run_to_timeout();
-        }
-        outs = h.fetched(None, Some(8));
-        assert!(
-            removes(&outs).is_empty(),
-            "no removal from a source behind the marker: {outs:?}"
-        );
-        assert_eq!(h.f.seq_of("a"), Some(10));
-    }
+    let outs = h.fetched(None, Some(8));
+    assert!(
+        removes(&outs).is_empty(),
+        "no removal from a source behind the marker: {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("a"), Some(10));
     assert!(
         asks_reconcile(&outs),
-        "after three reads the follower reads the whole source: {outs:?}"
+        "a source behind the follower's watermark is read whole at once: {outs:?}"
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
@@ -470,6 +466,33 @@ fn a_marker_fetched_from_a_source_restored_below_it_ends_in_a_resync_not_a_remov
     assert!(
         asks_snapshot(&outs),
         "a source behind the follower's watermark is read whole: {outs:?}"
+    );
+}
+
+/// A stale read is a replica catching up, not a failed connection: it is read again on a
+/// backoff of its own, so an outage's grown backoff does not space the few reads that
+/// tell a lagging replica from a marker no history made (seed 8592: 20 s between reads).
+#[test]
+fn a_stale_fetch_is_read_again_on_its_own_backoff_not_the_outages() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    for _ in 0..6 {
+        let token = h.feed.unwrap();
+        h.input(Input::FeedFailed {
+            token,
+            error: "down".into(),
+        });
+        h.run_to_timeout();
+    }
+    h.reopen(FeedInfo::announcements(5));
+    h.entry(Entry::mutation(9, "a"));
+    let outs = h.fetched(Some((5, "old")), Some(7));
+    let Some(Diagnostic::BackingOff { attempt, delay, .. }) = diagnostics(&outs).pop() else {
+        panic!("a stale read is read again after a backoff: {outs:?}");
+    };
+    assert_eq!(attempt, 1, "the stale reads' own first attempt");
+    assert!(
+        delay < Duration::from_secs(2),
+        "not the outage's grown delay: {delay:?}"
     );
 }
 

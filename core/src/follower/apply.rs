@@ -11,7 +11,6 @@ use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
 use crate::follower::io::{Apply, CaughtUp, Follow, Notice, Output};
-use crate::follower::status::Cause;
 use crate::follower::status::{Diagnostic, InvalidReason};
 
 /// Reads of a marker's key, each older than the marker, after which the marker is taken
@@ -373,7 +372,16 @@ impl<D: Decode> Follower<D> {
         if let Some(read_at) = read_at
             && read_at < seq
         {
-            if stale + 1 >= STALE_FETCHES {
+            // A source behind the follower's own watermark is no replica catching up with
+            // the marker: it is another history (or lost its newest entries), and only a
+            // read of the whole source settles that. Waiting out the stale reads first,
+            // under a backoff grown by the outage that hid the restore, took longer than
+            // a minute (seed 2282: the restored source never reached the replaced
+            // history's marker at 161, its writers having stopped at 158).
+            let behind = self.follow == Follow::Announcements
+                && source_watermark.is_some_and(|w| w < self.watermark);
+            if behind || stale + 1 >= STALE_FETCHES {
+                self.backoffs.stale.reset();
                 // Read after read, the source has never had the change: the marker is not
                 // the source's (a replaced history's, a forged one), and fetching it again
                 // would wedge the follower behind it for good. A read of the whole source
@@ -403,9 +411,10 @@ impl<D: Decode> Follower<D> {
                 position,
                 stale: stale + 1,
             };
-            self.schedule_retry(request, Cause::RequestFailed, error, now);
+            self.schedule_stale_retry(request, error, now);
             return;
         }
+        self.backoffs.stale.reset();
         self.counters.fetches += 1;
         // The fetched value is the source's, but the seq it is held at is the marker's
         // claim: held unconfirmed like any announcement.

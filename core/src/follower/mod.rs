@@ -94,6 +94,10 @@ struct Backoffs {
     lookup: Backoff,
     failure: Backoff,
     end: Backoff,
+    /// A marker's fetch that read the source before the marker's change: a replica
+    /// catching up, or a marker no history of this source made. Its own count, so that
+    /// the few reads that tell which are not spaced by a backoff an outage grew.
+    stale: Backoff,
 }
 
 /// The sans-IO follower state machine.
@@ -205,6 +209,7 @@ impl<D: Decode> Follower<D> {
                 lookup: Backoff::new(config.lookup_backoff),
                 failure: Backoff::new(config.failure_backoff),
                 end: Backoff::new(config.end_backoff),
+                stale: Backoff::new(config.failure_backoff),
             },
             config,
             decoder,

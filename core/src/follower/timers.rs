@@ -157,6 +157,27 @@ impl<D: Decode> Follower<D> {
         };
         let delay = backoff.next_delay(now, &mut self.rng);
         let attempt = backoff.attempt();
+        self.retry_after(request, cause, error, now, delay, attempt);
+    }
+
+    /// Retries a marker's fetch that read the source before the marker's change, on the
+    /// stale reads' own backoff (see `Backoffs::stale`).
+    pub(super) fn schedule_stale_retry(&mut self, request: Pending, error: String, now: Time) {
+        let delay = self.backoffs.stale.next_delay(now, &mut self.rng);
+        let attempt = self.backoffs.stale.attempt();
+        self.retry_after(request, Cause::RequestFailed, error, now, delay, attempt);
+    }
+
+    /// Sends `request` again after `delay`, the `attempt`-th of its backoff.
+    fn retry_after(
+        &mut self,
+        request: Pending,
+        cause: Cause,
+        error: String,
+        now: Time,
+        delay: std::time::Duration,
+        attempt: u32,
+    ) {
         self.timers
             .retry_at(now.saturating_add(delay), request, cause);
         self.diag(Diagnostic::BackingOff {
