@@ -19,7 +19,8 @@
 //! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
 //! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
 //! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
-//! seed, its schedule and the command that replays it; the exit code is 1.
+//! seed, its schedule and the command that replays it; the exit code is 1. `RUST_LOG`
+//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
 mod followers;
@@ -41,6 +42,9 @@ use writers::WriteCounts;
 /// The campaign `cargo test` runs: short, fixed, well inside CI's time.
 const DEFAULT_ROUNDS: u64 = 3;
 const DEFAULT_PHASE_SECS: u64 = 6;
+/// A follower that needs longer than this after healing is listed as a slow recovery
+/// (not a failure: a request in flight across a reconnect waits out its 10 s timeout).
+const SLOW_RECOVERY: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
 struct Args {
@@ -109,6 +113,7 @@ struct Totals {
     resyncs: u64,
     reopens: u64,
     slowest_converge: Duration,
+    slow: Vec<(u64, u128)>,
     failed: Vec<u64>,
 }
 
@@ -122,6 +127,13 @@ fn main() -> ExitCode {
     };
     if args.nothing {
         return ExitCode::SUCCESS;
+    }
+    // RUST_LOG=tidemark=debug shows what the in-process follower decided, to stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -188,8 +200,12 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     t.checks.add(&r.checks);
     t.resyncs += r.counters.resyncs;
     t.reopens += r.counters.reopens;
-    for c in r.converged_after.into_iter().flatten() {
+    let slowest = r.converged_after.into_iter().flatten().max();
+    if let Some(c) = slowest {
         t.slowest_converge = t.slowest_converge.max(c);
+        if c > SLOW_RECOVERY {
+            t.slow.push((seed, c.as_millis()));
+        }
     }
     if !r.failures.is_empty() {
         t.failed.push(seed);
@@ -226,7 +242,7 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
             println!("  the mirror exited on its own: {exit}");
         }
     }
-    if !r.failures.is_empty() {
+    if verbose || !r.failures.is_empty() {
         for f in &r.failures {
             println!("  FAILED: {f}");
         }
@@ -234,6 +250,8 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
         for line in r.mirror_log.iter().rev().take(15).rev() {
             println!("    {line}");
         }
+    }
+    if !r.failures.is_empty() {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
              --phase-secs {phase_secs}"
@@ -295,6 +313,13 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         c.converged,
         t.slowest_converge.as_millis()
     );
+    if !t.slow.is_empty() {
+        println!(
+            "  slow recoveries (a follower equal to the bucket only > {SLOW_RECOVERY:?} after \
+             healing), seed and ms: {:?}",
+            t.slow
+        );
+    }
     match t.failed.as_slice() {
         [] => println!("  failures: none"),
         seeds => println!("  failed seeds: {seeds:?}"),
