@@ -166,6 +166,7 @@ async fn campaign(args: Args) -> ExitCode {
         },
         args.phase_secs
     );
+    checker::self_check();
     let mut totals = Totals::default();
     for seed in (first..).take(usize::try_from(rounds).unwrap_or(usize::MAX)) {
         if deadline.is_some_and(|d| Instant::now() >= d) {
