@@ -150,11 +150,6 @@ impl CacheFollower {
         self.stop().await;
         self.spawn();
     }
-
-    /// The running start's status counters.
-    pub fn running_counters(&self) -> Option<Counters> {
-        self.handle.as_ref().map(|h| h.status().counters)
-    }
 }
 
 fn add_counters(sum: &mut Counters, c: &Counters) {

@@ -68,246 +68,319 @@ struct Targets {
 pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     let started = Instant::now();
     let schedule = Schedule::draw(seed, config.phase);
+    let mut report = RoundReport::new(schedule.clone());
+    let (server, admin) = start_server().await;
+    let writers = match preload(&server.url(), &schedule).await {
+        Ok(writers) => writers,
+        Err(e) => {
+            report.failures.push(e);
+            report.took = started.elapsed();
+            return report;
+        }
+    };
+    let round = Round::start(server, admin, &schedule, config).await;
+    let (ledger, healed) = round.fault_phase(writers, &schedule, &mut report).await;
+    let now = round.bucket_after_healing(&ledger, &mut report).await;
+    round.converge(&now, healed, &mut report).await;
+    round.judge(&ledger, &mut report).await;
+    round.stop(&mut report).await;
+    report.took = started.elapsed();
+    report
+}
+
+impl RoundReport {
+    fn new(schedule: Schedule) -> RoundReport {
+        RoundReport {
+            schedule,
+            faults: BTreeMap::new(),
+            writes: WriteCounts::default(),
+            mirror_restarts: 0,
+            mirror_exits: Vec::new(),
+            cache_restarts: 0,
+            checks: Checks::default(),
+            counters: Counters::default(),
+            converged_after: [None; 2],
+            took: Duration::ZERO,
+            failures: Vec::new(),
+            mirror_log: Vec::new(),
+        }
+    }
+}
+
+/// A fresh server with the round's bucket, and a client straight to it.
+async fn start_server() -> (NatsServer, async_nats::Client) {
     let server = NatsServer::start()
         .await
         .unwrap_or_else(|e| panic!("the NATS campaign needs a real nats-server: {e}"));
-    let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
-    let url = server.url();
     let admin = server.connect().await.unwrap_or_else(|e| panic!("{e}"));
     wait_jetstream_ready(&admin)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let js = jetstream::new(admin.clone());
-    js.create_key_value(kv::Config {
-        bucket: BUCKET.into(),
-        history: 1,
-        max_value_size: VALUE_LIMIT as i32,
-        ..Default::default()
-    })
-    .await
-    .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
-    let proxy = FaultProxy::start(upstream, schedule.proxy_seed)
-        .await
-        .unwrap_or_else(|e| panic!("starting the fault proxy: {e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
-
-    let mut report = RoundReport {
-        schedule: schedule.clone(),
-        faults: BTreeMap::new(),
-        writes: WriteCounts::default(),
-        mirror_restarts: 0,
-        mirror_exits: Vec::new(),
-        cache_restarts: 0,
-        checks: Checks::default(),
-        counters: Counters::default(),
-        converged_after: [None; 2],
-        took: Duration::ZERO,
-        failures: Vec::new(),
-        mirror_log: Vec::new(),
-    };
-
-    // Writers, and the history the followers start on.
-    let mut writers = Vec::new();
-    for (id, writer_seed) in schedule.writer_seeds.iter().enumerate() {
-        let client = connect(&url, &format!("campaign-writer-{id}")).await;
-        match Writer::new(id, *writer_seed, schedule.keys_per_writer, client, BUCKET).await {
-            Ok(mut writer) => match writer.preload().await {
-                Ok(()) => writers.push(writer),
-                Err(e) => report.failures.push(format!("preload: {e}")),
-            },
-            Err(e) => report.failures.push(e),
-        }
-    }
-    if !report.failures.is_empty() {
-        report.took = started.elapsed();
-        return report;
-    }
-
-    // The followers, both through the proxy.
-    let views = Arc::new(Mutex::new(Vec::new()));
-    let follower_client = connect(&proxy.url(), "campaign-cache").await;
-    let bucket = KvBucket::new(follower_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
-    let cache = CacheFollower::start(bucket, schedule.follower_seed, Arc::clone(&views));
-    let source = format!("{}/{BUCKET}", proxy.url());
-    let mut mirror = Mirror::new(
-        config.tidemark_bin.clone(),
-        source,
-        dir.path().join("mirror.db"),
-    );
-    if let Err(e) = mirror.start() {
-        panic!("{e}");
-    }
-    let file = mirror.file.clone();
-    let targets = Arc::new(Targets {
-        server: AsyncMutex::new(server),
-        proxy,
-        cache: AsyncMutex::new(cache),
-        mirror: AsyncMutex::new(mirror),
-        applied: Mutex::new(BTreeMap::new()),
-        failures: Mutex::new(Vec::new()),
-    });
-    let watchers = Arc::new(Mutex::new(vec![Watcher::new("mirror file")]));
-    let (stop_tx, stop) = watch::channel(false);
-    let (done_tx, done) = watch::channel(false);
-    let sampler = tokio::spawn(sample(
-        Arc::clone(&targets),
-        Arc::clone(&watchers),
-        file.clone(),
-        done.clone(),
-    ));
-    let keeper = tokio::spawn(keep_mirror_running(Arc::clone(&targets), done));
-
-    // The fault phase: writers and the three lanes at once.
-    let phase_start = Instant::now();
-    let running: Vec<JoinHandle<Result<Writer, String>>> = writers
-        .into_iter()
-        .map(|w| tokio::spawn(w.run(stop.clone())))
-        .collect();
-    let lanes: Vec<JoinHandle<()>> = [Lane::Server, Lane::Proxy, Lane::Followers]
-        .into_iter()
-        .map(|lane| {
-            let faults = schedule.lane(lane);
-            tokio::spawn(run_lane(Arc::clone(&targets), faults, phase_start))
+    jetstream::new(admin.clone())
+        .create_key_value(kv::Config {
+            bucket: BUCKET.into(),
+            history: 1,
+            max_value_size: VALUE_LIMIT as i32,
+            ..Default::default()
         })
-        .collect();
-    sleep_until(phase_start + schedule.phase).await;
-    let _ = stop_tx.send(true);
-    for lane in lanes {
-        if let Err(e) = lane.await {
-            report.failures.push(format!("a fault lane failed: {e}"));
+        .await
+        .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
+    (server, admin)
+}
+
+/// The writers, each having written the history the followers start on.
+async fn preload(url: &str, schedule: &Schedule) -> Result<Vec<Writer>, String> {
+    let mut writers = Vec::new();
+    for (id, seed) in schedule.writer_seeds.iter().enumerate() {
+        let client = connect(url, &format!("campaign-writer-{id}")).await;
+        let mut writer = Writer::new(id, *seed, schedule.keys_per_writer, client, BUCKET).await?;
+        writer
+            .preload()
+            .await
+            .map_err(|e| format!("preload: {e}"))?;
+        writers.push(writer);
+    }
+    Ok(writers)
+}
+
+/// A round under way: the server, the proxy and the followers behind it, and the tasks
+/// that watch the followers until the round is judged.
+struct Round {
+    targets: Arc<Targets>,
+    admin: async_nats::Client,
+    file: PathBuf,
+    views: Arc<Mutex<Vec<ReadyView>>>,
+    watchers: Arc<Mutex<Vec<Watcher>>>,
+    done: watch::Sender<bool>,
+    watching: [JoinHandle<()>; 2],
+    /// Holds the mirror's file until the round ends.
+    _dir: tempfile::TempDir,
+}
+
+impl Round {
+    /// Puts the proxy before the server and starts both followers behind it, and the
+    /// sampler of what they show.
+    async fn start(
+        server: NatsServer,
+        admin: async_nats::Client,
+        schedule: &Schedule,
+        config: &RoundConfig,
+    ) -> Round {
+        let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
+        let proxy = FaultProxy::start(upstream, schedule.proxy_seed)
+            .await
+            .unwrap_or_else(|e| panic!("starting the fault proxy: {e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
+        let views = Arc::new(Mutex::new(Vec::new()));
+        let follower_client = connect(&proxy.url(), "campaign-cache").await;
+        let bucket = KvBucket::new(follower_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
+        let cache = CacheFollower::start(bucket, schedule.follower_seed, Arc::clone(&views));
+        let source = format!("{}/{BUCKET}", proxy.url());
+        let file = dir.path().join("mirror.db");
+        let mut mirror = Mirror::new(config.tidemark_bin.clone(), source, file.clone());
+        mirror.start().unwrap_or_else(|e| panic!("{e}"));
+        let targets = Arc::new(Targets {
+            server: AsyncMutex::new(server),
+            proxy,
+            cache: AsyncMutex::new(cache),
+            mirror: AsyncMutex::new(mirror),
+            applied: Mutex::new(BTreeMap::new()),
+            failures: Mutex::new(Vec::new()),
+        });
+        let watchers = Arc::new(Mutex::new(vec![Watcher::new("mirror file")]));
+        let (done, until) = watch::channel(false);
+        let sampler = sample(
+            Arc::clone(&targets),
+            Arc::clone(&watchers),
+            file.clone(),
+            until.clone(),
+        );
+        let keeper = keep_mirror_running(Arc::clone(&targets), until);
+        Round {
+            targets,
+            admin,
+            file,
+            views,
+            watchers,
+            done,
+            watching: [tokio::spawn(sampler), tokio::spawn(keeper)],
+            _dir: dir,
         }
     }
 
-    // Heal everything, then let the writers learn where their last writes landed.
-    heal(&targets, &admin).await;
-    let healed = Instant::now();
-    let mut ledger = Ledger::default();
-    for writer in running {
-        match timeout(Duration::from_secs(150), writer).await {
-            Ok(Ok(Ok(w))) => {
-                report.writes.add(&w.counts);
-                for landed in &w.landed {
-                    if let Err(e) = ledger.record(landed) {
-                        report.failures.push(e);
+    /// Writers and the three fault lanes at once for the schedule's phase; then every
+    /// fault healed and the writers' last writes settled. The complete ledger, and when
+    /// the healing ended.
+    async fn fault_phase(
+        &self,
+        writers: Vec<Writer>,
+        schedule: &Schedule,
+        report: &mut RoundReport,
+    ) -> (Ledger, Instant) {
+        let (stop_tx, stop) = watch::channel(false);
+        let phase_start = Instant::now();
+        let running: Vec<JoinHandle<Result<Writer, String>>> = writers
+            .into_iter()
+            .map(|w| tokio::spawn(w.run(stop.clone())))
+            .collect();
+        let lanes: Vec<JoinHandle<()>> = [Lane::Server, Lane::Proxy, Lane::Followers]
+            .into_iter()
+            .map(|lane| {
+                let faults = schedule.lane(lane);
+                tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
+            })
+            .collect();
+        sleep_until(phase_start + schedule.phase).await;
+        let _ = stop_tx.send(true);
+        for lane in lanes {
+            if let Err(e) = lane.await {
+                report.failures.push(format!("a fault lane failed: {e}"));
+            }
+        }
+        heal(&self.targets, &self.admin).await;
+        let healed = Instant::now();
+        let mut ledger = Ledger::default();
+        for writer in running {
+            match timeout(Duration::from_secs(150), writer).await {
+                Ok(Ok(Ok(w))) => {
+                    report.writes.add(&w.counts);
+                    for landed in &w.landed {
+                        if let Err(e) = ledger.record(landed) {
+                            report.failures.push(e);
+                        }
                     }
                 }
+                Ok(Ok(Err(e))) => report.failures.push(e),
+                Ok(Err(e)) => report.failures.push(format!("a writer panicked: {e}")),
+                Err(_) => report.failures.push("a writer did not finish".to_owned()),
             }
-            Ok(Ok(Err(e))) => report.failures.push(e),
-            Ok(Err(e)) => report.failures.push(format!("a writer panicked: {e}")),
-            Err(_) => report.failures.push("a writer did not finish".to_owned()),
         }
+        (ledger, healed)
     }
 
-    // The bucket as it is now, which must be what the ledger says landed.
-    let now = match bucket_now(&js, &ledger).await {
-        Ok(now) => now,
-        Err(e) => {
-            report.failures.push(e);
-            BTreeMap::new()
-        }
-    };
-    let expected = ledger.now();
-    let read: BTreeMap<String, (u64, String)> = now
-        .iter()
-        .map(|(k, (s, v))| (k.clone(), (*s, token(v))))
-        .collect();
-    if read == expected {
-        report.checks.ledger_matches += 1;
-    } else {
-        report.failures.push(format!(
-            "the bucket read after healing is not what the writers' acknowledgements say \
-             landed (the server lost or invented a write, or the ledger is wrong): {}",
-            describe_map_diff(&expected, &read)
-        ));
-    }
-
-    // Every follower must come to equal that read.
-    let converge_start = Instant::now();
-    let mut equal = [false; 2];
-    loop {
-        let cache_diff = {
-            let follower = targets.cache.lock().await;
-            let entries = follower
-                .cache
-                .snapshot()
-                .into_iter()
-                .map(|(k, s, v)| (k, s, v.as_ref().clone()));
-            diff("cache", entries, &now)
+    /// The bucket as it is after healing, which must be what the ledger says landed.
+    async fn bucket_after_healing(
+        &self,
+        ledger: &Ledger,
+        report: &mut RoundReport,
+    ) -> BTreeMap<String, (u64, Bytes)> {
+        let js = jetstream::new(self.admin.clone());
+        let now = match bucket_now(&js, ledger).await {
+            Ok(now) => now,
+            Err(e) => {
+                report.failures.push(e);
+                BTreeMap::new()
+            }
         };
-        let file_for_read = file.clone();
-        let mirrored =
-            tokio::task::spawn_blocking(move || read_file(&file_for_read, MIRROR_NAME, true))
+        let expected = ledger.now();
+        let read: BTreeMap<String, (u64, String)> = now
+            .iter()
+            .map(|(k, (s, v))| (k.clone(), (*s, token(v))))
+            .collect();
+        if read == expected {
+            report.checks.ledger_matches += 1;
+        } else {
+            report.failures.push(format!(
+                "the bucket read after healing is not what the writers' acknowledgements say \
+                 landed (the server lost or invented a write, or the ledger is wrong): {}",
+                describe_map_diff(&expected, &read)
+            ));
+        }
+        now
+    }
+
+    /// Waits until both followers equal `now`, for [`CONVERGE_WITHIN`]; notes when each
+    /// first did.
+    async fn converge(
+        &self,
+        now: &BTreeMap<String, (u64, Bytes)>,
+        healed: Instant,
+        report: &mut RoundReport,
+    ) {
+        let converge_start = Instant::now();
+        let mut equal = [false; 2];
+        loop {
+            let cache_diff = {
+                let follower = self.targets.cache.lock().await;
+                let entries = follower
+                    .cache
+                    .snapshot()
+                    .into_iter()
+                    .map(|(k, s, v)| (k, s, v.as_ref().clone()));
+                diff("cache", entries, now)
+            };
+            let file = self.file.clone();
+            let mirrored = tokio::task::spawn_blocking(move || read_file(&file, MIRROR_NAME, true))
                 .await
                 .ok()
                 .flatten();
-        let mirror_diff = match mirrored {
-            Some((_, entries)) => diff("mirror file", entries.into_iter(), &now),
-            None => Some("mirror file: unreadable".to_owned()),
-        };
-        for (i, d) in [&cache_diff, &mirror_diff].into_iter().enumerate() {
-            equal[i] = d.is_none();
-            if equal[i] && report.converged_after[i].is_none() {
-                report.converged_after[i] = Some(healed.elapsed());
+            let mirror_diff = match mirrored {
+                Some((_, entries)) => diff("mirror file", entries.into_iter(), now),
+                None => Some("mirror file: unreadable".to_owned()),
+            };
+            for (i, d) in [&cache_diff, &mirror_diff].into_iter().enumerate() {
+                equal[i] = d.is_none();
+                if equal[i] && report.converged_after[i].is_none() {
+                    report.converged_after[i] = Some(healed.elapsed());
+                }
+            }
+            if equal == [true, true] {
+                report.checks.converged += 2;
+                return;
+            }
+            if converge_start.elapsed() > CONVERGE_WITHIN {
+                let last_diff = [cache_diff, mirror_diff].into_iter().flatten();
+                let last_diff = last_diff.collect::<Vec<_>>().join("; ");
+                report.failures.push(format!(
+                    "not equal to the bucket {CONVERGE_WITHIN:?} after healing: {last_diff}"
+                ));
+                return;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the sampling and judges everything seen against the complete ledger.
+    async fn judge(&self, ledger: &Ledger, report: &mut RoundReport) {
+        let _ = self.done.send(true);
+        for task in &self.watching {
+            while !task.is_finished() {
+                sleep(Duration::from_millis(10)).await;
             }
         }
-        if equal == [true, true] {
-            report.checks.converged += 2;
-            break;
+        for watcher in lock(&self.watchers).iter() {
+            report
+                .failures
+                .extend(judge(ledger, watcher, &mut report.checks));
         }
-        if converge_start.elapsed() > CONVERGE_WITHIN {
-            let last_diff = [cache_diff, mirror_diff].into_iter().flatten();
-            let last_diff = last_diff.collect::<Vec<_>>().join("; ");
-            report.failures.push(format!(
-                "not equal to the bucket {CONVERGE_WITHIN:?} after healing: {last_diff}"
-            ));
-            break;
+        let views: Vec<ReadyView> = lock(&self.views).clone();
+        for view in &views {
+            report
+                .failures
+                .extend(judge_ready(ledger, view, &mut report.checks));
         }
-        sleep(Duration::from_millis(100)).await;
-    }
-
-    // Stop sampling; judge what was seen.
-    let _ = done_tx.send(true);
-    let _ = sampler.await;
-    let _ = keeper.await;
-    for watcher in lock(&watchers).iter() {
         report
             .failures
-            .extend(judge(&ledger, watcher, &mut report.checks));
+            .extend(lock(&self.targets.failures).drain(..));
     }
-    let views: Vec<ReadyView> = lock(&views).clone();
-    for view in &views {
-        report
-            .failures
-            .extend(judge_ready(&ledger, view, &mut report.checks));
-    }
-    report.failures.extend(lock(&targets.failures).drain(..));
 
-    // Stop every process this round started.
-    {
-        let mut cache = targets.cache.lock().await;
-        if let Some(c) = cache.running_counters() {
-            if c.resets > 0 {
+    /// Stops the followers (the mirror by its PID) and takes their figures; the server
+    /// and the proxy stop when the round is dropped.
+    async fn stop(self, report: &mut RoundReport) {
+        {
+            let mut cache = self.targets.cache.lock().await;
+            cache.stop().await;
+            report.counters = cache.counters;
+            report.cache_restarts = u64::from(cache.starts.saturating_sub(1));
+            if cache.counters.resets > 0 {
                 report.failures.push(format!(
-                    "{}: counted {} reset(s): it took the bucket for a new history, yet it \
-                     was never recreated",
-                    cache.name(),
-                    c.resets
+                    "the cache counted {} reset(s) over its starts: it took the bucket for a \
+                     new history, yet it was never recreated",
+                    cache.counters.resets
                 ));
             }
         }
-        cache.stop().await;
-        report.counters = cache.counters;
-        report.cache_restarts = u64::from(cache.starts.saturating_sub(1));
-        if cache.counters.resets > 0 && !report.failures.iter().any(|f| f.contains("reset(s)")) {
-            report.failures.push(format!(
-                "the cache counted {} reset(s) over its starts: it took the bucket for a new \
-                 history, yet it was never recreated",
-                cache.counters.resets
-            ));
-        }
-    }
-    {
-        let mut mirror = targets.mirror.lock().await;
+        let mut mirror = self.targets.mirror.lock().await;
         if let Some(line) = mirror.panicked() {
             report.failures.push(format!("the mirror panicked: {line}"));
         }
@@ -315,10 +388,8 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
         report.mirror_restarts = u64::from(mirror.starts.saturating_sub(1));
         report.mirror_exits = mirror.exits.clone();
         report.mirror_log = lock(&mirror.lines).iter().cloned().collect();
+        report.faults = lock(&self.targets.applied).clone();
     }
-    report.faults = lock(&targets.applied).clone();
-    report.took = started.elapsed();
-    report
 }
 
 async fn connect(url: &str, name: &str) -> async_nats::Client {
