@@ -8,20 +8,52 @@
 # Shares of the time: simulation 50%, proptest model 15%, fuzzing 35% split evenly between
 # the targets. Installs cargo-fuzz (cargo install) when it is missing; the fuzz targets run
 # on the stable toolchain with RUSTC_BOOTSTRAP=1.
+#
+#   bash scripts/campaign.sh --nats 30
+#
+# The fault campaign against real nats-server processes instead, for that many minutes
+# (with --minutes too: the simulation campaign first, then this one): seeded rounds of
+# kill -9, SIGSTOP and proxy faults under writers, with the cache and the tidemark mirror
+# checked against what the writers were acknowledged (adapters/cli/tests/nats_campaign).
+# Provisions a nats-server first; every failing round prints the command that replays it.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 minutes=10
+minutes_given=0
+nats_minutes=""
+nats_given=0
+whole_number() {
+  case "$2" in ''|*[!0-9]*) echo "campaign: $1 takes a whole number" >&2; exit 2 ;; esac
+  [ "$2" -ge 1 ] || { echo "campaign: $1 must be at least 1" >&2; exit 2; }
+}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --minutes) minutes="$2"; shift 2 ;;
-    --minutes=*) minutes="${1#*=}"; shift ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
-    *) echo "campaign: unknown argument $1 (try --minutes N)" >&2; exit 2 ;;
+    --minutes) minutes="${2:-}"; minutes_given=1; shift; shift || true ;;
+    --minutes=*) minutes="${1#*=}"; minutes_given=1; shift ;;
+    --nats) nats_minutes="${2:-}"; nats_given=1; shift; shift || true ;;
+    --nats=*) nats_minutes="${1#*=}"; nats_given=1; shift ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "campaign: unknown argument $1 (try --minutes N or --nats N)" >&2; exit 2 ;;
   esac
 done
-case "$minutes" in ''|*[!0-9]*) echo "campaign: --minutes takes a whole number" >&2; exit 2 ;; esac
-[ "$minutes" -ge 1 ] || { echo "campaign: --minutes must be at least 1" >&2; exit 2; }
+whole_number --minutes "$minutes"
+[ "$nats_given" -eq 0 ] || whole_number --nats "$nats_minutes"
+
+# ---- the NATS fault campaign: its own summary and exit status ----
+nats_campaign() {
+  bash scripts/provision-nats.sh >/dev/null \
+    || { echo "campaign: no nats-server (see scripts/provision-nats.sh)" >&2; return 1; }
+  cargo test -q -p tidemark-cli --test nats_campaign --no-run 2>/dev/null \
+    || { echo "campaign: the NATS campaign does not build" >&2; return 1; }
+  local start=${CAMPAIGN_NATS_START:-$(( $(date +%s) % 1000000 ))}
+  echo "campaign: NATS fault campaign for ${nats_minutes} min from seed $start (CAMPAIGN_NATS_START=$start repeats it)"
+  cargo test -q -p tidemark-cli --test nats_campaign -- --minutes "$nats_minutes" --start-seed "$start"
+}
+if [ "$nats_given" -eq 1 ] && [ "$minutes_given" -eq 0 ]; then
+  nats_campaign
+  exit $?
+fi
 
 total=$((minutes * 60))
 sim_secs=$((total * 50 / 100))
@@ -122,5 +154,9 @@ if [ ${#failures[@]} -gt 0 ]; then
   echo
   echo "failures:"
   for f in "${failures[@]}"; do echo "  $f"; done
+fi
+if [ "$nats_given" -eq 1 ]; then
+  echo
+  nats_campaign || status=1
 fi
 exit $status

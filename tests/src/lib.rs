@@ -4,7 +4,9 @@
 //! its own temporary storage; [`NatsCluster`] runs a JetStream cluster of several such
 //! nodes. A server can be killed with SIGKILL and restarted on the same port with the same
 //! storage, and every process the harness started is killed when its owner is dropped, so
-//! a failing test leaves nothing running.
+//! a failing test leaves nothing running. [`FaultProxy`] sits between a client and a
+//! server on 127.0.0.1 and adds latency, stalls a direction, resets connections or leaves
+//! them half-open, on command.
 //!
 //! The binary is found by [`NatsServerBin::find`]: `$NATS_SERVER_BIN`, then the
 //! project-local `.tools/nats/bin/nats-server` that `bash scripts/provision-nats.sh`
@@ -16,11 +18,13 @@
 
 pub mod alloc;
 mod corpus;
+mod fault_proxy;
 mod nats_bin;
 mod nats_server;
 
 pub use alloc::CountingAlloc;
 pub use corpus::fuzz_corpus;
+pub use fault_proxy::{Direction, FaultProxy};
 pub use nats_bin::{MIN_VERSION, NatsServerBin, NatsVersion, PROVISION_HINT};
 pub use nats_server::{
     HarnessError, NatsCluster, NatsServer, NatsServerOptions, wait_jetstream_ready,

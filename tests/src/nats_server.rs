@@ -92,7 +92,8 @@ impl NatsServerOptions {
 
 /// One nats-server with JetStream on 127.0.0.1, on the port it chose at its first start and
 /// keeps across restarts, with storage in a temporary directory it owns. Faults:
-/// [`kill9`](Self::kill9) and [`restart`](Self::restart). Dropping it kills the process.
+/// [`kill9`](Self::kill9), [`restart`](Self::restart), [`pause`](Self::pause) and
+/// [`resume`](Self::resume). Dropping it kills the process (a paused one too).
 #[derive(Debug)]
 pub struct NatsServer {
     bin: NatsServerBin,
@@ -169,6 +170,32 @@ impl NatsServer {
         let _ = child.start_kill(); // Fails only if it has exited already.
         child.wait().await.map_err(failure("reaping nats-server"))?;
         Ok(())
+    }
+
+    /// Stops the process with SIGSTOP, sent to the PID this harness spawned: it holds its
+    /// sockets open and answers nothing until [`resume`](Self::resume) (or a kill).
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.signal("-STOP")
+    }
+
+    /// Lets a [`pause`](Self::pause)d process run on with SIGCONT (harmless on a running one).
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
+        self.signal("-CONT")
+    }
+
+    /// Sends `signal` to the PID of the child this harness spawned (never by name).
+    fn signal(&mut self, signal: &str) -> Result<(), HarnessError> {
+        let pid = self.pid().ok_or(HarnessError::NotRunning(self.port))?;
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(failure("running kill"))?;
+        match sent.success() {
+            true => Ok(()),
+            false => Err(HarnessError::Server(format!(
+                "kill {signal} {pid} failed ({sent})"
+            ))),
+        }
     }
 
     /// Starts the server again on the same port with the same storage, as after a crash (a

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use tidemark_tests::{
-    HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin, NatsServerOptions,
-    NatsVersion, PROVISION_HINT, wait_jetstream_ready,
+    FaultProxy, HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin,
+    NatsServerOptions, NatsVersion, PROVISION_HINT, wait_jetstream_ready,
 };
 
 /// Retries `attempt` every 100 ms until it succeeds or `bound` passes; panics with the last
@@ -190,6 +190,54 @@ async fn kv_value_survives_kill9_and_restart() {
         server.kill9().await,
         Err(HarnessError::NotRunning(_))
     ));
+}
+
+#[tokio::test]
+async fn a_paused_server_answers_nothing_until_resumed_and_proxied_clients_reach_it() {
+    let mut server = NatsServer::start().await.expect("start nats-server");
+    let upstream = ([127, 0, 0, 1], server.port()).into();
+    let proxy = FaultProxy::start(upstream, 11)
+        .await
+        .expect("start the proxy");
+    let client = async_nats::connect(proxy.url())
+        .await
+        .expect("connect through the proxy");
+    let js = jetstream::new(client);
+    js.query_account().await.expect("a healthy server answers");
+    assert_eq!(
+        proxy.accepted(),
+        1,
+        "the client reached the server through the proxy"
+    );
+
+    let pid = server.pid().expect("running");
+    server.pause().expect("SIGSTOP");
+    let asked = tokio::time::timeout(Duration::from_millis(500), js.query_account()).await;
+    assert!(
+        asked.is_err(),
+        "a stopped server must answer nothing: {asked:?}"
+    );
+    server.resume().expect("SIGCONT");
+    tokio::time::timeout(Duration::from_secs(5), js.query_account())
+        .await
+        .expect("a resumed server answers again")
+        .expect("account info");
+    assert_eq!(
+        server.pid(),
+        Some(pid),
+        "a pause is the same process, not a restart"
+    );
+
+    server.pause().expect("SIGSTOP again");
+    drop(server);
+    let started = Instant::now();
+    while !process_gone(pid) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "nats-server {pid} still runs, stopped, after its harness was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

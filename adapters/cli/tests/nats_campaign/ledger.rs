@@ -1,0 +1,115 @@
+//! What the writers know landed in the bucket: every mutation with its revision, from its
+//! acknowledgement or, when the acknowledgement was lost, from reading the key back.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+/// A mutation of a key. A put's value starts with a token (`key#n`) no other put has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Put(String),
+    Delete,
+    Purge,
+}
+
+impl Kind {
+    pub fn removes(&self) -> bool {
+        !matches!(self, Kind::Put(_))
+    }
+}
+
+/// The token a value starts with: the bytes before its first `|`.
+pub fn token(value: &[u8]) -> String {
+    let end = value.iter().position(|b| *b == b'|').unwrap_or(value.len());
+    String::from_utf8_lossy(&value[..end.min(64)]).into_owned()
+}
+
+/// A landed mutation, and when its publish was sent (the server stored it after that).
+#[derive(Debug, Clone)]
+pub struct Landed {
+    pub key: String,
+    pub seq: u64,
+    pub kind: Kind,
+    pub sent: Instant,
+}
+
+/// Every landed mutation by key and revision.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    keys: BTreeMap<String, BTreeMap<u64, (Kind, Instant)>>,
+    by_seq: HashMap<u64, String>,
+}
+
+impl Ledger {
+    /// Records a mutation; a revision given twice means the server reused it (it lost
+    /// acknowledged writes) or the writers' bookkeeping is wrong.
+    pub fn record(&mut self, landed: &Landed) -> Result<(), String> {
+        let Landed {
+            key,
+            seq,
+            kind,
+            sent,
+        } = landed.clone();
+        if let Some(other) = self.by_seq.insert(seq, key.clone()) {
+            return Err(format!(
+                "revision {seq} acknowledged twice ({other} and {key}): the server reused a \
+                 revision, so it lost an acknowledged write"
+            ));
+        }
+        self.keys.entry(key).or_default().insert(seq, (kind, sent));
+        Ok(())
+    }
+
+    /// Every key ever written.
+    pub fn keys(&self) -> impl Iterator<Item = &String> {
+        self.keys.keys()
+    }
+
+    /// The mutation of `key` at `seq`, if one landed there.
+    pub fn at(&self, key: &str, seq: u64) -> Option<&Kind> {
+        self.keys.get(key)?.get(&seq).map(|(k, _)| k)
+    }
+
+    /// `key` as the bucket held it at revision `w`: its put's revision and token, or
+    /// `None` if absent (never written, deleted or purged).
+    pub fn state_at(&self, key: &str, w: u64) -> Option<(u64, &str)> {
+        match self.keys.get(key)?.range(..=w).next_back()? {
+            (seq, (Kind::Put(token), _)) => Some((*seq, token.as_str())),
+            _ => None,
+        }
+    }
+
+    /// When the first mutation of `key` after revision `w` was sent, if there is one.
+    pub fn next_sent_after(&self, key: &str, w: u64) -> Option<Instant> {
+        let (_, (_, sent)) = self.keys.get(key)?.range(w + 1..).next()?;
+        Some(*sent)
+    }
+
+    /// Whether `key` was mutated after revision `w`.
+    pub fn changed_after(&self, key: &str, w: u64) -> bool {
+        self.keys
+            .get(key)
+            .is_some_and(|m| m.range(w + 1..).next().is_some())
+    }
+
+    /// Whether a delete or purge of `key` landed strictly between `after` and `before`
+    /// (no upper bound with `None`).
+    pub fn removed_between(&self, key: &str, after: u64, before: Option<u64>) -> bool {
+        let Some(m) = self.keys.get(key) else {
+            return false;
+        };
+        let upper = before.unwrap_or(u64::MAX);
+        after < upper && m.range(after + 1..upper).any(|(_, (k, _))| k.removes())
+    }
+
+    /// Every key present now, with its revision and token.
+    pub fn now(&self) -> BTreeMap<String, (u64, String)> {
+        self.keys
+            .keys()
+            .filter_map(|k| {
+                let (seq, token) = self.state_at(k, u64::MAX)?;
+                Some((k.clone(), (seq, token.to_owned())))
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,336 @@
+//! Issue 26's fault campaign against a real nats-server, first phase: seeded rounds on one
+//! node. Each round starts a fresh server and bucket; three writers put, delete, purge,
+//! overwrite one key rapidly and write values near the bucket's size limit, straight to
+//! the server; two followers read it through a fault proxy — the runtime's cache over a
+//! `KvBucket` in this process, and the built `tidemark mirror` binary into a SQLite file.
+//! Faults drawn from the round's seed: kill -9 and restart of the server, SIGSTOP and
+//! SIGCONT of it (by the PID the harness started), proxy latency, a stalled direction,
+//! half-open and reset connections, kill -9 of the mirror, a cold restart of the cache.
+//! Then everything heals and the checker judges (see `checker.rs`).
+//!
+//! A test without libtest's harness (`harness = false`): it takes arguments and prints its
+//! table under plain `cargo test`, which runs a short fixed campaign (seeds 1..=3):
+//!
+//! ```text
+//! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
+//!     [--seed N] [--phase-secs S] [--verbose]
+//! ```
+//!
+//! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
+//! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
+//! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
+//! seed, its schedule and the command that replays it; the exit code is 1. `RUST_LOG`
+//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
+
+mod checker;
+mod followers;
+mod ledger;
+mod round;
+mod schedule;
+mod writers;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use checker::Checks;
+use round::{RoundConfig, RoundReport};
+use schedule::{KINDS, Schedule};
+use writers::WriteCounts;
+
+/// The campaign `cargo test` runs: short, fixed, well inside CI's time.
+const DEFAULT_ROUNDS: u64 = 3;
+const DEFAULT_PHASE_SECS: u64 = 6;
+/// A follower that needs longer than this after healing is listed as a slow recovery
+/// (not a failure: a request in flight across a reconnect waits out its 10 s timeout).
+const SLOW_RECOVERY: Duration = Duration::from_secs(2);
+
+#[derive(Debug)]
+struct Args {
+    rounds: Option<u64>,
+    minutes: Option<u64>,
+    seed: Option<u64>,
+    start_seed: u64,
+    phase_secs: u64,
+    verbose: bool,
+    /// libtest's `--list`, or a name filter this test does not match: run nothing.
+    nothing: bool,
+}
+
+fn parse() -> Result<Args, String> {
+    let env = |name: &str| std::env::var(format!("TIDEMARK_CAMPAIGN_{name}")).ok();
+    let number = |what: &str, v: Option<String>| -> Result<Option<u64>, String> {
+        v.map(|v| {
+            v.parse()
+                .map_err(|_| format!("{what} takes a whole number, not {v:?}"))
+        })
+        .transpose()
+    };
+    let mut args = Args {
+        rounds: number("TIDEMARK_CAMPAIGN_ROUNDS", env("ROUNDS"))?,
+        minutes: number("TIDEMARK_CAMPAIGN_MINUTES", env("MINUTES"))?,
+        seed: number("TIDEMARK_CAMPAIGN_SEED", env("SEED"))?,
+        start_seed: 1,
+        phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?
+            .unwrap_or(DEFAULT_PHASE_SECS),
+        verbose: false,
+        nothing: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value =
+            |name: &str| number(name, it.next())?.ok_or(format!("{name} takes a value"));
+        match arg.as_str() {
+            "--rounds" => args.rounds = Some(value("--rounds")?),
+            "--minutes" => args.minutes = Some(value("--minutes")?),
+            "--seed" => args.seed = Some(value("--seed")?),
+            "--start-seed" => args.start_seed = value("--start-seed")?,
+            "--phase-secs" => args.phase_secs = value("--phase-secs")?,
+            "--verbose" => args.verbose = true,
+            "--list" | "--ignored" => args.nothing = true,
+            // What cargo test passes on to every test binary.
+            a if a.starts_with('-') => {}
+            filter => args.nothing |= !"nats_campaign".contains(filter),
+        }
+    }
+    if args.phase_secs == 0 {
+        return Err("--phase-secs must be at least 1".to_owned());
+    }
+    Ok(args)
+}
+
+/// The campaign's totals.
+#[derive(Default)]
+struct Totals {
+    rounds: u64,
+    faults: BTreeMap<&'static str, u64>,
+    writes: WriteCounts,
+    mirror_restarts: u64,
+    mirror_exits: u64,
+    cache_restarts: u64,
+    checks: Checks,
+    resyncs: u64,
+    reopens: u64,
+    slowest_converge: Duration,
+    slow: Vec<(u64, u128)>,
+    failed: Vec<u64>,
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(args) => args,
+        Err(e) => {
+            eprintln!("nats_campaign: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.nothing {
+        return ExitCode::SUCCESS;
+    }
+    // RUST_LOG=tidemark=debug shows what the in-process follower decided, to stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("a tokio runtime: {e}"));
+    runtime.block_on(campaign(args))
+}
+
+async fn campaign(args: Args) -> ExitCode {
+    let config = RoundConfig {
+        phase: Duration::from_secs(args.phase_secs),
+        tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
+    };
+    let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
+        (Some(seed), rounds, None) => (seed, rounds.unwrap_or(1)),
+        (seed, _, Some(_)) => (seed.unwrap_or(args.start_seed), u64::MAX),
+        (None, rounds, None) => (args.start_seed, rounds.unwrap_or(DEFAULT_ROUNDS)),
+    };
+    let deadline = args
+        .minutes
+        .map(|m| Instant::now() + Duration::from_secs(m * 60));
+    let load = loadavg();
+    let started = Instant::now();
+    println!(
+        "nats_campaign: seeds from {first}, {}, fault phase {}s per round (load {load})",
+        match args.minutes {
+            Some(m) => format!("for {m} min"),
+            None => format!("{rounds} round(s)"),
+        },
+        args.phase_secs
+    );
+    checker::self_check();
+    let mut totals = Totals::default();
+    for seed in (first..).take(usize::try_from(rounds).unwrap_or(usize::MAX)) {
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            break;
+        }
+        // The schedule is all the seed decides: drawing it twice must give it twice.
+        assert_eq!(
+            Schedule::draw(seed, config.phase),
+            Schedule::draw(seed, config.phase),
+            "the schedule of seed {seed} must replay from its seed"
+        );
+        let report = round::run(seed, &config).await;
+        print_round(seed, &report, args.verbose, args.phase_secs);
+        add(&mut totals, seed, &report);
+    }
+    print_totals(&totals, started.elapsed(), &load);
+    match totals.failed.is_empty() {
+        true => ExitCode::SUCCESS,
+        false => ExitCode::FAILURE,
+    }
+}
+
+fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
+    t.rounds += 1;
+    for (kind, n) in &r.faults {
+        *t.faults.entry(kind).or_default() += n;
+    }
+    t.writes.add(&r.writes);
+    t.mirror_restarts += r.mirror_restarts;
+    t.mirror_exits += r.mirror_exits.len() as u64;
+    t.cache_restarts += r.cache_restarts;
+    t.checks.add(&r.checks);
+    t.resyncs += r.counters.resyncs;
+    t.reopens += r.counters.reopens;
+    let slowest = r.converged_after.into_iter().flatten().max();
+    if let Some(c) = slowest {
+        t.slowest_converge = t.slowest_converge.max(c);
+        if c > SLOW_RECOVERY {
+            t.slow.push((seed, c.as_millis()));
+        }
+    }
+    if !r.failures.is_empty() {
+        t.failed.push(seed);
+    }
+}
+
+fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
+    let faults: u64 = r.faults.values().sum();
+    let after = |d: Option<Duration>| match d {
+        Some(d) => format!("{} ms", d.as_millis()),
+        None => "never".to_owned(),
+    };
+    let converged = format!(
+        "equal to the bucket after healing: cache {}, mirror {}",
+        after(r.converged_after[0]),
+        after(r.converged_after[1])
+    );
+    let verdict = if r.failures.is_empty() {
+        "ok"
+    } else {
+        "FAILED"
+    };
+    println!(
+        "round seed {seed}: {verdict} in {:.1}s: {faults} faults, {} writes, {} mirror / {} \
+         cache restarts; {converged}",
+        r.took.as_secs_f64(),
+        r.writes.landed(),
+        r.mirror_restarts,
+        r.cache_restarts,
+    );
+    if verbose || !r.failures.is_empty() {
+        print!("{}", r.schedule);
+        for exit in &r.mirror_exits {
+            println!("  the mirror exited on its own: {exit}");
+        }
+    }
+    if verbose || !r.failures.is_empty() {
+        for f in &r.failures {
+            println!("  FAILED: {f}");
+        }
+        println!("  the mirror's last lines:");
+        for line in r.mirror_log.iter().rev().take(15).rev() {
+            println!("    {line}");
+        }
+    }
+    if !r.failures.is_empty() {
+        println!(
+            "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
+             --phase-secs {phase_secs}"
+        );
+    }
+}
+
+fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
+    let w = &t.writes;
+    let c = &t.checks;
+    println!();
+    println!(
+        "nats_campaign: {} round(s) in {:.1} min (load {load_at_start} at start, {} at end)",
+        t.rounds,
+        took.as_secs_f64() / 60.0,
+        loadavg()
+    );
+    println!("  faults:");
+    for kind in KINDS {
+        println!(
+            "    {kind:<26} {:>7}",
+            t.faults.get(kind).copied().unwrap_or(0)
+        );
+    }
+    println!(
+        "  writes landed: {} ({} puts of which {} rapid overwrites and {} near the size \
+         limit, {} deletes, {} purges); acknowledgements lost: {} landed, {} did not",
+        w.landed(),
+        w.puts,
+        w.overwrites,
+        w.big,
+        w.deletes,
+        w.purges,
+        w.unacked_landed,
+        w.unacked_lost
+    );
+    println!(
+        "  follower restarts: mirror {} killed + {} exited on its own, cache {} cold restarts \
+         (cache resyncs {}, feed reopens {})",
+        t.mirror_restarts.saturating_sub(t.mirror_exits),
+        t.mirror_exits,
+        t.cache_restarts,
+        t.resyncs,
+        t.reopens
+    );
+    println!(
+        "  checks passed: {} samples never older, {} values shown found in the ledger, {} \
+         drops and returns matched to a removal, {} keys of views at a watermark as the \
+         bucket held them there, {} first ready views ({} key checks), {} bucket reads \
+         equal to the ledger, {} followers equal to the bucket (slowest {} ms after \
+         healing)",
+        c.samples,
+        c.values,
+        c.flips,
+        c.current,
+        c.ready_views,
+        c.ready_keys,
+        c.ledger_matches,
+        c.converged,
+        t.slowest_converge.as_millis()
+    );
+    if !t.slow.is_empty() {
+        println!(
+            "  slow recoveries (a follower equal to the bucket only > {SLOW_RECOVERY:?} after \
+             healing), seed and ms: {:?}",
+            t.slow
+        );
+    }
+    match t.failed.as_slice() {
+        [] => println!("  failures: none"),
+        seeds => println!("  failed seeds: {seeds:?}"),
+    }
+}
+
+/// The 1-minute load average, for the figures' context.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}

@@ -1,0 +1,663 @@
+//! One round: a fresh nats-server and bucket, writers, the two followers behind the fault
+//! proxy, the schedule's faults for the fault phase, then heal, converge and judge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream::LastRawMessageErrorKind};
+use bytes::Bytes;
+use futures::StreamExt as _;
+use tidemark::Counters;
+use tidemark_nats::{KvBucket, NatsOptions};
+use tidemark_tests::{FaultProxy, NatsServer, wait_jetstream_ready};
+use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, sleep, sleep_until, timeout};
+
+use crate::checker::{Checks, ReadyView, Watcher, judge, judge_ready};
+use crate::followers::{CacheFollower, Mirror, lock, read_file, shown};
+use crate::ledger::{Kind, Ledger, token};
+use crate::schedule::{Fault, Lane, Planned, Schedule};
+use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, kind_of};
+
+const BUCKET: &str = "camp";
+const MIRROR_NAME: &str = "mirror-camp";
+/// After healing, how long the followers have to equal the bucket.
+const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
+
+/// What a round is run with.
+#[derive(Debug, Clone)]
+pub struct RoundConfig {
+    pub phase: Duration,
+    pub tidemark_bin: PathBuf,
+}
+
+/// What a round did and found.
+#[derive(Debug)]
+pub struct RoundReport {
+    pub schedule: Schedule,
+    pub faults: BTreeMap<&'static str, u64>,
+    pub writes: WriteCounts,
+    pub mirror_restarts: u64,
+    pub mirror_exits: Vec<String>,
+    pub cache_restarts: u64,
+    pub checks: Checks,
+    pub counters: Counters,
+    /// From healing to the first read equal to the bucket: the cache, the mirror's file.
+    pub converged_after: [Option<Duration>; 2],
+    pub took: Duration,
+    pub failures: Vec<String>,
+    pub mirror_log: Vec<String>,
+}
+
+/// What the fault lanes act on.
+struct Targets {
+    server: AsyncMutex<NatsServer>,
+    proxy: FaultProxy,
+    cache: AsyncMutex<CacheFollower>,
+    mirror: AsyncMutex<Mirror>,
+    applied: Mutex<BTreeMap<&'static str, u64>>,
+    failures: Mutex<Vec<String>>,
+}
+
+/// Runs the round of `seed`. A nats-server that cannot start is a panic that says how to
+/// get one (never a skip); everything else that breaks is in the report's failures.
+pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
+    let started = Instant::now();
+    let schedule = Schedule::draw(seed, config.phase);
+    let mut report = RoundReport::new(schedule.clone());
+    let (server, admin) = start_server().await;
+    let writers = match preload(&server.url(), &schedule).await {
+        Ok(writers) => writers,
+        Err(e) => {
+            report.failures.push(e);
+            report.took = started.elapsed();
+            return report;
+        }
+    };
+    let round = Round::start(server, admin, &schedule, config).await;
+    let (ledger, healed) = round.fault_phase(writers, &schedule, &mut report).await;
+    let now = round.bucket_after_healing(&ledger, &mut report).await;
+    round.converge(&now, healed, &mut report).await;
+    round.judge(&ledger, &mut report).await;
+    round.stop(&mut report).await;
+    report.took = started.elapsed();
+    report
+}
+
+impl RoundReport {
+    fn new(schedule: Schedule) -> RoundReport {
+        RoundReport {
+            schedule,
+            faults: BTreeMap::new(),
+            writes: WriteCounts::default(),
+            mirror_restarts: 0,
+            mirror_exits: Vec::new(),
+            cache_restarts: 0,
+            checks: Checks::default(),
+            counters: Counters::default(),
+            converged_after: [None; 2],
+            took: Duration::ZERO,
+            failures: Vec::new(),
+            mirror_log: Vec::new(),
+        }
+    }
+}
+
+/// A fresh server with the round's bucket, and a client straight to it.
+async fn start_server() -> (NatsServer, async_nats::Client) {
+    let server = NatsServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("the NATS campaign needs a real nats-server: {e}"));
+    let admin = server.connect().await.unwrap_or_else(|e| panic!("{e}"));
+    wait_jetstream_ready(&admin)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    jetstream::new(admin.clone())
+        .create_key_value(kv::Config {
+            bucket: BUCKET.into(),
+            history: 1,
+            max_value_size: VALUE_LIMIT as i32,
+            ..Default::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
+    (server, admin)
+}
+
+/// The writers, each having written the history the followers start on.
+async fn preload(url: &str, schedule: &Schedule) -> Result<Vec<Writer>, String> {
+    let mut writers = Vec::new();
+    for (id, seed) in schedule.writer_seeds.iter().enumerate() {
+        let client = connect(url, &format!("campaign-writer-{id}")).await;
+        let mut writer = Writer::new(id, *seed, schedule.keys_per_writer, client, BUCKET).await?;
+        writer
+            .preload()
+            .await
+            .map_err(|e| format!("preload: {e}"))?;
+        writers.push(writer);
+    }
+    Ok(writers)
+}
+
+/// A round under way: the server, the proxy and the followers behind it, and the tasks
+/// that watch the followers until the round is judged.
+struct Round {
+    targets: Arc<Targets>,
+    admin: async_nats::Client,
+    file: PathBuf,
+    views: Arc<Mutex<Vec<ReadyView>>>,
+    watchers: Arc<Mutex<Vec<Watcher>>>,
+    done: watch::Sender<bool>,
+    watching: [JoinHandle<()>; 2],
+    /// Holds the mirror's file until the round ends.
+    _dir: tempfile::TempDir,
+}
+
+impl Round {
+    /// Puts the proxy before the server and starts both followers behind it, and the
+    /// sampler of what they show.
+    async fn start(
+        server: NatsServer,
+        admin: async_nats::Client,
+        schedule: &Schedule,
+        config: &RoundConfig,
+    ) -> Round {
+        let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, server.port()));
+        let proxy = FaultProxy::start(upstream, schedule.proxy_seed)
+            .await
+            .unwrap_or_else(|e| panic!("starting the fault proxy: {e}"));
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a temporary directory: {e}"));
+        let views = Arc::new(Mutex::new(Vec::new()));
+        let follower_client = connect(&proxy.url(), "campaign-cache").await;
+        let bucket = KvBucket::new(follower_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
+        let cache = CacheFollower::start(bucket, schedule.follower_seed, Arc::clone(&views));
+        let source = format!("{}/{BUCKET}", proxy.url());
+        let file = dir.path().join("mirror.db");
+        let mut mirror = Mirror::new(config.tidemark_bin.clone(), source, file.clone());
+        mirror.start().unwrap_or_else(|e| panic!("{e}"));
+        let targets = Arc::new(Targets {
+            server: AsyncMutex::new(server),
+            proxy,
+            cache: AsyncMutex::new(cache),
+            mirror: AsyncMutex::new(mirror),
+            applied: Mutex::new(BTreeMap::new()),
+            failures: Mutex::new(Vec::new()),
+        });
+        let watchers = Arc::new(Mutex::new(vec![Watcher::new("mirror file")]));
+        let (done, until) = watch::channel(false);
+        let sampler = sample(
+            Arc::clone(&targets),
+            Arc::clone(&watchers),
+            file.clone(),
+            until.clone(),
+        );
+        let keeper = keep_mirror_running(Arc::clone(&targets), until);
+        Round {
+            targets,
+            admin,
+            file,
+            views,
+            watchers,
+            done,
+            watching: [tokio::spawn(sampler), tokio::spawn(keeper)],
+            _dir: dir,
+        }
+    }
+
+    /// Writers and the three fault lanes at once for the schedule's phase; then every
+    /// fault healed and the writers' last writes settled. The complete ledger, and when
+    /// the healing ended.
+    async fn fault_phase(
+        &self,
+        writers: Vec<Writer>,
+        schedule: &Schedule,
+        report: &mut RoundReport,
+    ) -> (Ledger, Instant) {
+        let (stop_tx, stop) = watch::channel(false);
+        let phase_start = Instant::now();
+        let running: Vec<JoinHandle<Result<Writer, String>>> = writers
+            .into_iter()
+            .map(|w| tokio::spawn(w.run(stop.clone())))
+            .collect();
+        let lanes: Vec<JoinHandle<()>> = [Lane::Server, Lane::Proxy, Lane::Followers]
+            .into_iter()
+            .map(|lane| {
+                let faults = schedule.lane(lane);
+                tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
+            })
+            .collect();
+        sleep_until(phase_start + schedule.phase).await;
+        let _ = stop_tx.send(true);
+        for lane in lanes {
+            if let Err(e) = lane.await {
+                report.failures.push(format!("a fault lane failed: {e}"));
+            }
+        }
+        heal(&self.targets, &self.admin).await;
+        let healed = Instant::now();
+        let mut ledger = Ledger::default();
+        for writer in running {
+            match timeout(Duration::from_secs(150), writer).await {
+                Ok(Ok(Ok(w))) => {
+                    report.writes.add(&w.counts);
+                    for landed in &w.landed {
+                        if let Err(e) = ledger.record(landed) {
+                            report.failures.push(e);
+                        }
+                    }
+                }
+                Ok(Ok(Err(e))) => report.failures.push(e),
+                Ok(Err(e)) => report.failures.push(format!("a writer panicked: {e}")),
+                Err(_) => report.failures.push("a writer did not finish".to_owned()),
+            }
+        }
+        (ledger, healed)
+    }
+
+    /// The bucket as it is after healing, which must be what the ledger says landed.
+    async fn bucket_after_healing(
+        &self,
+        ledger: &Ledger,
+        report: &mut RoundReport,
+    ) -> BTreeMap<String, (u64, Bytes)> {
+        let js = jetstream::new(self.admin.clone());
+        let now = match bucket_now(&js, ledger).await {
+            Ok(now) => now,
+            Err(e) => {
+                report.failures.push(e);
+                BTreeMap::new()
+            }
+        };
+        let expected = ledger.now();
+        let read: BTreeMap<String, (u64, String)> = now
+            .iter()
+            .map(|(k, (s, v))| (k.clone(), (*s, token(v))))
+            .collect();
+        if read == expected {
+            report.checks.ledger_matches += 1;
+        } else {
+            report.failures.push(format!(
+                "the bucket read after healing is not what the writers' acknowledgements say \
+                 landed (the server lost or invented a write, or the ledger is wrong): {}",
+                describe_map_diff(&expected, &read)
+            ));
+        }
+        now
+    }
+
+    /// Waits until both followers equal `now`, for [`CONVERGE_WITHIN`]; notes when each
+    /// first did.
+    async fn converge(
+        &self,
+        now: &BTreeMap<String, (u64, Bytes)>,
+        healed: Instant,
+        report: &mut RoundReport,
+    ) {
+        let converge_start = Instant::now();
+        let mut equal = [false; 2];
+        loop {
+            let cache_diff = {
+                let follower = self.targets.cache.lock().await;
+                let entries = follower
+                    .cache
+                    .snapshot()
+                    .into_iter()
+                    .map(|(k, s, v)| (k, s, v.as_ref().clone()));
+                diff("cache", entries, now)
+            };
+            let file = self.file.clone();
+            let mirrored = tokio::task::spawn_blocking(move || read_file(&file, MIRROR_NAME, true))
+                .await
+                .ok()
+                .flatten();
+            let mirror_diff = match mirrored {
+                Some((_, entries)) => diff("mirror file", entries.into_iter(), now),
+                None => Some("mirror file: unreadable".to_owned()),
+            };
+            for (i, d) in [&cache_diff, &mirror_diff].into_iter().enumerate() {
+                equal[i] = d.is_none();
+                if equal[i] && report.converged_after[i].is_none() {
+                    report.converged_after[i] = Some(healed.elapsed());
+                }
+            }
+            if equal == [true, true] {
+                report.checks.converged += 2;
+                return;
+            }
+            if converge_start.elapsed() > CONVERGE_WITHIN {
+                let last_diff = [cache_diff, mirror_diff].into_iter().flatten();
+                let last_diff = last_diff.collect::<Vec<_>>().join("; ");
+                report.failures.push(format!(
+                    "not equal to the bucket {CONVERGE_WITHIN:?} after healing: {last_diff}"
+                ));
+                return;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the sampling and judges everything seen against the complete ledger.
+    async fn judge(&self, ledger: &Ledger, report: &mut RoundReport) {
+        let _ = self.done.send(true);
+        for task in &self.watching {
+            while !task.is_finished() {
+                sleep(Duration::from_millis(10)).await;
+            }
+        }
+        for watcher in lock(&self.watchers).iter() {
+            report
+                .failures
+                .extend(judge(ledger, watcher, &mut report.checks));
+        }
+        let views: Vec<ReadyView> = lock(&self.views).clone();
+        for view in &views {
+            report
+                .failures
+                .extend(judge_ready(ledger, view, &mut report.checks));
+        }
+        report
+            .failures
+            .extend(lock(&self.targets.failures).drain(..));
+    }
+
+    /// Stops the followers (the mirror by its PID) and takes their figures; the server
+    /// and the proxy stop when the round is dropped.
+    async fn stop(self, report: &mut RoundReport) {
+        {
+            let mut cache = self.targets.cache.lock().await;
+            cache.stop().await;
+            report.counters = cache.counters;
+            report.cache_restarts = u64::from(cache.starts.saturating_sub(1));
+            if cache.counters.resets > 0 {
+                report.failures.push(format!(
+                    "the cache counted {} reset(s) over its starts: it took the bucket for a \
+                     new history, yet it was never recreated",
+                    cache.counters.resets
+                ));
+            }
+        }
+        let mut mirror = self.targets.mirror.lock().await;
+        if let Some(line) = mirror.panicked() {
+            report.failures.push(format!("the mirror panicked: {line}"));
+        }
+        mirror.kill9().await;
+        report.mirror_restarts = u64::from(mirror.starts.saturating_sub(1));
+        report.mirror_exits = mirror.exits.clone();
+        report.mirror_log = lock(&mirror.lines).iter().cloned().collect();
+        report.faults = lock(&self.targets.applied).clone();
+    }
+}
+
+async fn connect(url: &str, name: &str) -> async_nats::Client {
+    NatsOptions::new([url])
+        .name(name)
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connecting {name} to {url}: {e}"))
+}
+
+/// Runs one lane's faults at their times, each undone before the next.
+async fn run_lane(targets: Arc<Targets>, faults: Vec<Planned>, phase_start: Instant) {
+    for Planned { at, fault, .. } in faults {
+        sleep_until(phase_start + at).await;
+        *lock(&targets.applied).entry(fault.kind()).or_default() += 1;
+        if let Err(e) = apply(&targets, &fault).await {
+            lock(&targets.failures).push(format!("applying {fault}: {e}"));
+        }
+    }
+}
+
+async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
+    let e = |e: tidemark_tests::HarnessError| e.to_string();
+    match fault {
+        Fault::ServerKill { down } => {
+            t.server.lock().await.kill9().await.map_err(e)?;
+            sleep(*down).await;
+            t.server.lock().await.restart().await.map_err(e)?;
+        }
+        Fault::ServerPause { paused } => {
+            t.server.lock().await.pause().map_err(e)?;
+            sleep(*paused).await;
+            t.server.lock().await.resume().map_err(e)?;
+        }
+        Fault::Latency {
+            latency,
+            jitter,
+            lasting,
+        } => {
+            t.proxy.set_latency(*latency, *jitter);
+            sleep(*lasting).await;
+            t.proxy.heal();
+        }
+        Fault::Stall { direction, lasting } => {
+            t.proxy.stall(*direction);
+            sleep(*lasting).await;
+            t.proxy.heal();
+        }
+        Fault::HalfOpen {
+            lasting,
+            then_reset,
+        } => {
+            t.proxy.half_open();
+            sleep(*lasting).await;
+            if *then_reset {
+                t.proxy.reset_all();
+            }
+            t.proxy.heal();
+        }
+        Fault::Reset => t.proxy.reset_all(),
+        Fault::MirrorKill { down } => {
+            {
+                let mut mirror = t.mirror.lock().await;
+                mirror.held_down = true;
+                mirror.kill9().await;
+            }
+            sleep(*down).await;
+            let mut mirror = t.mirror.lock().await;
+            mirror.held_down = false;
+            mirror.start()?;
+        }
+        Fault::CacheRestart => t.cache.lock().await.restart().await,
+    }
+    Ok(())
+}
+
+/// Undoes whatever a lane left: the server running and answering, the proxy clear, the
+/// mirror running.
+async fn heal(t: &Targets, admin: &async_nats::Client) {
+    {
+        let mut server = t.server.lock().await;
+        let _ = server.resume();
+        if server.pid().is_none() {
+            if let Err(e) = server.restart().await {
+                lock(&t.failures).push(format!("healing: restarting nats-server: {e}"));
+            }
+        }
+    }
+    if let Err(e) = wait_jetstream_ready(admin).await {
+        lock(&t.failures).push(format!("healing: {e}"));
+    }
+    t.proxy.heal();
+    let mut mirror = t.mirror.lock().await;
+    mirror.held_down = false;
+    if !mirror.running() {
+        if let Err(e) = mirror.start() {
+            lock(&t.failures).push(format!("healing: {e}"));
+        }
+    }
+}
+
+/// Restarts the mirror when it exits on its own (as a service manager would), unless a
+/// fault holds it down.
+async fn keep_mirror_running(t: Arc<Targets>, mut stop: watch::Receiver<bool>) {
+    loop {
+        if timeout(Duration::from_millis(200), stop.changed())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        let mut mirror = t.mirror.lock().await;
+        if !mirror.held_down && !mirror.running() {
+            if let Err(e) = mirror.start() {
+                lock(&t.failures).push(e);
+            }
+        }
+    }
+}
+
+/// Samples the cache every 20 ms and the mirror's file every 100 ms into their watchers,
+/// from the followers' start until the round has converged (`stop`), and once more then.
+async fn sample(
+    t: Arc<Targets>,
+    watchers: Arc<Mutex<Vec<Watcher>>>,
+    file: PathBuf,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut tick = 0u64;
+    loop {
+        let stopping = *stop.borrow_and_update();
+        tick += 1;
+        let (name, entries, at) = {
+            let follower = t.cache.lock().await;
+            let cache = &follower.cache;
+            let (before, ready) = (cache.watermark(), cache.is_ready());
+            let entries = shown(cache);
+            // A batch lands with its watermark under the cache's lock: an unmoved
+            // watermark around the read means the entries are exactly at it.
+            let at = (ready && cache.watermark() == before).then(|| (before, Instant::now()));
+            (follower.name(), entries, at)
+        };
+        {
+            let mut watchers = lock(&watchers);
+            if watchers.last().is_none_or(|w| w.name != name) {
+                watchers.push(Watcher::new(name));
+            }
+            if let Some(w) = watchers.last_mut() {
+                w.observe(at.map(|(w, i)| (w, i.into_std())), &entries);
+            }
+        }
+        if tick % 5 == 0 || stopping {
+            let path = file.clone();
+            let read = tokio::task::spawn_blocking(move || read_file(&path, MIRROR_NAME, false));
+            if let Ok(Some((watermark, rows))) = read.await {
+                let read_at = std::time::Instant::now();
+                let entries: Vec<_> = rows
+                    .into_iter()
+                    .map(|(k, s, v)| (k, s, token(&v)))
+                    .collect();
+                lock(&watchers)[0].observe(Some((watermark, read_at)), &entries);
+            }
+        }
+        if stopping {
+            return;
+        }
+        let _ = timeout(Duration::from_millis(20), stop.changed()).await;
+    }
+}
+
+/// Every live key of the bucket: revision and value, read from the stream after healing.
+async fn bucket_now(
+    js: &jetstream::Context,
+    ledger: &Ledger,
+) -> Result<BTreeMap<String, (u64, Bytes)>, String> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match try_bucket_now(js, ledger).await {
+            Ok(now) => return Ok(now),
+            Err(e) if Instant::now() > deadline => {
+                return Err(format!("reading the bucket after healing: {e}"));
+            }
+            Err(_) => sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+async fn try_bucket_now(
+    js: &jetstream::Context,
+    ledger: &Ledger,
+) -> Result<BTreeMap<String, (u64, Bytes)>, String> {
+    let store = js.get_key_value(BUCKET).await.map_err(|e| e.to_string())?;
+    let stream = js
+        .get_stream(format!("KV_{BUCKET}"))
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut keys: BTreeSet<String> = ledger.keys().cloned().collect();
+    let mut listed = store.keys().await.map_err(|e| e.to_string())?;
+    while let Some(key) = listed.next().await {
+        keys.insert(key.map_err(|e| e.to_string())?);
+    }
+    let mut now = BTreeMap::new();
+    for key in keys {
+        let subject = format!("$KV.{BUCKET}.{key}");
+        match stream.get_last_raw_message_by_subject(&subject).await {
+            Ok(m) => {
+                if let Kind::Put(_) = kind_of(&m.headers, &m.payload) {
+                    now.insert(key, (m.sequence, m.payload));
+                }
+            }
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Ok(now)
+}
+
+/// `None` if `entries` are exactly the bucket's keys, revisions and bytes; else the first
+/// differences.
+fn diff(
+    name: &str,
+    entries: impl Iterator<Item = (String, u64, Vec<u8>)>,
+    bucket: &BTreeMap<String, (u64, Bytes)>,
+) -> Option<String> {
+    let mut problems = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (key, seq, value) in entries {
+        match bucket.get(&key) {
+            None => problems.push(format!("{key}@{seq} is not in the bucket")),
+            Some((s, v)) if *s != seq || v.as_ref() != value.as_slice() => problems.push(format!(
+                "{key}@{seq} {:?}, bucket {key}@{s} {:?}",
+                token(&value),
+                token(v)
+            )),
+            Some(_) => {}
+        }
+        seen.insert(key);
+    }
+    for (key, (s, _)) in bucket {
+        if !seen.contains(key) {
+            problems.push(format!("lacks {key}@{s}"));
+        }
+    }
+    match problems.len() {
+        0 => None,
+        n => Some(format!(
+            "{name}: {n} difference(s): {}",
+            problems.into_iter().take(5).collect::<Vec<_>>().join(", ")
+        )),
+    }
+}
+
+fn describe_map_diff(
+    expected: &BTreeMap<String, (u64, String)>,
+    read: &BTreeMap<String, (u64, String)>,
+) -> String {
+    let keys: BTreeSet<&String> = expected.keys().chain(read.keys()).collect();
+    let problems: Vec<String> = keys
+        .into_iter()
+        .filter(|k| expected.get(*k) != read.get(*k))
+        .take(5)
+        .map(|k| {
+            format!(
+                "{k}: ledger {:?}, bucket {:?}",
+                expected.get(k),
+                read.get(k)
+            )
+        })
+        .collect();
+    problems.join(", ")
+}

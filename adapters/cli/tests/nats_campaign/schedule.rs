@@ -1,0 +1,232 @@
+//! A round's faults, drawn from its seed: three lanes (the server, the proxy, the
+//! followers) that each run one fault at a time, concurrently with the others.
+
+use std::fmt;
+use std::time::Duration;
+
+use tidemark::tidemark_core::Rng;
+use tidemark_tests::Direction;
+
+/// Who a fault acts on; faults of one lane never overlap, faults of two lanes may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Lane {
+    Server,
+    Proxy,
+    Followers,
+}
+
+/// One fault, with how long it holds before it is undone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fault {
+    /// kill -9 of nats-server; restarted on the same port and storage after `down`.
+    ServerKill { down: Duration },
+    /// SIGSTOP of nats-server; SIGCONT after `paused`.
+    ServerPause { paused: Duration },
+    /// Every chunk through the proxy held `latency` plus up to `jitter`.
+    Latency {
+        latency: Duration,
+        jitter: Duration,
+        lasting: Duration,
+    },
+    /// One direction through the proxy forwards nothing.
+    Stall {
+        direction: Direction,
+        lasting: Duration,
+    },
+    /// The proxy's open connections go silent without closing; then they flow on, or are
+    /// reset (as a client's pings would eventually find them dead).
+    HalfOpen { lasting: Duration, then_reset: bool },
+    /// Every connection through the proxy reset.
+    Reset,
+    /// kill -9 of the `tidemark mirror` process; started again after `down`.
+    MirrorKill { down: Duration },
+    /// The in-process cache follower stopped and a new one started (a cold start).
+    CacheRestart,
+}
+
+/// Every fault kind, in the order the summary prints them.
+pub const KINDS: [&str; 10] = [
+    "server kill -9",
+    "server SIGSTOP",
+    "proxy latency",
+    "proxy stall to server",
+    "proxy stall to client",
+    "proxy half-open, resumed",
+    "proxy half-open, reset",
+    "proxy reset",
+    "mirror kill -9",
+    "cache restart",
+];
+
+impl Fault {
+    /// Its kind, one of [`KINDS`].
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::ServerKill { .. } => KINDS[0],
+            Fault::ServerPause { .. } => KINDS[1],
+            Fault::Latency { .. } => KINDS[2],
+            Fault::Stall {
+                direction: Direction::ToServer,
+                ..
+            } => KINDS[3],
+            Fault::Stall { .. } => KINDS[4],
+            Fault::HalfOpen {
+                then_reset: false, ..
+            } => KINDS[5],
+            Fault::HalfOpen { .. } => KINDS[6],
+            Fault::Reset => KINDS[7],
+            Fault::MirrorKill { .. } => KINDS[8],
+            Fault::CacheRestart => KINDS[9],
+        }
+    }
+
+    /// How long it holds.
+    pub fn lasting(&self) -> Duration {
+        match self {
+            Fault::ServerKill { down } | Fault::MirrorKill { down } => *down,
+            Fault::ServerPause { paused } => *paused,
+            Fault::Latency { lasting, .. }
+            | Fault::Stall { lasting, .. }
+            | Fault::HalfOpen { lasting, .. } => *lasting,
+            Fault::Reset | Fault::CacheRestart => Duration::ZERO,
+        }
+    }
+}
+
+impl fmt::Display for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Fault::Latency {
+                latency, jitter, ..
+            } => write!(f, "{} {latency:?}+{jitter:?}", self.kind())?,
+            _ => f.write_str(self.kind())?,
+        }
+        match self.lasting() {
+            Duration::ZERO => Ok(()),
+            d => write!(f, " for {d:?}"),
+        }
+    }
+}
+
+/// A fault at its time from the start of the round's fault phase.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Planned {
+    pub at: Duration,
+    pub lane: Lane,
+    pub fault: Fault,
+}
+
+/// Everything a round draws from its seed: faults, writers' seeds and keys, the proxy's
+/// jitter, the followers' seeds. The same seed gives the same schedule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Schedule {
+    pub seed: u64,
+    pub phase: Duration,
+    pub faults: Vec<Planned>,
+    pub writer_seeds: Vec<u64>,
+    pub keys_per_writer: usize,
+    pub proxy_seed: u64,
+    pub follower_seed: u64,
+}
+
+/// Writers per round: each owns its keys, so its acknowledgements order them.
+pub const WRITERS: usize = 3;
+
+fn between(rng: &mut Rng, lo_ms: u64, hi_ms: u64) -> Duration {
+    Duration::from_millis(lo_ms + rng.next_u64() % (hi_ms - lo_ms + 1))
+}
+
+fn one_in(rng: &mut Rng, n: u64) -> bool {
+    rng.next_u64() % n == 0
+}
+
+impl Schedule {
+    /// The schedule of seed `seed` for a fault phase of `phase`.
+    pub fn draw(seed: u64, phase: Duration) -> Schedule {
+        let mut rng = Rng::new(seed ^ 0x7469_6465_6d61_726b);
+        let writer_seeds = (0..WRITERS).map(|_| rng.next_u64()).collect();
+        let keys_per_writer = 4 + (rng.next_u64() % 13) as usize;
+        let proxy_seed = rng.next_u64();
+        let follower_seed = rng.next_u64();
+        let mut faults = Vec::new();
+        for lane in [Lane::Server, Lane::Proxy, Lane::Followers] {
+            let mut at = between(&mut rng, 100, 1000);
+            while at < phase {
+                let fault = draw_fault(&mut rng, lane);
+                let gap = between(&mut rng, 200, 2000);
+                let next = at + fault.lasting() + gap;
+                faults.push(Planned { at, lane, fault });
+                at = next;
+            }
+        }
+        faults.sort_by_key(|p| (p.at, p.lane));
+        Schedule {
+            seed,
+            phase,
+            faults,
+            writer_seeds,
+            keys_per_writer,
+            proxy_seed,
+            follower_seed,
+        }
+    }
+
+    /// The faults of one lane, in order.
+    pub fn lane(&self, lane: Lane) -> Vec<Planned> {
+        self.faults
+            .iter()
+            .filter(|p| p.lane == lane)
+            .cloned()
+            .collect()
+    }
+}
+
+fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
+    match lane {
+        Lane::Server if one_in(rng, 2) => Fault::ServerKill {
+            down: between(rng, 50, 2000),
+        },
+        Lane::Server => Fault::ServerPause {
+            paused: between(rng, 100, 3000),
+        },
+        Lane::Proxy => match rng.next_u64() % 5 {
+            0 => Fault::Latency {
+                latency: between(rng, 1, 150),
+                jitter: between(rng, 0, 80),
+                lasting: between(rng, 300, 2500),
+            },
+            1 => Fault::Stall {
+                direction: if one_in(rng, 2) {
+                    Direction::ToServer
+                } else {
+                    Direction::ToClient
+                },
+                lasting: between(rng, 200, 2500),
+            },
+            2 => Fault::HalfOpen {
+                lasting: between(rng, 200, 2500),
+                then_reset: one_in(rng, 2),
+            },
+            _ => Fault::Reset,
+        },
+        Lane::Followers if one_in(rng, 2) => Fault::MirrorKill {
+            down: between(rng, 0, 1500),
+        },
+        Lane::Followers => Fault::CacheRestart,
+    }
+}
+
+impl fmt::Display for Schedule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "schedule of seed {} (fault phase {:?}, {} writers x {} keys):",
+            self.seed, self.phase, WRITERS, self.keys_per_writer
+        )?;
+        for p in &self.faults {
+            let lane = format!("{:?}", p.lane).to_lowercase();
+            writeln!(f, "  +{:>6.3}s  {lane:<9}  {}", p.at.as_secs_f64(), p.fault)?;
+        }
+        Ok(())
+    }
+}
