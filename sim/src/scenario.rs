@@ -651,7 +651,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     plan
 }
 
-/// How long an outage in [`outages_in_every_run`] cuts a follower off: longer than the
+/// How long an outage in `outages_in_every_run` cuts a follower off: longer than the
 /// sweeps keep the change log for a follower the source knows nothing of
 /// ([`POLICY`](crate::sweeps::POLICY)`.keep`).
 pub const OUTAGE: std::ops::Range<Duration> =
