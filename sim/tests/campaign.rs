@@ -119,14 +119,18 @@ fn correct_followers_converge_on_a_fixed_seed_range_under_every_fault() {
 }
 
 fn divergence_rate(strategy: Strategy) -> (usize, usize) {
-    let scenario = Scenario {
+    divergence_rate_in(&Scenario {
         strategy,
         ..Scenario::default()
-    };
+    })
+}
+
+/// How many of twelve seeds of `scenario` fail, of how many.
+fn divergence_rate_in(scenario: &Scenario) -> (usize, usize) {
     let seeds = SEEDS.start..SEEDS.start + 12;
     let caught = seeds
         .clone()
-        .filter(|&seed| !run(seed, &scenario).passed())
+        .filter(|&seed| !run(seed, scenario).passed())
         .count();
     (caught, seeds.count())
 }
@@ -339,14 +343,8 @@ fn restores_while_cut(strategy: Strategy) -> Scenario {
 
 #[test]
 fn the_oracle_catches_a_follower_that_trusts_its_watermark_across_a_restore() {
-    // 287 of seeds 0..300 (`--strategy trusts-watermark`).
-    let scenario = restores_while_cut(Strategy::TrustsWatermark);
-    let seeds = SEEDS.start..SEEDS.start + 12;
-    let caught = seeds
-        .clone()
-        .filter(|&seed| !run(seed, &scenario).passed())
-        .count();
-    let of = seeds.count();
+    // 291 of seeds 0..300 (`--strategy trusts-watermark`).
+    let (caught, of) = divergence_rate_in(&restores_while_cut(Strategy::TrustsWatermark));
     assert!(
         caught * 4 > of * 3,
         "trusts-watermark diverged in only {caught} of {of} seeds: a follower that cannot tell a restored history from the one it read goes unchecked"
@@ -397,15 +395,9 @@ fn crashes_at_ticks(strategy: Strategy) -> Scenario {
 
 #[test]
 fn the_oracle_catches_a_scheduler_that_enqueues_ticks_without_their_key() {
-    // 300 of seeds 0..300 (`--strategy naive-ticks`): the tick ledger finds a tick fired
+    // 299 of seeds 0..300 (`--strategy naive-ticks`): the tick ledger finds a tick fired
     // twice once a scheduler dies after its enqueue, before recording it.
-    let scenario = crashes_at_ticks(Strategy::NaiveTicks);
-    let seeds = SEEDS.start..SEEDS.start + 12;
-    let caught = seeds
-        .clone()
-        .filter(|&seed| !run(seed, &scenario).passed())
-        .count();
-    let of = seeds.count();
+    let (caught, of) = divergence_rate_in(&crashes_at_ticks(Strategy::NaiveTicks));
     assert!(
         caught * 20 >= of * 19,
         "naive-ticks diverged in only {caught} of {of} seeds: a tick enqueued again after a scheduler crash goes unchecked"
