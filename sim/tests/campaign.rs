@@ -125,6 +125,15 @@ fn divergence_rate(strategy: Strategy) -> (usize, usize) {
     })
 }
 
+/// The failures of `scenario` over `seeds`, one line a failing seed.
+fn failures_in(scenario: &Scenario, seeds: impl Iterator<Item = u64>) -> Vec<String> {
+    seeds
+        .map(|seed| (seed, run(seed, scenario)))
+        .filter(|(_, o)| !o.passed())
+        .map(|(seed, o)| format!("seed {seed}: {}", o.failures.join(" | ")))
+        .collect()
+}
+
 /// How many of twelve seeds of `scenario` fail, of how many.
 fn divergence_rate_in(scenario: &Scenario) -> (usize, usize) {
     let seeds = SEEDS.start..SEEDS.start + 12;
@@ -199,11 +208,7 @@ fn jetstream_followers_converge_in_the_world_the_naive_one_is_caught_in() {
         strategy: Strategy::JetStream,
         ..Scenario::default()
     };
-    let failures: Vec<String> = (SEEDS.start..SEEDS.start + 12)
-        .map(|seed| (seed, run(seed, &scenario)))
-        .filter(|(_, o)| !o.passed())
-        .map(|(seed, o)| format!("seed {seed}: {}", o.failures.join(" | ")))
-        .collect();
+    let failures = failures_in(&scenario, SEEDS.start..SEEDS.start + 12);
     assert!(
         failures.is_empty(),
         "replay with `cargo run -p tidemark-sim --release -- --strategy jetstream --seed N`:\n{}",
@@ -359,12 +364,7 @@ fn the_oracle_catches_a_follower_that_trusts_its_watermark_across_a_restore() {
 #[test]
 fn correct_followers_take_restores_they_were_cut_off_from() {
     let scenario = restores_while_cut(Strategy::Correct);
-    let failures: Vec<String> = (SEEDS.start..SEEDS.start + 12)
-        .chain([63, 139])
-        .map(|seed| (seed, run(seed, &scenario)))
-        .filter(|(_, o)| !o.passed())
-        .map(|(seed, o)| format!("seed {seed}: {}", o.failures.join(" | ")))
-        .collect();
+    let failures = failures_in(&scenario, (SEEDS.start..SEEDS.start + 12).chain([63, 139]));
     assert!(
         failures.is_empty(),
         "replay with `cargo run -p tidemark-sim --release -- --restores-while-cut --seed N`:\n{}",
@@ -417,12 +417,11 @@ fn each_tick_fires_once_across_scheduler_crashes_and_stalled_sweepers_never_over
         (crashes_at_ticks(Strategy::Correct), "--crashes-at-ticks"),
         (stalls, "--faults sweeper-stall"),
     ] {
-        for seed in SEEDS.start..SEEDS.start + 8 {
-            let o = run(seed, &scenario);
-            if !o.passed() {
-                failures.push(format!("{what} seed {seed}: {}", o.failures.join(" | ")));
-            }
-        }
+        failures.extend(
+            failures_in(&scenario, SEEDS.start..SEEDS.start + 8)
+                .into_iter()
+                .map(|f| format!("{what} {f}")),
+        );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
