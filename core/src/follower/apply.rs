@@ -110,6 +110,9 @@ impl<D: Decode> Follower<D> {
             None => (0, 0),
         };
         if seq <= self.watermark {
+            if seq == self.watermark && self.feed_of_another_history(stamp) {
+                return;
+            }
             if seq < last_seq {
                 self.diag(Diagnostic::SeqRegressed {
                     previous: last_seq,
@@ -643,7 +646,7 @@ impl<D: Decode> Follower<D> {
                 self.invalid(0, &entry.key, InvalidReason::ZeroSeq);
             } else if entry.op != Op::Put {
                 self.invalid(entry.seq, &entry.key, InvalidReason::UnexpectedInRows);
-            } else if self.index.get(&entry.key) != Some(entry.seq) {
+            } else if self.index.get(&entry.key) != Some(entry.seq) || self.put_again(&entry.key) {
                 applied += self
                     .apply(entry.seq, entry.key, Op::Put, entry.value, entry.expires_in)
                     .0;
@@ -662,6 +665,18 @@ impl<D: Decode> Follower<D> {
             resynced: true,
         }));
         self.settle();
+    }
+
+    /// Whether a snapshot entry naming `key` at the seq the cache holds it at is put
+    /// again: when a compaction left the history at the watermark unconfirmed, the same
+    /// seq may name another change (see
+    /// [`unconfirmed_at_compaction`](Self::unconfirmed_at_compaction)). Its seq is
+    /// forgotten first, so the put is not taken for a stale one.
+    fn put_again(&mut self, key: &Arc<str>) -> bool {
+        if self.unconfirmed {
+            self.index.set(Arc::clone(key), 0);
+        }
+        self.unconfirmed
     }
 }
 

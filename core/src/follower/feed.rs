@@ -149,6 +149,7 @@ impl<D: Decode> Follower<D> {
                 wanted: from,
                 first_available: info.first_available,
             });
+            self.unconfirmed_at_compaction(Some(info.lineage));
             self.resync();
             return;
         }

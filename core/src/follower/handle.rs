@@ -103,6 +103,7 @@ impl<D: Decode> Follower<D> {
                         wanted,
                         first_available,
                     });
+                    self.unconfirmed_at_compaction(read);
                     self.resync();
                 }
             }

@@ -127,6 +127,31 @@ impl<D: Decode> Follower<D> {
         }
     }
 
+    /// Whether the feed's entry at the watermark, stamped `fed`, is another history's
+    /// than the one the follower holds there; if so, the feed is reopened. A read of the
+    /// source (a reconcile, a snapshot) can take the follower past a restore before the
+    /// feed it opened earlier ends: that feed still delivers the replaced history, and its
+    /// next entry above the watermark would be applied over the restored one (seed 6577).
+    /// The entry at the watermark is where the two first meet.
+    pub(super) fn feed_of_another_history(&mut self, fed: Option<u64>) -> bool {
+        let held = self.known.at(self.watermark).stamp;
+        let (Some(held), Some(fed)) = (held, fed) else {
+            return false;
+        };
+        if held == fed || !self.feed_speaks_for_source() {
+            return false;
+        }
+        let watermark = self.watermark;
+        self.diag(Diagnostic::FeedOfAnotherHistory {
+            watermark,
+            held,
+            fed,
+        });
+        self.drop_feed();
+        self.maybe_open_feed();
+        true
+    }
+
     /// The lineage a read under `token` reported, if it is the one outstanding's.
     pub(super) fn read_lineage(&self, token: Token) -> Option<Lineage> {
         self.read_lineage
@@ -214,10 +239,27 @@ impl<D: Decode> Follower<D> {
         }
     }
 
+    /// A read found the source compacted past the watermark, saying `read` of its history
+    /// at the watermark. Where the source states its lineage but no longer the stamp at the
+    /// watermark, nothing tells this history from a copy restored from a backup and written
+    /// past the watermark since: such a copy may hold a key at the very seq the cache holds
+    /// it at, with another value. The snapshot that follows then puts again every entry
+    /// the cache holds at the same seq (the cost of a compaction resync becomes that of a
+    /// cold one) rather than pass it over as unchanged (seed 7519). A source that states
+    /// nothing of its lineage keeps the cheap resync: it could not tell a restore anyway.
+    pub(super) fn unconfirmed_at_compaction(&mut self, read: Option<Lineage>) {
+        let states = self.known.history.is_some() || self.known.stamp_at.is_some();
+        let confirmed = read.is_some_and(|read| {
+            read.stamp.is_some() && read.stamp == self.known.at(self.watermark).stamp
+        });
+        self.unconfirmed = states && self.watermark > 0 && !confirmed;
+    }
+
     /// A snapshot at `source_watermark` was applied: what it said of the history is the
     /// follower's from now on.
     pub(super) fn adopt_snapshot_lineage(&mut self, source_watermark: u64, read: Option<Lineage>) {
         self.other_history = false;
+        self.unconfirmed = false;
         if let Some(read) = read {
             if read.history.is_some() {
                 self.known.history = read.history;

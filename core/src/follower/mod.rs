@@ -179,6 +179,11 @@ pub struct Follower<D: Decode> {
     /// A read proved another history: the next snapshot replaces the cache whatever
     /// seqs it held.
     other_history: bool,
+    /// The source compacted past the watermark, taking the entry whose stamp would have
+    /// told this history from a copy restored from a backup and written past it: the next
+    /// snapshot puts again every entry the cache holds at the same seq (see
+    /// [`unconfirmed_at_compaction`](Self::unconfirmed_at_compaction)).
+    unconfirmed: bool,
 }
 
 impl<D: Decode> Follower<D> {
@@ -247,6 +252,7 @@ impl<D: Decode> Follower<D> {
             known: lineage::Known::default(),
             read_lineage: None,
             other_history: false,
+            unconfirmed: false,
         };
         f.send(Pending::Lookup);
         f

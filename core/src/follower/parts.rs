@@ -210,6 +210,7 @@ impl<D: Decode> Follower<D> {
             // An expiring value is kept: the index may drop its key before the last part
             // (the expiry comes due), and the whole snapshot would then put it again.
             let unchanged = !parts.reset
+                && !self.unconfirmed
                 && claim.is_none()
                 && entry.seq != 0
                 && entry.op == Op::Put

@@ -215,6 +215,19 @@ pub enum Diagnostic {
         /// What the read said.
         read: crate::Lineage,
     },
+    /// The feed delivered the entry at the watermark with another stamp than the one the
+    /// follower holds there: the feed was opened on another history than the one the cache
+    /// now holds (a read of the source restored from a backup went past the restore while
+    /// the feed still delivered what it read before). The feed is closed and opened again
+    /// from watermark+1, where its opening checks the source's history at the watermark.
+    FeedOfAnotherHistory {
+        /// The follower's watermark.
+        watermark: u64,
+        /// The stamp the follower holds at the watermark.
+        held: u64,
+        /// The stamp the feed's entry carried.
+        fed: u64,
+    },
     /// The source is behind the follower's watermark (a bucket deleted and recreated, a
     /// database restored from an old backup): a new history. The cache was replaced by the
     /// source's snapshot and the watermark set to the source's, lower than before.

@@ -618,6 +618,20 @@ where
                     "the source serves another history than the one followed (recreated, or restored and written past the watermark); taking the new one"
                 );
             }
+            Diagnostic::FeedOfAnotherHistory {
+                watermark,
+                held,
+                fed,
+            } => {
+                warn!(
+                    worker,
+                    source,
+                    watermark,
+                    held,
+                    fed,
+                    "the feed delivers another history than the cache holds; reopening it"
+                );
+            }
             Diagnostic::FollowChanged { from, to } => {
                 warn!(
                     worker,
