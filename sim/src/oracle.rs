@@ -37,6 +37,9 @@ pub struct History {
 struct Current {
     commits: BTreeMap<u64, Commit>,
     generation: u64,
+    /// The highest seq the source's log was ever compacted below (kept across restores:
+    /// it only makes the oracle allow a resync's puts again where it need not).
+    compacted_below: u64,
 }
 
 /// One epoch's state at a watermark (key → its last seq and value at or below it, `None`
@@ -133,6 +136,20 @@ impl History {
             .commits
             .get(&seq)
             .is_some_and(|(k, v)| k == key && v.as_deref() == Some(value.as_bytes()))
+    }
+
+    /// The source's log was compacted below seq `below`.
+    pub fn compacted(&self, below: u64) {
+        let mut current = lock(&self.inner);
+        current.compacted_below = current.compacted_below.max(below);
+    }
+
+    /// Whether the source's log was compacted past `watermark`: a follower there resyncs
+    /// from a snapshot, and where no stamp at its watermark is left to tell its history
+    /// from a restored one, it puts every entry again, at the seqs it holds.
+    #[must_use]
+    pub fn compacted_past(&self, watermark: u64) -> bool {
+        lock(&self.inner).compacted_below > watermark.saturating_add(1)
     }
 
     /// The source was restored from a backup taken at seq `head`: what came after is
@@ -873,7 +890,9 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
             let mut s = lock(&p.state);
             // A follower taking a restored history forgets every seq it held and puts the
             // source's state again: the same change again is no regression then.
-            let adopting = p.past_replaced(&s);
+            // So does a follower whose source compacted past its watermark, where nothing
+            // may be left to tell its history from a restored one.
+            let adopting = p.past_replaced(&s) || p.history.compacted_past(s.watermark);
             let again = |have: u64, held: &str| adopting && have == seq && held == value;
             // A foreign event's seq and value are no real version: replacing them is no
             // regression.
@@ -1456,6 +1475,54 @@ mod tests {
             violations
                 .first()
                 .is_some_and(|v| v.contains("handlers did not see the source's state")),
+            "{violations:?}"
+        );
+    }
+
+    /// A probe's sink over a memory cache store, at watermark 2 holding `a`@1 and `b`@2.
+    async fn holding_a_and_b(
+        history: &History,
+    ) -> (Probe, Probed<tidemark_memory::MemoryCacheSink>) {
+        history.record(1, "a", Some(b"v1".to_vec()));
+        history.record(2, "b", Some(b"v2".to_vec()));
+        let probe = Probe::new("f", history.clone(), Trace::new(false));
+        let mut sink = probe.sink(MemoryCacheStore::new().sink());
+        sink.put("a".into(), 1, "v1".into()).await.unwrap();
+        sink.put("b".into(), 2, "v2".into()).await.unwrap();
+        sink.commit(2, tidemark::Lineage::default()).await.unwrap();
+        (probe, sink)
+    }
+
+    #[tokio::test]
+    async fn a_follower_compacted_past_its_watermark_may_put_what_it_holds_again_and_no_other() {
+        // Seed 7519: where compaction took the stamp at the watermark, a resync puts every
+        // entry again, at the seqs the cache holds them at.
+        let history = History::default();
+        let (probe, mut sink) = holding_a_and_b(&history).await;
+        history.record(3, "c", Some(b"v3".to_vec()));
+        history.record(4, "d", Some(b"v4".to_vec()));
+        history.compacted(4);
+        sink.put("a".into(), 1, "v1".into()).await.unwrap();
+        sink.put("b".into(), 2, "v2".into()).await.unwrap();
+        assert_eq!(probe.state().violations, Vec::<String>::new());
+        // The same seq with a value the source never wrote there is still caught.
+        sink.put("a".into(), 1, "forged".into()).await.unwrap();
+        assert_eq!(
+            probe.state().violations.len(),
+            1,
+            "{:?}",
+            probe.state().violations
+        );
+
+        // Not compacted past the watermark: the same change again is a second apply.
+        let history = History::default();
+        let (probe, mut sink) = holding_a_and_b(&history).await;
+        history.record(3, "c", Some(b"v3".to_vec()));
+        history.compacted(3);
+        sink.put("a".into(), 1, "v1".into()).await.unwrap();
+        let violations = probe.state().violations.clone();
+        assert!(
+            violations.iter().any(|v| v.contains("applied twice")),
             "{violations:?}"
         );
     }

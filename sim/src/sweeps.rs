@@ -217,6 +217,8 @@ pub struct Sweeps {
     sweep: MemorySweep,
     /// The ledger.
     pub ledger: SweepLedger,
+    /// The source's history, told how far each sweep compacted the change log.
+    history: Option<crate::oracle::History>,
 }
 
 impl Sweeps {
@@ -240,7 +242,16 @@ impl Sweeps {
                 inner: Arc::default(),
                 cursors: Arc::new(cursors),
             },
+            history: None,
         }
+    }
+
+    /// The same, telling `history` how far each sweep compacts the change log (the
+    /// oracle allows a follower compacted past its watermark to put its entries again).
+    #[must_use]
+    pub fn telling(mut self, history: crate::oracle::History) -> Self {
+        self.history = Some(history);
+        self
     }
 
     /// Serves one call, telling the ledger.
@@ -384,6 +395,9 @@ impl Sweeps {
             .map(|(row, _)| row.id)
             .collect();
         let lost: Vec<u64> = pending.difference(&still).copied().collect();
+        if let Some(history) = &self.history {
+            history.compacted(swept.first_available);
+        }
         self.ledger.check_sweep(&SweepSeen {
             by,
             now,

@@ -751,7 +751,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         .filter(|f| f.kind == Kind::Events && f.persisted())
         .map(|f| f.name)
         .collect();
-    let sweeps = Sweeps::new(&memory, sim_clock, cursors);
+    let sweeps = Sweeps::new(&memory, sim_clock, cursors).telling(history.clone());
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(
@@ -1498,6 +1498,7 @@ fn apply(
         Action::Compact => {
             let wm = memory.source.current_watermark();
             memory.source.compact_below(wm.saturating_sub(3));
+            world.history.compacted(wm.saturating_sub(3));
         }
         Action::CrashRelay(i) => {
             let h = relay_host(*i);
