@@ -8,7 +8,6 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::{BackoffPolicy, Job, JobId};
 use tidemark::{
     Error, JobContext, JobCounts, JobHandlers, JobRecord, JobRetention, JobRunner, JobState,
@@ -16,9 +15,9 @@ use tidemark::{
 };
 use tidemark_memory::MemoryQueue;
 
-use crate::proto::{Request, Response};
 use crate::remote::Remote;
 use crate::trace::Trace;
+use crate::wire::{QueueAnswer, QueueCall, Request, Response, WireLease};
 
 /// How long a runner's lease on a job lasts in the simulated world: short, so a crashed
 /// runner's job is taken over within the run, and a slow job needs its lease renewed.
@@ -29,109 +28,6 @@ pub const SLOW_JOB: Duration = Duration::from_secs(5);
 
 /// Attempts before the source host's queue dead-letters a job.
 pub const JOB_ATTEMPTS: u32 = 3;
-
-/// A queue call on the wire (the [`Queue`] methods a runner and the announce legs use).
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum QueueCall {
-    Enqueue(#[serde(with = "crate::proto::job")] Job),
-    /// `by`: the runner leasing, named to the ledger.
-    Lease {
-        visibility: Duration,
-        by: Option<String>,
-    },
-    Renew {
-        lease: WireLease,
-        visibility: Duration,
-    },
-    Ack {
-        lease: WireLease,
-    },
-    Fail {
-        lease: WireLease,
-        error: String,
-        retry_after: Duration,
-    },
-    DeadLetter {
-        lease: WireLease,
-        error: String,
-    },
-    Counts,
-    /// The queue's finished-job retention (a sweep's second half).
-    RemoveFinished {
-        done: Duration,
-        dead: Option<Duration>,
-    },
-    /// The job of a schedule's tick, once per tick (last, so the other variants keep
-    /// their wire form).
-    EnqueueTick {
-        schedule: String,
-        anchor: Duration,
-        tick: u64,
-        #[serde(with = "crate::proto::job")]
-        job: Job,
-        /// The scheduler enqueueing, named to the ledger.
-        by: Option<String>,
-    },
-}
-
-/// A queue call's answer on the wire.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum QueueAnswer {
-    Id(JobId),
-    Leased(Option<WireLease>),
-    Done,
-    /// Where a failed job went: `true` if it was dead-lettered.
-    Failed {
-        dead: bool,
-    },
-    Counts {
-        ready: u64,
-        leased: u64,
-        done: u64,
-        dead: u64,
-    },
-    /// [`Error::LeaseLost`]: the runner must stop the job's handler.
-    LeaseLost(String),
-    /// Finished jobs removed.
-    Removed(u64),
-    /// A tick's job: its id if this call enqueued it.
-    Tick(Option<JobId>),
-}
-
-/// A lease on the wire.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct WireLease {
-    pub id: JobId,
-    #[serde(with = "crate::proto::job")]
-    pub job: Job,
-    pub attempt: u32,
-    pub receipt: u64,
-}
-
-impl From<&Leased> for WireLease {
-    fn from(l: &Leased) -> Self {
-        WireLease {
-            id: l.id,
-            job: l.job.clone(),
-            attempt: l.attempt,
-            receipt: l.receipt,
-        }
-    }
-}
-
-impl From<WireLease> for Leased {
-    fn from(w: WireLease) -> Self {
-        Leased {
-            id: w.id,
-            job: w.job,
-            attempt: w.attempt,
-            receipt: w.receipt,
-        }
-    }
-}
 
 /// Serves one queue call on the source host's queue, telling the ledger of leases,
 /// renewals and settlements.

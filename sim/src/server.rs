@@ -18,9 +18,9 @@ use turmoil::net::{TcpListener, TcpStream};
 use crate::jetstream::JetStream;
 use crate::ops::JobLedger;
 use crate::oracle::{History, RelayLedger};
-use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
 use crate::sweeps::Sweeps;
 use crate::trace::Trace;
+use crate::wire::{self, HEARTBEAT, PORT, Request, Response, WireEntry};
 
 /// The legs of a write through the announcing source: relays publish it, wake the
 /// followers and enqueue its housekeeping job, which the job runners run.
@@ -29,9 +29,6 @@ pub const RELAYED_LEGS: Legs = Legs {
     notify: true,
     enqueue: true,
 };
-
-/// The port the source host listens on.
-pub const PORT: u16 = 7000;
 
 /// Whether the source host takes writes. A restore closes it, and it opens again when the
 /// writers' pause after the restore ends. The operator's procedure the world models stops
@@ -195,7 +192,7 @@ async fn connection(
     admission: Admission<'_>,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
-    let request: Request = proto::read_untimed(&mut stream).await?;
+    let request: Request = wire::read_untimed(&mut stream).await?;
     let SourceHost {
         memory,
         history,
@@ -206,7 +203,7 @@ async fn connection(
     } = &host;
     match admission.admit(&request, history) {
         Admit::Carry => {}
-        Admit::Refuse(refused) => return proto::write(&mut stream, &refused).await,
+        Admit::Refuse(refused) => return wire::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
     }
     let announced = memory.announced_source(RELAYED_LEGS);
@@ -374,7 +371,7 @@ async fn connection(
         Request::Sweeps(call) => sweeps.serve(memory, call).await,
         Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
     };
-    proto::write(&mut stream, &response).await
+    wire::write(&mut stream, &response).await
 }
 
 /// A queue call, the sweep ledger told of the jobs enqueued for schedule ticks (`sweep`
@@ -383,9 +380,9 @@ async fn serve_queue(
     memory: &Memory,
     jobs: &crate::ops::JobLedger,
     sweeps: &crate::sweeps::Sweeps,
-    call: crate::ops::QueueCall,
+    call: crate::wire::QueueCall,
 ) -> Response {
-    use crate::ops::{QueueAnswer, QueueCall};
+    use crate::wire::{QueueAnswer, QueueCall};
     let (tick_job, by) = match &call {
         QueueCall::EnqueueTick { by, .. } => (true, by.clone()),
         QueueCall::Enqueue(job) => (*job == tidemark::tidemark_core::Job::Sweep, None),
@@ -412,9 +409,9 @@ async fn stream_feed<S: FeedStream>(
 ) -> std::io::Result<()> {
     let opened = match opened {
         Ok(opened) => opened,
-        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+        Err(e) => return wire::write(&mut stream, &failed(e)).await,
     };
-    proto::write(&mut stream, &Response::FeedOpened(opened.info.into())).await?;
+    wire::write(&mut stream, &Response::FeedOpened(opened.info.into())).await?;
     let mut items = opened.stream;
     loop {
         let next = tokio::select! {
@@ -439,7 +436,7 @@ async fn stream_feed<S: FeedStream>(
             Some(Some(Err(e))) => failed(e),
         };
         let last = matches!(response, Response::End | Response::Failed(_));
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
         if last {
             return Ok(());
         }
@@ -453,9 +450,9 @@ async fn stream_wakes(
 ) -> std::io::Result<()> {
     let mut listener = match memory.wake.listen(channel).await {
         Ok(l) => l,
-        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+        Err(e) => return wire::write(&mut stream, &failed(e)).await,
     };
-    proto::write(&mut stream, &Response::Ok).await?;
+    wire::write(&mut stream, &Response::Ok).await?;
     loop {
         let response = match listener.recv_timeout(HEARTBEAT).await {
             Ok(Received::Wake(payload)) => Response::Wake(payload),
@@ -464,7 +461,7 @@ async fn stream_wakes(
             Err(e) => failed(e),
         };
         let last = matches!(response, Response::End | Response::Failed(_));
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
         if last {
             return Ok(());
         }
@@ -473,13 +470,13 @@ async fn stream_wakes(
 
 async fn stream_outbox(memory: &Memory, mut stream: TcpStream) -> std::io::Result<()> {
     let mut watch = memory.outbox.watch();
-    proto::write(&mut stream, &Response::Ok).await?;
+    wire::write(&mut stream, &Response::Ok).await?;
     loop {
         let response = tokio::select! {
             biased;
             () = watch.changed() => Response::Changed,
             () = tokio::time::sleep(HEARTBEAT) => Response::Heartbeat,
         };
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
     }
 }
