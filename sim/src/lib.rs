@@ -10,7 +10,7 @@
 //! and that none is lost.
 //!
 //! The worker hosts also run the runtime's job runner and retention over the wire (see
-//! [`ops`] and [`sweeps`]): sweeps on their schedule under the sweeper lock, checked by a
+//! [`world::jobs`] and [`world::retention`]): sweeps on their schedule under the sweeper lock, checked by a
 //! ledger that no two owners hold the lock at once and that no sweep removes what the
 //! retention policy or job retention keeps.
 //!
@@ -29,16 +29,10 @@
 //! equal the source's within a bound. The same seed gives the same trace hash.
 #![forbid(unsafe_code)]
 
-pub mod jetstream;
-pub mod kv;
-pub mod listener;
-pub mod naive;
-pub mod ops;
-pub mod oracle;
-pub mod remote;
+pub mod checks;
+pub mod clients;
+pub mod hosts;
 pub mod scenario;
-pub mod server;
-pub mod sweeps;
 pub mod trace;
 pub mod wire;
 pub mod world;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_sim::remote::PartReads;
+use tidemark_sim::clients::remote::PartReads;
 use tidemark_sim::scenario::{FaultKind, Scenario, Strategy, plan};
 use tidemark_sim::world::{Outcome, run};
 

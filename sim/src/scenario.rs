@@ -1,11 +1,14 @@
-//! What a run simulates: its hosts, the faults allowed, the follower strategy, and the
-//! fault plan drawn from the seed.
+//! What a run simulates: its hosts, the faults allowed, the follower strategy, the
+//! followers it makes, the settings its retention and jobs run with, and the fault plan
+//! drawn from the seed. It reads nothing of the simulator but its own settings: the wire,
+//! the hosts, the clients, the checks and the world all read it.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-use tidemark::tidemark_core::Rng;
+use tidemark::JobRetention;
+use tidemark::tidemark_core::{RetentionPolicy, Rng};
 
 /// Kinds of fault the plan may draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
@@ -464,6 +467,24 @@ pub fn relay_host(i: usize) -> String {
 /// The source host's name.
 pub const SOURCE: &str = "source";
 
+/// How often the world sweeps: often, so sweeps land in the fault phase.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The sweeper lock's lease: short, so a sweeper that crashed holding it is taken over
+/// within the run.
+pub const SWEEP_LEASE: Duration = Duration::from_secs(2);
+/// The world's retention: history goes 2 s after it was written unless a durable cursor
+/// needs it, and after 8 s whatever cursors need; so a follower cut off for a few seconds
+/// must notice compaction.
+pub const POLICY: RetentionPolicy = RetentionPolicy {
+    keep: Duration::from_secs(2),
+    max_age: Some(Duration::from_secs(8)),
+};
+/// Done jobs go 2 s after they finished; dead letters stay until requeued.
+pub const JOB_RETENTION: JobRetention = JobRetention {
+    done: Duration::from_secs(2),
+    dead: None,
+};
+
 /// Draws the fault plan of a run from its seed: `(at, action)` sorted by time, every
 /// fault followed by its repair inside the fault phase.
 #[must_use]
@@ -653,7 +674,7 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
 
 /// How long an outage in `outages_in_every_run` cuts a follower off: longer than the
 /// sweeps keep the change log for a follower the source knows nothing of
-/// ([`POLICY`](crate::sweeps::POLICY)`.keep`).
+/// ([`POLICY`]`.keep`).
 pub const OUTAGE: std::ops::Range<Duration> =
     Duration::from_millis(3200)..Duration::from_millis(4400);
 
@@ -699,10 +720,10 @@ fn outages_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
             .iter()
             .all(|&r| back + Duration::from_millis(500) < r || cut > r + Duration::from_secs(5))
     };
-    let logs = crate::world::followers(s)
+    let logs = followers(s)
         .into_iter()
         .enumerate()
-        .filter(|(_, f)| f.kind != crate::world::Kind::JetStream)
+        .filter(|(_, f)| f.kind != Kind::JetStream)
         .map(|(i, _)| i);
     for i in logs {
         // The first in the first half of the fault phase, the second after it.
@@ -772,8 +793,7 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
 fn apart_action(kind: FaultKind, rng: &mut Rng) -> Action {
     match kind {
         FaultKind::SweeperStall => {
-            let stall =
-                crate::sweeps::SWEEP_LEASE + Duration::from_millis(500 + rng.next_u64() % 2000);
+            let stall = SWEEP_LEASE + Duration::from_millis(500 + rng.next_u64() % 2000);
             Action::StallSweeper(stall)
         }
         _ => {
@@ -829,6 +849,115 @@ fn crash_schedulers_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Durati
             },
         ));
     }
+}
+
+/// How a follower learns about changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Follows the source's change log (gapless), catches up on wakes too.
+    Log,
+    /// A wake runner: reconciles on start and on every wake, no feed.
+    WakeOnly,
+    /// Follows the announcements stream, reconciles first and on every wake.
+    Events,
+    /// Naive: watches the change log from its current head only.
+    NewOnly,
+    /// Naive: replays announcements and never reconciles.
+    EventsNoReconcile,
+    /// Follows a KV bucket on the source host's JetStream (a sparse feed, one revision
+    /// per key) and reads it as its source, through tidemark-jetstream's pieces, as the
+    /// NATS adapter does; catches up on wakes too.
+    JetStream,
+}
+
+/// Where a follower keeps its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// In its process only: a crash loses it.
+    Volatile,
+    /// In a durable store, through the store's own sink (one write per commit).
+    Store,
+    /// Naive: in a durable store, but a restart tells the follower nothing of its keys.
+    ForgetsIndex,
+    /// Naive: in a durable store, the watermark written before the rows.
+    WatermarkFirst,
+}
+
+/// One follower's setup.
+#[derive(Clone, Debug)]
+pub struct FollowerSpec {
+    /// Host name.
+    pub name: String,
+    /// How it follows.
+    pub kind: Kind,
+    /// Where its cache lives, and so what survives its crashes.
+    pub durability: Durability,
+    /// Runs as a user's worker under a [`Supervisor`](tidemark::Supervisor) that restarts it when a handler
+    /// fails (keeping what it applied), instead of as a bare follower task.
+    pub supervised: bool,
+    /// Reads each part of a resync's snapshot at its own moment (a naive strategy).
+    pub parts_apart: bool,
+    /// A JetStream follower whose replays end on the pending count (a naive strategy).
+    pub trusts_pending: bool,
+    /// Cannot tell one history of the source from another (a naive strategy).
+    pub blind_to_history: bool,
+}
+
+impl FollowerSpec {
+    /// Whether its cache survives its crashes.
+    #[must_use]
+    pub fn persisted(&self) -> bool {
+        self.durability != Durability::Volatile
+    }
+}
+
+/// The followers of a scenario.
+#[must_use]
+pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
+    (0..s.followers)
+        .map(|i| {
+            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events, Kind::JetStream][i % 4];
+            let (kind, durable) = match s.strategy {
+                Strategy::Correct => (correct, Durability::Store),
+                // The watcher that starts from "now" keeps no cache across restarts (a
+                // warm one would resync on its head claim and hide the defect).
+                Strategy::WatchNewOnly => (Kind::NewOnly, Durability::Volatile),
+                Strategy::NoReconcile => (Kind::EventsNoReconcile, Durability::Store),
+                Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
+                Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
+                // Followers of the memory source only: a bucket's client reads its snapshot
+                // whole (a consumer delivers it in stream order) and has no parts to read
+                // apart.
+                Strategy::PartsApart => (
+                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
+                    Durability::Store,
+                ),
+                Strategy::TrustsPending | Strategy::JetStream => {
+                    (Kind::JetStream, Durability::Store)
+                }
+                // Followers of the memory source, whose client says nothing of its history.
+                Strategy::TrustsWatermark => (
+                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
+                    Durability::Store,
+                ),
+                Strategy::NaiveTicks => (correct, Durability::Store),
+            };
+            let persisted = s.persisted(i);
+            FollowerSpec {
+                name: follower_host(i),
+                kind,
+                durability: if persisted {
+                    durable
+                } else {
+                    Durability::Volatile
+                },
+                supervised: !persisted && kind == Kind::Log,
+                parts_apart: s.strategy == Strategy::PartsApart,
+                trusts_pending: s.strategy == Strategy::TrustsPending,
+                blind_to_history: s.strategy == Strategy::TrustsWatermark,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,8 +5,6 @@
 use serde::{Deserialize, Serialize};
 use tidemark_jetstream::{Limits, StreamState};
 
-use super::source::Response;
-
 /// Where a consumer starts, on the wire.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub enum JsStart {
@@ -88,12 +86,6 @@ pub enum JsAnswer {
     Consuming,
     /// Deliveries; none is an idle heartbeat (nothing to send for a heartbeat interval).
     Batch(Vec<JsDelivery>),
-}
-
-impl From<JsAnswer> for Response {
-    fn from(a: JsAnswer) -> Self {
-        Response::JetStream(a)
-    }
 }
 
 impl JsAnswer {

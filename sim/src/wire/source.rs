@@ -438,3 +438,9 @@ pub enum Response {
     /// Changes (or their compaction) and the lineage at the seq they were asked since.
     ChangesAndLineage(Box<Response>, WireLineage),
 }
+
+impl From<JsAnswer> for Response {
+    fn from(a: JsAnswer) -> Self {
+        Response::JetStream(a)
+    }
+}

@@ -15,10 +15,10 @@ use tidemark::{
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
 
-use crate::jetstream::JetStream;
-use crate::ops::JobLedger;
-use crate::oracle::{History, RelayLedger};
-use crate::sweeps::Sweeps;
+use crate::checks::jobs::JobLedger;
+use crate::checks::oracle::{History, RelayLedger};
+use crate::hosts::jetstream::JetStream;
+use crate::hosts::sweeps::Sweeps;
 use crate::trace::Trace;
 use crate::wire::{self, HEARTBEAT, PORT, Request, Response, WireEntry};
 
@@ -378,8 +378,8 @@ async fn connection(
 /// jobs, keyed or not), and a scheduler doomed to crash served no tick's enqueue.
 async fn serve_queue(
     memory: &Memory,
-    jobs: &crate::ops::JobLedger,
-    sweeps: &crate::sweeps::Sweeps,
+    jobs: &JobLedger,
+    sweeps: &Sweeps,
     call: crate::wire::QueueCall,
 ) -> Response {
     use crate::wire::{QueueAnswer, QueueCall};
@@ -391,7 +391,7 @@ async fn serve_queue(
     if tick_job && sweeps.ledger.is_doomed(by.as_deref()) {
         return Response::Failed("the scheduler is crashing".into());
     }
-    let response = crate::ops::serve(&memory.queue, jobs, call).await;
+    let response = crate::hosts::queue::serve(&memory.queue, jobs, call).await;
     if tick_job
         && matches!(
             response,

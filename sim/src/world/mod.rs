@@ -1,6 +1,9 @@
 //! One simulated run: the hosts, the fault plan carried out over simulated time, the safety
 //! checks after every step and the liveness phase.
 
+pub mod jobs;
+pub mod retention;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,83 +18,28 @@ use tidemark_memory::{
     Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutbox, MemoryOutboxBackup, Port,
 };
 
-use crate::jetstream::JetStream;
-use crate::kv::RemoteKv;
-use crate::listener::ReconnectingListener;
-use crate::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
-use crate::ops::{self, JobFaults, JobLedger};
-use crate::oracle::{Expect, FeedSkips, History, Probe, RelayLedger, Volatile, differences, holds};
-use crate::remote::{PartReads, Remote, RemoteEvents};
-use crate::scenario::{
-    Action, FaultKind, SOURCE, Scenario, Strategy, Workload, follower_host, plan, relay_host,
-    writer_host,
+use self::jobs::JobFaults;
+use crate::checks::jobs::JobLedger;
+use crate::checks::oracle::{
+    Expect, FeedSkips, History, Probe, RelayLedger, Volatile, differences, holds,
 };
-use crate::server;
-use crate::sweeps::{self, SweepCounts, SweepLedger, Sweeps};
+use crate::checks::sweeps::{SweepCounts, SweepLedger};
+use crate::clients::kv::RemoteKv;
+use crate::clients::listener::ReconnectingListener;
+use crate::clients::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
+use crate::clients::remote::{PartReads, Remote, RemoteEvents};
+use crate::hosts::jetstream::JetStream;
+use crate::hosts::queue;
+use crate::hosts::source as server;
+use crate::hosts::sweeps::Sweeps;
+use crate::scenario::{
+    Action, Durability, FaultKind, FollowerSpec, Kind, SOURCE, Scenario, Strategy, Workload,
+    followers, plan, relay_host, writer_host,
+};
 use crate::trace::Trace;
 
 /// The wake channel writers announce on.
 pub const CHANNEL: &str = "changes";
-
-/// How a follower learns about changes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    /// Follows the source's change log (gapless), catches up on wakes too.
-    Log,
-    /// A wake runner: reconciles on start and on every wake, no feed.
-    WakeOnly,
-    /// Follows the announcements stream, reconciles first and on every wake.
-    Events,
-    /// Naive: watches the change log from its current head only.
-    NewOnly,
-    /// Naive: replays announcements and never reconciles.
-    EventsNoReconcile,
-    /// Follows a KV bucket on the source host's JetStream (a sparse feed, one revision
-    /// per key) and reads it as its source, through tidemark-jetstream's pieces, as the
-    /// NATS adapter does; catches up on wakes too.
-    JetStream,
-}
-
-/// Where a follower keeps its cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Durability {
-    /// In its process only: a crash loses it.
-    Volatile,
-    /// In a durable store, through the store's own sink (one write per commit).
-    Store,
-    /// Naive: in a durable store, but a restart tells the follower nothing of its keys.
-    ForgetsIndex,
-    /// Naive: in a durable store, the watermark written before the rows.
-    WatermarkFirst,
-}
-
-/// One follower's setup.
-#[derive(Clone, Debug)]
-pub struct FollowerSpec {
-    /// Host name.
-    pub name: String,
-    /// How it follows.
-    pub kind: Kind,
-    /// Where its cache lives, and so what survives its crashes.
-    pub durability: Durability,
-    /// Runs as a user's worker under a [`Supervisor`] that restarts it when a handler
-    /// fails (keeping what it applied), instead of as a bare follower task.
-    pub supervised: bool,
-    /// Reads each part of a resync's snapshot at its own moment (a naive strategy).
-    pub parts_apart: bool,
-    /// A JetStream follower whose replays end on the pending count (a naive strategy).
-    pub trusts_pending: bool,
-    /// Cannot tell one history of the source from another (a naive strategy).
-    pub blind_to_history: bool,
-}
-
-impl FollowerSpec {
-    /// Whether its cache survives its crashes.
-    #[must_use]
-    pub fn persisted(&self) -> bool {
-        self.durability != Durability::Volatile
-    }
-}
 
 /// What a run found.
 #[derive(Clone, Debug)]
@@ -372,14 +320,14 @@ async fn worker_host(
     job_faults: Arc<JobFaults>,
 ) -> turmoil::Result {
     let naive_ticks = job_faults.naive_ticks.load(Ordering::SeqCst);
-    let runner = ops::runner(
+    let runner = jobs::runner(
         relay_host(i),
         seed ^ (i as u64 + 7),
         jobs,
         job_faults,
         trace.clone(),
     );
-    let retention = sweeps::retention(i, relay_host(i), trace.clone(), naive_ticks);
+    let retention = retention::retention(i, relay_host(i), trace.clone(), naive_ticks);
     tokio::select! {
         biased;
         done = relay(i, seed, trace) => done,
@@ -656,55 +604,6 @@ async fn drive<K: Sink<String> + 'static>(
     Ok(())
 }
 
-/// The followers of a scenario.
-#[must_use]
-pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
-    (0..s.followers)
-        .map(|i| {
-            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events, Kind::JetStream][i % 4];
-            let (kind, durable) = match s.strategy {
-                Strategy::Correct => (correct, Durability::Store),
-                // The watcher that starts from "now" keeps no cache across restarts (a
-                // warm one would resync on its head claim and hide the defect).
-                Strategy::WatchNewOnly => (Kind::NewOnly, Durability::Volatile),
-                Strategy::NoReconcile => (Kind::EventsNoReconcile, Durability::Store),
-                Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
-                Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
-                // Followers of the memory source only: a bucket's client reads its snapshot
-                // whole (a consumer delivers it in stream order) and has no parts to read
-                // apart.
-                Strategy::PartsApart => (
-                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
-                    Durability::Store,
-                ),
-                Strategy::TrustsPending | Strategy::JetStream => {
-                    (Kind::JetStream, Durability::Store)
-                }
-                // Followers of the memory source, whose client says nothing of its history.
-                Strategy::TrustsWatermark => (
-                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
-                    Durability::Store,
-                ),
-                Strategy::NaiveTicks => (correct, Durability::Store),
-            };
-            let persisted = s.persisted(i);
-            FollowerSpec {
-                name: follower_host(i),
-                kind,
-                durability: if persisted {
-                    durable
-                } else {
-                    Durability::Volatile
-                },
-                supervised: !persisted && kind == Kind::Log,
-                parts_apart: s.strategy == Strategy::PartsApart,
-                trusts_pending: s.strategy == Strategy::TrustsPending,
-                blind_to_history: s.strategy == Strategy::TrustsWatermark,
-            }
-        })
-        .collect()
-}
-
 /// The followers' probes: those of JetStream followers know what their feeds skipped.
 fn probes(
     specs: &[FollowerSpec],
@@ -729,7 +628,7 @@ fn probes(
 #[must_use]
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     // Counted from here: a run is simulated on one thread, which may have run others.
-    let _ = crate::remote::take_part_reads();
+    let _ = crate::clients::remote::take_part_reads();
     let trace = Trace::new(scenario.keep_trace);
     let history = History::default();
     let ledger = RelayLedger::default();
@@ -739,7 +638,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let base = tokio::time::Instant::now();
     let sim_clock = move || base + turmoil::sim_elapsed().unwrap_or_default();
     memory.outbox = MemoryOutbox::with_clock(memory.faults.clone(), sim_clock);
-    memory.queue = ops::source_queue(memory.faults.clone(), sim_clock);
+    memory.queue = queue::source_queue(memory.faults.clone(), sim_clock);
     let jobs = JobLedger::default();
     let job_faults = Arc::new(JobFaults::default());
     job_faults
@@ -1046,7 +945,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     job_faults.slow_next.store(false, Ordering::SeqCst);
     job_faults.fail_next.store(0, Ordering::SeqCst);
     // Every enqueued job must end acked or dead-lettered (the runners run beside relays).
-    let jobs_settled = || scenario.relays == 0 || ops::unsettled(&memory.queue).is_empty();
+    let jobs_settled = || scenario.relays == 0 || queue::unsettled(&memory.queue).is_empty();
     for h in std::mem::take(&mut crashed) {
         sim.bounce(h.as_str());
     }
@@ -1145,7 +1044,7 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         }
     } else {
         if scenario.relays > 0 {
-            for line in ops::unsettled(&memory.queue).into_iter().take(3) {
+            for line in queue::unsettled(&memory.queue).into_iter().take(3) {
                 failures.push(format!(
                     "job runners: within {:?}, {line}",
                     scenario.liveness_bound
@@ -1631,6 +1530,6 @@ fn finish(
             jobs_removed: seen.jobs.jobs_removed(),
             ..seen.sweeps.counts()
         },
-        part_reads: crate::remote::take_part_reads(),
+        part_reads: crate::clients::remote::take_part_reads(),
     }
 }

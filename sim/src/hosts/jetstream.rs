@@ -24,7 +24,7 @@ use tidemark_jetstream::model::{ConsumerId, Start, Stream};
 use tokio::sync::Notify;
 use turmoil::net::TcpStream;
 
-use crate::oracle::FeedSkips;
+use crate::checks::oracle::FeedSkips;
 use crate::wire::{self, HEARTBEAT, JsAnswer, JsCall, JsDelivery, JsStart, Request, Response};
 
 /// How many revisions per key the bucket keeps: one, where an overwrite removes the

@@ -23,8 +23,8 @@ use tidemark_jetstream::{
 };
 use tokio::sync::watch;
 
-use crate::naive::PendingEnd;
-use crate::remote::Remote;
+use crate::clients::naive::PendingEnd;
+use crate::clients::remote::Remote;
 use crate::wire::{self, FrameReader, Request, Response};
 use crate::wire::{JsAnswer, JsCall, JsDelivery, JsStart};
 
