@@ -528,133 +528,14 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     };
     let slot = Duration::from_millis(250);
     let end = s.fault_phase;
-    let pick = |rng: &mut Rng, n: usize| (rng.next_u64() % n as u64) as usize;
     let mut t = slot;
     while t < end {
         if rng.next_f64() < 0.4 {
             let kind = draw_kind(&mut rng);
             let later = t + Duration::from_millis(300 + rng.next_u64() % 4000);
             let heal_at = later.min(end);
-            let other = |rng: &mut Rng| {
-                let hosts = s.followers + s.writers + s.relays;
-                let i = pick(rng, hosts);
-                if i < s.followers {
-                    follower_host(i)
-                } else if i < s.followers + s.writers {
-                    writer_host(i - s.followers)
-                } else {
-                    relay_host(i - s.followers - s.writers)
-                }
-            };
-            match kind {
-                FaultKind::Partition => {
-                    let h = other(&mut rng);
-                    plan.push((t, Action::Partition(SOURCE.into(), h.clone())));
-                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
-                }
-                FaultKind::OneWay => {
-                    let h = other(&mut rng);
-                    let (from, to) = if rng.next_u64() % 2 == 0 {
-                        (SOURCE.to_owned(), h.clone())
-                    } else {
-                        (h.clone(), SOURCE.to_owned())
-                    };
-                    plan.push((t, Action::PartitionOneWay(from, to)));
-                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
-                }
-                FaultKind::Hold => {
-                    let h = other(&mut rng);
-                    plan.push((t, Action::Hold(SOURCE.into(), h.clone())));
-                    plan.push((heal_at, Action::Release(SOURCE.into(), h)));
-                }
-                FaultKind::Latency => {
-                    plan.push((
-                        t,
-                        Action::Latency(Duration::from_millis(100 + rng.next_u64() % 900)),
-                    ));
-                    plan.push((heal_at, Action::Latency(Duration::from_millis(50))));
-                }
-                FaultKind::LinkFailure => {
-                    plan.push((t, Action::FailRate(0.05 + rng.next_f64() * 0.2)));
-                    plan.push((heal_at, Action::FailRate(0.0)));
-                }
-                FaultKind::FollowerCrash => {
-                    let i = pick(&mut rng, s.followers);
-                    plan.push((t, Action::CrashFollower(i)));
-                    plan.push((heal_at, Action::RestartFollower(i)));
-                }
-                FaultKind::SourceCrash => {
-                    plan.push((t, Action::CrashSource));
-                    plan.push((heal_at, Action::RestartSource));
-                }
-                FaultKind::WriterCrash => {
-                    let i = pick(&mut rng, s.writers.max(1));
-                    plan.push((t, Action::WriterCrashAfterCommit(i)));
-                    plan.push((heal_at, Action::RestartWriter(i)));
-                }
-                FaultKind::DropAnnounce => plan.push((t, Action::DropAnnounce)),
-                FaultKind::DuplicateAnnounce => plan.push((t, Action::DuplicateAnnounce)),
-                FaultKind::ReorderAnnounce => plan.push((t, Action::ReorderAnnounce)),
-                FaultKind::DropWake => plan.push((t, Action::DropWake)),
-                FaultKind::Poison => {
-                    plan.push((t, Action::Poison(pick(&mut rng, s.writers.max(1)))))
-                }
-                FaultKind::Compaction => plan.push((t, Action::Compact)),
-                FaultKind::CommitCrash => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    // Mostly after the first write: the window a split commit leaves open.
-                    let after_writes = u32::from(rng.next_u64() % 4 != 0);
-                    let down = Duration::from_millis(300 + rng.next_u64() % 2000);
-                    plan.push((t, Action::CrashFollowerMidCommit(i, after_writes, down)));
-                }
-                FaultKind::SlowCommit => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    let d = Duration::from_millis(20 + rng.next_u64() % 480);
-                    plan.push((t, Action::SlowCommits(i, d)));
-                    plan.push((heal_at, Action::SlowCommits(i, Duration::ZERO)));
-                }
-                FaultKind::FailCommit => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    let n = 1 + (rng.next_u64() % 3) as u32;
-                    plan.push((t, Action::FailCommits(i, n)));
-                }
-                FaultKind::HandlerFailure => {
-                    let i = volatile[pick(&mut rng, volatile.len())];
-                    let n = 1 + (rng.next_u64() % 3) as u32;
-                    plan.push((t, Action::FailHandler(i, n)));
-                }
-                FaultKind::RelayCrash => {
-                    let i = pick(&mut rng, s.relays);
-                    plan.push((t, Action::CrashRelay(i)));
-                    plan.push((heal_at, Action::RestartRelay(i)));
-                }
-                FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
-                FaultKind::RestoreBackup => {
-                    plan.push((t, Action::Backup));
-                    plan.push((heal_at, Action::Restore));
-                }
-                FaultKind::RunnerCrash => {
-                    let i = pick(&mut rng, s.relays);
-                    plan.push((t, Action::CrashRunner(i)));
-                    plan.push((heal_at, Action::RestartRelay(i)));
-                }
-                FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
-                FaultKind::SweeperCrash => {
-                    let down = Duration::from_millis(300 + rng.next_u64() % 3000);
-                    plan.push((t, Action::CrashSweeper(down)));
-                }
-                FaultKind::SchedulerCrash | FaultKind::SweeperStall => {
-                    plan.push((t, apart_action(kind, &mut rng)));
-                }
-                FaultKind::JobFailure => {
-                    plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
-                }
-                FaultKind::ReconnectStorm => {
-                    let h = other(&mut rng);
-                    let flaps = 5 + (rng.next_u64() % 16) as u32;
-                    let each = Duration::from_millis(20 + rng.next_u64() % 180);
-                    plan.push((t, Action::Storm(h, flaps, each)));
-                }
+            if !draw_link_or_host_fault(kind, (t, heal_at), &mut rng, s, &mut plan) {
+                draw_data_fault(kind, (t, heal_at), &mut rng, s, &mut plan);
             }
         }
         t += slot;
@@ -670,6 +551,164 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     // Stable: equal times keep their drawing order.
     plan.sort_by_key(|(at, _)| *at);
     plan
+}
+
+/// Any host but the source, drawn.
+fn other_host(rng: &mut Rng, s: &Scenario) -> String {
+    let hosts = s.followers + s.writers + s.relays;
+    let i = pick(rng, hosts);
+    if i < s.followers {
+        follower_host(i)
+    } else if i < s.followers + s.writers {
+        writer_host(i - s.followers)
+    } else {
+        relay_host(i - s.followers - s.writers)
+    }
+}
+
+/// One of `n`, drawn.
+fn pick(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+/// The actions of a fault drawn at `t` on the network or on a host (a link cut, held or
+/// slowed, a host crashed, the source restored), healed at `heal_at`; `false` if `kind` is
+/// not one of those.
+fn draw_link_or_host_fault(
+    kind: FaultKind,
+    (t, heal_at): (Duration, Duration),
+    rng: &mut Rng,
+    s: &Scenario,
+    plan: &mut Vec<(Duration, Action)>,
+) -> bool {
+    match kind {
+        FaultKind::Partition => {
+            let h = other_host(rng, s);
+            plan.push((t, Action::Partition(SOURCE.into(), h.clone())));
+            plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+        }
+        FaultKind::OneWay => {
+            let h = other_host(rng, s);
+            let (from, to) = if rng.next_u64() % 2 == 0 {
+                (SOURCE.to_owned(), h.clone())
+            } else {
+                (h.clone(), SOURCE.to_owned())
+            };
+            plan.push((t, Action::PartitionOneWay(from, to)));
+            plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+        }
+        FaultKind::Hold => {
+            let h = other_host(rng, s);
+            plan.push((t, Action::Hold(SOURCE.into(), h.clone())));
+            plan.push((heal_at, Action::Release(SOURCE.into(), h)));
+        }
+        FaultKind::Latency => {
+            plan.push((
+                t,
+                Action::Latency(Duration::from_millis(100 + rng.next_u64() % 900)),
+            ));
+            plan.push((heal_at, Action::Latency(Duration::from_millis(50))));
+        }
+        FaultKind::LinkFailure => {
+            plan.push((t, Action::FailRate(0.05 + rng.next_f64() * 0.2)));
+            plan.push((heal_at, Action::FailRate(0.0)));
+        }
+        FaultKind::FollowerCrash => {
+            let i = pick(rng, s.followers);
+            plan.push((t, Action::CrashFollower(i)));
+            plan.push((heal_at, Action::RestartFollower(i)));
+        }
+        FaultKind::SourceCrash => {
+            plan.push((t, Action::CrashSource));
+            plan.push((heal_at, Action::RestartSource));
+        }
+        FaultKind::WriterCrash => {
+            let i = pick(rng, s.writers.max(1));
+            plan.push((t, Action::WriterCrashAfterCommit(i)));
+            plan.push((heal_at, Action::RestartWriter(i)));
+        }
+        FaultKind::RelayCrash => {
+            let i = pick(rng, s.relays);
+            plan.push((t, Action::CrashRelay(i)));
+            plan.push((heal_at, Action::RestartRelay(i)));
+        }
+        FaultKind::RestoreBackup => {
+            plan.push((t, Action::Backup));
+            plan.push((heal_at, Action::Restore));
+        }
+        FaultKind::RunnerCrash => {
+            let i = pick(rng, s.relays);
+            plan.push((t, Action::CrashRunner(i)));
+            plan.push((heal_at, Action::RestartRelay(i)));
+        }
+        FaultKind::ReconnectStorm => {
+            let h = other_host(rng, s);
+            let flaps = 5 + (rng.next_u64() % 16) as u32;
+            let each = Duration::from_millis(20 + rng.next_u64() % 180);
+            plan.push((t, Action::Storm(h, flaps, each)));
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The actions of a fault drawn at `t` on what flows (announcements, wakes, values, the
+/// change log), on a follower's commits or handlers, or on the jobs and sweeps, healed at
+/// `heal_at` where it heals.
+fn draw_data_fault(
+    kind: FaultKind,
+    (t, heal_at): (Duration, Duration),
+    rng: &mut Rng,
+    s: &Scenario,
+    plan: &mut Vec<(Duration, Action)>,
+) {
+    let persisted: Vec<usize> = (0..s.followers).filter(|&i| s.persisted(i)).collect();
+    // Supervised workers are among these (the volatile change-log followers).
+    let volatile: Vec<usize> = (0..s.followers).filter(|&i| !s.persisted(i)).collect();
+    match kind {
+        FaultKind::DropAnnounce => plan.push((t, Action::DropAnnounce)),
+        FaultKind::DuplicateAnnounce => plan.push((t, Action::DuplicateAnnounce)),
+        FaultKind::ReorderAnnounce => plan.push((t, Action::ReorderAnnounce)),
+        FaultKind::DropWake => plan.push((t, Action::DropWake)),
+        FaultKind::Poison => plan.push((t, Action::Poison(pick(rng, s.writers.max(1))))),
+        FaultKind::Compaction => plan.push((t, Action::Compact)),
+        FaultKind::CommitCrash => {
+            let i = persisted[pick(rng, persisted.len())];
+            // Mostly after the first write: the window a split commit leaves open.
+            let after_writes = u32::from(rng.next_u64() % 4 != 0);
+            let down = Duration::from_millis(300 + rng.next_u64() % 2000);
+            plan.push((t, Action::CrashFollowerMidCommit(i, after_writes, down)));
+        }
+        FaultKind::SlowCommit => {
+            let i = persisted[pick(rng, persisted.len())];
+            let d = Duration::from_millis(20 + rng.next_u64() % 480);
+            plan.push((t, Action::SlowCommits(i, d)));
+            plan.push((heal_at, Action::SlowCommits(i, Duration::ZERO)));
+        }
+        FaultKind::FailCommit => {
+            let i = persisted[pick(rng, persisted.len())];
+            let n = 1 + (rng.next_u64() % 3) as u32;
+            plan.push((t, Action::FailCommits(i, n)));
+        }
+        FaultKind::HandlerFailure => {
+            let i = volatile[pick(rng, volatile.len())];
+            let n = 1 + (rng.next_u64() % 3) as u32;
+            plan.push((t, Action::FailHandler(i, n)));
+        }
+        FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
+        FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
+        FaultKind::SweeperCrash => {
+            let down = Duration::from_millis(300 + rng.next_u64() % 3000);
+            plan.push((t, Action::CrashSweeper(down)));
+        }
+        FaultKind::SchedulerCrash | FaultKind::SweeperStall => {
+            plan.push((t, apart_action(kind, rng)));
+        }
+        FaultKind::JobFailure => {
+            plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
+        }
+        _ => {}
+    }
 }
 
 /// How long an outage in `outages_in_every_run` cuts a follower off: longer than the

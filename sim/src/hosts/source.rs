@@ -193,24 +193,55 @@ async fn connection(
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
     let request: Request = wire::read_untimed(&mut stream).await?;
-    let SourceHost {
-        memory,
-        history,
-        ledger,
-        jobs,
-        sweeps,
-        ..
-    } = &host;
-    match admission.admit(&request, history) {
+    match admission.admit(&request, &host.history) {
         Admit::Carry => {}
         Admit::Refuse(refused) => return wire::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
     }
-    let announced = memory.announced_source(RELAYED_LEGS);
-    let source = |relayed: bool| {
-        if relayed { &announced } else { &memory.source }
-    };
+    let memory = &host.memory;
     let response = match request {
+        // The calls that turn the connection into a stream.
+        Request::OpenFeed { from } => {
+            let opened = memory.source.open(from, None).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::OpenEvents { after } => {
+            let opened = memory.events.open(0, after).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::Listen { channel } => return stream_wakes(memory, stream, &channel).await,
+        Request::WatchOutbox => return stream_outbox(memory, stream).await,
+        Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
+        // The other services.
+        Request::Queue(call) => serve_queue(memory, &host.jobs, &host.sweeps, call).await,
+        Request::Sweeps(call) => host.sweeps.serve(memory, call).await,
+        request @ (Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }) => {
+            write_source(&host, request).await
+        }
+        request @ (Request::Publish { .. }
+        | Request::Notify { .. }
+        | Request::LoadCursor { .. }
+        | Request::SaveCursor { .. }
+        | Request::Claim { .. }
+        | Request::Complete { .. }
+        | Request::PendingRows) => serve_announcements(&host, request).await,
+        request => read_source(memory, request).await,
+    };
+    wire::write(&mut stream, &response).await
+}
+
+/// A write to the source (through the announcing source if the writer announces through
+/// the relays), recorded in the history once committed.
+async fn write_source(host: &SourceHost, request: Request) -> Response {
+    let announced = host.memory.announced_source(RELAYED_LEGS);
+    let source = |relayed: bool| {
+        if relayed {
+            &announced
+        } else {
+            &host.memory.source
+        }
+    };
+    match request {
         Request::Put {
             key,
             value,
@@ -246,6 +277,13 @@ async fn connection(
             }
             Err(e) => failed(e),
         },
+        other => unserved(&other),
+    }
+}
+
+/// A read of the source: its watermark, changes, snapshot, lineage and values.
+async fn read_source(memory: &Memory, request: Request) -> Response {
+    match request {
         Request::Watermark => memory
             .source
             .watermark()
@@ -305,6 +343,15 @@ async fn connection(
             },
             Err(e) => failed(e),
         },
+        other => unserved(&other),
+    }
+}
+
+/// The announcements' side of the source host: its events stream, wake channels, durable
+/// cursors and outbox, told to the relays' ledger as it serves them.
+async fn serve_announcements(host: &SourceHost, request: Request) -> Response {
+    let (memory, ledger) = (&host.memory, &host.ledger);
+    match request {
         Request::Publish { key, payload, by } => {
             let seq = Event::decode(&payload).ok().map(|e| e.seq());
             match memory.events.publish(&key, payload).await {
@@ -322,15 +369,6 @@ async fn connection(
             .notify(&channel, payload)
             .await
             .map_or_else(failed, |()| Response::Ok),
-        Request::OpenFeed { from } => {
-            let opened = memory.source.open(from, None).await;
-            return stream_feed(stream, opened).await;
-        }
-        Request::OpenEvents { after } => {
-            let opened = memory.events.open(0, after).await;
-            return stream_feed(stream, opened).await;
-        }
-        Request::Listen { channel } => return stream_wakes(memory, stream, &channel).await,
         Request::LoadCursor { name } => Cursors::load(&memory.events, &name)
             .await
             .map_or_else(failed, Response::MaybeSeq),
@@ -366,12 +404,14 @@ async fn connection(
             .pending()
             .await
             .map_or_else(failed, Response::Seq),
-        Request::WatchOutbox => return stream_outbox(memory, stream).await,
-        Request::Queue(call) => serve_queue(memory, jobs, sweeps, call).await,
-        Request::Sweeps(call) => sweeps.serve(memory, call).await,
-        Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
-    };
-    wire::write(&mut stream, &response).await
+        other => unserved(&other),
+    }
+}
+
+/// A request routed to a part of the host that does not serve it (none is: `connection`
+/// routes each to its own).
+fn unserved(request: &Request) -> Response {
+    Response::Failed(format!("not served here: {request:?}"))
 }
 
 /// A queue call, the sweep ledger told of the jobs enqueued for schedule ticks (`sweep`

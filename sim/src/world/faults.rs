@@ -216,11 +216,21 @@ pub(super) fn apply(
     crashed: &mut BTreeSet<String>,
     commit_crashes: &mut BTreeMap<usize, Duration>,
 ) {
+    if !apply_to_links_and_hosts(sim, action, world, crashed) {
+        arm(action, world, commit_crashes, sim.elapsed());
+    }
+}
+
+/// An action on the network (a link cut, held, slowed or failing) or on a host (crashed
+/// or restarted); `false` if `action` is not one of those.
+fn apply_to_links_and_hosts(
+    sim: &mut turmoil::Sim<'_>,
+    action: &Action,
+    world: &World<'_>,
+    crashed: &mut BTreeSet<String>,
+) -> bool {
     let World {
-        memory,
-        controls,
-        specs,
-        ..
+        controls, specs, ..
     } = *world;
     match action {
         Action::Partition(a, b) => sim.partition(a.as_str(), b.as_str()),
@@ -242,28 +252,6 @@ pub(super) fn apply(
                 sim.bounce(h.as_str());
             }
         }
-        Action::CrashFollowerMidCommit(i, after_writes, down) => {
-            // Armed until the follower's next commit, however long that takes.
-            if let Some(store) = world.store(*i) {
-                store.crash_next_commit(*after_writes);
-                commit_crashes.insert(*i, *down);
-            }
-        }
-        Action::SlowCommits(i, latency) => {
-            if let Some(store) = world.store(*i) {
-                store.set_write_latency(*latency);
-            }
-        }
-        Action::FailHandler(i, n) => {
-            if specs.get(*i).is_some_and(|f| f.supervised) {
-                world.handler_faults[*i].store(*n, Ordering::SeqCst);
-            }
-        }
-        Action::FailCommits(i, n) => {
-            if let Some(store) = world.store(*i) {
-                store.fail_next_commits(*n);
-            }
-        }
         Action::CrashSource => {
             if crashed.insert(SOURCE.into()) {
                 sim.crash(SOURCE);
@@ -272,11 +260,6 @@ pub(super) fn apply(
         Action::RestartSource => {
             if crashed.remove(SOURCE) {
                 sim.bounce(SOURCE);
-            }
-        }
-        Action::WriterCrashAfterCommit(i) => {
-            if let Some(c) = controls.get(*i) {
-                c.crash_after_commit.store(true, Ordering::SeqCst);
             }
         }
         Action::RestartWriter(i) => {
@@ -291,6 +274,71 @@ pub(super) fn apply(
             crashed.remove(&h);
             sim.bounce(h.as_str());
         }
+        Action::CrashRelay(i) => {
+            let h = relay_host(*i);
+            if crashed.insert(h.clone()) {
+                sim.crash(h.as_str());
+            }
+        }
+        Action::RestartRelay(i) => {
+            let h = relay_host(*i);
+            if crashed.remove(&h) {
+                sim.bounce(h.as_str());
+            }
+        }
+        Action::CrashRunner(i) => {
+            let h = relay_host(*i);
+            // Only while it runs a job: a crash with no lease held is a relay crash.
+            if world.jobs.running_on(&h) && crashed.insert(h.clone()) {
+                sim.crash(h.as_str());
+            }
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// An action on what outlives the hosts, carried out when its moment comes: a store's
+/// commits, a writer's next write, a handler, the source's announcements, wakes, change
+/// log and backups, the sweepers and the jobs.
+fn arm(
+    action: &Action,
+    world: &World<'_>,
+    commit_crashes: &mut BTreeMap<usize, Duration>,
+    now: Duration,
+) {
+    let World {
+        memory,
+        controls,
+        specs,
+        ..
+    } = *world;
+    match action {
+        Action::CrashFollowerMidCommit(i, after_writes, down) => {
+            // Armed until the follower's next commit, however long that takes.
+            if let Some(store) = world.store(*i) {
+                store.crash_next_commit(*after_writes);
+                commit_crashes.insert(*i, *down);
+            }
+        }
+        Action::SlowCommits(i, latency) => {
+            if let Some(store) = world.store(*i) {
+                store.set_write_latency(*latency);
+            }
+        }
+        Action::FailHandler(i, n) if specs.get(*i).is_some_and(|f| f.supervised) => {
+            world.handler_faults[*i].store(*n, Ordering::SeqCst);
+        }
+        Action::FailCommits(i, n) => {
+            if let Some(store) = world.store(*i) {
+                store.fail_next_commits(*n);
+            }
+        }
+        Action::WriterCrashAfterCommit(i) => {
+            if let Some(c) = controls.get(*i) {
+                c.crash_after_commit.store(true, Ordering::SeqCst);
+            }
+        }
         Action::DropAnnounce => memory.faults.mangle_next(Mangle::Drop),
         Action::DuplicateAnnounce => memory.faults.mangle_next(Mangle::Duplicate),
         Action::ReorderAnnounce => memory.faults.mangle_next(Mangle::Reorder),
@@ -304,31 +352,12 @@ pub(super) fn apply(
             let wm = memory.source.current_watermark();
             memory.source.compact_below(wm.saturating_sub(3));
         }
-        Action::CrashRelay(i) => {
-            let h = relay_host(*i);
-            if crashed.insert(h.clone()) {
-                sim.crash(h.as_str());
-            }
-        }
-        Action::RestartRelay(i) => {
-            let h = relay_host(*i);
-            if crashed.remove(&h) {
-                sim.bounce(h.as_str());
-            }
-        }
         Action::Foreign(draw) => publish_foreign(memory, *draw),
         Action::Backup => {
             *lock(&world.restores.backup) = Some((memory.source.backup(), memory.outbox.backup()));
             world.jetstream.backup();
         }
-        Action::Restore => world.schedule_restore(sim.elapsed()),
-        Action::CrashRunner(i) => {
-            let h = relay_host(*i);
-            // Only while it runs a job: a crash with no lease held is a relay crash.
-            if world.jobs.running_on(&h) && crashed.insert(h.clone()) {
-                sim.crash(h.as_str());
-            }
-        }
+        Action::Restore => world.schedule_restore(now),
         Action::CrashSweeper(down) => world.sweeps.arm_crash(*down),
         Action::StallSweeper(stall) => world.sweeps.arm_stall(*stall),
         Action::CrashScheduler {
@@ -339,6 +368,7 @@ pub(super) fn apply(
         Action::FailJobs(n) => world.job_faults.fail_next.store(*n, Ordering::SeqCst),
         // Carried out by the orchestrator, flap by flap.
         Action::Storm(..) => {}
+        _ => {}
     }
 }
 
