@@ -17,6 +17,20 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// Written beside the handle, so the telemetry it reads knows nothing of the follower
+/// task.
+impl Health {
+    /// Gathers the health of standalone followers, judged with `stall_after`.
+    pub fn of<'a>(
+        handles: impl IntoIterator<Item = &'a FollowerHandle>,
+        stall_after: Duration,
+    ) -> Self {
+        Health {
+            followers: handles.into_iter().map(|h| h.health(stall_after)).collect(),
+        }
+    }
+}
+
 impl FollowerHandle {
     /// The follower's name.
     #[must_use]

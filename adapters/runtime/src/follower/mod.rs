@@ -26,7 +26,7 @@ use crate::reconnect::Reconnects;
 use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::{SYNC_FEED_BATCH, Sink};
-use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
+use crate::telemetry::{FollowerHealth, FollowerMetrics, Health, Progress};
 
 mod handle;
 mod outputs;
@@ -433,7 +433,7 @@ where
                 // listener that keeps failing cannot spin.
                 let delay = self.wake_backoff.next_delay(now, &mut self.rng);
                 warn!(worker = %self.core.config().name(), error = %e, ?delay, "wake listener failed; catching up and listening again after a pause");
-                self.wake_paused_until = Some(crate::instant_after(Instant::now(), delay));
+                self.wake_paused_until = Some(crate::clock::instant_after(Instant::now(), delay));
                 self.core.handle_input(Input::Wake, now);
             }
             Event::Wake(Err(e)) => {
