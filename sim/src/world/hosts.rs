@@ -251,7 +251,7 @@ pub const RELAY_LEASE: Duration = Duration::from_secs(2);
 const RELAY_BATCH: usize = 4;
 
 /// A worker host: a relay, a job runner and retention (a sweep driver or a sweep
-/// scheduler, see [`sweeps`]), as one process of a user's deployment runs them; a crash
+/// scheduler, see [`retention`]), as one process of a user's deployment runs them; a crash
 /// takes them all down.
 pub(super) async fn worker_host(
     i: usize,
