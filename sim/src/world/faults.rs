@@ -12,7 +12,6 @@ use tidemark_memory::{Mangle, Memory, MemoryBackup, MemoryCacheStore, MemoryOutb
 
 use super::hosts::{WriterControl, lock};
 use super::jobs::JobFaults;
-use super::{Parts, poll_once};
 use crate::checks::jobs::JobLedger;
 use crate::checks::oracle::{History, Probe, RelayLedger};
 use crate::checks::sweeps::SweepLedger;
@@ -23,19 +22,19 @@ use crate::trace::Trace;
 
 /// What the orchestrator acts on.
 pub(super) struct World<'a> {
-    memory: &'a Memory,
+    pub(super) memory: &'a Memory,
     /// The JetStream bucket beside the source: backed up and restored with it.
-    jetstream: &'a JetStream,
-    controls: &'a [Arc<WriterControl>],
-    specs: &'a [FollowerSpec],
-    stores: &'a [Option<MemoryCacheStore>],
-    handler_faults: &'a [Arc<AtomicU32>],
-    jobs: &'a JobLedger,
-    job_faults: &'a JobFaults,
-    sweeps: &'a SweepLedger,
-    history: &'a History,
-    ledger: &'a RelayLedger,
-    probes: &'a [Probe],
+    pub(super) jetstream: &'a JetStream,
+    pub(super) controls: &'a [Arc<WriterControl>],
+    pub(super) specs: &'a [FollowerSpec],
+    pub(super) stores: &'a [Option<MemoryCacheStore>],
+    pub(super) handler_faults: &'a [Arc<AtomicU32>],
+    pub(super) jobs: &'a JobLedger,
+    pub(super) job_faults: &'a JobFaults,
+    pub(super) sweeps: &'a SweepLedger,
+    pub(super) history: &'a History,
+    pub(super) ledger: &'a RelayLedger,
+    pub(super) probes: &'a [Probe],
     pub(super) restores: &'a Restores,
 }
 
@@ -125,27 +124,6 @@ impl Restores {
             true
         } else {
             false
-        }
-    }
-}
-
-impl<'a> World<'a> {
-    /// What the fault actions reach in `parts`, and the restores.
-    pub(super) fn new(parts: &'a Parts, restores: &'a Restores) -> Self {
-        World {
-            memory: &parts.memory,
-            jetstream: &parts.jetstream,
-            controls: &parts.controls,
-            specs: &parts.specs,
-            stores: &parts.stores,
-            handler_faults: &parts.handler_faults,
-            history: &parts.history,
-            ledger: &parts.ledger,
-            probes: &parts.probes,
-            restores,
-            jobs: &parts.jobs,
-            job_faults: &parts.job_faults,
-            sweeps: &parts.sweeps.ledger,
         }
     }
 }
@@ -419,5 +397,15 @@ fn publish_foreign(memory: &Memory, draw: u64) {
     ];
     for (key, payload) in payloads {
         let _ = poll_once(Publish::publish(&memory.events, &key, payload));
+    }
+}
+
+/// Polls a memory port's future once, outside every host: they complete on their first
+/// poll (`None` if one did not).
+pub(super) fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(fut).as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
     }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tidemark::{Cursors, Outbox};
 use tidemark_memory::{Memory, MemoryCacheStore, MemoryOutbox};
 
-use self::faults::{Restores, World, apply};
+use self::faults::{Restores, World, apply, poll_once};
 use self::hosts::{WriterControl, follower, probes, worker_host, writer};
 use self::jobs::JobFaults;
 use crate::checks::jobs::JobLedger;
@@ -87,10 +87,10 @@ impl Outcome {
 pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
     let (mut sim, parts, gate) = build(seed, scenario);
     let restores = Restores::new(gate);
-    let world = World::new(&parts, &restores);
+    let world = parts.world(&restores);
     let mut failures = Vec::new();
     let mut downs = Downs::default();
-    let safe = fault_phase(
+    let lived = fault_phase(
         &mut sim,
         seed,
         scenario,
@@ -98,32 +98,23 @@ pub fn run(seed: u64, scenario: &Scenario) -> Outcome {
         &world,
         &mut downs,
         &mut failures,
-    );
-    if safe.is_err() {
-        return finish(
-            seed,
-            failures,
-            downs.faults,
-            None,
-            &parts.seen(downs.landed),
-        );
-    }
-    heal(&mut sim, scenario, &parts, &mut downs.crashed);
-    let Ok(converged_after) = liveness(&mut sim, scenario, &parts, &world, &downs, &mut failures)
-    else {
-        return finish(
-            seed,
-            failures,
-            downs.faults,
-            None,
-            &parts.seen(downs.landed),
-        );
+    )
+    .and_then(|()| {
+        heal(&mut sim, scenario, &parts, &mut downs.crashed);
+        liveness(&mut sim, scenario, &parts, &world, &downs, &mut failures)
+    });
+    // A safety check that failed ends the run where it failed: no verdict on liveness.
+    let converged_after = match lived {
+        Ok(Some(after)) => {
+            check_what_converged(&parts, &mut failures);
+            Some(after)
+        }
+        Ok(None) => {
+            tell_what_did_not_converge(scenario, &parts, &mut failures);
+            None
+        }
+        Err(Unsafe) => None,
     };
-    if converged_after.is_some() {
-        check_what_converged(&parts, &mut failures);
-    } else {
-        tell_what_did_not_converge(scenario, &parts, &mut failures);
-    }
     finish(
         seed,
         failures,
@@ -155,6 +146,25 @@ struct Parts {
 }
 
 impl Parts {
+    /// What the fault actions reach, with the restores.
+    fn world<'a>(&'a self, restores: &'a Restores) -> World<'a> {
+        World {
+            memory: &self.memory,
+            jetstream: &self.jetstream,
+            controls: &self.controls,
+            specs: &self.specs,
+            stores: &self.stores,
+            handler_faults: &self.handler_faults,
+            history: &self.history,
+            ledger: &self.ledger,
+            probes: &self.probes,
+            restores,
+            jobs: &self.jobs,
+            job_faults: &self.job_faults,
+            sweeps: &self.sweeps.ledger,
+        }
+    }
+
     /// What the verdict reads besides the failures.
     fn seen(&self, commit_crashes: u32) -> Seen<'_> {
         Seen {
@@ -718,16 +728,6 @@ fn drained(memory: &Memory) -> bool {
 
 fn wake_all(memory: &Memory) {
     let _ = poll_once(tidemark::Wake::notify(&memory.wake, CHANNEL, Vec::new()));
-}
-
-/// Polls a memory port's future once, outside every host: they complete on their first
-/// poll (`None` if one did not).
-fn poll_once<F: Future>(fut: F) -> Option<F::Output> {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match std::pin::pin!(fut).as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(out) => Some(out),
-        std::task::Poll::Pending => None,
-    }
 }
 
 /// Whether every follower holds the source's state at its head. Checked at every step of
