@@ -1,6 +1,6 @@
 //! The `Outbox` port: exclusive, expiring claims and each row published once.
 
-use super::*;
+use super::common::*;
 
 /// Outbox rows are claimed by one owner at a time and handed out in id order with the
 /// legs that already landed; completing records those legs and releases the claim, but

@@ -1,6 +1,6 @@
 //! The `ScheduleStore` port: compare-and-set firing, replacement and removal.
 
-use super::*;
+use super::common::*;
 
 /// `mark_fired` is a compare-and-set: exactly one of two racing runners wins a tick.
 pub async fn schedule_mark_fired_is_compare_and_set<T: ScheduleStore>(t: &T) {
