@@ -1,4 +1,4 @@
-//! A KV bucket on the source host's JetStream ([`crate::jetstream`]), read as the NATS
+//! A KV bucket on the source host's JetStream ([`crate::hosts::jetstream`]), read as the NATS
 //! adapter's `KvBucket` reads one: every decision about what the server says — when a
 //! replay is complete, when an initial sync may say ready, the head it must reach, the
 //! first seq still served, whether a moved first seq is compaction — is taken by

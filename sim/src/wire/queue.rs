@@ -7,7 +7,8 @@ use serde::{Deserialize, Serialize};
 use tidemark::Leased;
 use tidemark::tidemark_core::{Job, JobId};
 
-/// A queue call on the wire (the [`Queue`] methods a runner and the announce legs use).
+/// A queue call on the wire (the [`Queue`](tidemark::Queue) methods a runner and the
+/// announce legs use).
 #[allow(missing_docs)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub enum QueueCall {
@@ -69,7 +70,8 @@ pub enum QueueAnswer {
         done: u64,
         dead: u64,
     },
-    /// [`Error::LeaseLost`]: the runner must stop the job's handler.
+    /// [`Error::LeaseLost`](tidemark::Error::LeaseLost): the runner must stop the job's
+    /// handler.
     LeaseLost(String),
     /// Finished jobs removed.
     Removed(u64),
