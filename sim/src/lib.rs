@@ -1,6 +1,19 @@
 //! tidemark-sim: a turmoil simulation of writers, a source host and followers running the
 //! real runtime drivers, with faults drawn from a seed and a convergence oracle.
 //!
+//! It reads in layers, each importing only those below it:
+//! - [`scenario`] (what a run simulates, its settings, and the fault plan drawn from the
+//!   seed) and [`trace`] at the bottom, read by every other layer;
+//! - [`wire`]: frames and every message type, knowing nothing of the world;
+//! - [`checks`]: the oracle and the ledgers, reading only what is recorded into them;
+//! - [`clients`] that call the wire behind the runtime's ports, and [`hosts`] that serve
+//!   it (and tell the checks what they serve);
+//! - [`world`] on top: one run in phases (build, fault phase, heal, liveness, verdict),
+//!   the hosts' programs and the faults; the campaign CLI (`main.rs`) last.
+//!
+//! A fault is injected in [`world`] (its `faults` file) and its effect checked in
+//! [`checks`].
+//!
 //! Persisted followers run the real persisted-sink path: a `MemoryCacheStore` that
 //! outlives their host, written by its sink at every batch boundary and read back by
 //! `Sink::resume` after a crash; the probe wraps that sink and only watches.
@@ -10,7 +23,7 @@
 //! and that none is lost.
 //!
 //! The worker hosts also run the runtime's job runner and retention over the wire (see
-//! [`ops`] and [`sweeps`]): sweeps on their schedule under the sweeper lock, checked by a
+//! [`world::jobs`] and [`world::retention`]): sweeps on their schedule under the sweeper lock, checked by a
 //! ledger that no two owners hold the lock at once and that no sweep removes what the
 //! retention policy or job retention keeps.
 //!
@@ -29,16 +42,10 @@
 //! equal the source's within a bound. The same seed gives the same trace hash.
 #![forbid(unsafe_code)]
 
-pub mod jetstream;
-pub mod kv;
-pub mod listener;
-pub mod naive;
-pub mod ops;
-pub mod oracle;
-pub mod proto;
-pub mod remote;
+pub mod checks;
+pub mod clients;
+pub mod hosts;
 pub mod scenario;
-pub mod server;
-pub mod sweeps;
 pub mod trace;
+pub mod wire;
 pub mod world;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
-use tidemark_sim::remote::PartReads;
+use tidemark_sim::clients::remote::PartReads;
 use tidemark_sim::scenario::{FaultKind, Scenario, Strategy, plan};
 use tidemark_sim::world::{Outcome, run};
 
@@ -55,6 +55,10 @@ struct Args {
     /// Run every seed twice and fail if the trace hashes differ.
     #[arg(long)]
     check_determinism: bool,
+    /// After a campaign, print one line per seed, `seed N trace HASH`, in seed order: two
+    /// builds that hash every seed alike run the same simulation (a refactor's proof).
+    #[arg(long)]
+    print_hashes: bool,
     /// Simulated milliseconds per simulation step (the grain of message delivery).
     #[arg(long, default_value_t = tidemark_sim::scenario::DEFAULT_TICK.as_millis() as u64, value_parser = clap::value_parser!(u64).range(1..=20))]
     tick_ms: u64,
@@ -271,6 +275,11 @@ fn campaign(args: &Args, seeds: std::ops::Range<u64>) -> ExitCode {
     let elapsed = started.elapsed();
     let mut outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
     outcomes.sort_by_key(|o| o.seed);
+    if args.print_hashes {
+        for o in &outcomes {
+            println!("seed {} trace {:016x}", o.seed, o.trace_hash);
+        }
+    }
     summary(args, &outcomes, elapsed)
 }
 

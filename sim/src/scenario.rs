@@ -1,11 +1,14 @@
-//! What a run simulates: its hosts, the faults allowed, the follower strategy, and the
-//! fault plan drawn from the seed.
+//! What a run simulates: its hosts, the faults allowed, the follower strategy, the
+//! followers it makes, the settings its retention and jobs run with, and the fault plan
+//! drawn from the seed. It reads nothing of the simulator but its own settings: the wire,
+//! the hosts, the clients, the checks and the world all read it.
 
 use std::collections::BTreeSet;
 use std::fmt;
 use std::time::Duration;
 
-use tidemark::tidemark_core::Rng;
+use tidemark::JobRetention;
+use tidemark::tidemark_core::{RetentionPolicy, Rng};
 
 /// Kinds of fault the plan may draw.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, clap::ValueEnum)]
@@ -464,6 +467,24 @@ pub fn relay_host(i: usize) -> String {
 /// The source host's name.
 pub const SOURCE: &str = "source";
 
+/// How often the world sweeps: often, so sweeps land in the fault phase.
+pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// The sweeper lock's lease: short, so a sweeper that crashed holding it is taken over
+/// within the run.
+pub const SWEEP_LEASE: Duration = Duration::from_secs(2);
+/// The world's retention: history goes 2 s after it was written unless a durable cursor
+/// needs it, and after 8 s whatever cursors need; so a follower cut off for a few seconds
+/// must notice compaction.
+pub const POLICY: RetentionPolicy = RetentionPolicy {
+    keep: Duration::from_secs(2),
+    max_age: Some(Duration::from_secs(8)),
+};
+/// Done jobs go 2 s after they finished; dead letters stay until requeued.
+pub const JOB_RETENTION: JobRetention = JobRetention {
+    done: Duration::from_secs(2),
+    dead: None,
+};
+
 /// Draws the fault plan of a run from its seed: `(at, action)` sorted by time, every
 /// fault followed by its repair inside the fault phase.
 #[must_use]
@@ -507,133 +528,14 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     };
     let slot = Duration::from_millis(250);
     let end = s.fault_phase;
-    let pick = |rng: &mut Rng, n: usize| (rng.next_u64() % n as u64) as usize;
     let mut t = slot;
     while t < end {
         if rng.next_f64() < 0.4 {
             let kind = draw_kind(&mut rng);
             let later = t + Duration::from_millis(300 + rng.next_u64() % 4000);
             let heal_at = later.min(end);
-            let other = |rng: &mut Rng| {
-                let hosts = s.followers + s.writers + s.relays;
-                let i = pick(rng, hosts);
-                if i < s.followers {
-                    follower_host(i)
-                } else if i < s.followers + s.writers {
-                    writer_host(i - s.followers)
-                } else {
-                    relay_host(i - s.followers - s.writers)
-                }
-            };
-            match kind {
-                FaultKind::Partition => {
-                    let h = other(&mut rng);
-                    plan.push((t, Action::Partition(SOURCE.into(), h.clone())));
-                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
-                }
-                FaultKind::OneWay => {
-                    let h = other(&mut rng);
-                    let (from, to) = if rng.next_u64() % 2 == 0 {
-                        (SOURCE.to_owned(), h.clone())
-                    } else {
-                        (h.clone(), SOURCE.to_owned())
-                    };
-                    plan.push((t, Action::PartitionOneWay(from, to)));
-                    plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
-                }
-                FaultKind::Hold => {
-                    let h = other(&mut rng);
-                    plan.push((t, Action::Hold(SOURCE.into(), h.clone())));
-                    plan.push((heal_at, Action::Release(SOURCE.into(), h)));
-                }
-                FaultKind::Latency => {
-                    plan.push((
-                        t,
-                        Action::Latency(Duration::from_millis(100 + rng.next_u64() % 900)),
-                    ));
-                    plan.push((heal_at, Action::Latency(Duration::from_millis(50))));
-                }
-                FaultKind::LinkFailure => {
-                    plan.push((t, Action::FailRate(0.05 + rng.next_f64() * 0.2)));
-                    plan.push((heal_at, Action::FailRate(0.0)));
-                }
-                FaultKind::FollowerCrash => {
-                    let i = pick(&mut rng, s.followers);
-                    plan.push((t, Action::CrashFollower(i)));
-                    plan.push((heal_at, Action::RestartFollower(i)));
-                }
-                FaultKind::SourceCrash => {
-                    plan.push((t, Action::CrashSource));
-                    plan.push((heal_at, Action::RestartSource));
-                }
-                FaultKind::WriterCrash => {
-                    let i = pick(&mut rng, s.writers.max(1));
-                    plan.push((t, Action::WriterCrashAfterCommit(i)));
-                    plan.push((heal_at, Action::RestartWriter(i)));
-                }
-                FaultKind::DropAnnounce => plan.push((t, Action::DropAnnounce)),
-                FaultKind::DuplicateAnnounce => plan.push((t, Action::DuplicateAnnounce)),
-                FaultKind::ReorderAnnounce => plan.push((t, Action::ReorderAnnounce)),
-                FaultKind::DropWake => plan.push((t, Action::DropWake)),
-                FaultKind::Poison => {
-                    plan.push((t, Action::Poison(pick(&mut rng, s.writers.max(1)))))
-                }
-                FaultKind::Compaction => plan.push((t, Action::Compact)),
-                FaultKind::CommitCrash => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    // Mostly after the first write: the window a split commit leaves open.
-                    let after_writes = u32::from(rng.next_u64() % 4 != 0);
-                    let down = Duration::from_millis(300 + rng.next_u64() % 2000);
-                    plan.push((t, Action::CrashFollowerMidCommit(i, after_writes, down)));
-                }
-                FaultKind::SlowCommit => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    let d = Duration::from_millis(20 + rng.next_u64() % 480);
-                    plan.push((t, Action::SlowCommits(i, d)));
-                    plan.push((heal_at, Action::SlowCommits(i, Duration::ZERO)));
-                }
-                FaultKind::FailCommit => {
-                    let i = persisted[pick(&mut rng, persisted.len())];
-                    let n = 1 + (rng.next_u64() % 3) as u32;
-                    plan.push((t, Action::FailCommits(i, n)));
-                }
-                FaultKind::HandlerFailure => {
-                    let i = volatile[pick(&mut rng, volatile.len())];
-                    let n = 1 + (rng.next_u64() % 3) as u32;
-                    plan.push((t, Action::FailHandler(i, n)));
-                }
-                FaultKind::RelayCrash => {
-                    let i = pick(&mut rng, s.relays);
-                    plan.push((t, Action::CrashRelay(i)));
-                    plan.push((heal_at, Action::RestartRelay(i)));
-                }
-                FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
-                FaultKind::RestoreBackup => {
-                    plan.push((t, Action::Backup));
-                    plan.push((heal_at, Action::Restore));
-                }
-                FaultKind::RunnerCrash => {
-                    let i = pick(&mut rng, s.relays);
-                    plan.push((t, Action::CrashRunner(i)));
-                    plan.push((heal_at, Action::RestartRelay(i)));
-                }
-                FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
-                FaultKind::SweeperCrash => {
-                    let down = Duration::from_millis(300 + rng.next_u64() % 3000);
-                    plan.push((t, Action::CrashSweeper(down)));
-                }
-                FaultKind::SchedulerCrash | FaultKind::SweeperStall => {
-                    plan.push((t, apart_action(kind, &mut rng)));
-                }
-                FaultKind::JobFailure => {
-                    plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
-                }
-                FaultKind::ReconnectStorm => {
-                    let h = other(&mut rng);
-                    let flaps = 5 + (rng.next_u64() % 16) as u32;
-                    let each = Duration::from_millis(20 + rng.next_u64() % 180);
-                    plan.push((t, Action::Storm(h, flaps, each)));
-                }
+            if !draw_link_or_host_fault(kind, (t, heal_at), &mut rng, s, &mut plan) {
+                draw_data_fault(kind, (t, heal_at), &mut rng, s, &mut plan);
             }
         }
         t += slot;
@@ -651,9 +553,167 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     plan
 }
 
+/// Any host but the source, drawn.
+fn other_host(rng: &mut Rng, s: &Scenario) -> String {
+    let hosts = s.followers + s.writers + s.relays;
+    let i = pick(rng, hosts);
+    if i < s.followers {
+        follower_host(i)
+    } else if i < s.followers + s.writers {
+        writer_host(i - s.followers)
+    } else {
+        relay_host(i - s.followers - s.writers)
+    }
+}
+
+/// One of `n`, drawn.
+fn pick(rng: &mut Rng, n: usize) -> usize {
+    (rng.next_u64() % n as u64) as usize
+}
+
+/// The actions of a fault drawn at `t` on the network or on a host (a link cut, held or
+/// slowed, a host crashed, the source restored), healed at `heal_at`; `false` if `kind` is
+/// not one of those.
+fn draw_link_or_host_fault(
+    kind: FaultKind,
+    (t, heal_at): (Duration, Duration),
+    rng: &mut Rng,
+    s: &Scenario,
+    plan: &mut Vec<(Duration, Action)>,
+) -> bool {
+    match kind {
+        FaultKind::Partition => {
+            let h = other_host(rng, s);
+            plan.push((t, Action::Partition(SOURCE.into(), h.clone())));
+            plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+        }
+        FaultKind::OneWay => {
+            let h = other_host(rng, s);
+            let (from, to) = if rng.next_u64() % 2 == 0 {
+                (SOURCE.to_owned(), h.clone())
+            } else {
+                (h.clone(), SOURCE.to_owned())
+            };
+            plan.push((t, Action::PartitionOneWay(from, to)));
+            plan.push((heal_at, Action::Repair(SOURCE.into(), h)));
+        }
+        FaultKind::Hold => {
+            let h = other_host(rng, s);
+            plan.push((t, Action::Hold(SOURCE.into(), h.clone())));
+            plan.push((heal_at, Action::Release(SOURCE.into(), h)));
+        }
+        FaultKind::Latency => {
+            plan.push((
+                t,
+                Action::Latency(Duration::from_millis(100 + rng.next_u64() % 900)),
+            ));
+            plan.push((heal_at, Action::Latency(Duration::from_millis(50))));
+        }
+        FaultKind::LinkFailure => {
+            plan.push((t, Action::FailRate(0.05 + rng.next_f64() * 0.2)));
+            plan.push((heal_at, Action::FailRate(0.0)));
+        }
+        FaultKind::FollowerCrash => {
+            let i = pick(rng, s.followers);
+            plan.push((t, Action::CrashFollower(i)));
+            plan.push((heal_at, Action::RestartFollower(i)));
+        }
+        FaultKind::SourceCrash => {
+            plan.push((t, Action::CrashSource));
+            plan.push((heal_at, Action::RestartSource));
+        }
+        FaultKind::WriterCrash => {
+            let i = pick(rng, s.writers.max(1));
+            plan.push((t, Action::WriterCrashAfterCommit(i)));
+            plan.push((heal_at, Action::RestartWriter(i)));
+        }
+        FaultKind::RelayCrash => {
+            let i = pick(rng, s.relays);
+            plan.push((t, Action::CrashRelay(i)));
+            plan.push((heal_at, Action::RestartRelay(i)));
+        }
+        FaultKind::RestoreBackup => {
+            plan.push((t, Action::Backup));
+            plan.push((heal_at, Action::Restore));
+        }
+        FaultKind::RunnerCrash => {
+            let i = pick(rng, s.relays);
+            plan.push((t, Action::CrashRunner(i)));
+            plan.push((heal_at, Action::RestartRelay(i)));
+        }
+        FaultKind::ReconnectStorm => {
+            let h = other_host(rng, s);
+            let flaps = 5 + (rng.next_u64() % 16) as u32;
+            let each = Duration::from_millis(20 + rng.next_u64() % 180);
+            plan.push((t, Action::Storm(h, flaps, each)));
+        }
+        _ => return false,
+    }
+    true
+}
+
+/// The actions of a fault drawn at `t` on what flows (announcements, wakes, values, the
+/// change log), on a follower's commits or handlers, or on the jobs and sweeps, healed at
+/// `heal_at` where it heals.
+fn draw_data_fault(
+    kind: FaultKind,
+    (t, heal_at): (Duration, Duration),
+    rng: &mut Rng,
+    s: &Scenario,
+    plan: &mut Vec<(Duration, Action)>,
+) {
+    let persisted: Vec<usize> = (0..s.followers).filter(|&i| s.persisted(i)).collect();
+    // Supervised workers are among these (the volatile change-log followers).
+    let volatile: Vec<usize> = (0..s.followers).filter(|&i| !s.persisted(i)).collect();
+    match kind {
+        FaultKind::DropAnnounce => plan.push((t, Action::DropAnnounce)),
+        FaultKind::DuplicateAnnounce => plan.push((t, Action::DuplicateAnnounce)),
+        FaultKind::ReorderAnnounce => plan.push((t, Action::ReorderAnnounce)),
+        FaultKind::DropWake => plan.push((t, Action::DropWake)),
+        FaultKind::Poison => plan.push((t, Action::Poison(pick(rng, s.writers.max(1))))),
+        FaultKind::Compaction => plan.push((t, Action::Compact)),
+        FaultKind::CommitCrash => {
+            let i = persisted[pick(rng, persisted.len())];
+            // Mostly after the first write: the window a split commit leaves open.
+            let after_writes = u32::from(rng.next_u64() % 4 != 0);
+            let down = Duration::from_millis(300 + rng.next_u64() % 2000);
+            plan.push((t, Action::CrashFollowerMidCommit(i, after_writes, down)));
+        }
+        FaultKind::SlowCommit => {
+            let i = persisted[pick(rng, persisted.len())];
+            let d = Duration::from_millis(20 + rng.next_u64() % 480);
+            plan.push((t, Action::SlowCommits(i, d)));
+            plan.push((heal_at, Action::SlowCommits(i, Duration::ZERO)));
+        }
+        FaultKind::FailCommit => {
+            let i = persisted[pick(rng, persisted.len())];
+            let n = 1 + (rng.next_u64() % 3) as u32;
+            plan.push((t, Action::FailCommits(i, n)));
+        }
+        FaultKind::HandlerFailure => {
+            let i = volatile[pick(rng, volatile.len())];
+            let n = 1 + (rng.next_u64() % 3) as u32;
+            plan.push((t, Action::FailHandler(i, n)));
+        }
+        FaultKind::ForeignEvents => plan.push((t, Action::Foreign(rng.next_u64()))),
+        FaultKind::SlowJob => plan.push((t, Action::SlowJob)),
+        FaultKind::SweeperCrash => {
+            let down = Duration::from_millis(300 + rng.next_u64() % 3000);
+            plan.push((t, Action::CrashSweeper(down)));
+        }
+        FaultKind::SchedulerCrash | FaultKind::SweeperStall => {
+            plan.push((t, apart_action(kind, rng)));
+        }
+        FaultKind::JobFailure => {
+            plan.push((t, Action::FailJobs(1 + (rng.next_u64() % 3) as u32)));
+        }
+        _ => {}
+    }
+}
+
 /// How long an outage in `outages_in_every_run` cuts a follower off: longer than the
 /// sweeps keep the change log for a follower the source knows nothing of
-/// ([`POLICY`](crate::sweeps::POLICY)`.keep`).
+/// ([`POLICY`]`.keep`).
 pub const OUTAGE: std::ops::Range<Duration> =
     Duration::from_millis(3200)..Duration::from_millis(4400);
 
@@ -699,10 +759,10 @@ fn outages_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
             .iter()
             .all(|&r| back + Duration::from_millis(500) < r || cut > r + Duration::from_secs(5))
     };
-    let logs = crate::world::followers(s)
+    let logs = followers(s)
         .into_iter()
         .enumerate()
-        .filter(|(_, f)| f.kind != crate::world::Kind::JetStream)
+        .filter(|(_, f)| f.kind != Kind::JetStream)
         .map(|(i, _)| i);
     for i in logs {
         // The first in the first half of the fault phase, the second after it.
@@ -772,8 +832,7 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
 fn apart_action(kind: FaultKind, rng: &mut Rng) -> Action {
     match kind {
         FaultKind::SweeperStall => {
-            let stall =
-                crate::sweeps::SWEEP_LEASE + Duration::from_millis(500 + rng.next_u64() % 2000);
+            let stall = SWEEP_LEASE + Duration::from_millis(500 + rng.next_u64() % 2000);
             Action::StallSweeper(stall)
         }
         _ => {
@@ -829,6 +888,115 @@ fn crash_schedulers_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Durati
             },
         ));
     }
+}
+
+/// How a follower learns about changes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Follows the source's change log (gapless), catches up on wakes too.
+    Log,
+    /// A wake runner: reconciles on start and on every wake, no feed.
+    WakeOnly,
+    /// Follows the announcements stream, reconciles first and on every wake.
+    Events,
+    /// Naive: watches the change log from its current head only.
+    NewOnly,
+    /// Naive: replays announcements and never reconciles.
+    EventsNoReconcile,
+    /// Follows a KV bucket on the source host's JetStream (a sparse feed, one revision
+    /// per key) and reads it as its source, through tidemark-jetstream's pieces, as the
+    /// NATS adapter does; catches up on wakes too.
+    JetStream,
+}
+
+/// Where a follower keeps its cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// In its process only: a crash loses it.
+    Volatile,
+    /// In a durable store, through the store's own sink (one write per commit).
+    Store,
+    /// Naive: in a durable store, but a restart tells the follower nothing of its keys.
+    ForgetsIndex,
+    /// Naive: in a durable store, the watermark written before the rows.
+    WatermarkFirst,
+}
+
+/// One follower's setup.
+#[derive(Clone, Debug)]
+pub struct FollowerSpec {
+    /// Host name.
+    pub name: String,
+    /// How it follows.
+    pub kind: Kind,
+    /// Where its cache lives, and so what survives its crashes.
+    pub durability: Durability,
+    /// Runs as a user's worker under a [`Supervisor`](tidemark::Supervisor) that restarts it when a handler
+    /// fails (keeping what it applied), instead of as a bare follower task.
+    pub supervised: bool,
+    /// Reads each part of a resync's snapshot at its own moment (a naive strategy).
+    pub parts_apart: bool,
+    /// A JetStream follower whose replays end on the pending count (a naive strategy).
+    pub trusts_pending: bool,
+    /// Cannot tell one history of the source from another (a naive strategy).
+    pub blind_to_history: bool,
+}
+
+impl FollowerSpec {
+    /// Whether its cache survives its crashes.
+    #[must_use]
+    pub fn persisted(&self) -> bool {
+        self.durability != Durability::Volatile
+    }
+}
+
+/// The followers of a scenario.
+#[must_use]
+pub fn followers(s: &Scenario) -> Vec<FollowerSpec> {
+    (0..s.followers)
+        .map(|i| {
+            let correct = [Kind::Log, Kind::WakeOnly, Kind::Events, Kind::JetStream][i % 4];
+            let (kind, durable) = match s.strategy {
+                Strategy::Correct => (correct, Durability::Store),
+                // The watcher that starts from "now" keeps no cache across restarts (a
+                // warm one would resync on its head claim and hide the defect).
+                Strategy::WatchNewOnly => (Kind::NewOnly, Durability::Volatile),
+                Strategy::NoReconcile => (Kind::EventsNoReconcile, Durability::Store),
+                Strategy::RestartForgetsIndex => (correct, Durability::ForgetsIndex),
+                Strategy::WatermarkBeforeRows => (correct, Durability::WatermarkFirst),
+                // Followers of the memory source only: a bucket's client reads its snapshot
+                // whole (a consumer delivers it in stream order) and has no parts to read
+                // apart.
+                Strategy::PartsApart => (
+                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
+                    Durability::Store,
+                ),
+                Strategy::TrustsPending | Strategy::JetStream => {
+                    (Kind::JetStream, Durability::Store)
+                }
+                // Followers of the memory source, whose client says nothing of its history.
+                Strategy::TrustsWatermark => (
+                    [Kind::Log, Kind::WakeOnly, Kind::Events][i % 3],
+                    Durability::Store,
+                ),
+                Strategy::NaiveTicks => (correct, Durability::Store),
+            };
+            let persisted = s.persisted(i);
+            FollowerSpec {
+                name: follower_host(i),
+                kind,
+                durability: if persisted {
+                    durable
+                } else {
+                    Durability::Volatile
+                },
+                supervised: !persisted && kind == Kind::Log,
+                parts_apart: s.strategy == Strategy::PartsApart,
+                trusts_pending: s.strategy == Strategy::TrustsPending,
+                blind_to_history: s.strategy == Strategy::TrustsWatermark,
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! actually run; and the deliberately naive strategies are caught diverging.
 
 use tidemark_sim::scenario::{FaultKind, Scenario, Strategy};
-use tidemark_sim::world::{Kind, followers, run};
+use tidemark_sim::scenario::{Kind, followers};
+use tidemark_sim::world::run;
 
 /// Seeds checked on every CI run. Wider ranges are the campaign CLI's job.
 const SEEDS: std::ops::Range<u64> = 1000..1032;

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use tidemark::Source;
 use tidemark_memory::Memory;
-use tidemark_sim::jetstream::JetStream;
-use tidemark_sim::kv::RemoteKv;
-use tidemark_sim::ops::JobLedger;
-use tidemark_sim::oracle::{FeedSkips, History, RelayLedger};
-use tidemark_sim::remote::Remote;
+use tidemark_sim::checks::jobs::JobLedger;
+use tidemark_sim::checks::oracle::{FeedSkips, History, RelayLedger};
+use tidemark_sim::clients::kv::RemoteKv;
+use tidemark_sim::clients::remote::Remote;
+use tidemark_sim::hosts::jetstream::JetStream;
+use tidemark_sim::hosts::source::{self as server, SourceHost, WriteGate};
+use tidemark_sim::hosts::sweeps::Sweeps;
 use tidemark_sim::scenario::SOURCE;
-use tidemark_sim::server::{self, SourceHost, WriteGate};
-use tidemark_sim::sweeps::Sweeps;
 use tidemark_sim::trace::Trace;
 
 /// What the reader found: snapshots read, and for each one that was not the source's

@@ -7,13 +7,13 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::rc::Rc;
 use std::time::Duration;
 
-use tidemark_sim::proto::{self, FrameReader, Request};
+use tidemark_sim::wire::{self, FrameReader, Request};
 use turmoil::net::{TcpListener, TcpStream};
 use turmoil::{Protocol, Segment};
 
 const PORT: u16 = 7100;
 
-/// A frame written by `proto::write` travels as one data segment holding the length and
+/// A frame written by `wire::write` travels as one data segment holding the length and
 /// the body: one latency draw, one delivery, one wake of the reader.
 #[test]
 fn a_frame_crosses_the_network_as_one_segment() {
@@ -31,12 +31,12 @@ fn a_frame_crosses_the_network_as_one_segment() {
     });
     sim.client("client", async {
         let mut stream = TcpStream::connect(("server", PORT)).await?;
-        proto::write(&mut stream, &Request::Watermark).await?;
+        wire::write(&mut stream, &Request::Watermark).await?;
         // Stay connected until the test has seen the segment arrive.
         tokio::time::sleep(Duration::from_secs(2)).await;
         Ok(())
     });
-    let body = proto::encode(&Request::Watermark).expect("a request serializes");
+    let body = wire::encode(&Request::Watermark).expect("a request serializes");
     // Every data segment seen in flight from the client, by its sequence number.
     let mut data: BTreeMap<u64, usize> = BTreeMap::new();
     let client: IpAddr = sim.lookup("client");
@@ -106,7 +106,7 @@ fn mesh_receipts(seed: u64) -> Vec<(usize, usize)> {
                         let hello = Request::Get {
                             key: me.to_string(),
                         };
-                        proto::write(&mut stream, &hello).await?;
+                        wire::write(&mut stream, &hello).await?;
                         std::future::pending::<()>().await;
                         Ok::<(), std::io::Error>(())
                     });

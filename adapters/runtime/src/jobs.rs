@@ -164,6 +164,13 @@ pub struct JobCounters {
     pub queue_errors: u64,
 }
 
+impl JobCounters {
+    /// Sets the runner's counters in the metrics to these totals.
+    fn publish(&self, metrics: &JobMetrics) {
+        metrics.counters(self.acked, self.failed, self.dead_lettered);
+    }
+}
+
 #[derive(Debug, Default)]
 struct Counts {
     leased: AtomicU64,
@@ -345,7 +352,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         // Made before the first lease, so an enqueue during it is not missed.
         let mut ready = self.queue.ready_signal();
         while !stop.is_stopped() {
-            work.metrics.counters(&self.counts.snapshot());
+            self.counts.snapshot().publish(&work.metrics);
             // Counted beside the leasing, never in its way: a count can be slow (NATS
             // reads the state bucket), and the gauges can wait for it.
             if work.counting.is_none() && counted.is_none_or(|at| at.elapsed() >= QUEUE_COUNT_EVERY)
@@ -378,7 +385,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
                         counts: Arc::clone(&self.counts),
                         visibility: self.visibility,
                         retry_after,
-                        held_until: crate::instant_after(asked, self.visibility),
+                        held_until: crate::clock::instant_after(asked, self.visibility),
                     };
                     let span = tracing::debug_span!("job", id = %lease.id, kind = lease.job.kind(), attempt = lease.attempt);
                     work.jobs.push(Box::pin(job.run(lease).instrument(span)));
@@ -439,7 +446,7 @@ impl<Q: Queue + Clone + 'static> JobRunner<Q> {
         while !work.jobs.is_empty() {
             work.one_done().await;
         }
-        work.metrics.counters(&self.counts.snapshot());
+        self.counts.snapshot().publish(&work.metrics);
         match fatal {
             Some(e) => Err(e),
             None => Ok(self.counts.snapshot()),
@@ -620,7 +627,7 @@ impl<Q: Queue + 'static> RunJob<Q> {
                         }
                         Some(Ok(())) => {
                             Counts::bump(&self.counts.renewals);
-                            self.held_until = crate::instant_after(asked, self.visibility);
+                            self.held_until = crate::clock::instant_after(asked, self.visibility);
                         }
                         Some(Err(Error::LeaseLost(why))) => {
                             // Someone else may run it now; this run's result would be refused.
@@ -681,8 +688,9 @@ impl<Q: Queue + 'static> RunJob<Q> {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let deadline = crate::instant_after(tokio::time::Instant::now(), self.visibility / 3)
-            .min(self.held_until);
+        let deadline =
+            crate::clock::instant_after(tokio::time::Instant::now(), self.visibility / 3)
+                .min(self.held_until);
         settle::settle(deadline, call, |e, delay| {
             Counts::bump(&self.counts.queue_errors);
             debug!(error = %e, ?delay, "recording a job's outcome failed; trying again");

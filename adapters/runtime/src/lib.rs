@@ -65,10 +65,8 @@ pub use announce::{Announcer, AnnouncingRegistry, Written};
 pub use cache::{Cache, CacheWriter, Change, cache};
 pub use clock::{Clock, instant_after};
 pub use error::{Error, Result, check_key, check_key_within, check_value, key_prefix};
-pub use follower::{
-    DEFAULT_SNAPSHOT_PART_LEN, FollowerHandle, FollowerTask, Reconciled, spawn_cache,
-    spawn_wake_cache,
-};
+pub use follower::handle::{FollowerHandle, spawn_cache, spawn_wake_cache};
+pub use follower::{DEFAULT_SNAPSHOT_PART_LEN, FollowerTask, Reconciled};
 pub use jobs::{
     DEFAULT_JOB_CONCURRENCY, DEFAULT_JOB_IDLE_POLL, DEFAULT_JOB_VISIBILITY, JobContext,
     JobCounters, JobHandlers, JobRunner, JobRunnerHandle,

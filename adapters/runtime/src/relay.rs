@@ -284,7 +284,7 @@ impl<O: Outbox, P: Publish, W: Wake, Q: Queue> Relay<O, P, W, Q> {
     ) -> Result<u64> {
         let rows = updates.len();
         let recorded = settle(
-            crate::instant_after(claimed_at, self.lease),
+            crate::clock::instant_after(claimed_at, self.lease),
             || self.outbox.complete(&self.owner, updates.clone()),
             |e, delay| {
                 report.failures += 1;

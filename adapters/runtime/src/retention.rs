@@ -122,7 +122,7 @@ where
                 ),
                 None => info!(job = %ctx.id, "another process holds the sweeper lock"),
             }
-            Ok::<(), crate::Error>(())
+            Ok::<(), crate::error::Error>(())
         }
     })
 }

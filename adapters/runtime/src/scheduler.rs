@@ -82,7 +82,7 @@ pub async fn fire_due<T: ScheduleStore, Q: Queue>(
             .until_next(due.clock)
             .unwrap_or(CLAIMED_TICK_RETRY)
             .min(CLAIMED_TICK_RETRY);
-        let deadline = crate::instant_after(tokio::time::Instant::now(), within);
+        let deadline = crate::clock::instant_after(tokio::time::Instant::now(), within);
         let claimed = key(tick);
         let enqueued = crate::settle::settle(
             deadline,

@@ -275,7 +275,7 @@ impl Supervisor {
     /// after it are aborted and named in the error.
     pub async fn shutdown(&self, budget: Duration) -> Result<Vec<WorkerInfo>> {
         self.shutdown.trigger();
-        let deadline = crate::instant_after(tokio::time::Instant::now(), budget);
+        let deadline = crate::clock::instant_after(tokio::time::Instant::now(), budget);
         let workers = std::mem::take(&mut *lock(&self.workers));
         let mut late = Vec::new();
         let mut infos = Vec::new();

@@ -158,10 +158,11 @@ impl JobMetrics {
         }
     }
 
-    pub(crate) fn counters(&self, c: &crate::JobCounters) {
-        self.acked.absolute(c.acked);
-        self.failed.absolute(c.failed);
-        self.dead_lettered.absolute(c.dead_lettered);
+    /// The runner's totals so far: jobs acked, failed and dead-lettered.
+    pub(crate) fn counters(&self, acked: u64, failed: u64, dead_lettered: u64) {
+        self.acked.absolute(acked);
+        self.failed.absolute(failed);
+        self.dead_lettered.absolute(dead_lettered);
     }
 
     pub(crate) fn counts(&self, c: &crate::ports::JobCounts) {
@@ -293,16 +294,6 @@ pub struct Health {
 }
 
 impl Health {
-    /// Gathers the health of standalone followers, judged with `stall_after`.
-    pub fn of<'a>(
-        handles: impl IntoIterator<Item = &'a crate::FollowerHandle>,
-        stall_after: Duration,
-    ) -> Self {
-        Health {
-            followers: handles.into_iter().map(|h| h.health(stall_after)).collect(),
-        }
-    }
-
     /// Every follower is ready, running and not stalled (and so is an empty set).
     #[must_use]
     pub fn healthy(&self) -> bool {

@@ -1,7 +1,7 @@
 //! Feeds, events, cursors and wake: a change log replays then follows, events arrive in
 //! order, cursors are monotone, a wake reaches its listeners.
 
-use super::*;
+use super::common::*;
 
 /// A source's change log replays from a seq, then follows live writes, gaplessly: what a
 /// follower's resume from watermark+1 relies on.

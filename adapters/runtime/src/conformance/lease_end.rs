@@ -2,7 +2,7 @@
 //! still do (nothing), and what a requeued dead letter is to coalescing (its key's pending
 //! job). One meaning on every adapter; SPEC §9 says which.
 
-use super::*;
+use super::common::*;
 
 /// Leases `visibility` and returns the lease; the job must be the only one ready.
 async fn take<Q: Queue>(q: &Q, visibility: Duration) -> crate::ports::Leased {

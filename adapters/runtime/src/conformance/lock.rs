@@ -1,6 +1,6 @@
 //! The `Lock` port: exclusive, expiring leases with fencing tokens.
 
-use super::*;
+use super::common::*;
 
 /// An owner taking a lock it holds gets a new lease with a greater fencing token, and
 /// the earlier lease is lost: it cannot be renewed, and releasing it leaves the new one

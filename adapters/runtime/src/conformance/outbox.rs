@@ -1,6 +1,6 @@
 //! The `Outbox` port: exclusive, expiring claims and each row published once.
 
-use super::*;
+use super::common::*;
 
 /// Outbox rows are claimed by one owner at a time and handed out in id order with the
 /// legs that already landed; completing records those legs and releases the claim, but
@@ -16,11 +16,38 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     announced: &S,
     lease: Duration,
 ) {
-    const HOUR: Duration = Duration::from_secs(3600);
     assert_eq!(o.pending().await.unwrap(), 0, "a fresh outbox is empty");
     let none = o.claim("a", 0, 10, HOUR).await.unwrap();
     assert!(none.rows.is_empty() && none.held_by_others.is_none());
+    let [s1, s2, s3] = three_announced_rows(o, announced).await;
+    let a = claims_are_exclusive(o, [s1, s2, s3]).await;
+    completes_release_claims(o, &a, [s2, s3]).await;
+    expired_claims_are_taken_over(o, lease, [s2, s3]).await;
+}
 
+/// A claim's lease in the checks that wait out no lease.
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// Every leg landed.
+const ALL: AnnounceReport = AnnounceReport {
+    published: true,
+    notified: true,
+    enqueued: Some(JobId(7)),
+    as_marker: false,
+};
+
+/// A completion of `row` with `landed`, `done` or not.
+fn update(row: &OutboxRow, landed: AnnounceReport, done: bool) -> OutboxUpdate {
+    OutboxUpdate {
+        id: row.id,
+        landed,
+        done,
+    }
+}
+
+/// Three announced writes (two puts and a removal) make three rows and wake a waiting
+/// relay; their seqs.
+async fn three_announced_rows<O: Outbox, S: Source>(o: &O, announced: &S) -> [u64; 3] {
     let mut watch = o.watch();
     let s1 = announced.put("k1", b"v".to_vec()).await.unwrap();
     let s2 = announced.put("k2", b"v".to_vec()).await.unwrap();
@@ -33,6 +60,12 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     );
     assert_eq!(o.pending().await.unwrap(), 3, "one row per announced write");
 
+    [s1, s2, s3]
+}
+
+/// Claims go in outbox order to one owner at a time, and an owner's own claims are handed
+/// back to it; the rows `a` claimed.
+async fn claims_are_exclusive<O: Outbox>(o: &O, [s1, s2, s3]: [u64; 3]) -> Vec<OutboxRow> {
     let a = o.claim("a", 0, 2, HOUR).await.unwrap().rows;
     assert_eq!(
         seqs(&a),
@@ -63,23 +96,18 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         "an owner's own claims are handed back to it (a restarted relay resumes its rows)"
     );
 
-    let all = AnnounceReport {
-        published: true,
-        notified: true,
-        enqueued: Some(JobId(7)),
-        as_marker: false,
-    };
+    a
+}
+
+/// Completing records the legs that landed and releases the claim, only for the owner
+/// that holds it.
+async fn completes_release_claims<O: Outbox>(o: &O, a: &[OutboxRow], [s2, s3]: [u64; 2]) {
     let only_published = AnnounceReport {
         published: true,
         ..AnnounceReport::default()
     };
-    let update = |row: &OutboxRow, landed, done| OutboxUpdate {
-        id: row.id,
-        landed,
-        done,
-    };
     assert_eq!(
-        o.complete("b", vec![update(&a[0], all, true)])
+        o.complete("b", vec![update(&a[0], ALL, true)])
             .await
             .unwrap(),
         0,
@@ -90,7 +118,7 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         o.complete(
             "a",
             vec![
-                update(&a[0], all, true),
+                update(&a[0], ALL, true),
                 update(&a[1], only_published, false)
             ]
         )
@@ -119,7 +147,10 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         vec![s3],
         "only rows after `after` are claimed"
     );
+}
 
+/// An expired claim is taken over, and its old owner can no longer complete it.
+async fn expired_claims_are_taken_over<O: Outbox>(o: &O, lease: Duration, [s2, s3]: [u64; 2]) {
     // b renews its claim with the short lease, then "crashes".
     assert_eq!(
         seqs(&o.claim("b", 0, 10, lease).await.unwrap().rows),
@@ -140,7 +171,7 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
         "an expired claim is taken over: a crashed relay's rows still go out"
     );
     assert_eq!(
-        o.complete("b", vec![update(&c[1], all, true)])
+        o.complete("b", vec![update(&c[1], ALL, true)])
             .await
             .unwrap(),
         0,
@@ -149,7 +180,7 @@ pub async fn outbox_claims_are_exclusive_and_expire<O: Outbox, S: Source>(
     assert_eq!(
         o.complete(
             "c",
-            vec![update(&c[0], all, true), update(&c[1], all, true)]
+            vec![update(&c[0], ALL, true), update(&c[1], ALL, true)]
         )
         .await
         .unwrap(),

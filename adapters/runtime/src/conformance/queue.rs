@@ -1,7 +1,7 @@
 //! The `Queue` port: leases, expiry, dead letters, receipts, counts, retention and
 //! coalescing.
 
-use super::*;
+use super::common::*;
 
 /// Enqueue → get → lease → ack: a job is readable by id and done once acked.
 pub async fn queue_round_trip<Q: Queue>(q: &Q) {

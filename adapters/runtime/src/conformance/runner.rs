@@ -1,6 +1,6 @@
 //! The job runner over any `Queue`: renewals, crashes, dead letters and wakes.
 
-use super::*;
+use super::common::*;
 
 /// A job that runs for three visibility timeouts, with a second runner waiting for work,
 /// runs once: the [`JobRunner`] renews its lease while the handler runs.

@@ -1,6 +1,6 @@
 //! The `ScheduleStore` port: compare-and-set firing, replacement and removal.
 
-use super::*;
+use super::common::*;
 
 /// `mark_fired` is a compare-and-set: exactly one of two racing runners wins a tick.
 pub async fn schedule_mark_fired_is_compare_and_set<T: ScheduleStore>(t: &T) {
@@ -142,17 +142,26 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
     t.put_schedule(s).await.unwrap();
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let due = t.schedules().await.unwrap().remove(0);
-    let key = |tick| crate::ports::TickKey {
-        schedule: "crashy".into(),
-        anchor: due.clock.anchor,
-        tick,
-    };
+    let anchor = due.clock.anchor;
+    died_before_its_enqueue(t, q, &due).await;
+    died_after_its_enqueue(t, q, anchor).await;
+    claimed_by_a_runner_that_runs_it(t, q).await;
+    passed_over_by_a_runner_that_runs_its_own(t, q).await;
+}
+
+/// A scheduler claims a tick for its job and dies before the enqueue: the next passes,
+/// racing, with a newer tick due, enqueue it once and then the newer tick.
+async fn died_before_its_enqueue<T: ScheduleStore, Q: Queue>(
+    t: &T,
+    q: &Q,
+    due: &crate::ports::DueSchedule,
+) {
     let first = due
         .schedule
         .tick_to_fire(due.last_fired, due.clock)
         .expect("a tick is due after an interval");
     assert!(
-        t.claim_for_job(&due, first).await.unwrap(),
+        t.claim_for_job(due, first).await.unwrap(),
         "the scheduler claims the tick (and dies before its enqueue)"
     );
     assert_eq!(
@@ -190,16 +199,24 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
         (Some(fired[1]), None),
         "both enqueues are recorded"
     );
+}
 
-    // Died after the enqueue, before recording it.
+/// A scheduler dies after the enqueue, before recording it: the enqueue replayed under
+/// the tick's key makes no second job.
+async fn died_after_its_enqueue<T: ScheduleStore, Q: Queue>(t: &T, q: &Q, anchor: Duration) {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let due = t.schedules().await.unwrap().remove(0);
     let third = due
         .schedule
         .tick_to_fire(due.last_fired, due.clock)
         .unwrap();
+    let key = crate::ports::TickKey {
+        schedule: "crashy".into(),
+        anchor,
+        tick: third,
+    };
     assert!(t.claim_for_job(&due, third).await.unwrap());
-    let job = q.enqueue_tick(&key(third), Job::Sweep).await.unwrap();
+    let job = q.enqueue_tick(&key, Job::Sweep).await.unwrap();
     assert!(
         job.is_some(),
         "the tick's job is enqueued (then its scheduler dies)"
@@ -215,8 +232,10 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
         None,
         "the next pass records the enqueue"
     );
+}
 
-    // Claimed by a runner that does the work itself: no job.
+/// A tick claimed by a runner that does the work itself (`mark_fired`) gets no job.
+async fn claimed_by_a_runner_that_runs_it<T: ScheduleStore, Q: Queue>(t: &T, q: &Q) {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let due = t.schedules().await.unwrap().remove(0);
     let fourth = due
@@ -230,9 +249,11 @@ pub async fn schedule_claimed_tick_fires_once_across_crashes<T: ScheduleStore, Q
         "a tick claimed with mark_fired is its claimer's to run: {none:?}"
     );
     assert_eq!(q.counts().await.unwrap().ready, 3);
+}
 
-    // A tick claimed for its job by a scheduler that died, then passed over by a runner
-    // that does its ticks itself: the job is still enqueued.
+/// A tick claimed for its job by a scheduler that died, then passed over by a runner that
+/// does its ticks itself: the job is still enqueued.
+async fn passed_over_by_a_runner_that_runs_its_own<T: ScheduleStore, Q: Queue>(t: &T, q: &Q) {
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let due = t.schedules().await.unwrap().remove(0);
     let fifth = due

@@ -1,7 +1,7 @@
 //! The `Source` port: seqs, reads, compare-and-set, changes and snapshots, and what a
 //! write refuses.
 
-use super::*;
+use super::common::*;
 
 /// Seqs are positive and strictly increasing across puts and removes, and the watermark is
 /// the last one: followers order everything by them.

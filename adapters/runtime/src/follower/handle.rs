@@ -17,6 +17,58 @@ impl std::fmt::Debug for Command {
     }
 }
 
+/// Written beside the handle, so the telemetry it reads knows nothing of the follower
+/// task.
+impl Health {
+    /// Gathers the health of standalone followers, judged with `stall_after`.
+    pub fn of<'a>(
+        handles: impl IntoIterator<Item = &'a FollowerHandle>,
+        stall_after: Duration,
+    ) -> Self {
+        Health {
+            followers: handles.into_iter().map(|h| h.health(stall_after)).collect(),
+        }
+    }
+}
+
+impl<S, F, C, W, D, K> FollowerTask<S, F, C, W, D, K>
+where
+    S: Source,
+    F: Feed,
+    C: Cursors,
+    W: WakeListener,
+    D: Decode + Send,
+    K: Sink<D::Value>,
+{
+    /// Spawns the task on the current tokio runtime.
+    pub fn spawn(self) -> FollowerHandle
+    where
+        S: 'static,
+        F: 'static,
+        C: 'static,
+        W: 'static,
+        D: 'static,
+        D::Value: Send,
+        K: 'static,
+    {
+        let status = self.status.subscribe();
+        let commands = self.commands_tx.clone();
+        let name = self.core.config().name().to_owned();
+        let span = tracing::info_span!("follower", name = %name);
+        let progress = self.progress();
+        let mut task = self;
+        let running = Running::spawn("follower", name, span, |stop| async move {
+            task.run(stop).await
+        });
+        FollowerHandle {
+            progress,
+            status,
+            commands,
+            running,
+        }
+    }
+}
+
 impl FollowerHandle {
     /// The follower's name.
     #[must_use]

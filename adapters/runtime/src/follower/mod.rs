@@ -26,12 +26,10 @@ use crate::reconnect::Reconnects;
 use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
 use crate::sink::{SYNC_FEED_BATCH, Sink};
-use crate::telemetry::{FollowerHealth, FollowerMetrics, Progress};
+use crate::telemetry::{FollowerHealth, FollowerMetrics, Health, Progress};
 
-mod handle;
+pub(crate) mod handle;
 mod outputs;
-
-pub use handle::{FollowerHandle, spawn_cache, spawn_wake_cache};
 
 /// Entries a part of a resync's snapshot holds at most, unless
 /// [`FollowerTask::snapshot_part_len`] says otherwise: with 100-byte values about 3.5 MB a
@@ -433,7 +431,7 @@ where
                 // listener that keeps failing cannot spin.
                 let delay = self.wake_backoff.next_delay(now, &mut self.rng);
                 warn!(worker = %self.core.config().name(), error = %e, ?delay, "wake listener failed; catching up and listening again after a pause");
-                self.wake_paused_until = Some(crate::instant_after(Instant::now(), delay));
+                self.wake_paused_until = Some(crate::clock::instant_after(Instant::now(), delay));
                 self.core.handle_input(Input::Wake, now);
             }
             Event::Wake(Err(e)) => {
@@ -456,34 +454,6 @@ where
             return true;
         }
         tidemark_core::Event::decode(payload).map_or(true, |e| self.core.keeps(e.key()))
-    }
-
-    /// Spawns the task on the current tokio runtime.
-    pub fn spawn(self) -> FollowerHandle
-    where
-        S: 'static,
-        F: 'static,
-        C: 'static,
-        W: 'static,
-        D: 'static,
-        D::Value: Send,
-        K: 'static,
-    {
-        let status = self.status.subscribe();
-        let commands = self.commands_tx.clone();
-        let name = self.core.config().name().to_owned();
-        let span = tracing::info_span!("follower", name = %name);
-        let progress = self.progress();
-        let mut task = self;
-        let running = Running::spawn("follower", name, span, |stop| async move {
-            task.run(stop).await
-        });
-        FollowerHandle {
-            progress,
-            status,
-            commands,
-            running,
-        }
     }
 }
 

@@ -26,12 +26,14 @@ impl LockLease {
     /// # Errors
     /// [`Error::LeaseLost`](crate::Error::LeaseLost) when `current` is newer than this
     /// lease's token.
-    pub fn check_fence(&self, current: Option<u64>) -> crate::Result<()> {
+    pub fn check_fence(&self, current: Option<u64>) -> crate::error::Result<()> {
         match current {
-            Some(current) if current > self.fencing => Err(crate::Error::LeaseLost(format!(
-                "lock {} fencing {} is older than its current token {current}",
-                self.name, self.fencing
-            ))),
+            Some(current) if current > self.fencing => {
+                Err(crate::error::Error::LeaseLost(format!(
+                    "lock {} fencing {} is older than its current token {current}",
+                    self.name, self.fencing
+                )))
+            }
             _ => Ok(()),
         }
     }

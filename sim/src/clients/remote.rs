@@ -17,8 +17,7 @@ use tidemark::{
 };
 use turmoil::net::TcpStream;
 
-use crate::proto::{self, FrameReader, Request, Response};
-use crate::server::PORT;
+use crate::wire::{self, FrameReader, PORT, Request, Response};
 
 /// How long connecting may take before the link counts as down.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -191,7 +190,7 @@ impl Remote {
     /// Makes one request on a fresh connection and reads its one answer.
     pub(crate) async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
         let mut frames = FrameReader::new(self.connect(port).await?);
-        proto::write(frames.stream(), &request)
+        wire::write(frames.stream(), &request)
             .await
             .map_err(|e| unavailable(port, e))?;
         match frames.read().await.map_err(|e| unavailable(port, e))? {
@@ -205,7 +204,7 @@ fn unexpected(port: &'static str, r: &Response) -> Error {
     Error::unavailable(port, format!("unexpected answer {r:?}"))
 }
 
-fn entries(wire: Vec<proto::WireEntry>) -> Vec<Entry> {
+fn entries(wire: Vec<wire::WireEntry>) -> Vec<Entry> {
     wire.into_iter().map(Entry::from).collect()
 }
 
@@ -495,7 +494,7 @@ impl FeedStream for RemoteStream {
 impl Remote {
     async fn open_stream(&self, request: Request) -> Result<Opened<RemoteStream>> {
         let mut frames = FrameReader::new(self.connect("feed").await?);
-        proto::write(frames.stream(), &request)
+        wire::write(frames.stream(), &request)
             .await
             .map_err(|e| unavailable("feed", e))?;
         match frames
@@ -644,7 +643,7 @@ impl Wake for Remote {
 
     async fn listen(&self, channel: &str) -> Result<RemoteListener> {
         let mut frames = FrameReader::new(self.connect("listen").await?);
-        proto::write(
+        wire::write(
             frames.stream(),
             &Request::Listen {
                 channel: channel.to_owned(),
@@ -722,7 +721,7 @@ pub struct RemoteOutboxWatch {
 impl RemoteOutboxWatch {
     async fn connect(&self) -> Result<FrameReader> {
         let mut frames = FrameReader::new(self.remote.connect("outbox").await?);
-        proto::write(frames.stream(), &Request::WatchOutbox)
+        wire::write(frames.stream(), &Request::WatchOutbox)
             .await
             .map_err(|e| unavailable("outbox", e))?;
         match frames.read::<Response>().await {

@@ -1,26 +1,19 @@
-//! The small wire protocol between the source host and its clients: one frame per
-//! message, its body in postcard's compact binary form, prefixed by its length (u32, big
-//! endian). async-nats cannot run on turmoil's network, so the simulated source speaks
-//! this instead, behind the same ports.
-//!
-//! The body's encoding costs CPU and nothing else: turmoil delivers a write as one
-//! segment whatever its length (latency is drawn per segment, and a socket's capacity is
-//! counted in segments), so a smaller frame changes no simulated timing. With JSON, the
-//! encoding and decoding of frames (every value and payload a list of numbers) took about
-//! a seventh of a seed's CPU.
+//! The source's messages: a [`Request`] for every port method a client calls on the
+//! source host, the [`Response`] it answers with, and the wire forms of the port types
+//! they carry. Each other service has its own file beside this one; the enums here carry
+//! their calls and answers as variants, in an order kept so every variant keeps its tag.
 
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::{
     AnnouncePlan, AnnounceReport, Continuity, Entry, FeedInfo, Follow, Job, JobId, Lineage, Op,
 };
 use tidemark::{Claimed, OutboxRow, OutboxUpdate};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use turmoil::net::TcpStream;
 
-/// Frames larger than this are refused (a corrupt length must not allocate gigabytes).
-const MAX_FRAME: u32 = 16 * 1024 * 1024;
+use super::jetstream::{JsAnswer, JsCall};
+use super::queue::{QueueAnswer, QueueCall};
+use super::sweeps::{SweepAnswer, SweepCall};
 
 /// A client's request. Fields mirror the port methods of the same names.
 #[allow(missing_docs)]
@@ -90,12 +83,12 @@ pub enum Request {
     /// Watch the outbox; the connection then streams `Changed` (or heartbeats).
     WatchOutbox,
     /// A call on the source host's job queue.
-    Queue(crate::ops::QueueCall),
+    Queue(QueueCall),
     /// A call on the source host's sweeper lock, schedules or sweep.
-    Sweeps(crate::sweeps::SweepCall),
+    Sweeps(SweepCall),
     /// A call on the source host's JetStream (last, so the other variants keep their wire
     /// tags).
-    JetStream(crate::jetstream::JsCall),
+    JetStream(JsCall),
     /// Source::lineage_at.
     LineageAt { seq: u64 },
     /// Source::changes_and_lineage: the changes since `since` and the lineage there, read
@@ -111,7 +104,7 @@ pub struct WirePlan {
     pub payload: Vec<u8>,
     pub publish: bool,
     pub notify: bool,
-    #[serde(with = "opt_job")]
+    #[serde(with = "crate::wire::job::opt")]
     pub job: Option<Job>,
     pub as_marker: bool,
 }
@@ -432,200 +425,22 @@ pub enum Response {
     /// The outbox changed (a watch's item).
     Changed,
     /// A job queue call's answer.
-    Queue(crate::ops::QueueAnswer),
+    Queue(QueueAnswer),
     /// A retention call's answer.
-    Sweeps(crate::sweeps::SweepAnswer),
+    Sweeps(SweepAnswer),
     /// The head a feed's initial sync must reach moved up (last, so the other variants
     /// keep their wire tags).
     Head(u64),
     /// A JetStream call's answer.
-    JetStream(crate::jetstream::JsAnswer),
+    JetStream(JsAnswer),
     /// What the source says of its history at a seq.
     Lineage(WireLineage),
     /// Changes (or their compaction) and the lineage at the seq they were asked since.
     ChangesAndLineage(Box<Response>, WireLineage),
 }
 
-/// How often an idle streaming connection sends a heartbeat.
-pub const HEARTBEAT: Duration = Duration::from_millis(500);
-/// How long a client waits for any frame before it declares the link dead.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// The body of a frame: `msg` in the wire's encoding.
-pub fn encode<T: Serialize>(msg: &T) -> std::io::Result<Vec<u8>> {
-    postcard::to_allocvec(msg).map_err(std::io::Error::other)
-}
-
-/// Reads a frame's body.
-fn decode<'de, T: Deserialize<'de>>(body: &'de [u8]) -> std::io::Result<T> {
-    postcard::from_bytes(body).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
-}
-
-/// Writes one frame in one write, as a client that buffers its frames does: one segment
-/// on the simulated network, where a length and a body written apart were two, each
-/// delivered (and each waking the reader) on its own.
-pub async fn write<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Result<()> {
-    let frame = postcard::to_extend(msg, vec![0u8; 4]).map_err(std::io::Error::other)?;
-    let len = u32::try_from(frame.len() - 4).map_err(std::io::Error::other)?;
-    let mut frame = frame;
-    frame[..4].copy_from_slice(&len.to_be_bytes());
-    stream.write_all(&frame).await?;
-    stream.flush().await
-}
-
-/// Reads frames from a stream, cancel-safely: bytes read before a caller gave up (a
-/// `select!` took another branch) stay buffered for the next call, so the stream never
-/// loses its place in the framing.
-#[derive(Debug)]
-pub struct FrameReader {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-impl FrameReader {
-    /// Reads frames from `stream`.
-    #[must_use]
-    pub fn new(stream: TcpStream) -> Self {
-        FrameReader {
-            stream,
-            buf: Vec::new(),
-        }
-    }
-
-    /// The stream, for writing.
-    pub fn stream(&mut self) -> &mut TcpStream {
-        &mut self.stream
-    }
-
-    /// Reads one frame, giving up after [`READ_TIMEOUT`] without a byte.
-    pub async fn read<T: for<'de> Deserialize<'de>>(&mut self) -> std::io::Result<T> {
-        loop {
-            if let Some(end) = self.frame_end()? {
-                let msg = decode(&self.buf[4..end]);
-                self.buf.drain(..end);
-                return msg;
-            }
-            let mut chunk = [0u8; 8192];
-            // A single `read` is cancel-safe: either it returned bytes (kept) or nothing.
-            let n = match tokio::time::timeout(READ_TIMEOUT, self.stream.read(&mut chunk)).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        "no frame within the read timeout",
-                    ));
-                }
-            };
-            if n == 0 {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::UnexpectedEof,
-                    "connection closed",
-                ));
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
-        }
-    }
-
-    /// Where the first whole frame buffered ends, if one is.
-    fn frame_end(&self) -> std::io::Result<Option<usize>> {
-        let Some(len) = self.buf.get(..4) else {
-            return Ok(None);
-        };
-        let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]);
-        if len > MAX_FRAME {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "frame too large",
-            ));
-        }
-        let end = 4 + len as usize;
-        Ok((self.buf.len() >= end).then_some(end))
-    }
-}
-
-/// Reads one frame, waiting as long as it takes (the server, waiting for a request).
-pub async fn read_untimed<T: for<'de> Deserialize<'de>>(
-    stream: &mut TcpStream,
-) -> std::io::Result<T> {
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).await?;
-    let len = u32::from_be_bytes(len);
-    if len > MAX_FRAME {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            "frame too large",
-        ));
-    }
-    let mut buf = vec![0u8; len as usize];
-    stream.read_exact(&mut buf).await?;
-    decode(&buf)
-}
-
-/// A job on the wire: the built-in kinds as themselves, any other as its JSON object (a
-/// user's job is a JSON object by definition). `Job`'s own serde form is a JSON object
-/// tagged by `"kind"`, which only a self-describing format can read back.
-#[derive(Serialize, Deserialize)]
-enum WireJob {
-    PackHousekeeping(String),
-    Sweep,
-    Json(String),
-}
-
-impl WireJob {
-    fn of(job: &Job) -> Result<Self, serde_json::Error> {
-        Ok(match job {
-            Job::PackHousekeeping { key } => WireJob::PackHousekeeping(key.clone()),
-            Job::Sweep => WireJob::Sweep,
-            other => WireJob::Json(serde_json::to_string(other)?),
-        })
-    }
-
-    fn into_job(self) -> Result<Job, serde_json::Error> {
-        Ok(match self {
-            WireJob::PackHousekeeping(key) => Job::PackHousekeeping { key },
-            WireJob::Sweep => Job::Sweep,
-            WireJob::Json(json) => serde_json::from_str(&json)?,
-        })
-    }
-}
-
-/// `#[serde(with = "...")]` for a [`Job`] field of a wire message.
-pub mod job {
-    use super::{Deserialize, Deserializer, Job, Serialize, Serializer, WireJob};
-
-    /// Writes `job` as a wire job.
-    pub fn serialize<S: Serializer>(job: &Job, s: S) -> Result<S::Ok, S::Error> {
-        WireJob::of(job)
-            .map_err(serde::ser::Error::custom)?
-            .serialize(s)
-    }
-
-    /// Reads a wire job.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Job, D::Error> {
-        WireJob::deserialize(d)?
-            .into_job()
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// `#[serde(with = "...")]` for an optional [`Job`] field of a wire message.
-pub mod opt_job {
-    use super::{Deserialize, Deserializer, Job, Serialize, Serializer, WireJob};
-
-    /// Writes `job`, if any, as a wire job.
-    pub fn serialize<S: Serializer>(job: &Option<Job>, s: S) -> Result<S::Ok, S::Error> {
-        job.as_ref()
-            .map(WireJob::of)
-            .transpose()
-            .map_err(serde::ser::Error::custom)?
-            .serialize(s)
-    }
-
-    /// Reads an optional wire job.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Job>, D::Error> {
-        Option::<WireJob>::deserialize(d)?
-            .map(WireJob::into_job)
-            .transpose()
-            .map_err(serde::de::Error::custom)
+impl From<JsAnswer> for Response {
+    fn from(a: JsAnswer) -> Self {
+        Response::JetStream(a)
     }
 }

@@ -1,15 +1,7 @@
-//! Retention in the world: the runtime's sweeps of the source host's history, outbox and
-//! finished jobs, run on their schedule under the sweeper lock from the worker hosts over
-//! the wire, and the ledger that checks them.
+//! The sweeps' ledger: what the sweepers did, checked on the source host as each call
+//! is served ([`crate::hosts::sweeps`] tells it).
 //!
-//! Worker host 0 (and every even one) runs the runtime's `run_retention` (the schedule,
-//! the lock and the sweep in one driver); the odd ones run `run_scheduler`, which enqueues
-//! a `sweep` job on each tick for the job runners, whose handlers take it with
-//! `with_sweep_job`. Both claim the same durable schedule, so each tick is swept once by
-//! one path or the other. Every sweep is `SweepWithJobs`: the source host's
-//! `MemorySweep`, then the queue's finished-job retention.
-//!
-//! What the ledger checks, on the source host, as each call is served:
+//! What it checks:
 //! - two owners never hold the sweeper lock at once (a grant while another owner's lease
 //!   is live and not released);
 //! - a sweep never removes history younger than the policy's `keep`, from the change log
@@ -20,8 +12,7 @@
 //!   passes over records retention dropped, and its follower finds what it missed by
 //!   reconciling, which the oracle checks at every step);
 //! - a sweep never removes an outbox row the relays have not finished;
-//! - finished-job retention removes only jobs done at least its `done` age ago, and never
-//!   a dead letter (the world keeps them until requeued).
+//! - every tick claimed for its job gets one `sweep` job, and none gets two.
 //!
 //! What the memory adapter cannot promise is not checked: it does not see a persisted
 //! follower's watermark (that lives in the follower's own store), so change-log history
@@ -36,403 +27,23 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use tidemark::tidemark_core::{Job, RetentionPolicy, Schedule, ScheduleClock};
-use tidemark::{
-    Cursors, DueSchedule, Error, JobRetention, Lock, LockLease, Result, Retention, ScheduleStore,
-    StopSignal, Sweep, SweepWithJobs, Swept, run_retention, run_scheduler,
-};
-use tidemark_memory::{Memory, MemoryLock, MemorySchedules, MemorySweep};
+use tidemark::{LockLease, Swept};
 
-use crate::proto::{Request, Response};
-use crate::remote::Remote;
-use crate::trace::Trace;
-
-/// How often the world sweeps: often, so sweeps land in the fault phase.
-pub const SWEEP_EVERY: Duration = Duration::from_secs(1);
-/// The sweeper lock's lease: short, so a sweeper that crashed holding it is taken over
-/// within the run.
-pub const SWEEP_LEASE: Duration = Duration::from_secs(2);
-/// The world's retention: history goes 2 s after it was written unless a durable cursor
-/// needs it, and after 8 s whatever cursors need; so a follower cut off for a few seconds
-/// must notice compaction.
-pub const POLICY: RetentionPolicy = RetentionPolicy {
-    keep: Duration::from_secs(2),
-    max_age: Some(Duration::from_secs(8)),
-};
-/// Done jobs go 2 s after they finished; dead letters stay until requeued.
-pub const JOB_RETENTION: JobRetention = JobRetention {
-    done: Duration::from_secs(2),
-    dead: None,
-};
-
-/// A retention call on the wire: the sweeper lock, the schedules and the sweep.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum SweepCall {
-    TryLock {
-        name: String,
-        owner: String,
-        ttl: Duration,
-    },
-    Renew {
-        lease: WireLockLease,
-        ttl: Duration,
-    },
-    Release {
-        lease: WireLockLease,
-    },
-    Schedules,
-    /// Interval schedules only: cron is not needed in the world.
-    PutSchedule {
-        name: String,
-        every: Duration,
-        #[serde(with = "crate::proto::job")]
-        job: Job,
-    },
-    RemoveSchedule {
-        name: String,
-    },
-    /// The schedule as the runner read it, and the tick it fires (`for_job`: claimed for
-    /// a job, pending until settled).
-    MarkFired {
-        due: WireDue,
-        tick: u64,
-        for_job: bool,
-        by: Option<String>,
-    },
-    /// `by`: the owner sweeping, named to the ledger; `fence`: the sweeper lock's lease
-    /// it sweeps under.
-    Sweep {
-        by: Option<String>,
-        fence: WireLockLease,
-    },
-    /// A pending tick's job is enqueued.
-    JobEnqueued {
-        name: String,
-        tick: u64,
-        by: Option<String>,
-    },
-}
-
-/// A lock lease on the wire.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct WireLockLease {
-    pub name: String,
-    pub owner: String,
-    pub fencing: u64,
-}
-
-impl From<&LockLease> for WireLockLease {
-    fn from(l: &LockLease) -> Self {
-        WireLockLease {
-            name: l.name.clone(),
-            owner: l.owner.clone(),
-            fencing: l.fencing,
-        }
-    }
-}
-
-impl From<WireLockLease> for LockLease {
-    fn from(w: WireLockLease) -> Self {
-        LockLease {
-            name: w.name,
-            owner: w.owner,
-            fencing: w.fencing,
-        }
-    }
-}
-
-/// A stored schedule on the wire.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct WireDue {
-    pub name: String,
-    pub every: Duration,
-    #[serde(with = "crate::proto::job")]
-    pub job: Job,
-    pub last_fired: Option<u64>,
-    pub pending: Option<u64>,
-    pub anchor: Duration,
-    pub now: Duration,
-}
-
-impl WireDue {
-    /// An interval schedule as read, for the wire (`None` for a cron schedule).
-    fn of(d: &DueSchedule) -> Option<WireDue> {
-        Some(WireDue {
-            name: d.schedule.name().to_owned(),
-            every: d.schedule.interval()?,
-            job: d.schedule.job().clone(),
-            last_fired: d.last_fired,
-            pending: d.pending,
-            anchor: d.clock.anchor,
-            now: d.clock.now,
-        })
-    }
-
-    /// The schedule as read, back from the wire.
-    fn into_due(self) -> Result<DueSchedule> {
-        let schedule = Schedule::new(self.name, self.every, self.job)
-            .map_err(|e| Error::unavailable("schedules", e.to_string()))?;
-        Ok(DueSchedule {
-            schedule,
-            last_fired: self.last_fired,
-            pending: self.pending,
-            clock: ScheduleClock {
-                anchor: self.anchor,
-                now: self.now,
-            },
-        })
-    }
-}
-
-/// A retention call's answer on the wire.
-#[allow(missing_docs)]
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum SweepAnswer {
-    Locked(Option<WireLockLease>),
-    Done,
-    Yes(bool),
-    Schedules(Vec<WireDue>),
-    Swept {
-        outbox_rows: u64,
-        events: u64,
-        log_rows: u64,
-        jobs: u64,
-        first_available: u64,
-        first_event: u64,
-    },
-    /// [`Error::LeaseLost`].
-    LeaseLost(String),
-}
-
-/// The source host's side: its lock, schedules and sweep on the simulation's clock, and
-/// the ledger that watches them.
-#[derive(Clone, Debug)]
-pub struct Sweeps {
-    lock: MemoryLock,
-    schedules: MemorySchedules,
-    sweep: MemorySweep,
-    /// The ledger.
-    pub ledger: SweepLedger,
-    /// The source's history, told how far each sweep compacted the change log.
-    history: Option<crate::oracle::History>,
-}
-
-impl Sweeps {
-    /// Over `memory`, on `clock` (which outlives the source host's runtimes); `cursors`
-    /// names the durable consumers whose events the ledger checks are kept.
-    pub fn new(
-        memory: &Memory,
-        clock: impl Fn() -> tokio::time::Instant + Clone + Send + Sync + 'static,
-        cursors: Vec<String>,
-    ) -> Self {
-        let lock = MemoryLock::with_clock(memory.faults.clone(), clock.clone());
-        Sweeps {
-            lock: lock.clone(),
-            schedules: MemorySchedules::with_clock(
-                memory.faults.clone(),
-                Duration::from_secs(1_700_000_000),
-                clock.clone(),
-            ),
-            sweep: memory.sweeper_with_clock(POLICY, clock).fenced_by(lock),
-            ledger: SweepLedger {
-                inner: Arc::default(),
-                cursors: Arc::new(cursors),
-            },
-            history: None,
-        }
-    }
-
-    /// The same, telling `history` how far each sweep compacts the change log (the
-    /// oracle allows a follower compacted past its watermark to put its entries again).
-    #[must_use]
-    pub fn telling(mut self, history: crate::oracle::History) -> Self {
-        self.history = Some(history);
-        self
-    }
-
-    /// Serves one call, telling the ledger.
-    pub async fn serve(&self, memory: &Memory, call: SweepCall) -> Response {
-        let now = turmoil::sim_elapsed().unwrap_or_default();
-        let answer = match call {
-            SweepCall::TryLock { name, owner, ttl } => {
-                self.lock.try_lock(&name, &owner, ttl).await.map(|l| {
-                    if let Some(l) = &l {
-                        self.ledger.granted(l, now, now + ttl);
-                    }
-                    SweepAnswer::Locked(l.as_ref().map(WireLockLease::from))
-                })
-            }
-            SweepCall::Renew { lease, ttl } => {
-                let lease = LockLease::from(lease);
-                self.lock.renew(&lease, ttl).await.map(|()| {
-                    self.ledger.renewed(&lease, now + ttl);
-                    SweepAnswer::Done
-                })
-            }
-            SweepCall::Release { lease } => {
-                let lease = LockLease::from(lease);
-                self.lock.release(&lease).await.map(|()| {
-                    self.ledger.released(&lease);
-                    SweepAnswer::Done
-                })
-            }
-            SweepCall::Schedules => self.schedules.schedules().await.map(|all| {
-                SweepAnswer::Schedules(all.into_iter().filter_map(|d| WireDue::of(&d)).collect())
-            }),
-            SweepCall::PutSchedule { name, every, job } => match Schedule::new(name, every, job) {
-                Ok(s) => self
-                    .schedules
-                    .put_schedule(s)
-                    .await
-                    .map(|()| SweepAnswer::Done),
-                Err(e) => Err(Error::unavailable("schedules", e.to_string())),
-            },
-            SweepCall::RemoveSchedule { name } => self
-                .schedules
-                .remove_schedule(&name)
-                .await
-                .map(SweepAnswer::Yes),
-            SweepCall::MarkFired { by, .. } | SweepCall::JobEnqueued { by, .. }
-                if self.ledger.is_doomed(by.as_deref()) =>
-            {
-                Err(Error::unavailable("schedules", "the scheduler is crashing"))
-            }
-            SweepCall::MarkFired {
-                due,
-                tick,
-                for_job,
-                by,
-            } => match due.into_due() {
-                Ok(read) if for_job => {
-                    let won = self.schedules.claim_for_job(&read, tick).await;
-                    if let (Ok(true), Some(by)) = (&won, &by) {
-                        self.ledger.claimed_for_job(by, tick);
-                        let mut s = lock(&self.ledger.inner);
-                        if let Some((false, down)) = s.scheduler_armed {
-                            s.scheduler_armed = None;
-                            s.doomed = Some((by.clone(), down));
-                        }
-                    }
-                    won.map(SweepAnswer::Yes)
-                }
-                Ok(read) => self
-                    .schedules
-                    .mark_fired(&read, tick)
-                    .await
-                    .map(SweepAnswer::Yes),
-                Err(e) => Err(e),
-            },
-            SweepCall::JobEnqueued { name, tick, by } => {
-                let crash = {
-                    let mut s = lock(&self.ledger.inner);
-                    match (s.scheduler_armed, &by) {
-                        (Some((true, down)), Some(by)) => {
-                            s.scheduler_armed = None;
-                            s.doomed = Some((by.clone(), down));
-                            true
-                        }
-                        _ => false,
-                    }
-                };
-                if crash {
-                    // The enqueue landed; the host dies before recording it.
-                    Err(Error::unavailable("schedules", "the scheduler is crashing"))
-                } else {
-                    self.schedules
-                        .job_enqueued(&name, tick)
-                        .await
-                        .map(|()| SweepAnswer::Done)
-                }
-            }
-            SweepCall::Sweep { by, fence } => {
-                let fence = LockLease::from(fence);
-                self.swept(memory, by.as_deref().unwrap_or("?"), &fence, now)
-                    .await
-            }
-        };
-        match answer {
-            Ok(a) => Response::Sweeps(a),
-            Err(Error::LeaseLost(why)) => Response::Sweeps(SweepAnswer::LeaseLost(why)),
-            Err(e) => Response::Failed(e.to_string()),
-        }
-    }
-
-    /// One sweep of the source host's ports, checked against what it found before.
-    async fn swept(
-        &self,
-        memory: &Memory,
-        by: &str,
-        fence: &LockLease,
-        now: Duration,
-    ) -> Result<SweepAnswer> {
-        let watermark = memory.source.current_watermark();
-        let first_log = tidemark::Source::first_available(&memory.source)
-            .await
-            .unwrap_or(1);
-        let events_head = memory.events.records().last().map_or(0, |r| r.position);
-        let mut cursors = BTreeMap::new();
-        for name in self.ledger.cursors.iter() {
-            if let Ok(Some(at)) = Cursors::load(&memory.events, name).await {
-                cursors.insert(name.clone(), at);
-            }
-        }
-        let pending: BTreeSet<u64> = memory
-            .outbox
-            .rows()
-            .into_iter()
-            .filter(|(_, done)| !done)
-            .map(|(row, _)| row.id)
-            .collect();
-        let swept = self.sweep.sweep(fence).await?;
-        let still: BTreeSet<u64> = memory
-            .outbox
-            .rows()
-            .into_iter()
-            .map(|(row, _)| row.id)
-            .collect();
-        let lost: Vec<u64> = pending.difference(&still).copied().collect();
-        if let Some(history) = &self.history {
-            history.compacted(swept.first_available);
-        }
-        self.ledger.check_sweep(&SweepSeen {
-            by,
-            now,
-            watermark,
-            first_log,
-            events_head,
-            cursors,
-            lost,
-            swept,
-            fencing: fence.fencing,
-        });
-        Ok(SweepAnswer::Swept {
-            outbox_rows: swept.outbox_rows,
-            events: swept.events,
-            log_rows: swept.log_rows,
-            jobs: swept.jobs,
-            first_available: swept.first_available,
-            first_event: swept.first_event,
-        })
-    }
-}
+use crate::scenario::{POLICY, SWEEP_EVERY};
 
 /// What the source host saw around one sweep.
-struct SweepSeen<'a> {
-    by: &'a str,
-    now: Duration,
-    watermark: u64,
-    first_log: u64,
-    events_head: u64,
-    cursors: BTreeMap<String, u64>,
+pub(crate) struct SweepSeen<'a> {
+    pub(crate) by: &'a str,
+    pub(crate) now: Duration,
+    pub(crate) watermark: u64,
+    pub(crate) first_log: u64,
+    pub(crate) events_head: u64,
+    pub(crate) cursors: BTreeMap<String, u64>,
     /// Outbox rows pending before the sweep and gone after it.
-    lost: Vec<u64>,
-    swept: Swept,
+    pub(crate) lost: Vec<u64>,
+    pub(crate) swept: Swept,
     /// The fencing token the sweep ran under.
-    fencing: u64,
+    pub(crate) fencing: u64,
 }
 
 #[derive(Debug)]
@@ -498,7 +109,37 @@ fn older_than(marks: &[(Duration, u64)], now: Duration, age: Duration) -> u64 {
 }
 
 impl SweepLedger {
-    fn granted(&self, lease: &LockLease, now: Duration, until: Duration) {
+    /// A ledger that checks the events of the durable consumers named in `cursors` are
+    /// kept (up to the maximum age).
+    #[must_use]
+    pub fn watching(cursors: Vec<String>) -> Self {
+        SweepLedger {
+            inner: Arc::default(),
+            cursors: Arc::new(cursors),
+        }
+    }
+
+    /// The durable consumers whose events the sweeps must keep.
+    pub(crate) fn cursors(&self) -> &[String] {
+        &self.cursors
+    }
+
+    /// Whether the scheduler crash armed falls on `by` now (`after_enqueue`: the moment
+    /// after a tick's job was enqueued; otherwise, right after a tick's claim): if so, `by`
+    /// is doomed, and the source host serves it nothing more until it restarted.
+    pub(crate) fn doom_if_armed(&self, by: &str, after_enqueue: bool) -> bool {
+        let mut s = lock(&self.inner);
+        match s.scheduler_armed {
+            Some((after, down)) if after == after_enqueue => {
+                s.scheduler_armed = None;
+                s.doomed = Some((by.to_owned(), down));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub(crate) fn granted(&self, lease: &LockLease, now: Duration, until: Duration) {
         let mut s = lock(&self.inner);
         let mut found = Vec::new();
         let mut takeover = false;
@@ -529,13 +170,13 @@ impl SweepLedger {
         s.violations.extend(found);
     }
 
-    fn renewed(&self, lease: &LockLease, until: Duration) {
+    pub(crate) fn renewed(&self, lease: &LockLease, until: Duration) {
         if let Some(h) = lock(&self.inner).holds.get_mut(&lease.fencing) {
             h.until = until;
         }
     }
 
-    fn released(&self, lease: &LockLease) {
+    pub(crate) fn released(&self, lease: &LockLease) {
         if let Some(h) = lock(&self.inner).holds.get_mut(&lease.fencing) {
             h.released = true;
         }
@@ -551,7 +192,7 @@ impl SweepLedger {
         }
     }
 
-    fn check_sweep(&self, seen: &SweepSeen<'_>) {
+    pub(crate) fn check_sweep(&self, seen: &SweepSeen<'_>) {
         let mut s = lock(&self.inner);
         let now = seen.now;
         s.sweeps += 1;
@@ -670,7 +311,7 @@ impl SweepLedger {
 
     /// A tick was claimed for its job: every tick claimed before must have its job by now
     /// (a scheduler enqueues a pending tick's job before it claims a newer one).
-    fn claimed_for_job(&self, by: &str, tick: u64) {
+    pub(crate) fn claimed_for_job(&self, by: &str, tick: u64) {
         let mut s = lock(&self.inner);
         if s.tick_jobs < s.claimed_for_job {
             let (claimed, jobs) = (s.claimed_for_job, s.tick_jobs);
@@ -765,204 +406,6 @@ pub struct SweepCounts {
     pub jobs_removed: u64,
     /// Durable cursors the maximum age forced past.
     pub forced: u32,
-}
-
-impl Remote {
-    async fn sweep_call(&self, call: SweepCall) -> Result<SweepAnswer> {
-        match self.call("retention", Request::Sweeps(call)).await? {
-            Response::Sweeps(SweepAnswer::LeaseLost(why)) => Err(Error::LeaseLost(why)),
-            Response::Sweeps(a) => Ok(a),
-            r => Err(Error::unavailable(
-                "retention",
-                format!("unexpected answer {r:?}"),
-            )),
-        }
-    }
-}
-
-fn unexpected(a: &SweepAnswer) -> Error {
-    Error::unavailable("retention", format!("unexpected {a:?}"))
-}
-
-/// The source host's sweeper lock, over the wire.
-impl Lock for Remote {
-    async fn try_lock(&self, name: &str, owner: &str, ttl: Duration) -> Result<Option<LockLease>> {
-        let call = SweepCall::TryLock {
-            name: name.to_owned(),
-            owner: owner.to_owned(),
-            ttl,
-        };
-        match self.sweep_call(call).await? {
-            SweepAnswer::Locked(l) => Ok(l.map(LockLease::from)),
-            a => Err(unexpected(&a)),
-        }
-    }
-
-    async fn renew(&self, lease: &LockLease, ttl: Duration) -> Result<()> {
-        let call = SweepCall::Renew {
-            lease: lease.into(),
-            ttl,
-        };
-        self.sweep_call(call).await.map(drop)
-    }
-
-    async fn release(&self, lease: &LockLease) -> Result<()> {
-        let call = SweepCall::Release {
-            lease: lease.into(),
-        };
-        self.sweep_call(call).await.map(drop)
-    }
-}
-
-/// The source host's durable schedules, over the wire (interval schedules).
-impl ScheduleStore for Remote {
-    async fn put_schedule(&self, schedule: Schedule) -> Result<()> {
-        let Some(every) = schedule.interval() else {
-            return Err(Error::unavailable(
-                "schedules",
-                "cron schedules are not served over the simulator's wire",
-            ));
-        };
-        let call = SweepCall::PutSchedule {
-            name: schedule.name().to_owned(),
-            every,
-            job: schedule.job().clone(),
-        };
-        self.sweep_call(call).await.map(drop)
-    }
-
-    async fn remove_schedule(&self, name: &str) -> Result<bool> {
-        let call = SweepCall::RemoveSchedule {
-            name: name.to_owned(),
-        };
-        match self.sweep_call(call).await? {
-            SweepAnswer::Yes(y) => Ok(y),
-            a => Err(unexpected(&a)),
-        }
-    }
-
-    async fn schedules(&self) -> Result<Vec<DueSchedule>> {
-        match self.sweep_call(SweepCall::Schedules).await? {
-            SweepAnswer::Schedules(all) => all.into_iter().map(WireDue::into_due).collect(),
-            a => Err(unexpected(&a)),
-        }
-    }
-
-    async fn mark_fired(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
-        let Some(due) = WireDue::of(read) else {
-            return Err(Error::unavailable(
-                "schedules",
-                "cron schedules are not served over the simulator's wire",
-            ));
-        };
-        let call = SweepCall::MarkFired {
-            due,
-            tick,
-            for_job: false,
-            by: self.owner().map(str::to_owned),
-        };
-        match self.sweep_call(call).await? {
-            SweepAnswer::Yes(y) => Ok(y),
-            a => Err(unexpected(&a)),
-        }
-    }
-
-    async fn claim_for_job(&self, read: &DueSchedule, tick: u64) -> Result<bool> {
-        let Some(due) = WireDue::of(read) else {
-            return Err(Error::unavailable(
-                "schedules",
-                "cron schedules are not served over the simulator's wire",
-            ));
-        };
-        let call = SweepCall::MarkFired {
-            due,
-            tick,
-            for_job: true,
-            by: self.owner().map(str::to_owned),
-        };
-        match self.sweep_call(call).await? {
-            SweepAnswer::Yes(y) => Ok(y),
-            a => Err(unexpected(&a)),
-        }
-    }
-
-    async fn job_enqueued(&self, name: &str, tick: u64) -> Result<()> {
-        let call = SweepCall::JobEnqueued {
-            name: name.to_owned(),
-            tick,
-            by: self.owner().map(str::to_owned),
-        };
-        self.sweep_call(call).await.map(drop)
-    }
-}
-
-/// The source host's sweep of its history and outbox, over the wire.
-impl Sweep for Remote {
-    async fn sweep(&self, fence: &LockLease) -> Result<Swept> {
-        let call = SweepCall::Sweep {
-            by: self.owner().map(str::to_owned),
-            fence: fence.into(),
-        };
-        match self.sweep_call(call).await? {
-            SweepAnswer::Swept {
-                outbox_rows,
-                events,
-                log_rows,
-                jobs,
-                first_available,
-                first_event,
-            } => Ok(Swept {
-                outbox_rows,
-                events,
-                log_rows,
-                tombstones: 0,
-                jobs,
-                first_available,
-                first_event,
-            }),
-            a => Err(unexpected(&a)),
-        }
-    }
-}
-
-/// What a worker host sweeps with: the source host's sweep, then its queue's finished
-/// jobs, both over the wire.
-#[must_use]
-pub fn sweep_of(remote: &Remote) -> SweepWithJobs<Remote, Remote> {
-    SweepWithJobs::new(remote.clone(), remote.clone(), JOB_RETENTION)
-}
-
-/// Worker host `i`'s retention: the runtime's `run_retention` on even hosts, its
-/// `run_scheduler` enqueueing `sweep` jobs for the job runners on odd ones. Runs until
-/// the host crashes.
-pub async fn retention(i: usize, owner: String, trace: Trace, naive_ticks: bool) -> Result<()> {
-    let remote = Remote::relay(crate::scenario::SOURCE, owner.clone());
-    let config = Retention::new(owner.clone())
-        .and_then(|r| r.every(SWEEP_EVERY))
-        .and_then(|r| r.lease(SWEEP_LEASE))
-        .map_err(|e| Error::unavailable("retention", e.to_string()))?;
-    if i % 2 == 0 {
-        trace.line(format!("{owner} retention driver starts"));
-        run_retention(
-            &remote,
-            &remote,
-            &sweep_of(&remote),
-            config,
-            StopSignal::never(),
-        )
-        .await;
-    } else {
-        trace.line(format!("{owner} sweep scheduler starts"));
-        // Stored by the scheduler's first pass too, if this call fails.
-        let _ = config.install(&remote).await;
-        if naive_ticks {
-            let queue = crate::naive::KeylessTicks(remote.clone());
-            run_scheduler(&remote, &queue, SWEEP_EVERY, StopSignal::never()).await;
-        } else {
-            run_scheduler(&remote, &remote, SWEEP_EVERY, StopSignal::never()).await;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

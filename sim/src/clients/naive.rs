@@ -7,7 +7,7 @@ use tidemark::{Feed, Held, Lineage, Opened, Result, Sink, Source};
 use tidemark_jetstream::Step;
 use tidemark_memory::MemoryCacheSink;
 
-use crate::remote::{Remote, RemoteEvents, RemoteStream};
+use crate::clients::remote::{Remote, RemoteEvents, RemoteStream};
 
 /// "Watch new changes only": opens the change log at the source's current head, whatever
 /// the follower has applied, and claims there is nothing to sync. The common KV watcher

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tidemark::{Received, Result, Wake, WakeListener};
 
-use crate::remote::{Remote, RemoteListener};
+use crate::clients::remote::{Remote, RemoteListener};
 
 /// How long to wait before reconnecting a failed listener.
 const RECONNECT: Duration = Duration::from_millis(500);

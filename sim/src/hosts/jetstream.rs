@@ -19,15 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tidemark::tidemark_core::Rng;
 use tidemark_jetstream::model::{ConsumerId, Start, Stream};
-use tidemark_jetstream::{Limits, StreamState};
 use tokio::sync::Notify;
 use turmoil::net::TcpStream;
 
-use crate::oracle::FeedSkips;
-use crate::proto::{self, HEARTBEAT, Request, Response};
+use crate::checks::oracle::FeedSkips;
+use crate::wire::{self, HEARTBEAT, JsAnswer, JsCall, JsDelivery, JsStart, Request, Response};
 
 /// How many revisions per key the bucket keeps: one, where an overwrite removes the
 /// revision a reader has not reached yet.
@@ -42,125 +40,6 @@ const INACTIVE: Duration = Duration::from_secs(5);
 /// trusts the count is caught on 296 of seeds 0..300 (`--strategy trusts-pending`, with
 /// the followers' deliveries one or two at a time); with at most 300 ms, on about 250.
 const MAX_SIGNAL_LAG_MS: u64 = 2000;
-
-/// Where a consumer starts, on the wire.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub enum JsStart {
-    /// The last message per key, then every later one.
-    LastPerKey,
-    /// Every message from this seq.
-    Seq(u64),
-}
-
-/// A call on the source host's JetStream.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum JsCall {
-    /// The stream's state, as its info reports it.
-    Info,
-    /// The last message present now (a read that cannot race).
-    LastPresent,
-    /// A key's last message, and the stream's last seq read with it.
-    Last {
-        /// The key.
-        key: String,
-    },
-    /// Makes a consumer; the connection then carries [`JsCall::Next`] calls, each
-    /// answered with a [`JsAnswer::Batch`].
-    Consume {
-        /// Where it starts.
-        start: JsStart,
-        /// Deliver no values (a listing of keys needs only each message's key and
-        /// operation): a put then comes with an empty value.
-        headers_only: bool,
-        /// The follower whose feed it is (`None`: a replay), for the oracle: what an
-        /// overwrite removes before a feed delivers it is what the follower may never see.
-        feed_of: Option<String>,
-    },
-    /// The consumer's next deliveries, at most `max`.
-    Next {
-        /// The most to deliver.
-        max: u32,
-    },
-}
-
-/// A message as a consumer delivers it, on the wire.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
-pub struct JsDelivery {
-    /// Its seq.
-    pub seq: u64,
-    /// Its key.
-    pub key: String,
-    /// The value put; `None` for a delete marker.
-    pub value: Option<Vec<u8>>,
-    /// The consumer's pending count after it, as the server reports it.
-    pub pending: u64,
-}
-
-/// The source host's JetStream answer.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub enum JsAnswer {
-    /// The stream's state, and its one limit.
-    State {
-        /// Messages it holds.
-        messages: u64,
-        /// The seq of its first message (one past the last when empty).
-        first_seq: u64,
-        /// The last seq stored.
-        last_seq: u64,
-        /// Revisions kept per key (the bucket's history); it has no other limit.
-        history: u64,
-    },
-    /// The last message present, if any.
-    LastPresent(Option<u64>),
-    /// A key's last message (its seq, and its value or `None` for a delete marker), and
-    /// the stream's last seq.
-    Last {
-        /// The key's last message.
-        message: Option<(u64, Option<Vec<u8>>)>,
-        /// The stream's last seq.
-        last_seq: u64,
-    },
-    /// The consumer exists; ask for its deliveries.
-    Consuming,
-    /// Deliveries; none is an idle heartbeat (nothing to send for a heartbeat interval).
-    Batch(Vec<JsDelivery>),
-}
-
-impl From<JsAnswer> for Response {
-    fn from(a: JsAnswer) -> Self {
-        Response::JetStream(a)
-    }
-}
-
-impl JsAnswer {
-    /// The stream state an [`JsAnswer::State`] reports, and its limits as stream info
-    /// gives them to the decisions.
-    #[must_use]
-    pub fn state(&self) -> Option<(StreamState, Limits)> {
-        match *self {
-            JsAnswer::State {
-                messages,
-                first_seq,
-                last_seq,
-                history,
-            } => Some((
-                StreamState {
-                    messages,
-                    first_seq,
-                    last_seq,
-                },
-                Limits {
-                    per_subject: i64::try_from(history).unwrap_or(i64::MAX),
-                    max_age_ns: 0,
-                    max_messages: -1,
-                    max_bytes: -1,
-                    message_ttl: false,
-                },
-            )),
-            _ => None,
-        }
-    }
-}
 
 #[derive(Debug)]
 struct Shared {
@@ -279,7 +158,7 @@ impl JetStream {
             JsCall::Next { .. } => Response::Failed("no consumer on this connection".into()),
             read => self.read(read).into(),
         };
-        proto::write(&mut stream, &answer).await
+        wire::write(&mut stream, &answer).await
     }
 
     /// What the stream says to a read of its facts.
@@ -328,16 +207,16 @@ impl JetStream {
         };
         // Deleted however this ends: the client left, or the host crashed.
         let _consumer = Consumer { js: self, id };
-        proto::write(&mut stream, &Response::from(JsAnswer::Consuming)).await?;
+        wire::write(&mut stream, &Response::from(JsAnswer::Consuming)).await?;
         loop {
-            let call = tokio::time::timeout(INACTIVE, proto::read_untimed::<Request>(&mut stream));
+            let call = tokio::time::timeout(INACTIVE, wire::read_untimed::<Request>(&mut stream));
             let max = match call.await {
                 Ok(Ok(Request::JetStream(JsCall::Next { max }))) => max,
                 // Gone quiet, gone, or asking something else: the consumer ends.
                 _ => return Ok(()),
             };
             let answer = self.next_batch(id, max, headers_only).await;
-            proto::write(&mut stream, &answer).await?;
+            wire::write(&mut stream, &answer).await?;
         }
     }
 

@@ -1,4 +1,4 @@
-//! A KV bucket on the source host's JetStream ([`crate::jetstream`]), read as the NATS
+//! A KV bucket on the source host's JetStream ([`crate::hosts::jetstream`]), read as the NATS
 //! adapter's `KvBucket` reads one: every decision about what the server says — when a
 //! replay is complete, when an initial sync may say ready, the head it must reach, the
 //! first seq still served, whether a moved first seq is compaction — is taken by
@@ -23,10 +23,10 @@ use tidemark_jetstream::{
 };
 use tokio::sync::watch;
 
-use crate::jetstream::{JsAnswer, JsCall, JsDelivery, JsStart};
-use crate::naive::PendingEnd;
-use crate::proto::{self, FrameReader, Request, Response};
-use crate::remote::Remote;
+use crate::clients::naive::PendingEnd;
+use crate::clients::remote::Remote;
+use crate::wire::{self, FrameReader, Request, Response};
+use crate::wire::{JsAnswer, JsCall, JsDelivery, JsStart};
 
 /// A follower's client of the bucket on the source host. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -260,7 +260,7 @@ impl Consumer {
     ) -> Result<Consumer> {
         let mut frames = remote.dial(port).await?;
         let consume = Request::JetStream(consume);
-        proto::write(frames.stream(), &consume)
+        wire::write(frames.stream(), &consume)
             .await
             .map_err(|e| transport(port, e))?;
         match frames
@@ -286,7 +286,7 @@ impl Consumer {
         if !self.asked {
             let next = Request::JetStream(JsCall::Next { max: self.batch });
             // A frame is written whole or not at all (one segment on turmoil's network).
-            proto::write(self.frames.stream(), &next)
+            wire::write(self.frames.stream(), &next)
                 .await
                 .map_err(|e| transport(port, e))?;
             self.asked = true;

@@ -15,12 +15,12 @@ use tidemark::{
 use tidemark_memory::Memory;
 use turmoil::net::{TcpListener, TcpStream};
 
-use crate::jetstream::JetStream;
-use crate::ops::JobLedger;
-use crate::oracle::{History, RelayLedger};
-use crate::proto::{self, HEARTBEAT, Request, Response, WireEntry};
-use crate::sweeps::Sweeps;
+use crate::checks::jobs::JobLedger;
+use crate::checks::oracle::{History, RelayLedger};
+use crate::hosts::jetstream::JetStream;
+use crate::hosts::sweeps::Sweeps;
 use crate::trace::Trace;
+use crate::wire::{self, HEARTBEAT, PORT, Request, Response, WireEntry};
 
 /// The legs of a write through the announcing source: relays publish it, wake the
 /// followers and enqueue its housekeeping job, which the job runners run.
@@ -29,9 +29,6 @@ pub const RELAYED_LEGS: Legs = Legs {
     notify: true,
     enqueue: true,
 };
-
-/// The port the source host listens on.
-pub const PORT: u16 = 7000;
 
 /// Whether the source host takes writes. A restore closes it, and it opens again when the
 /// writers' pause after the restore ends. The operator's procedure the world models stops
@@ -195,25 +192,56 @@ async fn connection(
     admission: Admission<'_>,
     mut stream: TcpStream,
 ) -> std::io::Result<()> {
-    let request: Request = proto::read_untimed(&mut stream).await?;
-    let SourceHost {
-        memory,
-        history,
-        ledger,
-        jobs,
-        sweeps,
-        ..
-    } = &host;
-    match admission.admit(&request, history) {
+    let request: Request = wire::read_untimed(&mut stream).await?;
+    match admission.admit(&request, &host.history) {
         Admit::Carry => {}
-        Admit::Refuse(refused) => return proto::write(&mut stream, &refused).await,
+        Admit::Refuse(refused) => return wire::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
     }
-    let announced = memory.announced_source(RELAYED_LEGS);
-    let source = |relayed: bool| {
-        if relayed { &announced } else { &memory.source }
-    };
+    let memory = &host.memory;
     let response = match request {
+        // The calls that turn the connection into a stream.
+        Request::OpenFeed { from } => {
+            let opened = memory.source.open(from, None).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::OpenEvents { after } => {
+            let opened = memory.events.open(0, after).await;
+            return stream_feed(stream, opened).await;
+        }
+        Request::Listen { channel } => return stream_wakes(memory, stream, &channel).await,
+        Request::WatchOutbox => return stream_outbox(memory, stream).await,
+        Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
+        // The other services.
+        Request::Queue(call) => serve_queue(memory, &host.jobs, &host.sweeps, call).await,
+        Request::Sweeps(call) => host.sweeps.serve(memory, call).await,
+        request @ (Request::Put { .. } | Request::Update { .. } | Request::Remove { .. }) => {
+            write_source(&host, request).await
+        }
+        request @ (Request::Publish { .. }
+        | Request::Notify { .. }
+        | Request::LoadCursor { .. }
+        | Request::SaveCursor { .. }
+        | Request::Claim { .. }
+        | Request::Complete { .. }
+        | Request::PendingRows) => serve_announcements(&host, request).await,
+        request => read_source(memory, request).await,
+    };
+    wire::write(&mut stream, &response).await
+}
+
+/// A write to the source (through the announcing source if the writer announces through
+/// the relays), recorded in the history once committed.
+async fn write_source(host: &SourceHost, request: Request) -> Response {
+    let announced = host.memory.announced_source(RELAYED_LEGS);
+    let source = |relayed: bool| {
+        if relayed {
+            &announced
+        } else {
+            &host.memory.source
+        }
+    };
+    match request {
         Request::Put {
             key,
             value,
@@ -249,6 +277,13 @@ async fn connection(
             }
             Err(e) => failed(e),
         },
+        other => unserved(&other),
+    }
+}
+
+/// A read of the source: its watermark, changes, snapshot, lineage and values.
+async fn read_source(memory: &Memory, request: Request) -> Response {
+    match request {
         Request::Watermark => memory
             .source
             .watermark()
@@ -308,6 +343,15 @@ async fn connection(
             },
             Err(e) => failed(e),
         },
+        other => unserved(&other),
+    }
+}
+
+/// The announcements' side of the source host: its events stream, wake channels, durable
+/// cursors and outbox, told to the relays' ledger as it serves them.
+async fn serve_announcements(host: &SourceHost, request: Request) -> Response {
+    let (memory, ledger) = (&host.memory, &host.ledger);
+    match request {
         Request::Publish { key, payload, by } => {
             let seq = Event::decode(&payload).ok().map(|e| e.seq());
             match memory.events.publish(&key, payload).await {
@@ -325,15 +369,6 @@ async fn connection(
             .notify(&channel, payload)
             .await
             .map_or_else(failed, |()| Response::Ok),
-        Request::OpenFeed { from } => {
-            let opened = memory.source.open(from, None).await;
-            return stream_feed(stream, opened).await;
-        }
-        Request::OpenEvents { after } => {
-            let opened = memory.events.open(0, after).await;
-            return stream_feed(stream, opened).await;
-        }
-        Request::Listen { channel } => return stream_wakes(memory, stream, &channel).await,
         Request::LoadCursor { name } => Cursors::load(&memory.events, &name)
             .await
             .map_or_else(failed, Response::MaybeSeq),
@@ -369,23 +404,25 @@ async fn connection(
             .pending()
             .await
             .map_or_else(failed, Response::Seq),
-        Request::WatchOutbox => return stream_outbox(memory, stream).await,
-        Request::Queue(call) => serve_queue(memory, jobs, sweeps, call).await,
-        Request::Sweeps(call) => sweeps.serve(memory, call).await,
-        Request::JetStream(call) => return host.jetstream.serve(call, stream).await,
-    };
-    proto::write(&mut stream, &response).await
+        other => unserved(&other),
+    }
+}
+
+/// A request routed to a part of the host that does not serve it (none is: `connection`
+/// routes each to its own).
+fn unserved(request: &Request) -> Response {
+    Response::Failed(format!("not served here: {request:?}"))
 }
 
 /// A queue call, the sweep ledger told of the jobs enqueued for schedule ticks (`sweep`
 /// jobs, keyed or not), and a scheduler doomed to crash served no tick's enqueue.
 async fn serve_queue(
     memory: &Memory,
-    jobs: &crate::ops::JobLedger,
-    sweeps: &crate::sweeps::Sweeps,
-    call: crate::ops::QueueCall,
+    jobs: &JobLedger,
+    sweeps: &Sweeps,
+    call: crate::wire::QueueCall,
 ) -> Response {
-    use crate::ops::{QueueAnswer, QueueCall};
+    use crate::wire::{QueueAnswer, QueueCall};
     let (tick_job, by) = match &call {
         QueueCall::EnqueueTick { by, .. } => (true, by.clone()),
         QueueCall::Enqueue(job) => (*job == tidemark::tidemark_core::Job::Sweep, None),
@@ -394,7 +431,7 @@ async fn serve_queue(
     if tick_job && sweeps.ledger.is_doomed(by.as_deref()) {
         return Response::Failed("the scheduler is crashing".into());
     }
-    let response = crate::ops::serve(&memory.queue, jobs, call).await;
+    let response = crate::hosts::queue::serve(&memory.queue, jobs, call).await;
     if tick_job
         && matches!(
             response,
@@ -412,9 +449,9 @@ async fn stream_feed<S: FeedStream>(
 ) -> std::io::Result<()> {
     let opened = match opened {
         Ok(opened) => opened,
-        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+        Err(e) => return wire::write(&mut stream, &failed(e)).await,
     };
-    proto::write(&mut stream, &Response::FeedOpened(opened.info.into())).await?;
+    wire::write(&mut stream, &Response::FeedOpened(opened.info.into())).await?;
     let mut items = opened.stream;
     loop {
         let next = tokio::select! {
@@ -439,7 +476,7 @@ async fn stream_feed<S: FeedStream>(
             Some(Some(Err(e))) => failed(e),
         };
         let last = matches!(response, Response::End | Response::Failed(_));
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
         if last {
             return Ok(());
         }
@@ -453,9 +490,9 @@ async fn stream_wakes(
 ) -> std::io::Result<()> {
     let mut listener = match memory.wake.listen(channel).await {
         Ok(l) => l,
-        Err(e) => return proto::write(&mut stream, &failed(e)).await,
+        Err(e) => return wire::write(&mut stream, &failed(e)).await,
     };
-    proto::write(&mut stream, &Response::Ok).await?;
+    wire::write(&mut stream, &Response::Ok).await?;
     loop {
         let response = match listener.recv_timeout(HEARTBEAT).await {
             Ok(Received::Wake(payload)) => Response::Wake(payload),
@@ -464,7 +501,7 @@ async fn stream_wakes(
             Err(e) => failed(e),
         };
         let last = matches!(response, Response::End | Response::Failed(_));
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
         if last {
             return Ok(());
         }
@@ -473,13 +510,13 @@ async fn stream_wakes(
 
 async fn stream_outbox(memory: &Memory, mut stream: TcpStream) -> std::io::Result<()> {
     let mut watch = memory.outbox.watch();
-    proto::write(&mut stream, &Response::Ok).await?;
+    wire::write(&mut stream, &Response::Ok).await?;
     loop {
         let response = tokio::select! {
             biased;
             () = watch.changed() => Response::Changed,
             () = tokio::time::sleep(HEARTBEAT) => Response::Heartbeat,
         };
-        proto::write(&mut stream, &response).await?;
+        wire::write(&mut stream, &response).await?;
     }
 }
