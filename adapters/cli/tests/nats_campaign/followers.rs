@@ -162,14 +162,109 @@ fn add_counters(sum: &mut Counters, c: &Counters) {
     sum.poison += c.poison;
 }
 
+/// What the campaign adds to the mirror's file before the mirror first opens it: every
+/// commit of the follower's state (the mirror's sink upserts `follower_state` last in each
+/// batch's transaction) copies the cache as it stands into `camp_commits` / `camp_rows`,
+/// inside that transaction; `camp_starts` marks the last commit before each start. So the
+/// view a start became ready with is read exactly, not a moment later.
+const COMMIT_LOG: &str = "
+    CREATE TABLE camp_commits (id INTEGER PRIMARY KEY, watermark INTEGER NOT NULL);
+    CREATE TABLE camp_rows (commit_id INTEGER NOT NULL, key TEXT NOT NULL,
+        seq INTEGER NOT NULL, head BLOB);
+    CREATE TABLE camp_starts (start INTEGER PRIMARY KEY, after_commit INTEGER NOT NULL);
+    CREATE TRIGGER camp_commit_insert AFTER INSERT ON follower_state BEGIN
+        INSERT INTO camp_commits (watermark) VALUES (NEW.watermark);
+        INSERT INTO camp_rows SELECT (SELECT MAX(id) FROM camp_commits), key, seq,
+            substr(value, 1, 64) FROM follower_cache WHERE name = NEW.name;
+    END;
+    CREATE TRIGGER camp_commit_update AFTER UPDATE ON follower_state BEGIN
+        INSERT INTO camp_commits (watermark) VALUES (NEW.watermark);
+        INSERT INTO camp_rows SELECT (SELECT MAX(id) FROM camp_commits), key, seq,
+            substr(value, 1, 64) FROM follower_cache WHERE name = NEW.name;
+    END;
+";
+
+/// Makes the mirror's file (tidemark's schema, so the mirror takes it as its own) with the
+/// campaign's commit log.
+pub async fn prepare_mirror_file(file: &Path) -> Result<(), String> {
+    let db = tidemark_sqlite::SqliteDb::open(file)
+        .await
+        .map_err(|e| format!("making the mirror's file: {e}"))?;
+    drop(db);
+    let conn = Connection::open(file).map_err(|e| format!("opening the mirror's file: {e}"))?;
+    conn.execute_batch(COMMIT_LOG)
+        .map_err(|e| format!("adding the commit log to the mirror's file: {e}"))
+}
+
+/// The view the mirror's start `start` became ready with at `watermark`, from the commit
+/// log: the first commit at `watermark` after the start began, or (a warm start at the
+/// head commits nothing before it is ready) the file as the start found it. `Err` when
+/// no such commit exists, which the log makes impossible unless the mirror said ready at a
+/// watermark its file never held.
+pub fn ready_view(file: &Path, start: u32, watermark: u64) -> Result<Vec<Shown>, String> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags(file, flags).map_err(|e| e.to_string())?;
+    db.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let w = i64::try_from(watermark).map_err(|e| e.to_string())?;
+    let after: i64 = db
+        .query_row(
+            "SELECT after_commit FROM camp_starts WHERE start = ?1",
+            [start],
+            |r| r.get(0),
+        )
+        .map_err(|e| format!("start {start} was not marked: {e}"))?;
+    let first_at: Option<i64> = db
+        .query_row(
+            "SELECT MIN(id) FROM camp_commits WHERE id > ?1 AND watermark = ?2",
+            [after, w],
+            |r| r.get(0),
+        )
+        .map_err(|e| e.to_string())?;
+    let found: Option<(i64, i64)> = db
+        .query_row(
+            "SELECT id, watermark FROM camp_commits WHERE id = ?1",
+            [first_at.unwrap_or(after)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| e.to_string())?;
+    let id = match found {
+        Some((id, at)) if at == w => id,
+        other => {
+            return Err(format!(
+                "the mirror's start {start} said ready at {watermark}, but its file holds no \
+                 commit at {watermark} of that start (the last before it: {other:?})"
+            ));
+        }
+    };
+    let mut rows = db
+        .prepare("SELECT key, seq, head FROM camp_rows WHERE commit_id = ?1 ORDER BY key")
+        .map_err(|e| e.to_string())?;
+    let view = rows
+        .query_map([id], |r| {
+            let seq: i64 = r.get(1)?;
+            let head: Vec<u8> = r.get(2)?;
+            Ok((r.get(0)?, seq as u64, token(&head)))
+        })
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<Shown>, _>>()
+        .map_err(|e| e.to_string());
+    drop(rows);
+    view
+}
+
 /// The `tidemark mirror` process: started, killed with SIGKILL by its PID, started again;
-/// the last lines it printed kept for a failure report.
+/// the last lines it printed kept for a failure report, and the watermark each start said
+/// it was ready at.
 pub struct Mirror {
     bin: PathBuf,
     source: String,
     pub file: PathBuf,
     child: Option<Child>,
     pub lines: Arc<Mutex<VecDeque<String>>>,
+    /// Each start that said it was ready, with the watermark it said.
+    pub ready: Arc<Mutex<Vec<(u32, u64)>>>,
     pub starts: u32,
     /// Exits it made on its own (a start while the server was down, say), each a line.
     pub exits: Vec<String>,
@@ -185,6 +280,7 @@ impl Mirror {
             file,
             child: None,
             lines: Arc::default(),
+            ready: Arc::default(),
             starts: 0,
             exits: Vec::new(),
             held_down: false,
@@ -192,6 +288,7 @@ impl Mirror {
     }
 
     pub fn start(&mut self) -> Result<(), String> {
+        self.mark_start(self.starts + 1)?;
         let mut command = Command::new(&self.bin);
         command
             .args(["mirror", &self.source, "--into"])
@@ -217,9 +314,13 @@ impl Mirror {
             .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
         for pipe in [out, err].into_iter().flatten() {
             let lines = Arc::clone(&self.lines);
+            let ready = Arc::clone(&self.ready);
             tokio::spawn(async move {
                 let mut reader = BufReader::new(pipe).lines();
                 while let Ok(Some(line)) = reader.next_line().await {
+                    if let Some(watermark) = ready_at(&line) {
+                        lock(&ready).push((start, watermark));
+                    }
                     let mut kept = lock(&lines);
                     if kept.len() == 60 {
                         kept.pop_front();
@@ -229,6 +330,21 @@ impl Mirror {
             });
         }
         self.child = Some(child);
+        Ok(())
+    }
+
+    /// Marks in the commit log where start `start` begins (no mirror runs meanwhile).
+    fn mark_start(&self, start: u32) -> Result<(), String> {
+        let conn = Connection::open(&self.file)
+            .map_err(|e| format!("opening the mirror's file to mark start {start}: {e}"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        conn.execute(
+            "INSERT INTO camp_starts (start, after_commit)
+             VALUES (?1, (SELECT IFNULL(MAX(id), 0) FROM camp_commits))",
+            [start],
+        )
+        .map_err(|e| format!("marking the mirror's start {start}: {e}"))?;
         Ok(())
     }
 
@@ -264,6 +380,14 @@ impl Mirror {
             .find(|l| l.contains("panicked"))
             .cloned()
     }
+}
+
+/// The watermark in the follower task's line saying it is ready (`ready worker=… watermark=N`).
+fn ready_at(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(" ready worker=")?;
+    let (_, number) = rest.split_once("watermark=")?;
+    let digits: String = number.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Rows of a file's follower cache: key, revision, value (or its first 64 bytes).

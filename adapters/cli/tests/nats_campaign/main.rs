@@ -43,7 +43,7 @@ use writers::WriteCounts;
 const DEFAULT_ROUNDS: u64 = 3;
 const DEFAULT_PHASE_SECS: u64 = 6;
 /// A follower that needs longer than this after healing is listed as a slow recovery
-/// (not a failure: a request in flight across a reconnect waits out its 10 s timeout).
+/// (a failure only past [`round::LIVENESS`]).
 const SLOW_RECOVERY: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
@@ -113,6 +113,7 @@ struct Totals {
     resyncs: u64,
     reopens: u64,
     slowest_converge: Duration,
+    slowest_settle: Duration,
     slow: Vec<(u64, u128)>,
     failed: Vec<u64>,
 }
@@ -201,9 +202,11 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     t.checks.add(&r.checks);
     t.resyncs += r.counters.resyncs;
     t.reopens += r.counters.reopens;
-    let slowest = r.converged_after.into_iter().flatten().max();
-    if let Some(c) = slowest {
+    if let Some(c) = r.converged_after.into_iter().flatten().max() {
         t.slowest_converge = t.slowest_converge.max(c);
+    }
+    if let Some(c) = r.settled_after.into_iter().flatten().max() {
+        t.slowest_settle = t.slowest_settle.max(c);
         if c > SLOW_RECOVERY {
             t.slow.push((seed, c.as_millis()));
         }
@@ -220,9 +223,11 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
         None => "never".to_owned(),
     };
     let converged = format!(
-        "equal to the bucket after healing: cache {}, mirror {}",
+        "equal to the bucket after healing: cache {}, mirror {} (holding it since: {}, {})",
         after(r.converged_after[0]),
-        after(r.converged_after[1])
+        after(r.converged_after[1]),
+        after(r.settled_after[0]),
+        after(r.settled_after[1])
     );
     let verdict = if r.failures.is_empty() {
         "ok"
@@ -301,9 +306,10 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
     println!(
         "  checks passed: {} samples never older, {} values shown found in the ledger, {} \
          drops and returns matched to a removal, {} keys of views at a watermark as the \
-         bucket held them there, {} first ready views ({} key checks), {} bucket reads \
-         equal to the ledger, {} followers equal to the bucket (slowest {} ms after \
-         healing)",
+         bucket held them there, {} first ready views of the cache's and the mirror's \
+         starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
+         to the bucket (slowest {} ms after healing), {} holding it within the liveness \
+         bound of {:?} (slowest {} ms)",
         c.samples,
         c.values,
         c.flips,
@@ -312,7 +318,10 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         c.ready_keys,
         c.ledger_matches,
         c.converged,
-        t.slowest_converge.as_millis()
+        t.slowest_converge.as_millis(),
+        c.live,
+        round::LIVENESS,
+        t.slowest_settle.as_millis()
     );
     if !t.slow.is_empty() {
         println!(
