@@ -165,6 +165,8 @@ pub struct Checks {
     pub converged: u64,
     /// Followers that came to hold it within the liveness bound.
     pub live: u64,
+    /// Durable consumers whose saved cursor reached the stream's last event.
+    pub cursors: u64,
 }
 
 impl Checks {
@@ -178,6 +180,7 @@ impl Checks {
         self.ledger_matches += o.ledger_matches;
         self.converged += o.converged;
         self.live += o.live;
+        self.cursors += o.cursors;
     }
 }
 

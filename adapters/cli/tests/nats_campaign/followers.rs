@@ -1,7 +1,8 @@
-//! The followers under test, both through the fault proxy: the runtime's cache over a
-//! `KvBucket` in this process, and the built `tidemark mirror` binary into a SQLite file.
-//! Both are stopped by the round that started them, on failure too (the mirror by its
-//! PID: `kill_on_drop`).
+//! The followers under test, all through the fault proxy: in this process the runtime's
+//! cache over a `KvBucket`, an announcements follower of the round's events stream, and a
+//! durable consumer of that stream (its cursor kept on the server); in a process of its
+//! own the built `tidemark mirror` binary into a SQLite file. All are stopped by the round
+//! that started them, on failure too (the mirror by its PID: `kill_on_drop`).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use tidemark::{
     Cache, CacheWriter, Counters, FollowerConfig, FollowerHandle, FollowerTask, Lineage, RawBytes,
     Result as TmResult, Sink, cache,
 };
-use tidemark_nats::KvBucket;
+use tidemark_nats::{KvBucket, NatsEvents};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
@@ -22,12 +23,13 @@ use crate::checker::{ReadyView, Shown};
 use crate::ledger::token;
 
 /// The cache's own sink with one addition: at the moment it becomes ready it hands over
-/// what it holds, so the first ready view is judged exactly as it was, not a moment later.
+/// what it holds, so the first ready view is judged exactly as it was, not a moment later
+/// (not for a follower of announcements, which may hold claims above its watermark).
 struct RecordingCache {
     inner: CacheWriter<Vec<u8>>,
     reader: Cache<Vec<u8>>,
     name: String,
-    views: Arc<Mutex<Vec<ReadyView>>>,
+    views: Option<Arc<Mutex<Vec<ReadyView>>>>,
 }
 
 impl Sink<Vec<u8>> for RecordingCache {
@@ -55,12 +57,14 @@ impl Sink<Vec<u8>> for RecordingCache {
 
     fn ready(&mut self, watermark: u64) {
         self.inner.ready(watermark);
-        let view = ReadyView {
-            follower: self.name.clone(),
-            watermark,
-            entries: shown(&self.reader),
-        };
-        lock(&self.views).push(view);
+        if let Some(views) = &self.views {
+            let view = ReadyView {
+                follower: self.name.clone(),
+                watermark,
+                entries: shown(&self.reader),
+            };
+            lock(views).push(view);
+        }
     }
 }
 
@@ -77,8 +81,26 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The runtime's cache follower over a `KvBucket` whose client goes through the proxy.
+/// What an in-process follower follows.
+#[derive(Clone)]
+pub enum Follows {
+    /// The bucket's own history (a KV watch): a replayed feed.
+    Bucket,
+    /// The events stream as announcements, the bucket as its source; with a cursor name,
+    /// a durable consumer whose position is kept on the server.
+    Events {
+        events: NatsEvents,
+        cursor: Option<&'static str>,
+    },
+}
+
+/// One of the runtime's followers in this process, over a `KvBucket` (and an events
+/// stream) whose client goes through the proxy, into an in-memory cache; a restart is a
+/// cold start with an empty cache (a durable consumer keeps its cursor).
 pub struct CacheFollower {
+    /// What it is called in reports: `cache`, `events cache`, `consumer`.
+    pub label: &'static str,
+    follows: Follows,
     bucket: KvBucket,
     seed: u64,
     handle: Option<FollowerHandle>,
@@ -90,8 +112,16 @@ pub struct CacheFollower {
 }
 
 impl CacheFollower {
-    pub fn start(bucket: KvBucket, seed: u64, views: Arc<Mutex<Vec<ReadyView>>>) -> Self {
+    pub fn start(
+        label: &'static str,
+        follows: Follows,
+        bucket: KvBucket,
+        seed: u64,
+        views: Arc<Mutex<Vec<ReadyView>>>,
+    ) -> Self {
         let mut follower = CacheFollower {
+            label,
+            follows,
             bucket,
             seed,
             handle: None,
@@ -106,31 +136,61 @@ impl CacheFollower {
 
     /// The name of the current start, as its watcher and ready view are named.
     pub fn name(&self) -> String {
-        format!("cache (start {})", self.starts)
+        format!("{} (start {})", self.label, self.starts)
+    }
+
+    /// Whether its views are at a watermark (a replayed feed's) rather than holding
+    /// announcements above it.
+    pub fn replays(&self) -> bool {
+        matches!(self.follows, Follows::Bucket)
     }
 
     fn spawn(&mut self) {
         self.starts += 1;
-        let config = FollowerConfig::builder("campaign-cache")
+        let config = FollowerConfig::builder(format!("campaign-{}", self.label.replace(' ', "-")))
             .seed(self.seed.wrapping_add(u64::from(self.starts)))
             .build()
-            .unwrap_or_else(|e| panic!("the cache's config: {e}"));
+            .unwrap_or_else(|e| panic!("the {} config: {e}", self.label));
         let (inner, reader) = cache();
         let sink = RecordingCache {
             inner,
             reader: reader.clone(),
             name: self.name(),
-            views: Arc::clone(&self.views),
+            views: self.replays().then(|| Arc::clone(&self.views)),
         };
-        let task = FollowerTask::new(
-            config,
-            RawBytes,
-            self.bucket.clone(),
-            self.bucket.clone(),
-            sink,
-        );
-        self.handle = Some(task.spawn());
+        let source = self.bucket.clone();
+        self.handle = Some(match &self.follows {
+            Follows::Bucket => {
+                FollowerTask::new(config, RawBytes, source, self.bucket.clone(), sink).spawn()
+            }
+            Follows::Events {
+                events,
+                cursor: None,
+            } => FollowerTask::new(config, RawBytes, source, events.clone(), sink).spawn(),
+            Follows::Events {
+                events,
+                cursor: Some(name),
+            } => FollowerTask::new(config, RawBytes, source, events.clone(), sink)
+                .with_cursor(events.clone(), *name)
+                .spawn(),
+        });
         self.cache = reader;
+    }
+
+    /// Asks the running start for one reconcile pass (what closes the window of an
+    /// announcement lost after its write, SPEC §5), waiting at most `within`.
+    pub async fn reconcile(&self, within: Duration) -> Result<(), String> {
+        let Some(handle) = &self.handle else {
+            return Err(format!("{} is not running", self.label));
+        };
+        match tokio::time::timeout(within, handle.reconcile()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("{}: reconcile failed: {e}", self.label)),
+            Err(_) => Err(format!(
+                "{}: a reconcile after healing took over {within:?}",
+                self.label
+            )),
+        }
     }
 
     /// Stops the running start (waiting at most 5 s); keeps its counters.
@@ -152,7 +212,7 @@ impl CacheFollower {
     }
 }
 
-fn add_counters(sum: &mut Counters, c: &Counters) {
+pub fn add_counters(sum: &mut Counters, c: &Counters) {
     sum.resets += c.resets;
     sum.resyncs += c.resyncs;
     sum.reopens += c.reopens;

@@ -108,7 +108,7 @@ struct Totals {
     writes: WriteCounts,
     mirror_restarts: u64,
     mirror_exits: u64,
-    cache_restarts: u64,
+    restarts: [u64; 3],
     checks: Checks,
     resyncs: u64,
     reopens: u64,
@@ -198,7 +198,9 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     t.writes.add(&r.writes);
     t.mirror_restarts += r.mirror_restarts;
     t.mirror_exits += r.mirror_exits.len() as u64;
-    t.cache_restarts += r.cache_restarts;
+    for (sum, n) in t.restarts.iter_mut().zip(r.restarts) {
+        *sum += n;
+    }
     t.checks.add(&r.checks);
     t.resyncs += r.counters.resyncs;
     t.reopens += r.counters.reopens;
@@ -222,13 +224,18 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
         Some(d) => format!("{} ms", d.as_millis()),
         None => "never".to_owned(),
     };
-    let converged = format!(
-        "equal to the bucket after healing: cache {}, mirror {} (holding it since: {}, {})",
-        after(r.converged_after[0]),
-        after(r.converged_after[1]),
-        after(r.settled_after[0]),
-        after(r.settled_after[1])
-    );
+    let converged = round::FOLLOWERS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            format!(
+                "{name} {} (holding it since {})",
+                after(r.converged_after[i]),
+                after(r.settled_after[i])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let verdict = if r.failures.is_empty() {
         "ok"
     } else {
@@ -236,11 +243,11 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
     };
     println!(
         "round seed {seed}: {verdict} in {:.1}s: {faults} faults, {} writes, {} mirror / {} \
-         cache restarts; {converged}",
+         in-process restarts; equal to the bucket after healing: {converged}",
         r.took.as_secs_f64(),
         r.writes.landed(),
         r.mirror_restarts,
-        r.cache_restarts,
+        r.restarts.iter().sum::<u64>(),
     );
     if verbose || !r.failures.is_empty() {
         print!("{}", r.schedule);
@@ -284,7 +291,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
     }
     println!(
         "  writes landed: {} ({} puts of which {} rapid overwrites and {} near the size \
-         limit, {} deletes, {} purges); acknowledgements lost: {} landed, {} did not",
+         limit, {} deletes, {} purges); acknowledgements lost: {} landed, {} did not; {} \
+         announcements sent",
         w.landed(),
         w.puts,
         w.overwrites,
@@ -292,14 +300,17 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         w.deletes,
         w.purges,
         w.unacked_landed,
-        w.unacked_lost
+        w.unacked_lost,
+        w.announced
     );
     println!(
-        "  follower restarts: mirror {} killed + {} exited on its own, cache {} cold restarts \
-         (cache resyncs {}, feed reopens {})",
+        "  follower restarts: mirror {} killed + {} exited on its own; cold restarts: cache \
+         {}, events cache {}, consumer {} (in-process resyncs {}, feed reopens {})",
         t.mirror_restarts.saturating_sub(t.mirror_exits),
         t.mirror_exits,
-        t.cache_restarts,
+        t.restarts[0],
+        t.restarts[1],
+        t.restarts[2],
         t.resyncs,
         t.reopens
     );
@@ -309,7 +320,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
          bucket held them there, {} first ready views of the cache's and the mirror's \
          starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
          to the bucket (slowest {} ms after healing), {} holding it within the liveness \
-         bound of {:?} (slowest {} ms)",
+         bound of {:?} (slowest {} ms), {} durable cursors saved up to the stream's last \
+         event",
         c.samples,
         c.values,
         c.flips,
@@ -321,7 +333,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         t.slowest_converge.as_millis(),
         c.live,
         round::LIVENESS,
-        t.slowest_settle.as_millis()
+        t.slowest_settle.as_millis(),
+        c.cursors
     );
     if !t.slow.is_empty() {
         println!(

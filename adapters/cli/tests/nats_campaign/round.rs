@@ -11,7 +11,8 @@ use async_nats::jetstream::{self, kv, stream::LastRawMessageErrorKind};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use tidemark::Counters;
-use tidemark_nats::{KvBucket, NatsOptions};
+use tidemark::Cursors as _;
+use tidemark_nats::{KvBucket, NatsEvents, NatsOptions};
 use tidemark_tests::{FaultProxy, NatsServer, wait_jetstream_ready};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::JoinHandle;
@@ -19,7 +20,8 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::checker::{Checks, ReadyView, Watcher, judge, judge_ready};
 use crate::followers::{
-    CacheFollower, Mirror, lock, prepare_mirror_file, read_file, ready_view, shown,
+    CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file, ready_view,
+    shown,
 };
 use crate::ledger::{Kind, Ledger, token};
 use crate::schedule::{Fault, Lane, Planned, Schedule};
@@ -27,6 +29,16 @@ use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, kind_of};
 
 const BUCKET: &str = "camp";
 const MIRROR_NAME: &str = "mirror-camp";
+/// The events stream the writers announce on, its subjects' prefix, and the durable
+/// consumer's cursor name.
+pub const EVENTS_STREAM: &str = "CAMP_EVENTS";
+pub const EVENTS_PREFIX: &str = "camp.events";
+const CONSUMER_CURSOR: &str = "camp-consumer";
+/// The followers in the order reports give them: the in-process ones (as
+/// [`InProcess`](crate::schedule::InProcess) numbers them), then the mirror.
+pub const FOLLOWERS: [&str; 4] = ["cache", "events cache", "consumer", "mirror"];
+/// The mirror's watcher: one across its starts (its file is one).
+const MIRROR_WATCHER: &str = "mirror file";
 /// After healing, how long the followers have to equal the bucket.
 const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
 /// The liveness bound: how long after the round healed (or after the last write that
@@ -53,14 +65,16 @@ pub struct RoundReport {
     pub writes: WriteCounts,
     pub mirror_restarts: u64,
     pub mirror_exits: Vec<String>,
-    pub cache_restarts: u64,
+    /// Cold restarts of each in-process follower.
+    pub restarts: [u64; 3],
     pub checks: Checks,
     pub counters: Counters,
-    /// From healing to the first read equal to the bucket: the cache, the mirror's file.
-    pub converged_after: [Option<Duration>; 2],
+    /// From healing to the first read equal to the bucket, per follower of
+    /// [`FOLLOWERS`].
+    pub converged_after: [Option<Duration>; 4],
     /// From healing (or the last landed write's send, if later) to when each came to
     /// hold what it ends with, as sampled: what [`LIVENESS`] bounds.
-    pub settled_after: [Option<Duration>; 2],
+    pub settled_after: [Option<Duration>; 4],
     pub took: Duration,
     pub failures: Vec<String>,
     pub mirror_log: Vec<String>,
@@ -70,7 +84,8 @@ pub struct RoundReport {
 struct Targets {
     server: AsyncMutex<NatsServer>,
     proxy: FaultProxy,
-    cache: AsyncMutex<CacheFollower>,
+    /// The in-process followers, as [`FOLLOWERS`] lists them.
+    caches: [AsyncMutex<CacheFollower>; 3],
     mirror: AsyncMutex<Mirror>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
     failures: Mutex<Vec<String>>,
@@ -109,11 +124,11 @@ impl RoundReport {
             writes: WriteCounts::default(),
             mirror_restarts: 0,
             mirror_exits: Vec::new(),
-            cache_restarts: 0,
+            restarts: [0; 3],
             checks: Checks::default(),
             counters: Counters::default(),
-            converged_after: [None; 2],
-            settled_after: [None; 2],
+            converged_after: [None; 4],
+            settled_after: [None; 4],
             took: Duration::ZERO,
             failures: Vec::new(),
             mirror_log: Vec::new(),
@@ -139,6 +154,11 @@ async fn start_server() -> (NatsServer, async_nats::Client) {
         })
         .await
         .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
+    NatsEvents::new(admin.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .ensure(1)
+        .await
+        .unwrap_or_else(|e| panic!("creating the events stream: {e}"));
     (server, admin)
 }
 
@@ -147,7 +167,8 @@ async fn preload(url: &str, schedule: &Schedule) -> Result<Vec<Writer>, String> 
     let mut writers = Vec::new();
     for (id, seed) in schedule.writer_seeds.iter().enumerate() {
         let client = connect(url, &format!("campaign-writer-{id}")).await;
-        let mut writer = Writer::new(id, *seed, schedule.keys_per_writer, client, BUCKET).await?;
+        let keys = schedule.keys_per_writer;
+        let mut writer = Writer::new(id, *seed, keys, client, BUCKET, EVENTS_PREFIX).await?;
         writer
             .preload()
             .await
@@ -188,7 +209,30 @@ impl Round {
         let views = Arc::new(Mutex::new(Vec::new()));
         let follower_client = connect(&proxy.url(), "campaign-cache").await;
         let bucket = KvBucket::new(follower_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
-        let cache = CacheFollower::start(bucket, schedule.follower_seed, Arc::clone(&views));
+        let cache = CacheFollower::start(
+            FOLLOWERS[0],
+            Follows::Bucket,
+            bucket,
+            schedule.follower_seed,
+            Arc::clone(&views),
+        );
+        // The followers of the events stream share a client of their own.
+        let events_client = connect(&proxy.url(), "campaign-events").await;
+        let events = NatsEvents::new(events_client.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bucket = KvBucket::new(events_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
+        let announced = |i: usize, cursor| {
+            let follows = Follows::Events {
+                events: events.clone(),
+                cursor,
+            };
+            // Seeds of their own, drawn from the round's: no two retry in lockstep.
+            let seed = schedule.follower_seed.wrapping_add(0x1000 * i as u64);
+            let views = Arc::clone(&views);
+            CacheFollower::start(FOLLOWERS[i], follows, bucket.clone(), seed, views)
+        };
+        let events_cache = announced(1, None);
+        let consumer = announced(2, Some(CONSUMER_CURSOR));
         let source = format!("{}/{BUCKET}", proxy.url());
         let file = dir.path().join("mirror.db");
         prepare_mirror_file(&file)
@@ -199,12 +243,16 @@ impl Round {
         let targets = Arc::new(Targets {
             server: AsyncMutex::new(server),
             proxy,
-            cache: AsyncMutex::new(cache),
+            caches: [
+                AsyncMutex::new(cache),
+                AsyncMutex::new(events_cache),
+                AsyncMutex::new(consumer),
+            ],
             mirror: AsyncMutex::new(mirror),
             applied: Mutex::new(BTreeMap::new()),
             failures: Mutex::new(Vec::new()),
         });
-        let watchers = Arc::new(Mutex::new(vec![Watcher::new("mirror file")]));
+        let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER)]));
         let (done, until) = watch::channel(false);
         let sampler = sample(
             Arc::clone(&targets),
@@ -306,47 +354,58 @@ impl Round {
         now
     }
 
-    /// Waits until both followers equal `now`, for [`CONVERGE_WITHIN`]; notes when each
-    /// first did.
+    /// Waits until every follower equals `now`, for [`CONVERGE_WITHIN`]; notes when each
+    /// first did. The followers of announcements are asked for one reconcile first: an
+    /// announcement lost after its write (a writer's publish into a killed server) is
+    /// what that pass is for (SPEC §5), and nothing else would tell them.
     async fn converge(
         &self,
         now: &BTreeMap<String, (u64, Bytes)>,
         healed: Instant,
         report: &mut RoundReport,
     ) {
+        for follower in &self.targets.caches {
+            let follower = follower.lock().await;
+            if !follower.replays()
+                && let Err(e) = follower.reconcile(CONVERGE_WITHIN).await
+            {
+                report.failures.push(e);
+            }
+        }
         let converge_start = Instant::now();
-        let mut equal = [false; 2];
+        let mut equal = [false; 4];
         loop {
-            let cache_diff = {
-                let follower = self.targets.cache.lock().await;
+            let mut diffs = Vec::new();
+            for follower in &self.targets.caches {
+                let follower = follower.lock().await;
                 let entries = follower
                     .cache
                     .snapshot()
                     .into_iter()
                     .map(|(k, s, v)| (k, s, v.as_ref().clone()));
-                diff("cache", entries, now)
-            };
+                diffs.push(diff(follower.label, entries, now));
+            }
             let file = self.file.clone();
             let mirrored = tokio::task::spawn_blocking(move || read_file(&file, MIRROR_NAME, true))
                 .await
                 .ok()
                 .flatten();
-            let mirror_diff = match mirrored {
+            diffs.push(match mirrored {
                 Some((_, entries)) => diff("mirror file", entries.into_iter(), now),
                 None => Some("mirror file: unreadable".to_owned()),
-            };
-            for (i, d) in [&cache_diff, &mirror_diff].into_iter().enumerate() {
+            });
+            for (i, d) in diffs.iter().enumerate() {
                 equal[i] = d.is_none();
                 if equal[i] && report.converged_after[i].is_none() {
                     report.converged_after[i] = Some(healed.elapsed());
                 }
             }
-            if equal == [true, true] {
-                report.checks.converged += 2;
+            if equal.iter().all(|e| *e) {
+                report.checks.converged += equal.len() as u64;
                 return;
             }
             if converge_start.elapsed() > CONVERGE_WITHIN {
-                let last_diff = [cache_diff, mirror_diff].into_iter().flatten();
+                let last_diff = diffs.into_iter().flatten();
                 let last_diff = last_diff.collect::<Vec<_>>().join("; ");
                 report.failures.push(format!(
                     "not equal to the bucket {CONVERGE_WITHIN:?} after healing: {last_diff}"
@@ -370,7 +429,10 @@ impl Round {
                 .failures
                 .extend(judge(ledger, watcher, &mut report.checks));
         }
-        self.judge_liveness(ledger, healed, report);
+        self.judge_liveness(ledger, healed, report).await;
+        if let Err(e) = self.cursor_at_the_end(healed, report).await {
+            report.failures.push(e);
+        }
         let mut views: Vec<ReadyView> = lock(&self.views).clone();
         match self.mirror_ready_views().await {
             Ok(mirror_views) => views.extend(mirror_views),
@@ -390,16 +452,21 @@ impl Round {
     /// round healing (or of the last landed write's send, if later): one that got there
     /// only by waiting out a request timeout or a backoff fails the round. A round that
     /// did not converge has failed already.
-    fn judge_liveness(&self, ledger: &Ledger, healed: Instant, report: &mut RoundReport) {
+    async fn judge_liveness(&self, ledger: &Ledger, healed: Instant, report: &mut RoundReport) {
         if report.converged_after.iter().any(Option::is_none) {
             return;
         }
         let from = ledger
             .last_sent()
             .map_or(healed.into_std(), |sent| sent.max(healed.into_std()));
+        let mut names = Vec::new();
+        for follower in &self.targets.caches {
+            names.push(follower.lock().await.name());
+        }
+        names.push(MIRROR_WATCHER.to_owned());
         let watchers = lock(&self.watchers);
-        let followers = [watchers.last(), watchers.first()];
-        for (i, watcher) in followers.into_iter().enumerate() {
+        for (i, name) in names.iter().enumerate() {
+            let watcher = watchers.iter().find(|w| &w.name == name);
             let Some(since) = watcher.and_then(|w| w.holding_since()) else {
                 continue;
             };
@@ -416,6 +483,46 @@ impl Round {
                     after.as_millis()
                 ));
             }
+        }
+    }
+
+    /// The durable consumer saves its cursor after every entry it observed (SPEC §8): once
+    /// the round healed, its saved position reaches the events stream's last entry within
+    /// [`LIVENESS`] (of the round's end, by when it equals the bucket).
+    async fn cursor_at_the_end(
+        &self,
+        healed: Instant,
+        report: &mut RoundReport,
+    ) -> Result<(), String> {
+        let js = jetstream::new(self.admin.clone());
+        let events = NatsEvents::new(self.admin.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + LIVENESS;
+        loop {
+            let mut stream = js
+                .get_stream(EVENTS_STREAM)
+                .await
+                .map_err(|e| format!("the events stream after healing: {e}"))?;
+            let last = stream
+                .info()
+                .await
+                .map_err(|e| format!("the events stream after healing: {e}"))?
+                .state
+                .last_sequence;
+            let saved = events.load(CONSUMER_CURSOR).await.ok().flatten();
+            if saved == Some(last) || last == 0 {
+                report.checks.cursors += 1;
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "consumer: its saved cursor is {saved:?} {} ms after healing, but the \
+                     events stream's last entry is {last}: an observed entry was not \
+                     checkpointed (SPEC §8)",
+                    healed.elapsed().as_millis()
+                ));
+            }
+            sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -452,16 +559,16 @@ impl Round {
     /// Stops the followers (the mirror by its PID) and takes their figures; the server
     /// and the proxy stop when the round is dropped.
     async fn stop(self, report: &mut RoundReport) {
-        {
-            let mut cache = self.targets.cache.lock().await;
+        for (i, cache) in self.targets.caches.iter().enumerate() {
+            let mut cache = cache.lock().await;
             cache.stop().await;
-            report.counters = cache.counters;
-            report.cache_restarts = u64::from(cache.starts.saturating_sub(1));
+            add_counters(&mut report.counters, &cache.counters);
+            report.restarts[i] = u64::from(cache.starts.saturating_sub(1));
             if cache.counters.resets > 0 {
                 report.failures.push(format!(
-                    "the cache counted {} reset(s) over its starts: it took the bucket for a \
+                    "the {} counted {} reset(s) over its starts: it took the bucket for a \
                      new history, yet it was never recreated",
-                    cache.counters.resets
+                    cache.label, cache.counters.resets
                 ));
             }
         }
@@ -546,7 +653,7 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             mirror.held_down = false;
             mirror.start()?;
         }
-        Fault::CacheRestart => t.cache.lock().await.restart().await,
+        Fault::Restart(which) => t.caches[*which as usize].lock().await.restart().await,
     }
     Ok(())
 }
@@ -595,7 +702,8 @@ async fn keep_mirror_running(t: Arc<Targets>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Samples the cache every 20 ms and the mirror's file every 100 ms into their watchers,
+/// Samples the in-process followers every 20 ms and the mirror's file every 100 ms into
+/// their watchers,
 /// from the followers' start until the round has converged (`stop`), and once more then.
 async fn sample(
     t: Arc<Targets>,
@@ -607,24 +715,28 @@ async fn sample(
     loop {
         let stopping = *stop.borrow_and_update();
         tick += 1;
-        let (name, entries, at) = {
-            let follower = t.cache.lock().await;
-            let cache = &follower.cache;
-            let (before, ready) = (cache.watermark(), cache.is_ready());
-            let entries = shown(cache);
-            // A batch lands with its watermark under the cache's lock: an unmoved
-            // watermark around the read means the entries are exactly at it.
-            let at = (ready && cache.watermark() == before).then(|| (before, Instant::now()));
-            (follower.name(), entries, at)
-        };
-        {
+        for follower in &t.caches {
+            let (name, entries, at) = {
+                let follower = follower.lock().await;
+                let cache = &follower.cache;
+                let (before, ready) = (cache.watermark(), cache.is_ready());
+                let entries = shown(cache);
+                // A batch lands with its watermark under the cache's lock: an unmoved
+                // watermark around the read means the entries are exactly at it. A
+                // follower of announcements holds claims above it: no view at a watermark.
+                let at = (follower.replays() && ready && cache.watermark() == before)
+                    .then(|| (before, Instant::now()));
+                (follower.name(), entries, at)
+            };
             let mut watchers = lock(&watchers);
-            if watchers.last().is_none_or(|w| w.name != name) {
-                watchers.push(Watcher::new(name));
-            }
-            if let Some(w) = watchers.last_mut() {
-                w.observe(at.map(|(w, i)| (w, i.into_std())), &entries);
-            }
+            let i = match watchers.iter().position(|w| w.name == name) {
+                Some(i) => i,
+                None => {
+                    watchers.push(Watcher::new(name));
+                    watchers.len() - 1
+                }
+            };
+            watchers[i].observe(at.map(|(w, i)| (w, i.into_std())), &entries);
         }
         if tick % 5 == 0 || stopping {
             let path = file.clone();
