@@ -370,3 +370,69 @@ async fn a_reconcile_whose_reply_a_reconnect_lost_is_retried_at_once() {
     );
     assert_eq!(lossy.waiting(), 0, "the lost request was dropped");
 }
+
+/// The memory events stream's cursors, losing the reply to the next save the test arms:
+/// it waits out [`REQUEST_TIMEOUT`] and fails, as a save out across a reconnect does.
+#[derive(Clone)]
+struct LosingSaves {
+    inner: tidemark_memory::MemoryEvents,
+    lose: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl tidemark::Cursors for LosingSaves {
+    async fn load(&self, name: &str) -> tidemark::Result<Option<u64>> {
+        self.inner.load(name).await
+    }
+
+    async fn save(&self, name: &str, position: u64) -> tidemark::Result<u64> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.lose.swap(false, SeqCst) {
+            self.waiting.fetch_add(1, SeqCst);
+            tokio::time::sleep(REQUEST_TIMEOUT).await;
+            self.waiting.fetch_sub(1, SeqCst);
+            return Err(tidemark::Error::unavailable("cursor", "request timed out"));
+        }
+        self.inner.save(name, position).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cursor_save_whose_reply_a_reconnect_lost_does_not_hold_the_consumer() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tidemark::Cursors as _;
+    let m = Memory::new();
+    let registry = common::registry(&m);
+    let (lossy, tx) = LosingReplies::new(m.source.clone());
+    let cursors = LosingSaves {
+        inner: m.events.clone(),
+        lose: std::sync::Arc::default(),
+        waiting: std::sync::Arc::default(),
+    };
+    let (sink, cache) = tidemark::cache();
+    let h = tidemark::FollowerTask::new(config("consumer"), Utf8, lossy, m.events.clone(), sink)
+        .with_cursor(cursors.clone(), "consumer")
+        .spawn();
+    cache.wait_ready().await.unwrap();
+    cursors.lose.store(true, SeqCst);
+    registry.put("a", b"1".to_vec()).await.unwrap();
+    until("the cursor save waits on its lost reply", || {
+        cursors.waiting.load(SeqCst) == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tx.send_modify(|n| *n += 1);
+    registry.put("b", b"2".to_vec()).await.unwrap();
+    tokio::time::sleep(AT_ONCE).await;
+    assert_eq!(
+        cache.get("b").as_deref().map(String::as_str),
+        Some("2"),
+        "a cursor save out across a reconnect must be abandoned (saved with the next \
+         commit), not hold the consumer for the client's {REQUEST_TIMEOUT:?} request timeout"
+    );
+    until("the cursor is saved up to the last event", || {
+        futures::executor::block_on(m.events.load("consumer")).unwrap() == Some(2)
+    })
+    .await;
+    drop(h);
+}

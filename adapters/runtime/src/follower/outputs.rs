@@ -222,11 +222,25 @@ where
         }
         if let Some(position) = checkpoint
             && let Some(name) = &self.cursor_name
-            && let Err(e) = self.cursors.save(name, position).await
         {
-            // Fail-soft: the position is kept and saved with the next commit.
-            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
-            self.unsaved_checkpoint = Some(position);
+            // A reconnect while the save is out cuts it, as it does a request: its reply
+            // may have gone with the old connection. Saves are monotone, so one that
+            // landed anyway does no harm, and the position is saved with the next commit.
+            let mut heard = self.reconnects.listen_from_now();
+            let watching = heard.watching();
+            let saved = tokio::select! {
+                biased;
+                saved = self.cursors.save(name, position) => saved.map(|_| ()),
+                () = heard.next(), if watching => Err(Error::unavailable(
+                    "cursor",
+                    "the client reconnected while the save was out",
+                )),
+            };
+            if let Err(e) = saved {
+                // Fail-soft: the position is kept and saved with the next commit.
+                warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
+                self.unsaved_checkpoint = Some(position);
+            }
         }
         Ok(())
     }
@@ -237,7 +251,8 @@ where
     /// which can wait long while a server is away, the batch so far is committed; a stop
     /// asked meanwhile abandons the request, so `stop_within` keeps its budget, and so
     /// does a reconnect, so the follower does not wait out a reply that is lost. Sink
-    /// calls and cursor saves are never abandoned halfway.
+    /// calls are never abandoned halfway, nor cursor saves by a stop (a reconnect cuts a
+    /// save: see [`end_batch`](Self::end_batch)).
     pub(super) async fn perform_outputs(&mut self, stop: &mut StopSignal) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
             let Some(request) = self.carry_out(output).await? else {
