@@ -100,6 +100,9 @@ pub enum Follows {
 pub struct CacheFollower {
     /// What it is called in reports: `cache`, `events cache`, `consumer`.
     pub label: &'static str,
+    /// The running start's name and cache, for the sampler: read without waiting on a
+    /// restart or a reconcile that holds the follower.
+    pub current: Arc<Mutex<(String, Cache<Vec<u8>>)>>,
     follows: Follows,
     bucket: KvBucket,
     seed: u64,
@@ -121,6 +124,7 @@ impl CacheFollower {
     ) -> Self {
         let mut follower = CacheFollower {
             label,
+            current: Arc::new(Mutex::new((String::new(), cache().1))),
             follows,
             bucket,
             seed,
@@ -174,6 +178,7 @@ impl CacheFollower {
                 .with_cursor(events.clone(), *name)
                 .spawn(),
         });
+        *lock(&self.current) = (self.name(), reader.clone());
         self.cache = reader;
     }
 

@@ -75,10 +75,18 @@ pub struct RoundReport {
     /// From healing (or the last landed write's send, if later) to when each came to
     /// hold what it ends with, as sampled: what [`LIVENESS`] bounds.
     pub settled_after: [Option<Duration>; 4],
+    /// When the followers of announcements were asked for their reconcile after healing:
+    /// what their liveness is measured from (nothing tells them of a lost announcement
+    /// before it).
+    pub reconciled_at: Option<Instant>,
     pub took: Duration,
     pub failures: Vec<String>,
     pub mirror_log: Vec<String>,
 }
+
+/// What the sampler reads of an in-process follower: its running start's name and cache,
+/// and whether it replays the bucket (views at a watermark).
+type Current = (Arc<Mutex<(String, tidemark::Cache<Vec<u8>>)>>, bool);
 
 /// What the fault lanes act on.
 struct Targets {
@@ -86,6 +94,8 @@ struct Targets {
     proxy: FaultProxy,
     /// The in-process followers, as [`FOLLOWERS`] lists them.
     caches: [AsyncMutex<CacheFollower>; 3],
+    /// The same followers as the sampler reads them.
+    current: [Current; 3],
     mirror: AsyncMutex<Mirror>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
     failures: Mutex<Vec<String>>,
@@ -129,6 +139,7 @@ impl RoundReport {
             counters: Counters::default(),
             converged_after: [None; 4],
             settled_after: [None; 4],
+            reconciled_at: None,
             took: Duration::ZERO,
             failures: Vec::new(),
             mirror_log: Vec::new(),
@@ -240,7 +251,10 @@ impl Round {
             .unwrap_or_else(|e| panic!("{e}"));
         let mut mirror = Mirror::new(config.tidemark_bin.clone(), source, file.clone());
         mirror.start().unwrap_or_else(|e| panic!("{e}"));
+        let current =
+            [&cache, &events_cache, &consumer].map(|f| (Arc::clone(&f.current), f.replays()));
         let targets = Arc::new(Targets {
+            current,
             server: AsyncMutex::new(server),
             proxy,
             caches: [
@@ -364,6 +378,7 @@ impl Round {
         healed: Instant,
         report: &mut RoundReport,
     ) {
+        report.reconciled_at = Some(Instant::now());
         for follower in &self.targets.caches {
             let follower = follower.lock().await;
             if !follower.replays()
@@ -456,7 +471,7 @@ impl Round {
         if report.converged_after.iter().any(Option::is_none) {
             return;
         }
-        let from = ledger
+        let healed_or_sent = ledger
             .last_sent()
             .map_or(healed.into_std(), |sent| sent.max(healed.into_std()));
         let mut names = Vec::new();
@@ -470,6 +485,15 @@ impl Round {
             let Some(since) = watcher.and_then(|w| w.holding_since()) else {
                 continue;
             };
+            let announced = self
+                .targets
+                .current
+                .get(i)
+                .is_some_and(|(_, replays)| !replays);
+            let from = match report.reconciled_at {
+                Some(at) if announced => healed_or_sent.max(at.into_std()),
+                _ => healed_or_sent,
+            };
             let after = since.saturating_duration_since(from);
             report.settled_after[i] = Some(after);
             report.checks.live += 1;
@@ -477,7 +501,8 @@ impl Round {
                 let name = watcher.map_or("?", |w| w.name.as_str());
                 report.failures.push(format!(
                     "{name}: came to hold the bucket only {} ms after the round healed (and \
-                     the last write was sent), past the liveness bound of {LIVENESS:?}: \
+                     the last write was sent, and, following announcements, its reconcile \
+                     was asked), past the liveness bound of {LIVENESS:?}: \
                      it waited out a timeout or a backoff instead of retrying when the \
                      server came back (SPEC §15)",
                     after.as_millis()
@@ -715,18 +740,17 @@ async fn sample(
     loop {
         let stopping = *stop.borrow_and_update();
         tick += 1;
-        for follower in &t.caches {
-            let (name, entries, at) = {
-                let follower = follower.lock().await;
-                let cache = &follower.cache;
+        for (current, replays) in &t.current {
+            let (name, cache) = lock(current).clone();
+            let (entries, at) = {
                 let (before, ready) = (cache.watermark(), cache.is_ready());
-                let entries = shown(cache);
+                let entries = shown(&cache);
                 // A batch lands with its watermark under the cache's lock: an unmoved
                 // watermark around the read means the entries are exactly at it. A
                 // follower of announcements holds claims above it: no view at a watermark.
-                let at = (follower.replays() && ready && cache.watermark() == before)
+                let at = (*replays && ready && cache.watermark() == before)
                     .then(|| (before, Instant::now()));
-                (follower.name(), entries, at)
+                (entries, at)
             };
             let mut watchers = lock(&watchers);
             let i = match watchers.iter().position(|w| w.name == name) {
