@@ -13,13 +13,15 @@
 //!
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
-//!     [--seed N] [--phase-secs S] [--verbose]
+//!     [--seed N] [--phase-secs S] [--markers] [--verbose]
 //! ```
 //!
 //! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
 //! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
 //! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
-//! seed, its schedule and the command that replays it; the exit code is 1. `RUST_LOG`
+//! seed, its schedule and the command that replays it; the exit code is 1. `--markers`
+//! (or `TIDEMARK_CAMPAIGN_MARKERS=1`) has the writers announce one put in eight as a bare
+//! mutation marker: off by default while the defect it shows is open (README). `RUST_LOG`
 //! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
@@ -53,6 +55,7 @@ struct Args {
     seed: Option<u64>,
     start_seed: u64,
     phase_secs: u64,
+    markers: bool,
     verbose: bool,
     /// libtest's `--list`, or a name filter this test does not match: run nothing.
     nothing: bool,
@@ -74,6 +77,7 @@ fn parse() -> Result<Args, String> {
         start_seed: 1,
         phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?
             .unwrap_or(DEFAULT_PHASE_SECS),
+        markers: env("MARKERS").is_some_and(|v| v == "1"),
         verbose: false,
         nothing: false,
     };
@@ -88,6 +92,7 @@ fn parse() -> Result<Args, String> {
             "--start-seed" => args.start_seed = value("--start-seed")?,
             "--phase-secs" => args.phase_secs = value("--phase-secs")?,
             "--verbose" => args.verbose = true,
+            "--markers" => args.markers = true,
             "--list" | "--ignored" => args.nothing = true,
             // What cargo test passes on to every test binary.
             a if a.starts_with('-') => {}
@@ -147,6 +152,7 @@ fn main() -> ExitCode {
 async fn campaign(args: Args) -> ExitCode {
     let config = RoundConfig {
         phase: Duration::from_secs(args.phase_secs),
+        markers: args.markers,
         tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
     };
     let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
@@ -180,7 +186,7 @@ async fn campaign(args: Args) -> ExitCode {
             "the schedule of seed {seed} must replay from its seed"
         );
         let report = round::run(seed, &config).await;
-        print_round(seed, &report, args.verbose, args.phase_secs);
+        print_round(seed, &report, args.verbose, args.phase_secs, args.markers);
         add(&mut totals, seed, &report);
     }
     print_totals(&totals, started.elapsed(), &load);
@@ -218,7 +224,7 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     }
 }
 
-fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
+fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
     let faults: u64 = r.faults.values().sum();
     let after = |d: Option<Duration>| match d {
         Some(d) => format!("{} ms", d.as_millis()),
@@ -267,7 +273,8 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
     if !r.failures.is_empty() {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
-             --phase-secs {phase_secs}"
+             --phase-secs {phase_secs}{}",
+            if markers { " --markers" } else { "" }
         );
     }
 }

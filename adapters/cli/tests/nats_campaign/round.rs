@@ -54,6 +54,8 @@ pub const LIVENESS: Duration = Duration::from_secs(5);
 #[derive(Debug, Clone)]
 pub struct RoundConfig {
     pub phase: Duration,
+    /// Writers announce one put in eight as a bare mutation marker.
+    pub markers: bool,
     pub tidemark_bin: PathBuf,
 }
 
@@ -108,7 +110,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     let schedule = Schedule::draw(seed, config.phase);
     let mut report = RoundReport::new(schedule.clone());
     let (server, admin) = start_server().await;
-    let writers = match preload(&server.url(), &schedule).await {
+    let writers = match preload(&server.url(), &schedule, config.markers).await {
         Ok(writers) => writers,
         Err(e) => {
             report.failures.push(e);
@@ -174,12 +176,13 @@ async fn start_server() -> (NatsServer, async_nats::Client) {
 }
 
 /// The writers, each having written the history the followers start on.
-async fn preload(url: &str, schedule: &Schedule) -> Result<Vec<Writer>, String> {
+async fn preload(url: &str, schedule: &Schedule, markers: bool) -> Result<Vec<Writer>, String> {
     let mut writers = Vec::new();
     for (id, seed) in schedule.writer_seeds.iter().enumerate() {
         let client = connect(url, &format!("campaign-writer-{id}")).await;
         let keys = schedule.keys_per_writer;
-        let mut writer = Writer::new(id, *seed, keys, client, BUCKET, EVENTS_PREFIX).await?;
+        let mut writer =
+            Writer::new(id, *seed, keys, client, BUCKET, EVENTS_PREFIX, markers).await?;
         writer
             .preload()
             .await
