@@ -382,7 +382,9 @@ pub async fn open(
 
 /// Whether the server holds `bucket`: `false` only when JetStream says there is no such
 /// stream. A server that answers nothing else for `patience` (no JetStream, or one still
-/// starting) is an error.
+/// starting) is an error. A question out when the client reconnects is asked again at
+/// once: its answer was due on the connection that dropped, and waiting for it would
+/// spend the request timeout (and most of the patience) on nothing.
 async fn bucket_exists(
     client: &async_nats::Client,
     bucket: &str,
@@ -391,11 +393,21 @@ async fn bucket_exists(
     use async_nats::jetstream::ErrorCode;
     use async_nats::jetstream::context::GetStreamErrorKind;
     let js = async_nats::jetstream::new(client.clone());
+    let mut reconnects = tidemark::Source::reconnects(&KvBucket::new(client.clone(), bucket)?);
     let started = Instant::now();
     loop {
-        let why = match js.get_stream(format!("KV_{bucket}")).await {
-            Ok(_) => return Ok(true),
-            Err(e) => match e.kind() {
+        if let Some(r) = &mut reconnects {
+            r.mark_unchanged();
+        }
+        let asked = tokio::select! {
+            biased;
+            answer = js.get_stream(format!("KV_{bucket}")) => Some(answer),
+            () = reconnected(&mut reconnects) => None,
+        };
+        let why = match asked {
+            None => "the client reconnected while it was asked".to_owned(),
+            Some(Ok(_)) => return Ok(true),
+            Some(Err(e)) => match e.kind() {
                 GetStreamErrorKind::JetStream(j)
                     if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
                 {
@@ -413,6 +425,16 @@ async fn bucket_exists(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Resolves when the client beneath `reconnects` reconnects (never without one).
+async fn reconnected(reconnects: &mut Option<tokio::sync::watch::Receiver<u64>>) {
+    if let Some(r) = reconnects
+        && r.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// Opens a tidemark file that must already exist.

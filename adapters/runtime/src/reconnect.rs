@@ -8,7 +8,9 @@
 //! the connection was away fails once it is back. So for [`RECONNECT_SETTLE`] after a
 //! reconnect, a follower that backs off is retried at the reconnect pace instead of after
 //! a backoff that grew during the outage: at most `RECONNECT_SETTLE / RECONNECT_GAP`
-//! attempts more per reconnect.
+//! attempts more per reconnect. A request to a port that is out when a reconnect comes is
+//! abandoned and answered as failed (its reply may have gone with the old connection), so
+//! the reconnect's retry does not wait out the client's request timeout first.
 
 use std::time::Duration;
 
@@ -50,6 +52,13 @@ impl Reconnects {
             watches,
             ..Reconnects::default()
         }
+    }
+
+    /// The same counters watched from now on, with no pacing of their own: what a request
+    /// in flight listens to, so that a reconnect while it waits abandons it.
+    pub(crate) fn listen_from_now(&self) -> Reconnects {
+        let [source, feed] = &self.watches;
+        Reconnects::new(source.clone(), feed.clone())
     }
 
     /// Whether anything is watched.

@@ -42,6 +42,10 @@ pub struct Watcher {
     flips: Vec<Flip>,
     views: Vec<View>,
     watermark: u64,
+    /// The entries of the last sample, and when a sample last showed other entries than
+    /// the one before it: what the follower holds since then.
+    previous: Vec<Shown>,
+    changed: Option<Instant>,
     pub samples: u64,
     /// Broken at once (an older value, a watermark that went back); the rest waits for
     /// the ledger.
@@ -57,6 +61,8 @@ impl Watcher {
             flips: Vec::new(),
             views: Vec::new(),
             watermark: 0,
+            previous: Vec::new(),
+            changed: None,
             samples: 0,
             violations: Vec::new(),
         }
@@ -67,6 +73,10 @@ impl Watcher {
     /// unmoved around it) and when the read ended.
     pub fn observe(&mut self, at: Option<(u64, Instant)>, entries: &[Shown]) {
         self.samples += 1;
+        if self.changed.is_none() || self.previous != entries {
+            self.changed = Some(Instant::now());
+            self.previous = entries.to_vec();
+        }
         let watermark = at.map(|(w, _)| w);
         if let Some((w, read)) = at {
             let held = entries.iter().map(|(k, s, _)| (k.clone(), *s)).collect();
@@ -119,6 +129,14 @@ impl Watcher {
     }
 }
 
+impl Watcher {
+    /// When the follower came to hold what it holds now (its entries unchanged in every
+    /// sample since), if it was sampled at all.
+    pub fn holding_since(&self) -> Option<Instant> {
+        self.changed
+    }
+}
+
 /// A follower's view at the moment it became ready.
 #[derive(Debug, Clone)]
 pub struct ReadyView {
@@ -145,6 +163,10 @@ pub struct Checks {
     pub ledger_matches: u64,
     /// Followers found equal to the bucket after healing.
     pub converged: u64,
+    /// Followers that came to hold it within the liveness bound.
+    pub live: u64,
+    /// Durable consumers whose saved cursor reached the stream's last event.
+    pub cursors: u64,
 }
 
 impl Checks {
@@ -157,6 +179,8 @@ impl Checks {
         self.ready_keys += o.ready_keys;
         self.ledger_matches += o.ledger_matches;
         self.converged += o.converged;
+        self.live += o.live;
+        self.cursors += o.cursors;
     }
 }
 

@@ -1,7 +1,8 @@
-//! The followers under test, both through the fault proxy: the runtime's cache over a
-//! `KvBucket` in this process, and the built `tidemark mirror` binary into a SQLite file.
-//! Both are stopped by the round that started them, on failure too (the mirror by its
-//! PID: `kill_on_drop`).
+//! The followers under test, all through the fault proxy: in this process the runtime's
+//! cache over a `KvBucket`, an announcements follower of the round's events stream, and a
+//! durable consumer of that stream (its cursor kept on the server); in a process of its
+//! own the built `tidemark mirror` binary into a SQLite file. All are stopped by the round
+//! that started them, on failure too (the mirror by its PID: `kill_on_drop`).
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,7 @@ use tidemark::{
     Cache, CacheWriter, Counters, FollowerConfig, FollowerHandle, FollowerTask, Lineage, RawBytes,
     Result as TmResult, Sink, cache,
 };
-use tidemark_nats::KvBucket;
+use tidemark_nats::{KvBucket, NatsEvents};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::{Child, Command};
 
@@ -22,12 +23,13 @@ use crate::checker::{ReadyView, Shown};
 use crate::ledger::token;
 
 /// The cache's own sink with one addition: at the moment it becomes ready it hands over
-/// what it holds, so the first ready view is judged exactly as it was, not a moment later.
+/// what it holds, so the first ready view is judged exactly as it was, not a moment later
+/// (not for a follower of announcements, which may hold claims above its watermark).
 struct RecordingCache {
     inner: CacheWriter<Vec<u8>>,
     reader: Cache<Vec<u8>>,
     name: String,
-    views: Arc<Mutex<Vec<ReadyView>>>,
+    views: Option<Arc<Mutex<Vec<ReadyView>>>>,
 }
 
 impl Sink<Vec<u8>> for RecordingCache {
@@ -55,12 +57,14 @@ impl Sink<Vec<u8>> for RecordingCache {
 
     fn ready(&mut self, watermark: u64) {
         self.inner.ready(watermark);
-        let view = ReadyView {
-            follower: self.name.clone(),
-            watermark,
-            entries: shown(&self.reader),
-        };
-        lock(&self.views).push(view);
+        if let Some(views) = &self.views {
+            let view = ReadyView {
+                follower: self.name.clone(),
+                watermark,
+                entries: shown(&self.reader),
+            };
+            lock(views).push(view);
+        }
     }
 }
 
@@ -77,8 +81,29 @@ pub fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The runtime's cache follower over a `KvBucket` whose client goes through the proxy.
+/// What an in-process follower follows.
+#[derive(Clone)]
+pub enum Follows {
+    /// The bucket's own history (a KV watch): a replayed feed.
+    Bucket,
+    /// The events stream as announcements, the bucket as its source; with a cursor name,
+    /// a durable consumer whose position is kept on the server.
+    Events {
+        events: NatsEvents,
+        cursor: Option<&'static str>,
+    },
+}
+
+/// One of the runtime's followers in this process, over a `KvBucket` (and an events
+/// stream) whose client goes through the proxy, into an in-memory cache; a restart is a
+/// cold start with an empty cache (a durable consumer keeps its cursor).
 pub struct CacheFollower {
+    /// What it is called in reports: `cache`, `events cache`, `consumer`.
+    pub label: &'static str,
+    /// The running start's name and cache, for the sampler: read without waiting on a
+    /// restart or a reconcile that holds the follower.
+    pub current: Arc<Mutex<(String, Cache<Vec<u8>>)>>,
+    follows: Follows,
     bucket: KvBucket,
     seed: u64,
     handle: Option<FollowerHandle>,
@@ -90,8 +115,17 @@ pub struct CacheFollower {
 }
 
 impl CacheFollower {
-    pub fn start(bucket: KvBucket, seed: u64, views: Arc<Mutex<Vec<ReadyView>>>) -> Self {
+    pub fn start(
+        label: &'static str,
+        follows: Follows,
+        bucket: KvBucket,
+        seed: u64,
+        views: Arc<Mutex<Vec<ReadyView>>>,
+    ) -> Self {
         let mut follower = CacheFollower {
+            label,
+            current: Arc::new(Mutex::new((String::new(), cache().1))),
+            follows,
             bucket,
             seed,
             handle: None,
@@ -106,31 +140,62 @@ impl CacheFollower {
 
     /// The name of the current start, as its watcher and ready view are named.
     pub fn name(&self) -> String {
-        format!("cache (start {})", self.starts)
+        format!("{} (start {})", self.label, self.starts)
+    }
+
+    /// Whether its views are at a watermark (a replayed feed's) rather than holding
+    /// announcements above it.
+    pub fn replays(&self) -> bool {
+        matches!(self.follows, Follows::Bucket)
     }
 
     fn spawn(&mut self) {
         self.starts += 1;
-        let config = FollowerConfig::builder("campaign-cache")
+        let config = FollowerConfig::builder(format!("campaign-{}", self.label.replace(' ', "-")))
             .seed(self.seed.wrapping_add(u64::from(self.starts)))
             .build()
-            .unwrap_or_else(|e| panic!("the cache's config: {e}"));
+            .unwrap_or_else(|e| panic!("the {} config: {e}", self.label));
         let (inner, reader) = cache();
         let sink = RecordingCache {
             inner,
             reader: reader.clone(),
             name: self.name(),
-            views: Arc::clone(&self.views),
+            views: self.replays().then(|| Arc::clone(&self.views)),
         };
-        let task = FollowerTask::new(
-            config,
-            RawBytes,
-            self.bucket.clone(),
-            self.bucket.clone(),
-            sink,
-        );
-        self.handle = Some(task.spawn());
+        let source = self.bucket.clone();
+        self.handle = Some(match &self.follows {
+            Follows::Bucket => {
+                FollowerTask::new(config, RawBytes, source, self.bucket.clone(), sink).spawn()
+            }
+            Follows::Events {
+                events,
+                cursor: None,
+            } => FollowerTask::new(config, RawBytes, source, events.clone(), sink).spawn(),
+            Follows::Events {
+                events,
+                cursor: Some(name),
+            } => FollowerTask::new(config, RawBytes, source, events.clone(), sink)
+                .with_cursor(events.clone(), *name)
+                .spawn(),
+        });
+        *lock(&self.current) = (self.name(), reader.clone());
         self.cache = reader;
+    }
+
+    /// Asks the running start for one reconcile pass (what closes the window of an
+    /// announcement lost after its write, SPEC §5), waiting at most `within`.
+    pub async fn reconcile(&self, within: Duration) -> Result<(), String> {
+        let Some(handle) = &self.handle else {
+            return Err(format!("{} is not running", self.label));
+        };
+        match tokio::time::timeout(within, handle.reconcile()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("{}: reconcile failed: {e}", self.label)),
+            Err(_) => Err(format!(
+                "{}: a reconcile after healing took over {within:?}",
+                self.label
+            )),
+        }
     }
 
     /// Stops the running start (waiting at most 5 s); keeps its counters.
@@ -152,7 +217,7 @@ impl CacheFollower {
     }
 }
 
-fn add_counters(sum: &mut Counters, c: &Counters) {
+pub fn add_counters(sum: &mut Counters, c: &Counters) {
     sum.resets += c.resets;
     sum.resyncs += c.resyncs;
     sum.reopens += c.reopens;
@@ -162,14 +227,109 @@ fn add_counters(sum: &mut Counters, c: &Counters) {
     sum.poison += c.poison;
 }
 
+/// What the campaign adds to the mirror's file before the mirror first opens it: every
+/// commit of the follower's state (the mirror's sink upserts `follower_state` last in each
+/// batch's transaction) copies the cache as it stands into `camp_commits` / `camp_rows`,
+/// inside that transaction; `camp_starts` marks the last commit before each start. So the
+/// view a start became ready with is read exactly, not a moment later.
+const COMMIT_LOG: &str = "
+    CREATE TABLE camp_commits (id INTEGER PRIMARY KEY, watermark INTEGER NOT NULL);
+    CREATE TABLE camp_rows (commit_id INTEGER NOT NULL, key TEXT NOT NULL,
+        seq INTEGER NOT NULL, head BLOB);
+    CREATE TABLE camp_starts (start INTEGER PRIMARY KEY, after_commit INTEGER NOT NULL);
+    CREATE TRIGGER camp_commit_insert AFTER INSERT ON follower_state BEGIN
+        INSERT INTO camp_commits (watermark) VALUES (NEW.watermark);
+        INSERT INTO camp_rows SELECT (SELECT MAX(id) FROM camp_commits), key, seq,
+            substr(value, 1, 64) FROM follower_cache WHERE name = NEW.name;
+    END;
+    CREATE TRIGGER camp_commit_update AFTER UPDATE ON follower_state BEGIN
+        INSERT INTO camp_commits (watermark) VALUES (NEW.watermark);
+        INSERT INTO camp_rows SELECT (SELECT MAX(id) FROM camp_commits), key, seq,
+            substr(value, 1, 64) FROM follower_cache WHERE name = NEW.name;
+    END;
+";
+
+/// Makes the mirror's file (tidemark's schema, so the mirror takes it as its own) with the
+/// campaign's commit log.
+pub async fn prepare_mirror_file(file: &Path) -> Result<(), String> {
+    let db = tidemark_sqlite::SqliteDb::open(file)
+        .await
+        .map_err(|e| format!("making the mirror's file: {e}"))?;
+    drop(db);
+    let conn = Connection::open(file).map_err(|e| format!("opening the mirror's file: {e}"))?;
+    conn.execute_batch(COMMIT_LOG)
+        .map_err(|e| format!("adding the commit log to the mirror's file: {e}"))
+}
+
+/// The view the mirror's start `start` became ready with at `watermark`, from the commit
+/// log: the first commit at `watermark` after the start began, or (a warm start at the
+/// head commits nothing before it is ready) the file as the start found it. `Err` when
+/// no such commit exists, which the log makes impossible unless the mirror said ready at a
+/// watermark its file never held.
+pub fn ready_view(file: &Path, start: u32, watermark: u64) -> Result<Vec<Shown>, String> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags(file, flags).map_err(|e| e.to_string())?;
+    db.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let w = i64::try_from(watermark).map_err(|e| e.to_string())?;
+    let after: i64 = db
+        .query_row(
+            "SELECT after_commit FROM camp_starts WHERE start = ?1",
+            [start],
+            |r| r.get(0),
+        )
+        .map_err(|e| format!("start {start} was not marked: {e}"))?;
+    let first_at: Option<i64> = db
+        .query_row(
+            "SELECT MIN(id) FROM camp_commits WHERE id > ?1 AND watermark = ?2",
+            [after, w],
+            |r| r.get(0),
+        )
+        .map_err(|e| e.to_string())?;
+    let found: Option<(i64, i64)> = db
+        .query_row(
+            "SELECT id, watermark FROM camp_commits WHERE id = ?1",
+            [first_at.unwrap_or(after)],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()
+        .map_err(|e| e.to_string())?;
+    let id = match found {
+        Some((id, at)) if at == w => id,
+        other => {
+            return Err(format!(
+                "the mirror's start {start} said ready at {watermark}, but its file holds no \
+                 commit at {watermark} of that start (the last before it: {other:?})"
+            ));
+        }
+    };
+    let mut rows = db
+        .prepare("SELECT key, seq, head FROM camp_rows WHERE commit_id = ?1 ORDER BY key")
+        .map_err(|e| e.to_string())?;
+    let view = rows
+        .query_map([id], |r| {
+            let seq: i64 = r.get(1)?;
+            let head: Vec<u8> = r.get(2)?;
+            Ok((r.get(0)?, seq as u64, token(&head)))
+        })
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<Shown>, _>>()
+        .map_err(|e| e.to_string());
+    drop(rows);
+    view
+}
+
 /// The `tidemark mirror` process: started, killed with SIGKILL by its PID, started again;
-/// the last lines it printed kept for a failure report.
+/// the last lines it printed kept for a failure report, and the watermark each start said
+/// it was ready at.
 pub struct Mirror {
     bin: PathBuf,
     source: String,
     pub file: PathBuf,
     child: Option<Child>,
     pub lines: Arc<Mutex<VecDeque<String>>>,
+    /// Each start that said it was ready, with the watermark it said.
+    pub ready: Arc<Mutex<Vec<(u32, u64)>>>,
     pub starts: u32,
     /// Exits it made on its own (a start while the server was down, say), each a line.
     pub exits: Vec<String>,
@@ -185,6 +345,7 @@ impl Mirror {
             file,
             child: None,
             lines: Arc::default(),
+            ready: Arc::default(),
             starts: 0,
             exits: Vec::new(),
             held_down: false,
@@ -192,6 +353,7 @@ impl Mirror {
     }
 
     pub fn start(&mut self) -> Result<(), String> {
+        self.mark_start(self.starts + 1)?;
         let mut command = Command::new(&self.bin);
         command
             .args(["mirror", &self.source, "--into"])
@@ -217,9 +379,13 @@ impl Mirror {
             .map(|o| Box::new(o) as Box<dyn tokio::io::AsyncRead + Send + Unpin>);
         for pipe in [out, err].into_iter().flatten() {
             let lines = Arc::clone(&self.lines);
+            let ready = Arc::clone(&self.ready);
             tokio::spawn(async move {
                 let mut reader = BufReader::new(pipe).lines();
                 while let Ok(Some(line)) = reader.next_line().await {
+                    if let Some(watermark) = ready_at(&line) {
+                        lock(&ready).push((start, watermark));
+                    }
                     let mut kept = lock(&lines);
                     if kept.len() == 60 {
                         kept.pop_front();
@@ -229,6 +395,21 @@ impl Mirror {
             });
         }
         self.child = Some(child);
+        Ok(())
+    }
+
+    /// Marks in the commit log where start `start` begins (no mirror runs meanwhile).
+    fn mark_start(&self, start: u32) -> Result<(), String> {
+        let conn = Connection::open(&self.file)
+            .map_err(|e| format!("opening the mirror's file to mark start {start}: {e}"))?;
+        conn.busy_timeout(Duration::from_secs(5))
+            .map_err(|e| e.to_string())?;
+        conn.execute(
+            "INSERT INTO camp_starts (start, after_commit)
+             VALUES (?1, (SELECT IFNULL(MAX(id), 0) FROM camp_commits))",
+            [start],
+        )
+        .map_err(|e| format!("marking the mirror's start {start}: {e}"))?;
         Ok(())
     }
 
@@ -264,6 +445,14 @@ impl Mirror {
             .find(|l| l.contains("panicked"))
             .cloned()
     }
+}
+
+/// The watermark in the follower task's line saying it is ready (`ready worker=… watermark=N`).
+fn ready_at(line: &str) -> Option<u64> {
+    let (_, rest) = line.split_once(" ready worker=")?;
+    let (_, number) = rest.split_once("watermark=")?;
+    let digits: String = number.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }
 
 /// Rows of a file's follower cache: key, revision, value (or its first 64 bytes).

@@ -102,6 +102,14 @@ impl Ledger {
         after < upper && m.range(after + 1..upper).any(|(_, (k, _))| k.removes())
     }
 
+    /// When the last mutation that landed was sent.
+    pub fn last_sent(&self) -> Option<Instant> {
+        self.keys
+            .values()
+            .flat_map(|m| m.values().map(|(_, sent)| *sent))
+            .max()
+    }
+
     /// Every key present now, with its revision and token.
     pub fn now(&self) -> BTreeMap<String, (u64, String)> {
         self.keys

@@ -13,13 +13,15 @@
 //!
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
-//!     [--seed N] [--phase-secs S] [--verbose]
+//!     [--seed N] [--phase-secs S] [--markers] [--verbose]
 //! ```
 //!
 //! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
 //! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
 //! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
-//! seed, its schedule and the command that replays it; the exit code is 1. `RUST_LOG`
+//! seed, its schedule and the command that replays it; the exit code is 1. `--markers`
+//! (or `TIDEMARK_CAMPAIGN_MARKERS=1`) has the writers announce one put in eight as a bare
+//! mutation marker: off by default while the defect it shows is open (README). `RUST_LOG`
 //! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
@@ -43,7 +45,7 @@ use writers::WriteCounts;
 const DEFAULT_ROUNDS: u64 = 3;
 const DEFAULT_PHASE_SECS: u64 = 6;
 /// A follower that needs longer than this after healing is listed as a slow recovery
-/// (not a failure: a request in flight across a reconnect waits out its 10 s timeout).
+/// (a failure only past [`round::LIVENESS`]).
 const SLOW_RECOVERY: Duration = Duration::from_secs(2);
 
 #[derive(Debug)]
@@ -53,6 +55,7 @@ struct Args {
     seed: Option<u64>,
     start_seed: u64,
     phase_secs: u64,
+    markers: bool,
     verbose: bool,
     /// libtest's `--list`, or a name filter this test does not match: run nothing.
     nothing: bool,
@@ -74,6 +77,7 @@ fn parse() -> Result<Args, String> {
         start_seed: 1,
         phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?
             .unwrap_or(DEFAULT_PHASE_SECS),
+        markers: env("MARKERS").is_some_and(|v| v == "1"),
         verbose: false,
         nothing: false,
     };
@@ -88,6 +92,7 @@ fn parse() -> Result<Args, String> {
             "--start-seed" => args.start_seed = value("--start-seed")?,
             "--phase-secs" => args.phase_secs = value("--phase-secs")?,
             "--verbose" => args.verbose = true,
+            "--markers" => args.markers = true,
             "--list" | "--ignored" => args.nothing = true,
             // What cargo test passes on to every test binary.
             a if a.starts_with('-') => {}
@@ -108,11 +113,12 @@ struct Totals {
     writes: WriteCounts,
     mirror_restarts: u64,
     mirror_exits: u64,
-    cache_restarts: u64,
+    restarts: [u64; 3],
     checks: Checks,
     resyncs: u64,
     reopens: u64,
     slowest_converge: Duration,
+    slowest_settle: Duration,
     slow: Vec<(u64, u128)>,
     failed: Vec<u64>,
 }
@@ -146,6 +152,7 @@ fn main() -> ExitCode {
 async fn campaign(args: Args) -> ExitCode {
     let config = RoundConfig {
         phase: Duration::from_secs(args.phase_secs),
+        markers: args.markers,
         tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
     };
     let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
@@ -179,7 +186,7 @@ async fn campaign(args: Args) -> ExitCode {
             "the schedule of seed {seed} must replay from its seed"
         );
         let report = round::run(seed, &config).await;
-        print_round(seed, &report, args.verbose, args.phase_secs);
+        print_round(seed, &report, args.verbose, args.phase_secs, args.markers);
         add(&mut totals, seed, &report);
     }
     print_totals(&totals, started.elapsed(), &load);
@@ -197,13 +204,17 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     t.writes.add(&r.writes);
     t.mirror_restarts += r.mirror_restarts;
     t.mirror_exits += r.mirror_exits.len() as u64;
-    t.cache_restarts += r.cache_restarts;
+    for (sum, n) in t.restarts.iter_mut().zip(r.restarts) {
+        *sum += n;
+    }
     t.checks.add(&r.checks);
     t.resyncs += r.counters.resyncs;
     t.reopens += r.counters.reopens;
-    let slowest = r.converged_after.into_iter().flatten().max();
-    if let Some(c) = slowest {
+    if let Some(c) = r.converged_after.into_iter().flatten().max() {
         t.slowest_converge = t.slowest_converge.max(c);
+    }
+    if let Some(c) = r.settled_after.into_iter().flatten().max() {
+        t.slowest_settle = t.slowest_settle.max(c);
         if c > SLOW_RECOVERY {
             t.slow.push((seed, c.as_millis()));
         }
@@ -213,17 +224,24 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     }
 }
 
-fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
+fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
     let faults: u64 = r.faults.values().sum();
     let after = |d: Option<Duration>| match d {
         Some(d) => format!("{} ms", d.as_millis()),
         None => "never".to_owned(),
     };
-    let converged = format!(
-        "equal to the bucket after healing: cache {}, mirror {}",
-        after(r.converged_after[0]),
-        after(r.converged_after[1])
-    );
+    let converged = round::FOLLOWERS
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            format!(
+                "{name} {} (holding it since {})",
+                after(r.converged_after[i]),
+                after(r.settled_after[i])
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
     let verdict = if r.failures.is_empty() {
         "ok"
     } else {
@@ -231,11 +249,11 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
     };
     println!(
         "round seed {seed}: {verdict} in {:.1}s: {faults} faults, {} writes, {} mirror / {} \
-         cache restarts; {converged}",
+         in-process restarts; equal to the bucket after healing: {converged}",
         r.took.as_secs_f64(),
         r.writes.landed(),
         r.mirror_restarts,
-        r.cache_restarts,
+        r.restarts.iter().sum::<u64>(),
     );
     if verbose || !r.failures.is_empty() {
         print!("{}", r.schedule);
@@ -255,7 +273,8 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64) {
     if !r.failures.is_empty() {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
-             --phase-secs {phase_secs}"
+             --phase-secs {phase_secs}{}",
+            if markers { " --markers" } else { "" }
         );
     }
 }
@@ -279,7 +298,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
     }
     println!(
         "  writes landed: {} ({} puts of which {} rapid overwrites and {} near the size \
-         limit, {} deletes, {} purges); acknowledgements lost: {} landed, {} did not",
+         limit, {} deletes, {} purges); acknowledgements lost: {} landed, {} did not; {} \
+         announcements sent",
         w.landed(),
         w.puts,
         w.overwrites,
@@ -287,23 +307,28 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         w.deletes,
         w.purges,
         w.unacked_landed,
-        w.unacked_lost
+        w.unacked_lost,
+        w.announced
     );
     println!(
-        "  follower restarts: mirror {} killed + {} exited on its own, cache {} cold restarts \
-         (cache resyncs {}, feed reopens {})",
+        "  follower restarts: mirror {} killed + {} exited on its own; cold restarts: cache \
+         {}, events cache {}, consumer {} (in-process resyncs {}, feed reopens {})",
         t.mirror_restarts.saturating_sub(t.mirror_exits),
         t.mirror_exits,
-        t.cache_restarts,
+        t.restarts[0],
+        t.restarts[1],
+        t.restarts[2],
         t.resyncs,
         t.reopens
     );
     println!(
         "  checks passed: {} samples never older, {} values shown found in the ledger, {} \
          drops and returns matched to a removal, {} keys of views at a watermark as the \
-         bucket held them there, {} first ready views ({} key checks), {} bucket reads \
-         equal to the ledger, {} followers equal to the bucket (slowest {} ms after \
-         healing)",
+         bucket held them there, {} first ready views of the cache's and the mirror's \
+         starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
+         to the bucket (slowest {} ms after healing), {} holding it within the liveness \
+         bound of {:?} (slowest {} ms), {} durable cursors saved up to the stream's last \
+         event",
         c.samples,
         c.values,
         c.flips,
@@ -312,7 +337,11 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         c.ready_keys,
         c.ledger_matches,
         c.converged,
-        t.slowest_converge.as_millis()
+        t.slowest_converge.as_millis(),
+        c.live,
+        round::LIVENESS,
+        t.slowest_settle.as_millis(),
+        c.cursors
     );
     if !t.slow.is_empty() {
         println!(

@@ -11,27 +11,52 @@ use async_nats::jetstream::{self, kv, stream::LastRawMessageErrorKind};
 use bytes::Bytes;
 use futures::StreamExt as _;
 use tidemark::Counters;
-use tidemark_nats::{KvBucket, NatsOptions};
+use tidemark::Cursors as _;
+use tidemark_nats::{KvBucket, NatsEvents, NatsOptions};
 use tidemark_tests::{FaultProxy, NatsServer, wait_jetstream_ready};
 use tokio::sync::{Mutex as AsyncMutex, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::checker::{Checks, ReadyView, Watcher, judge, judge_ready};
-use crate::followers::{CacheFollower, Mirror, lock, read_file, shown};
+use crate::followers::{
+    CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file, ready_view,
+    shown,
+};
 use crate::ledger::{Kind, Ledger, token};
 use crate::schedule::{Fault, Lane, Planned, Schedule};
 use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, kind_of};
 
 const BUCKET: &str = "camp";
 const MIRROR_NAME: &str = "mirror-camp";
+/// The events stream the writers announce on, its subjects' prefix, and the durable
+/// consumer's cursor name.
+pub const EVENTS_STREAM: &str = "CAMP_EVENTS";
+pub const EVENTS_PREFIX: &str = "camp.events";
+const CONSUMER_CURSOR: &str = "camp-consumer";
+/// The followers in the order reports give them: the in-process ones (as
+/// [`InProcess`](crate::schedule::InProcess) numbers them), then the mirror.
+pub const FOLLOWERS: [&str; 4] = ["cache", "events cache", "consumer", "mirror"];
+/// The mirror's watcher: one across its starts (its file is one).
+const MIRROR_WATCHER: &str = "mirror file";
 /// After healing, how long the followers have to equal the bucket.
 const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
+/// The liveness bound: how long after the round healed (or after the last write that
+/// landed was sent, if later; for a follower of announcements, after its reconcile was
+/// asked) each follower may take to come to hold what it ends with. Every fault is healed
+/// by then: the client reconnects within 250 ms (`DEFAULT_MAX_RECONNECT_DELAY`), a
+/// reconnect retries at once, the mirror is restarted within 200 ms. Measured over 115
+/// rounds (460 followers) at load 5.6-7.5 on 2 cores: p50 0 ms, p99 399 ms, the slowest
+/// healthy one 534 ms; 3 s is over 5 times that. A request waiting out a reply lost
+/// with a reconnect took 3.4-8.9 s (the fix reverted), a grown backoff up to 30 s.
+pub const LIVENESS: Duration = Duration::from_secs(3);
 
 /// What a round is run with.
 #[derive(Debug, Clone)]
 pub struct RoundConfig {
     pub phase: Duration,
+    /// Writers announce one put in eight as a bare mutation marker.
+    pub markers: bool,
     pub tidemark_bin: PathBuf,
 }
 
@@ -43,21 +68,37 @@ pub struct RoundReport {
     pub writes: WriteCounts,
     pub mirror_restarts: u64,
     pub mirror_exits: Vec<String>,
-    pub cache_restarts: u64,
+    /// Cold restarts of each in-process follower.
+    pub restarts: [u64; 3],
     pub checks: Checks,
     pub counters: Counters,
-    /// From healing to the first read equal to the bucket: the cache, the mirror's file.
-    pub converged_after: [Option<Duration>; 2],
+    /// From healing to the first read equal to the bucket, per follower of
+    /// [`FOLLOWERS`].
+    pub converged_after: [Option<Duration>; 4],
+    /// From healing (or the last landed write's send, if later) to when each came to
+    /// hold what it ends with, as sampled: what [`LIVENESS`] bounds.
+    pub settled_after: [Option<Duration>; 4],
+    /// When the followers of announcements were asked for their reconcile after healing:
+    /// what their liveness is measured from (nothing tells them of a lost announcement
+    /// before it).
+    pub reconciled_at: Option<Instant>,
     pub took: Duration,
     pub failures: Vec<String>,
     pub mirror_log: Vec<String>,
 }
 
+/// What the sampler reads of an in-process follower: its running start's name and cache,
+/// and whether it replays the bucket (views at a watermark).
+type Current = (Arc<Mutex<(String, tidemark::Cache<Vec<u8>>)>>, bool);
+
 /// What the fault lanes act on.
 struct Targets {
     server: AsyncMutex<NatsServer>,
     proxy: FaultProxy,
-    cache: AsyncMutex<CacheFollower>,
+    /// The in-process followers, as [`FOLLOWERS`] lists them.
+    caches: [AsyncMutex<CacheFollower>; 3],
+    /// The same followers as the sampler reads them.
+    current: [Current; 3],
     mirror: AsyncMutex<Mirror>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
     failures: Mutex<Vec<String>>,
@@ -70,7 +111,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     let schedule = Schedule::draw(seed, config.phase);
     let mut report = RoundReport::new(schedule.clone());
     let (server, admin) = start_server().await;
-    let writers = match preload(&server.url(), &schedule).await {
+    let writers = match preload(&server.url(), &schedule, config.markers).await {
         Ok(writers) => writers,
         Err(e) => {
             report.failures.push(e);
@@ -82,7 +123,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     let (ledger, healed) = round.fault_phase(writers, &schedule, &mut report).await;
     let now = round.bucket_after_healing(&ledger, &mut report).await;
     round.converge(&now, healed, &mut report).await;
-    round.judge(&ledger, &mut report).await;
+    round.judge(&ledger, healed, &mut report).await;
     round.stop(&mut report).await;
     report.took = started.elapsed();
     report
@@ -96,10 +137,12 @@ impl RoundReport {
             writes: WriteCounts::default(),
             mirror_restarts: 0,
             mirror_exits: Vec::new(),
-            cache_restarts: 0,
+            restarts: [0; 3],
             checks: Checks::default(),
             counters: Counters::default(),
-            converged_after: [None; 2],
+            converged_after: [None; 4],
+            settled_after: [None; 4],
+            reconciled_at: None,
             took: Duration::ZERO,
             failures: Vec::new(),
             mirror_log: Vec::new(),
@@ -125,15 +168,22 @@ async fn start_server() -> (NatsServer, async_nats::Client) {
         })
         .await
         .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
+    NatsEvents::new(admin.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .ensure(1)
+        .await
+        .unwrap_or_else(|e| panic!("creating the events stream: {e}"));
     (server, admin)
 }
 
 /// The writers, each having written the history the followers start on.
-async fn preload(url: &str, schedule: &Schedule) -> Result<Vec<Writer>, String> {
+async fn preload(url: &str, schedule: &Schedule, markers: bool) -> Result<Vec<Writer>, String> {
     let mut writers = Vec::new();
     for (id, seed) in schedule.writer_seeds.iter().enumerate() {
         let client = connect(url, &format!("campaign-writer-{id}")).await;
-        let mut writer = Writer::new(id, *seed, schedule.keys_per_writer, client, BUCKET).await?;
+        let keys = schedule.keys_per_writer;
+        let mut writer =
+            Writer::new(id, *seed, keys, client, BUCKET, EVENTS_PREFIX, markers).await?;
         writer
             .preload()
             .await
@@ -174,20 +224,53 @@ impl Round {
         let views = Arc::new(Mutex::new(Vec::new()));
         let follower_client = connect(&proxy.url(), "campaign-cache").await;
         let bucket = KvBucket::new(follower_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
-        let cache = CacheFollower::start(bucket, schedule.follower_seed, Arc::clone(&views));
+        let cache = CacheFollower::start(
+            FOLLOWERS[0],
+            Follows::Bucket,
+            bucket,
+            schedule.follower_seed,
+            Arc::clone(&views),
+        );
+        // The followers of the events stream share a client of their own.
+        let events_client = connect(&proxy.url(), "campaign-events").await;
+        let events = NatsEvents::new(events_client.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bucket = KvBucket::new(events_client, BUCKET).unwrap_or_else(|e| panic!("{e}"));
+        let announced = |i: usize, cursor| {
+            let follows = Follows::Events {
+                events: events.clone(),
+                cursor,
+            };
+            // Seeds of their own, drawn from the round's: no two retry in lockstep.
+            let seed = schedule.follower_seed.wrapping_add(0x1000 * i as u64);
+            let views = Arc::clone(&views);
+            CacheFollower::start(FOLLOWERS[i], follows, bucket.clone(), seed, views)
+        };
+        let events_cache = announced(1, None);
+        let consumer = announced(2, Some(CONSUMER_CURSOR));
         let source = format!("{}/{BUCKET}", proxy.url());
         let file = dir.path().join("mirror.db");
+        prepare_mirror_file(&file)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut mirror = Mirror::new(config.tidemark_bin.clone(), source, file.clone());
         mirror.start().unwrap_or_else(|e| panic!("{e}"));
+        let current =
+            [&cache, &events_cache, &consumer].map(|f| (Arc::clone(&f.current), f.replays()));
         let targets = Arc::new(Targets {
+            current,
             server: AsyncMutex::new(server),
             proxy,
-            cache: AsyncMutex::new(cache),
+            caches: [
+                AsyncMutex::new(cache),
+                AsyncMutex::new(events_cache),
+                AsyncMutex::new(consumer),
+            ],
             mirror: AsyncMutex::new(mirror),
             applied: Mutex::new(BTreeMap::new()),
             failures: Mutex::new(Vec::new()),
         });
-        let watchers = Arc::new(Mutex::new(vec![Watcher::new("mirror file")]));
+        let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER)]));
         let (done, until) = watch::channel(false);
         let sampler = sample(
             Arc::clone(&targets),
@@ -289,47 +372,59 @@ impl Round {
         now
     }
 
-    /// Waits until both followers equal `now`, for [`CONVERGE_WITHIN`]; notes when each
-    /// first did.
+    /// Waits until every follower equals `now`, for [`CONVERGE_WITHIN`]; notes when each
+    /// first did. The followers of announcements are asked for one reconcile first: an
+    /// announcement lost after its write (a writer's publish into a killed server) is
+    /// what that pass is for (SPEC §5), and nothing else would tell them.
     async fn converge(
         &self,
         now: &BTreeMap<String, (u64, Bytes)>,
         healed: Instant,
         report: &mut RoundReport,
     ) {
+        report.reconciled_at = Some(Instant::now());
+        for follower in &self.targets.caches {
+            let follower = follower.lock().await;
+            if !follower.replays()
+                && let Err(e) = follower.reconcile(CONVERGE_WITHIN).await
+            {
+                report.failures.push(e);
+            }
+        }
         let converge_start = Instant::now();
-        let mut equal = [false; 2];
+        let mut equal = [false; 4];
         loop {
-            let cache_diff = {
-                let follower = self.targets.cache.lock().await;
+            let mut diffs = Vec::new();
+            for follower in &self.targets.caches {
+                let follower = follower.lock().await;
                 let entries = follower
                     .cache
                     .snapshot()
                     .into_iter()
                     .map(|(k, s, v)| (k, s, v.as_ref().clone()));
-                diff("cache", entries, now)
-            };
+                diffs.push(diff(follower.label, entries, now));
+            }
             let file = self.file.clone();
             let mirrored = tokio::task::spawn_blocking(move || read_file(&file, MIRROR_NAME, true))
                 .await
                 .ok()
                 .flatten();
-            let mirror_diff = match mirrored {
+            diffs.push(match mirrored {
                 Some((_, entries)) => diff("mirror file", entries.into_iter(), now),
                 None => Some("mirror file: unreadable".to_owned()),
-            };
-            for (i, d) in [&cache_diff, &mirror_diff].into_iter().enumerate() {
+            });
+            for (i, d) in diffs.iter().enumerate() {
                 equal[i] = d.is_none();
                 if equal[i] && report.converged_after[i].is_none() {
                     report.converged_after[i] = Some(healed.elapsed());
                 }
             }
-            if equal == [true, true] {
-                report.checks.converged += 2;
+            if equal.iter().all(|e| *e) {
+                report.checks.converged += equal.len() as u64;
                 return;
             }
             if converge_start.elapsed() > CONVERGE_WITHIN {
-                let last_diff = [cache_diff, mirror_diff].into_iter().flatten();
+                let last_diff = diffs.into_iter().flatten();
                 let last_diff = last_diff.collect::<Vec<_>>().join("; ");
                 report.failures.push(format!(
                     "not equal to the bucket {CONVERGE_WITHIN:?} after healing: {last_diff}"
@@ -341,7 +436,7 @@ impl Round {
     }
 
     /// Stops the sampling and judges everything seen against the complete ledger.
-    async fn judge(&self, ledger: &Ledger, report: &mut RoundReport) {
+    async fn judge(&self, ledger: &Ledger, healed: Instant, report: &mut RoundReport) {
         let _ = self.done.send(true);
         for task in &self.watching {
             while !task.is_finished() {
@@ -353,7 +448,15 @@ impl Round {
                 .failures
                 .extend(judge(ledger, watcher, &mut report.checks));
         }
-        let views: Vec<ReadyView> = lock(&self.views).clone();
+        self.judge_liveness(ledger, healed, report).await;
+        if let Err(e) = self.cursor_at_the_end(healed, report).await {
+            report.failures.push(e);
+        }
+        let mut views: Vec<ReadyView> = lock(&self.views).clone();
+        match self.mirror_ready_views().await {
+            Ok(mirror_views) => views.extend(mirror_views),
+            Err(e) => report.failures.push(e),
+        }
         for view in &views {
             report
                 .failures
@@ -364,19 +467,138 @@ impl Round {
             .extend(lock(&self.targets.failures).drain(..));
     }
 
+    /// Each follower must have come to hold what it ends with within [`LIVENESS`] of the
+    /// round healing (or of the last landed write's send, if later): one that got there
+    /// only by waiting out a request timeout or a backoff fails the round. A round that
+    /// did not converge has failed already.
+    async fn judge_liveness(&self, ledger: &Ledger, healed: Instant, report: &mut RoundReport) {
+        if report.converged_after.iter().any(Option::is_none) {
+            return;
+        }
+        let healed_or_sent = ledger
+            .last_sent()
+            .map_or(healed.into_std(), |sent| sent.max(healed.into_std()));
+        let mut names = Vec::new();
+        for follower in &self.targets.caches {
+            names.push(follower.lock().await.name());
+        }
+        names.push(MIRROR_WATCHER.to_owned());
+        let watchers = lock(&self.watchers);
+        for (i, name) in names.iter().enumerate() {
+            let watcher = watchers.iter().find(|w| &w.name == name);
+            let Some(since) = watcher.and_then(|w| w.holding_since()) else {
+                continue;
+            };
+            let announced = self
+                .targets
+                .current
+                .get(i)
+                .is_some_and(|(_, replays)| !replays);
+            let from = match report.reconciled_at {
+                Some(at) if announced => healed_or_sent.max(at.into_std()),
+                _ => healed_or_sent,
+            };
+            let after = since.saturating_duration_since(from);
+            report.settled_after[i] = Some(after);
+            if after <= LIVENESS {
+                report.checks.live += 1;
+            } else {
+                let name = watcher.map_or("?", |w| w.name.as_str());
+                report.failures.push(format!(
+                    "{name}: came to hold the bucket only {} ms after the round healed (and \
+                     the last write was sent, and, following announcements, its reconcile \
+                     was asked), past the liveness bound of {LIVENESS:?}: \
+                     it waited out a timeout or a backoff instead of retrying when the \
+                     server came back (SPEC §15)",
+                    after.as_millis()
+                ));
+            }
+        }
+    }
+
+    /// The durable consumer saves its cursor after every entry it observed (SPEC §8): once
+    /// the round healed, its saved position reaches the events stream's last entry within
+    /// [`LIVENESS`] (of the round's end, by when it equals the bucket).
+    async fn cursor_at_the_end(
+        &self,
+        healed: Instant,
+        report: &mut RoundReport,
+    ) -> Result<(), String> {
+        let js = jetstream::new(self.admin.clone());
+        let events = NatsEvents::new(self.admin.clone(), EVENTS_STREAM, EVENTS_PREFIX)
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + LIVENESS;
+        loop {
+            let mut stream = js
+                .get_stream(EVENTS_STREAM)
+                .await
+                .map_err(|e| format!("the events stream after healing: {e}"))?;
+            let last = stream
+                .info()
+                .await
+                .map_err(|e| format!("the events stream after healing: {e}"))?
+                .state
+                .last_sequence;
+            let saved = events.load(CONSUMER_CURSOR).await.ok().flatten();
+            if saved == Some(last) || last == 0 {
+                report.checks.cursors += 1;
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "consumer: its saved cursor is {saved:?} {} ms after healing, but the \
+                     events stream's last entry is {last}: an observed entry was not \
+                     checkpointed (SPEC §8)",
+                    healed.elapsed().as_millis()
+                ));
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The view each start of the mirror said it was ready with, read exactly from its
+    /// file's commit log.
+    async fn mirror_ready_views(&self) -> Result<Vec<ReadyView>, String> {
+        let ready = lock(&self.targets.mirror.lock().await.ready).clone();
+        if ready.is_empty() {
+            // Its file came to equal the bucket, so some start was ready: a line the
+            // campaign no longer understands must not leave the mirror unchecked.
+            return Err(
+                "the mirror never said it was ready in a line the campaign reads \
+                 (`ready worker=… watermark=N`)"
+                    .to_owned(),
+            );
+        }
+        let file = self.file.clone();
+        let read = tokio::task::spawn_blocking(move || {
+            ready
+                .into_iter()
+                .map(|(start, watermark)| {
+                    Ok(ReadyView {
+                        follower: format!("mirror (start {start})"),
+                        watermark,
+                        entries: ready_view(&file, start, watermark)?,
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()
+        });
+        read.await
+            .map_err(|e| format!("reading the mirror's ready views: {e}"))?
+    }
+
     /// Stops the followers (the mirror by its PID) and takes their figures; the server
     /// and the proxy stop when the round is dropped.
     async fn stop(self, report: &mut RoundReport) {
-        {
-            let mut cache = self.targets.cache.lock().await;
+        for (i, cache) in self.targets.caches.iter().enumerate() {
+            let mut cache = cache.lock().await;
             cache.stop().await;
-            report.counters = cache.counters;
-            report.cache_restarts = u64::from(cache.starts.saturating_sub(1));
+            add_counters(&mut report.counters, &cache.counters);
+            report.restarts[i] = u64::from(cache.starts.saturating_sub(1));
             if cache.counters.resets > 0 {
                 report.failures.push(format!(
-                    "the cache counted {} reset(s) over its starts: it took the bucket for a \
+                    "the {} counted {} reset(s) over its starts: it took the bucket for a \
                      new history, yet it was never recreated",
-                    cache.counters.resets
+                    cache.label, cache.counters.resets
                 ));
             }
         }
@@ -461,7 +683,7 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             mirror.held_down = false;
             mirror.start()?;
         }
-        Fault::CacheRestart => t.cache.lock().await.restart().await,
+        Fault::Restart(which) => t.caches[*which as usize].lock().await.restart().await,
     }
     Ok(())
 }
@@ -510,7 +732,8 @@ async fn keep_mirror_running(t: Arc<Targets>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Samples the cache every 20 ms and the mirror's file every 100 ms into their watchers,
+/// Samples the in-process followers every 20 ms and the mirror's file every 100 ms into
+/// their watchers,
 /// from the followers' start until the round has converged (`stop`), and once more then.
 async fn sample(
     t: Arc<Targets>,
@@ -522,24 +745,27 @@ async fn sample(
     loop {
         let stopping = *stop.borrow_and_update();
         tick += 1;
-        let (name, entries, at) = {
-            let follower = t.cache.lock().await;
-            let cache = &follower.cache;
-            let (before, ready) = (cache.watermark(), cache.is_ready());
-            let entries = shown(cache);
-            // A batch lands with its watermark under the cache's lock: an unmoved
-            // watermark around the read means the entries are exactly at it.
-            let at = (ready && cache.watermark() == before).then(|| (before, Instant::now()));
-            (follower.name(), entries, at)
-        };
-        {
+        for (current, replays) in &t.current {
+            let (name, cache) = lock(current).clone();
+            let (entries, at) = {
+                let (before, ready) = (cache.watermark(), cache.is_ready());
+                let entries = shown(&cache);
+                // A batch lands with its watermark under the cache's lock: an unmoved
+                // watermark around the read means the entries are exactly at it. A
+                // follower of announcements holds claims above it: no view at a watermark.
+                let at = (*replays && ready && cache.watermark() == before)
+                    .then(|| (before, Instant::now()));
+                (entries, at)
+            };
             let mut watchers = lock(&watchers);
-            if watchers.last().is_none_or(|w| w.name != name) {
-                watchers.push(Watcher::new(name));
-            }
-            if let Some(w) = watchers.last_mut() {
-                w.observe(at.map(|(w, i)| (w, i.into_std())), &entries);
-            }
+            let i = match watchers.iter().position(|w| w.name == name) {
+                Some(i) => i,
+                None => {
+                    watchers.push(Watcher::new(name));
+                    watchers.len() - 1
+                }
+            };
+            watchers[i].observe(at.map(|(w, i)| (w, i.into_std())), &entries);
         }
         if tick % 5 == 0 || stopping {
             let path = file.clone();

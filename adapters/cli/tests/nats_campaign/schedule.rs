@@ -40,12 +40,24 @@ pub enum Fault {
     Reset,
     /// kill -9 of the `tidemark mirror` process; started again after `down`.
     MirrorKill { down: Duration },
-    /// The in-process cache follower stopped and a new one started (a cold start).
-    CacheRestart,
+    /// An in-process follower stopped and a new one started (a cold start; a durable
+    /// consumer keeps its cursor).
+    Restart(InProcess),
+}
+
+/// The in-process followers, numbered as the round keeps them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InProcess {
+    /// The cache over the bucket's own history.
+    Cache = 0,
+    /// The cache following the events stream as announcements.
+    EventsCache = 1,
+    /// The durable consumer of the events stream.
+    Consumer = 2,
 }
 
 /// Every fault kind, in the order the summary prints them.
-pub const KINDS: [&str; 10] = [
+pub const KINDS: [&str; 12] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -56,6 +68,8 @@ pub const KINDS: [&str; 10] = [
     "proxy reset",
     "mirror kill -9",
     "cache restart",
+    "events cache restart",
+    "consumer restart",
 ];
 
 impl Fault {
@@ -76,7 +90,9 @@ impl Fault {
             Fault::HalfOpen { .. } => KINDS[6],
             Fault::Reset => KINDS[7],
             Fault::MirrorKill { .. } => KINDS[8],
-            Fault::CacheRestart => KINDS[9],
+            Fault::Restart(InProcess::Cache) => KINDS[9],
+            Fault::Restart(InProcess::EventsCache) => KINDS[10],
+            Fault::Restart(InProcess::Consumer) => KINDS[11],
         }
     }
 
@@ -88,7 +104,7 @@ impl Fault {
             Fault::Latency { lasting, .. }
             | Fault::Stall { lasting, .. }
             | Fault::HalfOpen { lasting, .. } => *lasting,
-            Fault::Reset | Fault::CacheRestart => Duration::ZERO,
+            Fault::Reset | Fault::Restart(_) => Duration::ZERO,
         }
     }
 }
@@ -212,7 +228,11 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
         Lane::Followers if one_in(rng, 2) => Fault::MirrorKill {
             down: between(rng, 0, 1500),
         },
-        Lane::Followers => Fault::CacheRestart,
+        Lane::Followers => Fault::Restart(match rng.next_u64() % 3 {
+            0 => InProcess::Cache,
+            1 => InProcess::EventsCache,
+            _ => InProcess::Consumer,
+        }),
     }
 }
 

@@ -2,7 +2,11 @@
 //! overwrites of one key and values near the bucket's size limit, each a JetStream
 //! publish whose acknowledgement gives its revision. A write whose acknowledgement is lost
 //! (a killed or stopped server) is read back once the server answers, so the ledger is
-//! exact either way.
+//! exact either way. Each acknowledged write is then announced on the round's events
+//! stream (fire and forget, as a writer's announcement is: one lost with a killed server
+//! is the crash window a reconcile closes); with `--markers`, one put in eight as a bare
+//! mutation marker (off by default: see the README's campaign note for the open defect
+//! markers show).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -11,7 +15,7 @@ use async_nats::HeaderMap;
 use async_nats::connection::State;
 use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
 use bytes::Bytes;
-use tidemark::tidemark_core::Rng;
+use tidemark::tidemark_core::{Event, Rng};
 use tokio::sync::watch;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -35,6 +39,8 @@ pub struct WriteCounts {
     /// Writes whose acknowledgement was lost: read back, found landed or not.
     pub unacked_landed: u64,
     pub unacked_lost: u64,
+    /// Announcements sent (puts with their value, removals, markers).
+    pub announced: u64,
 }
 
 impl WriteCounts {
@@ -46,6 +52,7 @@ impl WriteCounts {
         self.purges += o.purges;
         self.unacked_landed += o.unacked_landed;
         self.unacked_lost += o.unacked_lost;
+        self.announced += o.announced;
     }
 
     pub fn landed(&self) -> u64 {
@@ -62,6 +69,10 @@ pub struct Writer {
     js: jetstream::Context,
     stream: jetstream::stream::Stream,
     bucket: String,
+    /// The events stream's subject prefix, announced on.
+    events: String,
+    /// Whether one put in eight is announced as a bare mutation marker.
+    markers: bool,
     last: HashMap<String, u64>,
     tokens: u64,
     /// What landed.
@@ -77,6 +88,8 @@ impl Writer {
         keys: usize,
         client: async_nats::Client,
         bucket: &str,
+        events: &str,
+        markers: bool,
     ) -> Result<Writer, String> {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(ACK_TIMEOUT);
@@ -92,6 +105,8 @@ impl Writer {
             js,
             stream,
             bucket: bucket.to_owned(),
+            events: events.to_owned(),
+            markers,
             last: HashMap::new(),
             tokens: 0,
             landed: Vec::new(),
@@ -197,6 +212,7 @@ impl Writer {
     ) -> Result<(), String> {
         let subject = format!("$KV.{}.{key}", self.bucket);
         let sent = std::time::Instant::now();
+        let written = value.clone();
         let published = async {
             let ack = self
                 .js
@@ -205,7 +221,10 @@ impl Writer {
             ack.await
         };
         let seq = match timeout(ACK_TIMEOUT * 2, published).await {
-            Ok(Ok(ack)) => Some(ack.sequence),
+            Ok(Ok(ack)) => {
+                self.announce(ack.sequence, key, &kind, &written).await;
+                Some(ack.sequence)
+            }
             Ok(Err(_)) | Err(_) => {
                 let seq = self.resolve(key, &kind).await?;
                 match seq {
@@ -228,6 +247,26 @@ impl Writer {
             });
         }
         Ok(())
+    }
+
+    /// Announces the write acknowledged at `seq` on the events stream, without waiting
+    /// for the stream's acknowledgement.
+    async fn announce(&mut self, seq: u64, key: &str, kind: &Kind, value: &[u8]) {
+        let event = match kind {
+            Kind::Put(_) if self.markers && self.rng.next_u64() % 8 == 0 => Event::Mutation {
+                seq,
+                key: key.to_owned(),
+            },
+            Kind::Put(_) => Event::of_write(seq, key, Some(value)),
+            Kind::Delete | Kind::Purge => Event::of_write(seq, key, None),
+        };
+        let Ok(payload) = event.encode() else {
+            return;
+        };
+        let subject = format!("{}.{key}", self.events);
+        if self.client.publish(subject, payload.into()).await.is_ok() {
+            self.counts.announced += 1;
+        }
     }
 
     fn uncount(&mut self, kind: &Kind) {

@@ -461,7 +461,8 @@ where
 enum Asked {
     /// Its answer, for the core.
     Answer(Input),
-    /// A stop came first: the core is told to stop.
+    /// A stop came first: the core is told to stop. (A reconnect that cuts a request
+    /// answers it as failed.)
     Abandoned,
     /// The sink failed meanwhile (the core rewound) or there was nothing to ask: no answer.
     Dropped,
@@ -517,12 +518,40 @@ fn failed(token: Token, e: &Error) -> Input {
     }
 }
 
-/// `request`'s result, or `None` if a stop is asked first (the request is dropped).
-async fn or_stop<T>(stop: &mut StopSignal, request: impl Future<Output = T>) -> Option<T> {
-    tokio::select! {
-        biased;
-        () = stop.stopped() => None,
-        result = request => Some(result),
+/// What abandons a request to a port before its answer: a stop, or a reconnect of the
+/// client beneath the source or feed heard while the request is out. A reply due on the
+/// old connection is lost with it, so the request would wait out the client's whole
+/// request timeout (10 s on NATS) after the source came back; abandoned, it fails at once
+/// and the reconnect retries it (paced as every reconnect is).
+struct Cut<'a> {
+    stop: &'a mut StopSignal,
+    /// The counters as of the request's start: only a reconnect after it cuts it.
+    reconnects: Reconnects,
+    /// A reconnect cut a request (not a stop).
+    by_reconnect: bool,
+}
+
+impl<'a> Cut<'a> {
+    fn new(stop: &'a mut StopSignal, reconnects: &Reconnects) -> Self {
+        Cut {
+            stop,
+            reconnects: reconnects.listen_from_now(),
+            by_reconnect: false,
+        }
+    }
+
+    /// `request`'s result, or `None` if a stop or a reconnect comes first (the request is
+    /// dropped).
+    async fn or_cut<T>(&mut self, request: impl Future<Output = T>) -> Option<T> {
+        let watching = self.reconnects.watching();
+        let reconnected = tokio::select! {
+            biased;
+            () = self.stop.stopped() => false,
+            () = self.reconnects.next(), if watching => true,
+            result = request => return Some(result),
+        };
+        self.by_reconnect |= reconnected;
+        None
     }
 }
 

@@ -222,11 +222,25 @@ where
         }
         if let Some(position) = checkpoint
             && let Some(name) = &self.cursor_name
-            && let Err(e) = self.cursors.save(name, position).await
         {
-            // Fail-soft: the position is kept and saved with the next commit.
-            warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
-            self.unsaved_checkpoint = Some(position);
+            // A reconnect while the save is out cuts it, as it does a request: its reply
+            // may have gone with the old connection. Saves are monotone, so one that
+            // landed anyway does no harm, and the position is saved with the next commit.
+            let mut heard = self.reconnects.listen_from_now();
+            let watching = heard.watching();
+            let saved = tokio::select! {
+                biased;
+                saved = self.cursors.save(name, position) => saved.map(|_| ()),
+                () = heard.next(), if watching => Err(Error::unavailable(
+                    "cursor",
+                    "the client reconnected while the save was out",
+                )),
+            };
+            if let Err(e) = saved {
+                // Fail-soft: the position is kept and saved with the next commit.
+                warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
+                self.unsaved_checkpoint = Some(position);
+            }
         }
         Ok(())
     }
@@ -235,8 +249,10 @@ where
     ///
     /// Before a request to a port (a lookup, an open, a reconcile, a snapshot, a fetch),
     /// which can wait long while a server is away, the batch so far is committed; a stop
-    /// asked meanwhile abandons the request, so `stop_within` keeps its budget. Sink
-    /// calls and cursor saves are never abandoned halfway.
+    /// asked meanwhile abandons the request, so `stop_within` keeps its budget, and so
+    /// does a reconnect, so the follower does not wait out a reply that is lost. Sink
+    /// calls are never abandoned halfway, nor cursor saves by a stop (a reconnect cuts a
+    /// save: see [`end_batch`](Self::end_batch)).
     pub(super) async fn perform_outputs(&mut self, stop: &mut StopSignal) -> Result<()> {
         while let Some(output) = self.core.poll_output() {
             let Some(request) = self.carry_out(output).await? else {
@@ -287,10 +303,33 @@ where
     }
 
     /// Asks a port what `request` wants and turns its answer into the core's input.
+    ///
+    /// A reconnect of the source's or feed's client while the request is out abandons
+    /// it: it is answered as failed at once (its reply may have gone with the old
+    /// connection), and the reconnect, which the task hears next, retries it.
     pub(super) async fn ask(&mut self, request: Request, stop: &mut StopSignal) -> Result<Asked> {
+        let token = request.token();
+        let opening = matches!(request, Request::OpenFeed { .. });
+        let mut cut = Cut::new(stop, &self.reconnects);
+        let asked = self.ask_port(request, &mut cut).await?;
+        Ok(match (asked, token) {
+            (Asked::Abandoned, Some(token)) if cut.by_reconnect => {
+                debug!(worker = %self.core.config().name(), source = %self.source_name, "client reconnected while a request was out; abandoning it");
+                let error = "the client reconnected while the request was out".to_owned();
+                Asked::Answer(match opening {
+                    true => Input::FeedFailed { token, error },
+                    false => Input::RequestFailed { token, error },
+                })
+            }
+            (asked, _) => asked,
+        })
+    }
+
+    /// [`ask`](Self::ask) without the answer to a cut request.
+    async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_>) -> Result<Asked> {
         let answer = match request {
             Request::LookupSource { token } => {
-                or_stop(stop, self.source.watermark())
+                cut.or_cut(self.source.watermark())
                     .await
                     .map(|found| match found {
                         Ok(head) => {
@@ -308,7 +347,7 @@ where
                 token,
                 from,
                 after_position,
-            } => match or_stop(stop, self.open(from, after_position)).await {
+            } => match cut.or_cut(self.open(from, after_position)).await {
                 None => None,
                 Some(Ok(mut opened)) => {
                     // The feed is the source's own history: what the source says of it at
@@ -317,7 +356,10 @@ where
                     if opened.info.follow == Follow::Replay
                         && opened.info.lineage == tidemark_core::Lineage::default()
                     {
-                        match or_stop(stop, self.source.lineage_at(from.saturating_sub(1))).await {
+                        match cut
+                            .or_cut(self.source.lineage_at(from.saturating_sub(1)))
+                            .await
+                        {
                             None => return Ok(Asked::Abandoned),
                             Some(Ok(lineage)) => opened.info.lineage = lineage,
                             Some(Err(e)) => {
@@ -346,7 +388,7 @@ where
                     error: e.to_string(),
                 }),
             },
-            Request::Reconcile { token, since } => return self.reconcile(token, since, stop).await,
+            Request::Reconcile { token, since } => return self.reconcile(token, since, cut).await,
             Request::Snapshot { token } => {
                 // The resync judges every cached key: a lazily resumed core must know
                 // them all before the first part.
@@ -354,26 +396,24 @@ where
                     self.sink_failed(e).await?;
                     return Ok(Asked::Dropped);
                 }
-                self.read_snapshot(token, stop).await
+                self.read_snapshot(token, cut).await
             }
-            Request::ListKeys { token } => return self.list_keys(token, stop).await,
-            Request::Fetch { token, key, .. } => {
-                match or_stop(stop, self.source.get_at(&key)).await {
-                    None => None,
-                    Some(Ok(read)) => {
-                        if let Err(e) = self.learn(vec![key]).await {
-                            self.sink_failed(e).await?;
-                            return Ok(Asked::Dropped);
-                        }
-                        Some(Input::Fetched {
-                            token,
-                            value: read.value.map(|v| (v.seq, v.value)),
-                            source_watermark: Some(read.watermark),
-                        })
+            Request::ListKeys { token } => return self.list_keys(token, cut).await,
+            Request::Fetch { token, key, .. } => match cut.or_cut(self.source.get_at(&key)).await {
+                None => None,
+                Some(Ok(read)) => {
+                    if let Err(e) = self.learn(vec![key]).await {
+                        self.sink_failed(e).await?;
+                        return Ok(Asked::Dropped);
                     }
-                    Some(Err(e)) => Some(failed(token, &e)),
+                    Some(Input::Fetched {
+                        token,
+                        value: read.value.map(|v| (v.seq, v.value)),
+                        source_watermark: Some(read.watermark),
+                    })
                 }
-            }
+                Some(Err(e)) => Some(failed(token, &e)),
+            },
             _ => return Ok(Asked::Dropped),
         };
         Ok(answer.map_or(Asked::Abandoned, Asked::Answer))
@@ -384,9 +424,9 @@ where
         &mut self,
         token: Token,
         since: u64,
-        stop: &mut StopSignal,
+        cut: &mut Cut<'_>,
     ) -> Result<Asked> {
-        let (changes, lineage) = match or_stop(stop, self.source.changes_and_lineage(since)).await {
+        let (changes, lineage) = match cut.or_cut(self.source.changes_and_lineage(since)).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(read)) => read,
             Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
@@ -418,8 +458,8 @@ where
     }
 
     /// A listing of the source's keys; the core must know every cached key first.
-    pub(super) async fn list_keys(&mut self, token: Token, stop: &mut StopSignal) -> Result<Asked> {
-        let answer = match or_stop(stop, self.source.present_keys()).await {
+    pub(super) async fn list_keys(&mut self, token: Token, cut: &mut Cut<'_>) -> Result<Asked> {
+        let answer = match cut.or_cut(self.source.present_keys()).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(Some(present))) => {
                 // The listing judges every cached key: a lazily resumed core must know
@@ -446,15 +486,14 @@ where
     /// Reads the snapshot asked for under `token` part by part
     /// ([`Source::snapshot_parts`]), handing the core each part as it comes
     /// ([`Input::SnapshotPart`]) and the last as [`Input::Snapshot`], which is the answer
-    /// returned (`None`: a stop came first). One part is held back so that the last can
+    /// returned (`None`: a stop or a reconnect came first). One part is held back so that the last can
     /// be told apart; a snapshot of one part is handed over whole. A part decides nothing,
     /// so nothing waits to be carried out between parts.
-    pub(super) async fn read_snapshot(
-        &mut self,
-        token: Token,
-        stop: &mut StopSignal,
-    ) -> Option<Input> {
-        let read = match or_stop(stop, self.source.snapshot_parts(self.snapshot_part_len)).await {
+    pub(super) async fn read_snapshot(&mut self, token: Token, cut: &mut Cut<'_>) -> Option<Input> {
+        let read = match cut
+            .or_cut(self.source.snapshot_parts(self.snapshot_part_len))
+            .await
+        {
             None => return None,
             Some(Err(e)) => return Some(failed(token, &e)),
             Some(Ok(read)) => read,
@@ -472,7 +511,7 @@ where
         let mut parts = read.parts;
         let mut held: Vec<tidemark_core::Entry> = Vec::new();
         loop {
-            let next = match or_stop(stop, parts.next()).await {
+            let next = match cut.or_cut(parts.next()).await {
                 None => return None,
                 Some(None) => break,
                 // The core drops what it kept and reads again after a backoff.
