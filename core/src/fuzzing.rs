@@ -11,9 +11,10 @@ use crate::decode::Utf8;
 use crate::entry::{Entry, Op};
 use crate::event::Event;
 use crate::follower::{
-    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, InvalidReason, Lineage,
-    Notice, Output, Request, Token,
+    Apply, Continuity, Diagnostic, FeedInfo, Follow, Follower, Input, InvalidReason, Notice,
+    Output, Request, Token,
 };
+use crate::lineage::Lineage;
 use crate::time::Time;
 
 /// Decodes arbitrary bytes as a value with each built-in decoder: never panics; `Utf8`
@@ -237,21 +238,9 @@ fn lineage(b: &mut Bytes<'_>) -> Lineage {
 /// at most once, checkpoints monotone, feeds open at watermark+1).
 pub fn follower_inputs(data: &[u8]) {
     let mut b = Bytes { data };
-    let follow = match b.small(6) {
-        0 => Follow::WakeOnly,
-        1 => Follow::Announcements,
-        _ => Follow::Replay,
-    };
-    let mut builder = FollowerConfig::builder("fuzz")
-        .seed(u64::from(b.small(255) as u8))
-        .max_value_bytes(4);
-    if b.small(2) == 0 {
-        builder = builder.presence_check(std::time::Duration::from_millis(500));
-    }
-    let Ok(config) = builder.build() else {
+    let Some((mut f, follow)) = fuzzed_follower(&mut b) else {
         return;
     };
-    let mut f = Follower::new(config, Utf8).following(follow);
     let mut seen = Observed::default();
     let mut now = Time::ZERO;
     seen.check(&mut f);
@@ -268,109 +257,144 @@ pub fn follower_inputs(data: &[u8]) {
         } else {
             seen.request.unwrap_or(Token(0))
         };
-        let input = match op % 17 {
-            0 => Input::SourceFound { token: req },
-            1 => {
-                let continuity = if b.small(2) == 0 {
-                    Continuity::Gapless
-                } else {
-                    Continuity::Sparse
-                };
-                let info = FeedInfo {
-                    first_available: b.seq(8),
-                    head: b.seq(32),
-                    continuity,
-                    checkpoints: b.small(2) == 0,
-                    // Mostly the follower's own way; sometimes a feed that says otherwise.
-                    follow: if b.small(4) == 0 {
-                        Follow::Announcements
-                    } else {
-                        follow
-                    },
-                    lineage: lineage(&mut b),
-                };
-                Input::FeedOpened { token: feed, info }
-            }
-            2..=5 => Input::Entry {
-                token: feed,
-                entry: entry(&mut b),
-            },
-            6 => Input::FeedFailed {
-                token: feed,
-                error: "boom".into(),
-            },
-            7 => Input::FeedEnded { token: feed },
-            8 => {
-                let changes = (0..b.small(4)).map(|_| entry(&mut b)).collect();
-                Input::Changes {
-                    token: req,
-                    changes,
-                    source_watermark: b.seq(48),
-                }
-            }
-            9 => Input::ChangesUnavailable {
+        if op % 17 == 15 {
+            now = now.saturating_add(std::time::Duration::from_millis(b.small(255) * 200));
+            f.handle_timeout(now);
+        } else {
+            let input = fuzzed_input(&mut b, op, follow, feed, req);
+            f.handle_input(input, now);
+        }
+        seen.check(&mut f);
+    }
+}
+
+/// A follower configured from the input's first bytes (its way of following, its seed, a
+/// presence check or none), or none where that configuration is refused.
+fn fuzzed_follower(b: &mut Bytes<'_>) -> Option<(Follower<Utf8>, Follow)> {
+    let follow = match b.small(6) {
+        0 => Follow::WakeOnly,
+        1 => Follow::Announcements,
+        _ => Follow::Replay,
+    };
+    let mut builder = FollowerConfig::builder("fuzz")
+        .seed(u64::from(b.small(255) as u8))
+        .max_value_bytes(4);
+    if b.small(2) == 0 {
+        builder = builder.presence_check(std::time::Duration::from_millis(500));
+    }
+    let config = builder.build().ok()?;
+    Some((Follower::new(config, Utf8).following(follow), follow))
+}
+
+/// The input `op` draws (any but 15, a timeout), answering the feed `feed` or the request
+/// `req`.
+fn fuzzed_input(b: &mut Bytes<'_>, op: u8, follow: Follow, feed: Token, req: Token) -> Input {
+    match op % 17 {
+        0 => Input::SourceFound { token: req },
+        1 => Input::FeedOpened {
+            token: feed,
+            info: feed_info(b, follow),
+        },
+        2..=5 => Input::Entry {
+            token: feed,
+            entry: entry(b),
+        },
+        6 => Input::FeedFailed {
+            token: feed,
+            error: "boom".into(),
+        },
+        7 => Input::FeedEnded { token: feed },
+        8..=11 => read_answer(b, op % 17, req),
+        12 => Input::RequestFailed {
+            token: req,
+            error: "nope".into(),
+        },
+        13 => Input::Wake,
+        14 => Input::Undecodable {
+            token: feed,
+            position: b.small(64),
+            seq: (b.small(2) == 0).then(|| b.seq(48)),
+            reason: "junk".into(),
+        },
+        _ if b.small(4) == 0 => Input::Stop,
+        _ if b.small(3) == 0 => Input::Lineage {
+            token: req,
+            lineage: lineage(b),
+        },
+        _ if b.small(3) == 0 => Input::Keys {
+            token: req,
+            keys: (0..b.small(4)).map(|_| key(b)).collect(),
+            source_watermark: b.seq(48),
+        },
+        _ if b.small(2) == 0 => Input::Reconnected,
+        _ => Input::Wake,
+    }
+}
+
+/// What an opened feed says of itself: mostly the follower's own way of following,
+/// sometimes a feed that says otherwise.
+fn feed_info(b: &mut Bytes<'_>, follow: Follow) -> FeedInfo {
+    let continuity = if b.small(2) == 0 {
+        Continuity::Gapless
+    } else {
+        Continuity::Sparse
+    };
+    FeedInfo {
+        first_available: b.seq(8),
+        head: b.seq(32),
+        continuity,
+        checkpoints: b.small(2) == 0,
+        follow: if b.small(4) == 0 {
+            Follow::Announcements
+        } else {
+            follow
+        },
+        lineage: lineage(b),
+    }
+}
+
+/// A read's answer to request `req`: changes since (8), the log compacted (9), a snapshot
+/// whole or a part of one whose rest may never come (10), one key fetched (11).
+fn read_answer(b: &mut Bytes<'_>, kind: u8, req: Token) -> Input {
+    match kind {
+        8 => {
+            let changes = (0..b.small(4)).map(|_| entry(b)).collect();
+            Input::Changes {
                 token: req,
-                first_available: b.seq(48),
-            },
-            10 => {
-                let entries = (0..b.small(4)).map(|_| entry(&mut b)).collect();
-                let source_watermark = b.seq(48);
-                // Sometimes a part of a snapshot read in parts, whose rest may never come.
-                if b.small(3) == 0 {
-                    Input::SnapshotPart {
-                        token: req,
-                        entries,
-                        source_watermark,
-                    }
-                } else {
-                    Input::Snapshot {
-                        token: req,
-                        entries,
-                        source_watermark,
-                    }
-                }
+                changes,
+                source_watermark: b.seq(48),
             }
-            11 => {
-                let value = (b.small(3) > 0).then(|| (b.seq(48), value(&mut b)));
-                let source_watermark = (b.small(2) > 0).then(|| b.seq(48));
-                Input::Fetched {
+        }
+        9 => Input::ChangesUnavailable {
+            token: req,
+            first_available: b.seq(48),
+        },
+        10 => {
+            let entries = (0..b.small(4)).map(|_| entry(b)).collect();
+            let source_watermark = b.seq(48);
+            if b.small(3) == 0 {
+                Input::SnapshotPart {
                     token: req,
-                    value,
+                    entries,
+                    source_watermark,
+                }
+            } else {
+                Input::Snapshot {
+                    token: req,
+                    entries,
                     source_watermark,
                 }
             }
-            12 => Input::RequestFailed {
+        }
+        _ => {
+            let value = (b.small(3) > 0).then(|| (b.seq(48), value(b)));
+            let source_watermark = (b.small(2) > 0).then(|| b.seq(48));
+            Input::Fetched {
                 token: req,
-                error: "nope".into(),
-            },
-            13 => Input::Wake,
-            14 => Input::Undecodable {
-                token: feed,
-                position: b.small(64),
-                seq: (b.small(2) == 0).then(|| b.seq(48)),
-                reason: "junk".into(),
-            },
-            15 => {
-                now = now.saturating_add(std::time::Duration::from_millis(b.small(255) * 200));
-                f.handle_timeout(now);
-                seen.check(&mut f);
-                continue;
+                value,
+                source_watermark,
             }
-            _ if b.small(4) == 0 => Input::Stop,
-            _ if b.small(3) == 0 => Input::Lineage {
-                token: req,
-                lineage: lineage(&mut b),
-            },
-            _ if b.small(3) == 0 => Input::Keys {
-                token: req,
-                keys: (0..b.small(4)).map(|_| key(&mut b)).collect(),
-                source_watermark: b.seq(48),
-            },
-            _ if b.small(2) == 0 => Input::Reconnected,
-            _ => Input::Wake,
-        };
-        f.handle_input(input, now);
-        seen.check(&mut f);
+        }
     }
 }
 

@@ -77,6 +77,7 @@ mod follower;
 pub mod fuzzing;
 mod job;
 mod limits;
+mod lineage;
 mod prefix;
 mod restart;
 mod retention;
@@ -93,12 +94,13 @@ pub use error::ConfigError;
 pub use event::{EncodeError, Event, NotAnEvent};
 pub use follower::{
     Ahead, Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower,
-    Input, InvalidReason, Lineage, Notice, Output, Phase, Request, Status, Token,
+    Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{
     KeyProblem, MAX_KEY_BYTES, MAX_VALUE_BYTES, check_key, presize_for, presize_more, shorten,
 };
+pub use lineage::Lineage;
 pub use prefix::KeyPrefix;
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};

@@ -554,7 +554,7 @@ impl<D: Decode> Follower<D> {
         &mut self,
         entries: Vec<Entry>,
         source_watermark: u64,
-        read: Option<crate::Lineage>,
+        read: Option<crate::lineage::Lineage>,
     ) {
         let new = self.snapshot_is_new(source_watermark, read);
         if !new && entries.iter().any(|e| self.went_back(e, source_watermark)) {

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::entry::Entry;
-use crate::follower::lineage::Lineage;
 use crate::follower::status::Diagnostic;
+use crate::lineage::Lineage;
 
 /// Ties a result to the request that asked for it. Results carrying an old token (a feed
 /// that was since closed, a request that was since retried) are ignored and counted.

@@ -26,6 +26,7 @@ use crate::backoff::Backoff;
 use crate::config::FollowerConfig;
 use crate::decode::Decode;
 use crate::entry::Entry;
+use crate::lineage::Lineage;
 use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
@@ -34,7 +35,6 @@ pub use confirm::Ahead;
 pub use io::{
     Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,
 };
-pub use lineage::Lineage;
 pub use status::{Cause, Counters, Diagnostic, InvalidReason, Phase, Status};
 
 use index::KeyIndex;

@@ -76,8 +76,8 @@ pub struct Status {
     /// The seed of its jitter: with the same inputs, the same seed replays the run.
     pub seed: u64,
     /// What it knows of its source's history at its watermark (see
-    /// [`Lineage`](crate::Lineage)).
-    pub lineage: crate::Lineage,
+    /// [`Lineage`](crate::lineage::Lineage)).
+    pub lineage: crate::lineage::Lineage,
 }
 
 /// Why a feed entry (or feed payload) was skipped as invalid.
@@ -211,9 +211,9 @@ pub enum Diagnostic {
         /// The follower's watermark.
         watermark: u64,
         /// What the follower knew of its history at the watermark.
-        held: crate::Lineage,
+        held: crate::lineage::Lineage,
         /// What the read said.
-        read: crate::Lineage,
+        read: crate::lineage::Lineage,
     },
     /// The feed delivered the entry at the watermark with another stamp than the one the
     /// follower holds there: the feed was opened on another history than the one the cache
@@ -241,9 +241,9 @@ pub enum Diagnostic {
     /// follower follows the feed.
     FollowChanged {
         /// How it followed before.
-        from: crate::Follow,
+        from: crate::follower::Follow,
         /// How the feed says it must be followed.
-        to: crate::Follow,
+        to: crate::follower::Follow,
     },
     /// The sink failed; the follower went back to its last commit.
     Rewound {
