@@ -136,6 +136,31 @@ async fn a_restarted_follower_takes_a_restored_history() {
     .await;
 }
 
+/// As above, with the restored copy written far past the follower's watermark and its
+/// change log compacted below its head before the follower restarts: no stamp at the
+/// watermark is left to tell the copy's history from the replaced one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark() {
+    let (_dir, path, db) = common::fresh().await;
+    db.source().put("early", b"e".to_vec()).await.unwrap();
+    let backup = path.with_file_name("backup.db");
+    let copy = backup.clone();
+    c::a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark(
+        db.source(),
+        || async move {
+            rusqlite::Connection::open(&path)
+                .unwrap()
+                .execute("VACUUM INTO ?1", [copy.to_str().unwrap()])
+                .unwrap();
+        },
+        || async move { SqliteDb::open(&backup).await.unwrap().source() },
+        |source: tidemark_sqlite::SqliteSource, below| async move {
+            source.compact_below(below).await.unwrap();
+        },
+    )
+    .await;
+}
+
 /// The registry deleted and made again: a new file.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_follower_takes_a_recreated_history() {

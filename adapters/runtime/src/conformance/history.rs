@@ -119,3 +119,75 @@ where
         "taking a new history is a reset, counted: {after:?}"
     );
 }
+
+/// A persisted follower is stopped at watermark W over a source that was backed up (by
+/// `back_up`) before the follower's history was written; `restore` puts the backup back
+/// and returns a handle on the restored source, whose next writes take the replaced
+/// history's seqs with other values — the same keys at the same seqs. The restored source
+/// is written well past W and `compact(seq)` compacts its change log below its head, so
+/// nothing at W is left to tell the two histories apart by stamp. The follower restarts
+/// warm and its cache becomes the restored source's exactly: its resync puts every entry
+/// again rather than passing over a key it holds at the same seq (a value of the replaced
+/// history would stay for good).
+pub async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark<
+    S,
+    B,
+    BFut,
+    R,
+    RFut,
+    C,
+    CFut,
+>(
+    source: S,
+    back_up: B,
+    restore: R,
+    compact: C,
+) where
+    S: Source + Feed + Clone + 'static,
+    B: FnOnce() -> BFut,
+    BFut: Future<Output = ()>,
+    R: FnOnce() -> RFut,
+    RFut: Future<Output = S>,
+    C: FnOnce(S, u64) -> CFut,
+    CFut: Future<Output = ()>,
+{
+    back_up().await;
+    write(&source, 12, "old").await;
+    let (writer, reader) = cache::<String>();
+    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
+    converges(
+        &reader,
+        &snapshot_of(&source).await,
+        "the first history is followed",
+    )
+    .await;
+    let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
+
+    // The same writes again, with other values: each key at the seq the replaced history
+    // held it at (the last, at W, a removal: no key's current value tells its stamp).
+    // Then on past W on other keys only, so the follower's keys stay at those seqs, and
+    // the log compacted below the head.
+    let source = restore().await;
+    assert_eq!(write(&source, 12, "new").await, before.watermark);
+    let mut head = before.watermark;
+    for i in 0..8 {
+        head = source
+            .put(&format!("hist.later{i}"), b"later".to_vec())
+            .await
+            .unwrap();
+    }
+    compact(source.clone(), head).await;
+
+    let (writer, reader, core) = restart_warm(config(), &reader, &before).await;
+    let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
+    let want = snapshot_of(&source).await;
+    converges(
+        &reader,
+        &want,
+        "a follower restarted over a restored history compacted past its watermark holds \
+         the restored history's values",
+    )
+    .await;
+    handle.stop_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(cached(&reader), snapshot_of(&source).await);
+}
