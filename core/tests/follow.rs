@@ -438,6 +438,49 @@ fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
     );
 }
 
+/// The NATS campaign with markers (seeds 7001, 7032, 7047, ...): a marker's key is
+/// overwritten, then purged, while its fetch is out; the fetch finds it absent. That read
+/// dates the removal only as somewhere after the marker, yet it was applied at the
+/// marker's seq, so the announcements of the overwrites, held behind the fetch, were
+/// newer than that removal and brought the key back with values the source had already
+/// removed (the cache showed the key, dropped it, and showed it again at an older seq).
+/// A read of the source settles such a removal before anything held behind it is applied.
+#[test]
+fn a_key_a_fetch_finds_removed_is_not_brought_back_by_older_announcements_behind_it() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "k", "5")]);
+    h.entry(Entry::mutation(6, "k"));
+    // The source: k put at 6 (the marker), put at 7, removed at 8. The announcement of 7
+    // arrives while the fetch is out, and waits for it.
+    let mut outs = h.put(7, "k", "7");
+    assert!(puts(&outs).is_empty(), "held behind the fetch: {outs:?}");
+    // The watermark is read before the key (the runtime's `get_at`): 7; the removal at 8
+    // landed between the two reads.
+    outs.extend(h.fetched(None, Some(7)));
+    assert_eq!(removes(&outs), [("k".into(), 6)], "{outs:?}");
+    if asks_reconcile(&outs) {
+        outs.extend(h.input(Input::Changes {
+            token: h.request.unwrap(),
+            changes: vec![Entry::delete(8, "k")],
+            source_watermark: 8,
+        }));
+    }
+    let shown_after_removal: Vec<_> = outs
+        .iter()
+        .skip_while(|o| !matches!(o, Output::Apply(Apply::Remove { .. })))
+        .filter_map(|o| match o {
+            Output::Apply(Apply::Put { key, seq, .. }) if &**key == "k" => Some(*seq),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        shown_after_removal.is_empty(),
+        "k was shown again at {shown_after_removal:?} after it was removed, \
+         though the source removed it at 8 (never-older): {outs:?}"
+    );
+    assert_eq!(h.f.seq_of("k"), None);
+    assert_eq!(h.f.watermark(), 8);
+}
+
 /// Seed 93041109: a marker of a history a restore replaced, fetched from the restored
 /// source (its watermark below both the marker and the follower's own), was held as a
 /// removal no history made. Seed 2282: read again and again under a backoff an outage had

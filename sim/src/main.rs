@@ -72,6 +72,11 @@ struct Args {
     /// The share of cold-key writes that remove a cold key written earlier, 0 to 1.
     #[arg(long, default_value_t = 0.35)]
     cold_remove_share: f64,
+    /// The share of an announcing writer's hot-key puts that are marker races (a marker
+    /// whose key is overwritten and removed before any of the three is announced), 0 to
+    /// 1; 0 (the default) leaves every seed as it was.
+    #[arg(long, default_value_t = 0.0)]
+    marker_races: f64,
     /// Relays draining the source's outbox (0 to 4; with none, every writer announces
     /// its own writes).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(0..=4))]
@@ -98,6 +103,7 @@ impl Args {
                 hot_keys: self.hot_keys,
                 hot_share: self.hot_share.clamp(0.0, 1.0),
                 cold_remove_share: self.cold_remove_share.clamp(0.0, 1.0),
+                marker_races: self.marker_races.clamp(0.0, 1.0),
                 ..tidemark_sim::scenario::Workload::default()
             },
             ..Scenario::default()
@@ -134,6 +140,9 @@ impl Args {
                 " --hot-keys {} --hot-share {} --cold-remove-share {}",
                 self.hot_keys, self.hot_share, self.cold_remove_share
             ));
+        }
+        if self.marker_races != w.marker_races {
+            cmd.push_str(&format!(" --marker-races {}", self.marker_races));
         }
         if self.tick_ms != tidemark_sim::scenario::DEFAULT_TICK.as_millis() as u64 {
             cmd.push_str(&format!(" --tick-ms {}", self.tick_ms));

@@ -265,6 +265,12 @@ pub struct Workload {
     /// The share of cold-key writes that remove a cold key written earlier (each cold key
     /// is removed at most once; the others create a new cold key).
     pub cold_remove_share: f64,
+    /// The share of an announcing writer's puts of hot keys that are marker races: a
+    /// marker whose key is overwritten and then removed before any of the three is
+    /// announced, so a follower fetching the marker finds the key absent while the
+    /// overwrite's announcement is still on its way. Drawn from a stream of its own, after
+    /// every other draw of the put: at 0 (the default) every seed runs as it did before.
+    pub marker_races: f64,
 }
 
 impl Default for Workload {
@@ -274,6 +280,7 @@ impl Default for Workload {
             hot_share: 0.6,
             hot_remove_share: 0.2,
             cold_remove_share: 0.35,
+            marker_races: 0.0,
         }
     }
 }

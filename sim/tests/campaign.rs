@@ -431,3 +431,30 @@ fn each_tick_fires_once_across_scheduler_crashes_and_stalled_sweepers_never_over
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The NATS campaign with markers (seeds 7001, 7032, 7047, ...): a marker's key
+/// overwritten, then removed, before its fetch read it. The fetch found the key absent
+/// and the follower held the removal at the marker's seq, so the overwrite's announcement,
+/// arriving after the fetch, brought back a value the source had removed. With a quarter
+/// of the announcing writer's hot-key puts made such races (`--marker-races 0.25`), these
+/// seeds failed before the fix ("hot-7: put at seq 86 after its removal shown at 84,
+/// which the source made at 87: older than the removal"; 30 of seeds 0..300).
+#[test]
+fn a_marker_whose_fetch_finds_its_key_removed_is_not_undone_by_older_announcements() {
+    let scenario = Scenario {
+        keep_trace: true,
+        workload: tidemark_sim::scenario::Workload {
+            marker_races: 0.25,
+            ..tidemark_sim::scenario::Workload::default()
+        },
+        ..Scenario::default()
+    };
+    for seed in [16, 21, 23, 33] {
+        let o = run(seed, &scenario);
+        assert!(
+            o.trace.iter().any(|l| l.contains("race-announced marker")),
+            "seed {seed} makes no marker race any more; pick another"
+        );
+        assert!(o.passed(), "seed {seed}: {}", o.failures.join(" | "));
+    }
+}

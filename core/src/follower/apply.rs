@@ -426,6 +426,7 @@ impl<D: Decode> Follower<D> {
             None => (seq, Claimed::Removed),
         };
         let claim = self.holds_unconfirmed(at).then(|| key.clone());
+        let absent = value.is_none();
         match value {
             // The value may be newer than the marker; the index keeps its own seq so an
             // older entry for the key arriving later is skipped.
@@ -436,15 +437,25 @@ impl<D: Decode> Follower<D> {
                 self.apply(seq, key.into(), Op::Delete, Vec::new(), None);
             }
         }
-        if let Some(key) = claim
-            && self.claim(&key, at, claimed)
-        {
-            self.confirm_soon();
-        }
+        let claimed = claim.is_some_and(|key| self.claim(&key, at, claimed));
         self.advance_on_feed(seq);
         self.checkpoint(position);
         let head = self.feed_head().unwrap_or(u64::MAX);
         self.check_ready(head);
+        if claimed && absent {
+            // A key the read found absent was removed after the marker, at a seq this read
+            // does not give (the source's watermark was read before the key; the removal
+            // may have landed after it). Held at the marker's seq, the removal is older
+            // than changes the source made before it: their announcements, held behind
+            // this fetch or still to come, would bring the key back with values the source
+            // had already removed (the NATS campaign with markers: a key dropped, then
+            // shown again at an older seq). A read of the source dates the removal before
+            // anything behind the marker is applied: it is asked for now, so the held
+            // items wait for it, and its watermark passes the removal.
+            self.confirm_now();
+        } else if claimed {
+            self.confirm_soon();
+        }
         self.settle();
     }
 

@@ -243,6 +243,34 @@ impl History {
             .is_some_and(|(k, v)| k == key && v.is_none())
     }
 
+    /// The source's removal that a follower's removal of `key` at `seq` stands for, where
+    /// the source put a value it can decode in `key` at `seq` and removed `key` at no
+    /// `seq` in any epoch: a fetch of a marker at `seq` that found the key absent, whose
+    /// removal came after the marker. The first removal of `key` after `seq`; `None`
+    /// where `seq` is no such put, or no removal followed it.
+    #[must_use]
+    pub fn removal_behind(&self, key: &str, seq: u64) -> Option<u64> {
+        let is_removal = |c: Option<&Commit>| c.is_some_and(|(k, v)| k == key && v.is_none());
+        if lock(&self.past)
+            .iter()
+            .any(|history| is_removal(history.get(&seq)))
+        {
+            return None;
+        }
+        let current = lock(&self.inner);
+        let put = current.commits.get(&seq).is_some_and(|(k, v)| {
+            k == key && v.as_deref().is_some_and(|b| std::str::from_utf8(b).is_ok())
+        });
+        if !put {
+            return None;
+        }
+        current
+            .commits
+            .range(seq + 1..)
+            .find(|(_, (k, v))| k == key && v.is_none())
+            .map(|(at, _)| *at)
+    }
+
     /// The highest seq committed.
     #[must_use]
     pub fn watermark(&self) -> u64 {
@@ -904,6 +932,25 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
                 p.violation(
                     &mut s,
                     format!("{key}: put at seq {seq} over newer-or-equal {have}"),
+                );
+            }
+            // A removal shown at the seq of a put the source made there stands for a
+            // removal the source made later (a marker's fetch found the key absent): a
+            // real put older than that removal, shown after it, brings back a value the
+            // source had removed.
+            if !adopting
+                && let Some(at) = s.removed_at(&key)
+                && at < seq
+                && p.history.wrote(&key, seq, &value)
+                && let Some(removal) = p.history.removal_behind(&key, at)
+                && seq < removal
+            {
+                p.violation(
+                    &mut s,
+                    format!(
+                        "{key}: put at seq {seq} after its removal shown at {at}, which the \
+                         source made at {removal}: older than the removal"
+                    ),
                 );
             }
             // Putting a real change again over a forged value is the repair of the forgery

@@ -153,6 +153,9 @@ pub(super) async fn writer(
         CHANNEL,
     );
     let mut rng = Rng::new(seed ^ ((i as u64 + 1) << 32) ^ (start << 48));
+    // Which puts are marker races (`Workload::marker_races`): a stream of its own, so every
+    // other draw of the writer stays what it was.
+    let mut races = Rng::new(seed ^ 0x6d61_726b_7261_6365 ^ ((i as u64 + 1) << 32) ^ (start << 48));
     if start > 0 {
         // A restarted writer may have left a commit unannounced: wake everyone to catch up.
         let _ = tidemark::Wake::notify(&remote, CHANNEL, Vec::new()).await;
@@ -218,7 +221,12 @@ pub(super) async fn writer(
             } else {
                 format!("v{}", rng.next_u64() % 1_000_000).into_bytes()
             };
-            if rng.next_f64() < 0.15 {
+            let marker = rng.next_f64() < 0.15;
+            if key.starts_with("hot-") && races.next_f64() < workload.marker_races {
+                marker_race(i, &registry, &key, value, &mut races, &trace).await;
+                continue;
+            }
+            if marker {
                 // A mutation marker: commit, then announce only "key changed at seq"; readers
                 // of the announcements fetch the value from the source.
                 match registry.source().put(&key, value).await {
@@ -240,6 +248,66 @@ pub(super) async fn writer(
                 }
             }
         }
+    }
+}
+
+/// A marker whose key is overwritten and then removed before anything is announced (a
+/// slow announcer): the marker, the overwrite and the removal are announced after all
+/// three committed, in their order. A follower fetching the marker finds the key absent,
+/// a removal the read does not date, while the overwrite's announcement, older than that
+/// removal, is still on its way (the NATS campaign with markers: a key dropped, then
+/// shown again at an older seq).
+async fn marker_race<S: Source, P: tidemark::Publish, W: tidemark::Wake, Q: tidemark::Queue>(
+    i: usize,
+    registry: &AnnouncingRegistry<S, P, W, Q>,
+    key: &str,
+    value: Vec<u8>,
+    races: &mut Rng,
+    trace: &Trace,
+) {
+    let again = format!("v{}", races.next_u64() % 1_000_000).into_bytes();
+    let source = registry.source();
+    let (marked, put, removed) = match (
+        source.put(key, value).await,
+        source.put(key, again.clone()).await,
+        source.remove(key).await,
+    ) {
+        (Ok(marked), Ok(put), Ok(Some(removed))) => (marked, put, removed),
+        (marked, put, removed) => {
+            trace.line(format!(
+                "writer-{i} marker race on {key} cut short: {:?} {:?} {:?}",
+                marked.map_err(|e| e.to_string()),
+                put.map_err(|e| e.to_string()),
+                removed.map_err(|e| e.to_string())
+            ));
+            return;
+        }
+    };
+    for event in [
+        Event::Mutation {
+            seq: marked,
+            key: key.to_owned(),
+        },
+        Event::Put {
+            seq: put,
+            key: key.to_owned(),
+            value: again.clone(),
+        },
+        Event::Removed {
+            seq: removed,
+            key: key.to_owned(),
+        },
+    ] {
+        let report = registry.announce(&event).await;
+        trace.line(format!(
+            "writer-{i} race-announced {} {key}@{} {report:?}",
+            match event {
+                Event::Put { .. } => "put",
+                Event::Removed { .. } => "removal",
+                _ => "marker",
+            },
+            event.seq()
+        ));
     }
 }
 

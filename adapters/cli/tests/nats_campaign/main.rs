@@ -21,7 +21,7 @@
 //! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
 //! seed, its schedule and the command that replays it; the exit code is 1. `--markers`
 //! (or `TIDEMARK_CAMPAIGN_MARKERS=1`) has the writers announce one put in eight as a bare
-//! mutation marker: off by default while the defect it shows is open (README). `RUST_LOG`
+//! mutation marker, off by default (the defect it showed is fixed: CHANGELOG). `RUST_LOG`
 //! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
