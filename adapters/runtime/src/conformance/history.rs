@@ -9,8 +9,9 @@ use std::time::Duration;
 use tidemark_core::{FollowerConfig, Status, Utf8};
 
 use super::prefix::{cached, converges, restart_warm, snapshot_of};
-use crate::cache::cache;
+use crate::cache::{Cache, cache};
 use crate::follower::FollowerTask;
+use crate::follower::handle::FollowerHandle;
 use crate::ports::{Feed, Source};
 
 /// Writes `n` mutations to `source` (puts of `hist.k0`…`hist.k7` with `tag`, every third
@@ -35,6 +36,44 @@ fn config() -> FollowerConfig {
     FollowerConfig::builder("history").seed(11).build().unwrap()
 }
 
+/// Writes the first history (12 mutations, "old") and follows it until the cache equals
+/// the source: the running follower, its cache, and the source's watermark.
+async fn follow_the_first_history<S>(source: &S) -> (FollowerHandle, Cache<String>, u64)
+where
+    S: Source + Feed + Clone + 'static,
+{
+    let watermark = write(source, 12, "old").await;
+    let (writer, reader) = cache::<String>();
+    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
+    converges(
+        &reader,
+        &snapshot_of(source).await,
+        "the first history is followed",
+    )
+    .await;
+    (handle, reader, watermark)
+}
+
+/// Restarts the follower stopped at `before` warm over `source` from what a durable sink
+/// gives back (its rows, watermark and lineage) and waits until its cache equals the
+/// source (`why` says what that proves); the follower's last status and its cache.
+async fn restart_and_converge<S>(
+    source: &S,
+    reader: &Cache<String>,
+    before: &Status,
+    why: &str,
+) -> (Status, Cache<String>)
+where
+    S: Source + Feed + Clone + 'static,
+{
+    let (writer, reader, core) = restart_warm(config(), reader, before).await;
+    let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
+    converges(&reader, &snapshot_of(source).await, why).await;
+    let after = handle.stop_within(Duration::from_secs(10)).await.unwrap();
+    assert_eq!(cached(&reader), snapshot_of(source).await);
+    (after, reader)
+}
+
 /// A persisted follower is stopped at watermark W; `replace` recreates the source, or
 /// restores a backup taken before the body began (so below W), and returns a handle on
 /// the new source; the new source is written past W; the follower restarts warm from what
@@ -47,15 +86,7 @@ where
     R: FnOnce() -> Fut,
     Fut: Future<Output = S>,
 {
-    write(&source, 12, "old").await;
-    let (writer, reader) = cache::<String>();
-    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
-    converges(
-        &reader,
-        &snapshot_of(&source).await,
-        "the first history is followed",
-    )
-    .await;
+    let (handle, reader, _) = follow_the_first_history(&source).await;
     let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
 
     let source = replace().await;
@@ -67,21 +98,17 @@ where
 
     // The persisted cache's restart: its rows, watermark and lineage, as a durable sink
     // gives them back.
-    let (writer, reader, core) = restart_warm(config(), &reader, &before).await;
-    let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
-    let want = snapshot_of(&source).await;
-    converges(
+    let (after, _) = restart_and_converge(
+        &source,
         &reader,
-        &want,
+        &before,
         "a follower restarted over a new history holds the new history, not the old one's keys",
     )
     .await;
-    let after = handle.stop_within(Duration::from_secs(10)).await.unwrap();
     assert!(
         after.counters.resets >= 1,
         "taking a new history is a reset, counted: {after:?}"
     );
-    assert_eq!(cached(&reader), snapshot_of(&source).await);
 }
 
 /// As [`a_restarted_follower_takes_a_new_history`], with the follower running while
@@ -93,15 +120,7 @@ where
     R: FnOnce() -> Fut,
     Fut: Future<Output = ()>,
 {
-    let watermark = write(&source, 12, "old").await;
-    let (writer, reader) = cache::<String>();
-    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
-    converges(
-        &reader,
-        &snapshot_of(&source).await,
-        "the first history is followed",
-    )
-    .await;
+    let (handle, reader, watermark) = follow_the_first_history(&source).await;
     replace().await;
     while source.watermark().await.unwrap() <= watermark + 4 {
         write(&source, 5, "new").await;
@@ -152,15 +171,7 @@ pub async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_wa
     CFut: Future<Output = ()>,
 {
     back_up().await;
-    write(&source, 12, "old").await;
-    let (writer, reader) = cache::<String>();
-    let handle = FollowerTask::new(config(), Utf8, source.clone(), source.clone(), writer).spawn();
-    converges(
-        &reader,
-        &snapshot_of(&source).await,
-        "the first history is followed",
-    )
-    .await;
+    let (handle, reader, _) = follow_the_first_history(&source).await;
     let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
 
     // The same writes again, with other values: each key at the seq the replaced history
@@ -178,16 +189,12 @@ pub async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_wa
     }
     compact(source.clone(), head).await;
 
-    let (writer, reader, core) = restart_warm(config(), &reader, &before).await;
-    let handle = FollowerTask::from_core(core, source.clone(), source.clone(), writer).spawn();
-    let want = snapshot_of(&source).await;
-    converges(
+    restart_and_converge(
+        &source,
         &reader,
-        &want,
+        &before,
         "a follower restarted over a restored history compacted past its watermark holds \
          the restored history's values",
     )
     .await;
-    handle.stop_within(Duration::from_secs(10)).await.unwrap();
-    assert_eq!(cached(&reader), snapshot_of(&source).await);
 }
