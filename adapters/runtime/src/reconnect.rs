@@ -12,6 +12,7 @@
 //! abandoned and answered as failed (its reply may have gone with the old connection), so
 //! the reconnect's retry does not wait out the client's request timeout first.
 
+use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -64,6 +65,20 @@ impl Reconnects {
     /// Whether anything is watched.
     pub(crate) fn watching(&self) -> bool {
         self.watches.iter().any(Option::is_some)
+    }
+
+    /// `request`'s result, or `None` if a counter moves first (the request is dropped):
+    /// a reply due on a connection that went is lost with it.
+    pub(crate) async fn unless_reconnected<T>(
+        &mut self,
+        request: impl Future<Output = T>,
+    ) -> Option<T> {
+        let watching = self.watching();
+        tokio::select! {
+            biased;
+            () = self.next(), if watching => None,
+            result = request => Some(result),
+        }
     }
 
     /// Resolves when a counter moved. A counter whose client is gone is dropped; with

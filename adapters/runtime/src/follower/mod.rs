@@ -543,12 +543,13 @@ impl<'a> Cut<'a> {
     /// `request`'s result, or `None` if a stop or a reconnect comes first (the request is
     /// dropped).
     async fn or_cut<T>(&mut self, request: impl Future<Output = T>) -> Option<T> {
-        let watching = self.reconnects.watching();
         let reconnected = tokio::select! {
             biased;
             () = self.stop.stopped() => false,
-            () = self.reconnects.next(), if watching => true,
-            result = request => return Some(result),
+            answer = self.reconnects.unless_reconnected(request) => match answer {
+                Some(result) => return Some(result),
+                None => true,
+            },
         };
         self.by_reconnect |= reconnected;
         None

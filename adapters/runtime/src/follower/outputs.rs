@@ -226,12 +226,14 @@ where
             // A reconnect while the save is out cuts it, as it does a request: its reply
             // may have gone with the old connection. Saves are monotone, so one that
             // landed anyway does no harm, and the position is saved with the next commit.
-            let mut heard = self.reconnects.listen_from_now();
-            let watching = heard.watching();
-            let saved = tokio::select! {
-                biased;
-                saved = self.cursors.save(name, position) => saved.map(|_| ()),
-                () = heard.next(), if watching => Err(Error::unavailable(
+            let saved = match self
+                .reconnects
+                .listen_from_now()
+                .unless_reconnected(self.cursors.save(name, position))
+                .await
+            {
+                Some(saved) => saved.map(|_| ()),
+                None => Err(Error::unavailable(
                     "cursor",
                     "the client reconnected while the save was out",
                 )),
