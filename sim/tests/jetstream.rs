@@ -41,7 +41,7 @@ fn snapshots_while_overwriting(seed: u64, trusting_pending: bool) -> Reads {
     let base = tokio::time::Instant::now();
     let clock = move || base + turmoil::sim_elapsed().unwrap_or_default();
     let host = SourceHost {
-        sweeps: Sweeps::new(&memory, clock, Vec::new()),
+        sweeps: Sweeps::new(&memory, clock, Vec::new(), history.clone()),
         memory,
         history: history.clone(),
         ledger: RelayLedger::default(),

@@ -24,17 +24,20 @@ pub struct Sweeps {
     sweep: MemorySweep,
     /// The ledger.
     pub ledger: SweepLedger,
-    /// The source's history, told how far each sweep compacted the change log.
-    history: Option<History>,
+    /// The source's history, told how far each sweep compacted the change log (the
+    /// oracle allows a follower compacted past its watermark to put its entries again).
+    history: History,
 }
 
 impl Sweeps {
     /// Over `memory`, on `clock` (which outlives the source host's runtimes); `cursors`
-    /// names the durable consumers whose events the ledger checks are kept.
+    /// names the durable consumers whose events the ledger checks are kept; `history` is
+    /// told how far each sweep compacts the change log.
     pub fn new(
         memory: &Memory,
         clock: impl Fn() -> tokio::time::Instant + Clone + Send + Sync + 'static,
         cursors: Vec<String>,
+        history: History,
     ) -> Self {
         let lock = MemoryLock::with_clock(memory.faults.clone(), clock.clone());
         Sweeps {
@@ -46,16 +49,8 @@ impl Sweeps {
             ),
             sweep: memory.sweeper_with_clock(POLICY, clock).fenced_by(lock),
             ledger: SweepLedger::watching(cursors),
-            history: None,
+            history,
         }
-    }
-
-    /// The same, telling `history` how far each sweep compacts the change log (the
-    /// oracle allows a follower compacted past its watermark to put its entries again).
-    #[must_use]
-    pub fn telling(mut self, history: History) -> Self {
-        self.history = Some(history);
-        self
     }
 
     /// Serves one call, telling the ledger.
@@ -187,9 +182,7 @@ impl Sweeps {
             .map(|(row, _)| row.id)
             .collect();
         let lost: Vec<u64> = pending.difference(&still).copied().collect();
-        if let Some(history) = &self.history {
-            history.compacted(swept.first_available);
-        }
+        self.history.compacted(swept.first_available);
         self.ledger.check_sweep(&SweepSeen {
             by,
             now,

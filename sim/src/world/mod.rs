@@ -210,7 +210,7 @@ fn build<'a>(seed: u64, scenario: &Scenario) -> (turmoil::Sim<'a>, Parts, server
         .filter(|f| f.kind == Kind::Events && f.persisted())
         .map(|f| f.name.clone())
         .collect();
-    let sweeps = Sweeps::new(&memory, clock, cursors).telling(history.clone());
+    let sweeps = Sweeps::new(&memory, clock, cursors, history.clone());
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .simulation_duration(
