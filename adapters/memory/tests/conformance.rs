@@ -124,16 +124,12 @@ async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_waterm
     tidemark::Source::put(&source, "early", b"e".to_vec())
         .await
         .unwrap();
-    let backup = std::sync::Arc::new(std::sync::Mutex::new(None));
-    let (taken, kept) = (backup.clone(), backup.clone());
-    let (backed_up, restored) = (source.clone(), source.clone());
+    let backup = source.backup();
+    let restored = source.clone();
     c::a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark(
         source,
         || async move {
-            *taken.lock().unwrap() = Some(backed_up.backup());
-        },
-        || async move {
-            restored.restore(kept.lock().unwrap().as_ref().unwrap());
+            restored.restore(&backup);
             restored
         },
         |source: MemorySource, below| async move {

@@ -144,15 +144,12 @@ async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_waterm
     let (_dir, path, db) = common::fresh().await;
     db.source().put("early", b"e".to_vec()).await.unwrap();
     let backup = path.with_file_name("backup.db");
-    let copy = backup.clone();
+    rusqlite::Connection::open(&path)
+        .unwrap()
+        .execute("VACUUM INTO ?1", [backup.to_str().unwrap()])
+        .unwrap();
     c::a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark(
         db.source(),
-        || async move {
-            rusqlite::Connection::open(&path)
-                .unwrap()
-                .execute("VACUUM INTO ?1", [copy.to_str().unwrap()])
-                .unwrap();
-        },
         || async move { SqliteDb::open(&backup).await.unwrap().source() },
         |source: tidemark_sqlite::SqliteSource, below| async move {
             source.compact_below(below).await.unwrap();

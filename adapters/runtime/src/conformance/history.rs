@@ -139,38 +139,31 @@ where
     );
 }
 
-/// A persisted follower is stopped at watermark W over a source that was backed up (by
-/// `back_up`) before the follower's history was written; `restore` puts the backup back
-/// and returns a handle on the restored source, whose next writes take the replaced
-/// history's seqs with other values — the same keys at the same seqs. The restored source
-/// is written well past W and `compact(seq)` compacts its change log below its head, so
-/// nothing at W is left to tell the two histories apart by stamp. The follower restarts
-/// warm and its cache becomes the restored source's exactly: its resync puts every entry
-/// again rather than passing over a key it holds at the same seq (a value of the replaced
-/// history would stay for good).
+/// A persisted follower is stopped at watermark W over a source backed up before the
+/// body began (so below W); `restore` puts the backup back and returns a handle on the
+/// restored source, whose next writes take the replaced history's seqs with other values
+/// — the same keys at the same seqs. The restored source is written past W and
+/// `compact(seq)` compacts its change log below its head, so nothing at W is left to tell
+/// the two histories apart by stamp. The follower restarts warm and its cache becomes the
+/// restored source's exactly: its resync puts every entry again rather than passing over
+/// a key it holds at the same seq (a value of the replaced history would stay for good).
 pub async fn a_restarted_follower_takes_a_restored_history_compacted_past_its_watermark<
     S,
-    B,
-    BFut,
     R,
     RFut,
     C,
     CFut,
 >(
     source: S,
-    back_up: B,
     restore: R,
     compact: C,
 ) where
     S: Source + Feed + Clone + 'static,
-    B: FnOnce() -> BFut,
-    BFut: Future<Output = ()>,
     R: FnOnce() -> RFut,
     RFut: Future<Output = S>,
     C: FnOnce(S, u64) -> CFut,
     CFut: Future<Output = ()>,
 {
-    back_up().await;
     let (handle, reader, _) = follow_the_first_history(&source).await;
     let before: Status = handle.stop_within(Duration::from_secs(10)).await.unwrap();
 
