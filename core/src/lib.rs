@@ -61,6 +61,8 @@
 //! - [`Event`]: the announcement wire format; [`Entry`] and [`Op`]: what feeds deliver.
 //! - [`Decode`]: the user's value decoder, with an error type of their choosing.
 //! - [`BackoffPolicy`] and [`Backoff`]: exponential, jittered, capped, reset when healthy.
+//! - [`Probes`]: when a follower that backs off asks whether its source answers again,
+//!   and when an answer means a stalled path is back ([`Input::Resumed`]).
 //! - [`AnnouncePlan`] and [`AnnounceReport`]: the writer's three fail-soft legs.
 //! - [`Job`], [`Schedule`] and [`RestartPolicy`].
 #![forbid(unsafe_code)]
@@ -79,6 +81,7 @@ mod job;
 mod limits;
 mod lineage;
 mod prefix;
+mod probe;
 mod restart;
 mod retention;
 mod rng;
@@ -102,6 +105,7 @@ pub use limits::{
 };
 pub use lineage::Lineage;
 pub use prefix::KeyPrefix;
+pub use probe::{ProbePolicy, Probed, Probes};
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};
 pub use rng::Rng;

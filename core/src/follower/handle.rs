@@ -145,6 +145,11 @@ impl<D: Decode> Follower<D> {
                 self.timers.expedite(now);
                 self.handle_timeout(now);
             }
+            Input::Resumed => {
+                self.counters.resumes += 1;
+                self.timers.expedite(now);
+                self.handle_timeout(now);
+            }
             Input::SinkFailed { error } => self.rewind(error, now),
             Input::Stop => self.on_stop(),
         }

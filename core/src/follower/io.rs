@@ -502,6 +502,11 @@ pub enum Input {
     /// follower): whatever waits out a backoff is tried now. The backoffs keep their
     /// attempt counts, so a source that is still away is not hammered.
     Reconnected,
+    /// The path to the source answers again after it stopped answering, with no
+    /// reconnect (a server paused and continued: see [`Probes`](crate::Probes)): as
+    /// [`Reconnected`](Self::Reconnected), whatever waits out a backoff is tried now, and
+    /// it is counted ([`Counters::resumes`](crate::Counters::resumes)).
+    Resumed,
     /// The sink could not take or commit what was applied since the last
     /// [`Follower::commit`](crate::Follower::commit): the follower goes back to that point (watermark, keys,
     /// readiness), closes its feed and reopens it after the failure backoff, so every

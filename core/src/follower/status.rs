@@ -56,6 +56,9 @@ pub struct Counters {
     /// Entries (and warm-start keys) passed because their key is outside the follower's
     /// prefix ([`Follower::within`](crate::Follower::within)).
     pub outside: u64,
+    /// Times the path to the source answered again after a stall with no reconnect
+    /// ([`Input::Resumed`](crate::Input::Resumed)), each a reason to retry at once.
+    pub resumes: u64,
 }
 
 /// Everything an operator wants to see of one follower.

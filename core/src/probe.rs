@@ -1,0 +1,337 @@
+//! Where a follower that backs off decides to ask whether its source answers again, and
+//! what the answers mean.
+//!
+//! A reconnect of the client beneath a source ends a backoff grown during an outage
+//! ([`Input::Reconnected`](crate::Input::Reconnected)). A server that stalls and goes on
+//! (a process paused and continued, a link that held its packets) gives no reconnect: the
+//! connection never dropped. So while a follower backs off, its driver sends a cheap
+//! question down the same path now and then (a probe: it changes nothing on the server),
+//! and an answer after a probe that went unanswered means the path stalled and is back:
+//! [`Probed::Resumed`], which the driver reports as
+//! [`Input::Resumed`](crate::Input::Resumed). An answer with none missed before says
+//! nothing: the backoff has another cause (a bucket that is missing, a refused request),
+//! which probing must not turn into a tight loop.
+//!
+//! Probes are bounded: one out at a time, one sent per [`ProbePolicy::interval`] at most,
+//! each given up after [`ProbePolicy::timeout`], and only while the follower has more
+//! than an interval left to wait (a retry due sooner is its own probe).
+
+use std::time::Duration;
+
+use crate::error::ConfigError;
+use crate::time::Time;
+
+/// How often and how long a follower that backs off probes its source.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProbePolicy {
+    interval: Duration,
+    timeout: Duration,
+}
+
+impl Default for ProbePolicy {
+    /// A probe every 500 ms at most, each given up after 1 s: a source that stalls is
+    /// asked about once a second, and one that comes back is noticed within about a
+    /// second.
+    fn default() -> Self {
+        ProbePolicy {
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+impl ProbePolicy {
+    /// A validated policy: both durations positive.
+    pub fn new(interval: Duration, timeout: Duration) -> Result<Self, ConfigError> {
+        if interval.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "probe interval",
+            });
+        }
+        if timeout.is_zero() {
+            return Err(ConfigError::ZeroDuration {
+                field: "probe timeout",
+            });
+        }
+        Ok(ProbePolicy { interval, timeout })
+    }
+
+    /// The shortest time between the starts of two probes.
+    #[must_use]
+    pub fn interval(&self) -> Duration {
+        self.interval
+    }
+
+    /// How long a probe may go unanswered before it counts as missed.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+}
+
+/// What a probe's outcome means.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probed {
+    /// Nothing to act on: the path answers as it did, or still does not.
+    Nothing,
+    /// The source answered after a probe went unanswered: the path stalled and is back.
+    /// Whatever waits out a backoff may be tried now.
+    Resumed,
+}
+
+/// The probes of one follower: when to send one, and what each outcome means. Getters
+/// and [`poll_probe`](Self::poll_probe) / [`poll_timeout`](Self::poll_timeout) tell the
+/// driver what to do; [`handle_answer`](Self::handle_answer),
+/// [`handle_missed`](Self::handle_missed) and [`reset`](Self::reset) report what happened.
+///
+/// The driver calls [`poll_probe`](Self::poll_probe) whenever its follower's state may
+/// have changed, with the time the follower waits until (`None` when it is not backing
+/// off); it sends a probe when told to, gives it up at the deadline it was given, and
+/// wakes at [`poll_timeout`](Self::poll_timeout) to ask again.
+#[derive(Clone, Debug)]
+pub struct Probes {
+    policy: ProbePolicy,
+    /// The deadline of the probe that is out.
+    out: Option<Time>,
+    /// When the last probe was sent.
+    sent: Option<Time>,
+    /// A probe went unanswered since the last answer.
+    missed: bool,
+}
+
+impl Probes {
+    /// No probe out, none missed.
+    #[must_use]
+    pub fn new(policy: ProbePolicy) -> Self {
+        Probes {
+            policy,
+            out: None,
+            sent: None,
+            missed: false,
+        }
+    }
+
+    /// The policy.
+    #[must_use]
+    pub fn policy(&self) -> ProbePolicy {
+        self.policy
+    }
+
+    /// The deadline of the probe that is out, if one is.
+    #[must_use]
+    pub fn out(&self) -> Option<Time> {
+        self.out
+    }
+
+    /// Whether a probe went unanswered since the last answer.
+    #[must_use]
+    pub fn missed(&self) -> bool {
+        self.missed
+    }
+
+    /// Whether to send a probe at `now`, for a follower that waits until `retry_at`
+    /// (`None`: it is not backing off). `Some(deadline)`: send one and give it up at
+    /// `deadline` ([`handle_missed`](Self::handle_missed)); it counts as out from now.
+    ///
+    /// A follower that no longer backs off has what it needed: a probe out is forgotten
+    /// (the driver drops it), and so is a probe missed before, since a retry that
+    /// succeeded says more than any probe.
+    #[must_use]
+    pub fn poll_probe(&mut self, now: Time, retry_at: Option<Time>) -> Option<Time> {
+        let Some(retry_at) = retry_at else {
+            self.reset();
+            return None;
+        };
+        if self.out.is_some() || self.due(retry_at).is_none_or(|due| due > now) {
+            return None;
+        }
+        if retry_at.saturating_since(now) <= self.policy.interval {
+            return None;
+        }
+        let deadline = now.saturating_add(self.policy.timeout);
+        self.out = Some(deadline);
+        self.sent = Some(now);
+        Some(deadline)
+    }
+
+    /// When the next probe may be sent, for a follower that waits until `retry_at`:
+    /// `None` while one is out (its deadline is the driver's to keep), or when the retry
+    /// is due within an interval of that time anyway.
+    #[must_use]
+    pub fn poll_timeout(&self, retry_at: Option<Time>) -> Option<Time> {
+        let retry_at = retry_at?;
+        if self.out.is_some() {
+            return None;
+        }
+        self.due(retry_at)
+    }
+
+    fn due(&self, retry_at: Time) -> Option<Time> {
+        let due = self
+            .sent
+            .map_or(Time::ZERO, |s| s.saturating_add(self.policy.interval));
+        (retry_at.saturating_since(due) > self.policy.interval).then_some(due)
+    }
+
+    /// The probe that was out was answered at `now` (whatever the server said: an answer
+    /// shows the path works). [`Probed::Resumed`] if one went unanswered before it.
+    #[must_use]
+    pub fn handle_answer(&mut self, _now: Time) -> Probed {
+        if self.out.take().is_none() {
+            return Probed::Nothing;
+        }
+        if std::mem::take(&mut self.missed) {
+            Probed::Resumed
+        } else {
+            Probed::Nothing
+        }
+    }
+
+    /// The probe that was out failed at `now`, or reached its deadline unanswered (the
+    /// driver gives it up). The next answer will mean the path is back.
+    pub fn handle_missed(&mut self, _now: Time) {
+        if self.out.take().is_some() {
+            self.missed = true;
+        }
+    }
+
+    /// Forgets the probe out and any missed: the path is known to be back another way (a
+    /// reconnect, a retry that got through). The pacing of sends is kept.
+    pub fn reset(&mut self) {
+        self.out = None;
+        self.missed = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    fn at(ms: u64) -> Time {
+        Time::ZERO.saturating_add(MS * u32::try_from(ms).unwrap())
+    }
+
+    #[test]
+    fn an_answer_after_a_missed_probe_resumes_once() {
+        let mut p = Probes::new(ProbePolicy::default());
+        let retry_at = Some(at(20_000));
+        let deadline = p
+            .poll_probe(at(0), retry_at)
+            .expect("a long wait is probed");
+        assert_eq!(deadline, at(1_000));
+        assert_eq!(
+            p.poll_probe(at(10), retry_at),
+            None,
+            "one probe out at a time"
+        );
+        p.handle_missed(deadline);
+        assert!(p.missed());
+        let deadline = p.poll_probe(at(1_000), retry_at).expect("the next is due");
+        assert_eq!(p.handle_answer(at(1_100)), Probed::Resumed);
+        let _ = deadline;
+        assert!(p.poll_probe(at(1_500), retry_at).is_some());
+        assert_eq!(
+            p.handle_answer(at(1_501)),
+            Probed::Nothing,
+            "the path was already back: one resume a stall"
+        );
+    }
+
+    #[test]
+    fn answers_with_none_missed_never_resume() {
+        // A follower that backs off because its bucket is missing: the server answers
+        // every probe, and probing must not cut that backoff short.
+        let mut p = Probes::new(ProbePolicy::default());
+        let retry_at = Some(at(30_000));
+        let mut now = at(0);
+        while let Some(due) = p.poll_timeout(retry_at) {
+            now = now.max(due);
+            assert!(p.poll_probe(now, retry_at).is_some());
+            assert_eq!(p.handle_answer(now), Probed::Nothing);
+        }
+        assert!(now <= at(30_000));
+    }
+
+    #[test]
+    fn a_retry_due_within_an_interval_is_not_probed() {
+        let mut p = Probes::new(ProbePolicy::default());
+        assert_eq!(p.poll_probe(at(0), Some(at(400))), None);
+        assert_eq!(p.poll_timeout(Some(at(400))), None);
+        assert_eq!(p.poll_probe(at(0), None), None, "not backing off");
+    }
+
+    #[test]
+    fn leaving_the_backoff_forgets_a_missed_probe() {
+        let mut p = Probes::new(ProbePolicy::default());
+        let retry_at = Some(at(20_000));
+        assert!(p.poll_probe(at(0), retry_at).is_some());
+        p.handle_missed(at(1_000));
+        assert_eq!(p.poll_probe(at(1_200), None), None);
+        assert!(
+            !p.missed(),
+            "a retry that got through says the path is back"
+        );
+        assert!(p.poll_probe(at(2_000), retry_at).is_some());
+        assert_eq!(p.handle_answer(at(2_010)), Probed::Nothing);
+    }
+
+    #[test]
+    fn a_late_answer_to_a_probe_given_up_is_ignored() {
+        let mut p = Probes::new(ProbePolicy::default());
+        assert!(p.poll_probe(at(0), Some(at(20_000))).is_some());
+        p.handle_missed(at(1_000));
+        assert_eq!(p.handle_answer(at(1_001)), Probed::Nothing);
+        assert!(p.missed(), "the next probe's answer is the one that counts");
+    }
+
+    proptest! {
+        /// Whatever the outcomes, probes are paced: no two sends closer than the
+        /// interval, never two out at once, none when the retry is within an interval,
+        /// and a resume only after a miss.
+        #[test]
+        fn probes_stay_paced_and_resume_only_after_a_miss(
+            steps in proptest::collection::vec((0u64..3_000, 0u8..4, 0u64..40_000), 1..200)
+        ) {
+            let policy = ProbePolicy::default();
+            let mut p = Probes::new(policy);
+            let mut now = at(0);
+            let mut last_sent: Option<Time> = None;
+            let mut missed_since_answer = false;
+            for (advance, outcome, wait) in steps {
+                now = now.saturating_add(MS * u32::try_from(advance).unwrap());
+                let retry_at = (outcome != 3).then(|| now.saturating_add(MS * u32::try_from(wait).unwrap()));
+                let was_out = p.out().is_some();
+                if let Some(deadline) = p.poll_probe(now, retry_at) {
+                    prop_assert!(!was_out, "two probes out at once");
+                    prop_assert_eq!(deadline, now.saturating_add(policy.timeout()));
+                    let retry_at = retry_at.unwrap();
+                    prop_assert!(retry_at.saturating_since(now) > policy.interval());
+                    if let Some(last) = last_sent {
+                        prop_assert!(now.saturating_since(last) >= policy.interval());
+                    }
+                    last_sent = Some(now);
+                }
+                if retry_at.is_none() {
+                    missed_since_answer = false;
+                }
+                if p.out().is_some() {
+                    match outcome {
+                        0 => {
+                            p.handle_missed(now);
+                            missed_since_answer = true;
+                        }
+                        1 => {
+                            let resumed = p.handle_answer(now) == Probed::Resumed;
+                            prop_assert_eq!(resumed, missed_since_answer);
+                            missed_since_answer = false;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
