@@ -44,6 +44,13 @@ impl Clock {
         Time::from_nanos(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 
+    /// The [`Time`] an instant stands for (the clock's origin for one before it).
+    #[must_use]
+    pub fn time(&self, at: Instant) -> Time {
+        let since = at.saturating_duration_since(self.start);
+        Time::from_nanos(u64::try_from(since.as_nanos()).unwrap_or(u64::MAX))
+    }
+
     /// The instant a [`Time`] stands for.
     #[must_use]
     pub fn instant(&self, t: Time) -> Instant {

@@ -49,6 +49,7 @@ mod jobs;
 mod json;
 mod noop;
 pub mod ports;
+mod probe;
 mod reconnect;
 mod relay;
 mod retention;

@@ -11,7 +11,7 @@ use futures::StreamExt;
 
 use tidemark_core::{
     Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
-    Input, Notice, Output, Phase, Request, Rng, Status, Token,
+    Input, Notice, Output, Phase, ProbePolicy, Probed, Request, Rng, Status, Time, Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -22,6 +22,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
+use crate::probe::Prober;
 use crate::reconnect::Reconnects;
 use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
@@ -107,6 +108,9 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     rng: Rng,
     /// The source's and feed's client reconnects, each a reason to retry at once.
     reconnects: Reconnects,
+    /// Probes of the source while the follower backs off: an answer after a stall is a
+    /// reason to retry at once where no reconnect comes.
+    prober: Prober,
     sink: K,
     clock: Clock,
     stream: Option<(Token, F::Stream)>,
@@ -162,6 +166,7 @@ where
         let status = watch::channel(core.status()).0;
         let seed = core.status().seed;
         let reconnects = Reconnects::new(source.reconnects(), feed.reconnects());
+        let prober = Prober::new(&source, ProbePolicy::default());
         FollowerTask {
             source_name: core.config().name().to_owned(),
             committed: core.watermark(),
@@ -178,6 +183,7 @@ where
             wake_backoff: Backoff::new(BackoffPolicy::default()),
             rng: Rng::new(seed ^ 0x5741_4b45),
             reconnects,
+            prober,
             sink,
             clock: Clock::new(),
             stream: None,
@@ -241,6 +247,7 @@ where
             wake_backoff: self.wake_backoff,
             rng: self.rng,
             reconnects: self.reconnects,
+            prober: self.prober,
             sink: self.sink,
             clock: self.clock,
             stream: self.stream,
@@ -312,6 +319,8 @@ where
                 Phase::BackingOff => self.reconnects.backing_off(Instant::now()),
                 _ => {}
             }
+            self.prober
+                .poll(&self.source, &self.clock, self.clock.now(), self.retry_at());
             let event = self.next_event(&mut stop, commands_open).await;
             if matches!(event, Event::Command(None)) {
                 commands_open = false;
@@ -353,15 +362,34 @@ where
         } else {
             // A restart: whatever waits out a backoff is tried now.
             self.reconnects.acted(Instant::now());
+            self.prober.reset();
             self.core.handle_input(Input::Reconnected, self.clock.now());
         }
         self.runs += 1;
         Ok(())
     }
 
+    /// When a follower that backs off retries next (its backoff's end, or a reconnect's
+    /// deferred retry), `None` when it is not backing off: what its probes are paced by.
+    fn retry_at(&self) -> Option<Time> {
+        if self.core.phase() != Phase::BackingOff {
+            return None;
+        }
+        let deferred = self
+            .reconnects
+            .deferred_until()
+            .map(|at| self.clock.time(at));
+        [self.core.poll_timeout(), deferred]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
     /// Waits for the next thing that happens: a stop, a command, a reconnect, a timeout,
-    /// a wake or a feed item (in that order when several are ready).
+    /// a probe's outcome or due time, a wake or a feed item (in that order when several
+    /// are ready).
     async fn next_event(&mut self, stop: &mut StopSignal, commands_open: bool) -> Event {
+        let probe_due = self.prober.due(&self.clock, self.retry_at());
         let mut deadline = self.core.poll_timeout().map(|t| self.clock.instant(t));
         for at in [self.wake_paused_until, self.reconnects.deferred_until()]
             .into_iter()
@@ -375,12 +403,16 @@ where
         let commands = &mut self.commands;
         let reconnects = &mut self.reconnects;
         let watching = reconnects.watching();
+        let prober = &mut self.prober;
+        let probing = prober.is_out();
         tokio::select! {
             biased;
             () = stop.stopped() => Event::Stop,
             cmd = commands.recv(), if commands_open => Event::Command(cmd),
             () = reconnects.next(), if watching => Event::Reconnected,
             () = sleep_until(deadline), if deadline.is_some() => Event::Timeout,
+            answered = prober.outcome(), if probing => Event::Probed(answered),
+            () = sleep_until(probe_due), if probe_due.is_some() => Event::ProbeDue,
             received = recv_wake(wake), if listening => Event::Wake(received),
             item = next_item(stream), if stream.is_some() => Event::Feed(item),
         }
@@ -397,11 +429,23 @@ where
                 self.core.handle_input(Input::Wake, now);
             }
             Event::Reconnected => {
+                self.prober.reset();
                 if self.reconnects.arrived(Instant::now()) {
                     debug!(worker = %self.core.config().name(), source = %self.source_name, "client reconnected; retrying now");
                     self.core.handle_input(Input::Reconnected, now);
                 }
             }
+            // Paced as a reconnect is; unlike one, it cuts no request (none was lost).
+            Event::Probed(answered) => {
+                if self.prober.judge(now, answered) == Probed::Resumed
+                    && self.reconnects.arrived(Instant::now())
+                {
+                    debug!(worker = %self.core.config().name(), source = %self.source_name, "source answers again after a stall; retrying now");
+                    self.core.handle_input(Input::Resumed, now);
+                }
+            }
+            // The loop sends the probe that is due.
+            Event::ProbeDue => {}
             Event::Timeout => {
                 if self
                     .wake_paused_until
@@ -473,6 +517,9 @@ enum Event {
     Command(Option<Command>),
     Reconnected,
     Timeout,
+    /// The probe out was answered (`true`), or failed or timed out.
+    Probed(bool),
+    ProbeDue,
     Wake(Result<Received>),
     Feed((Token, Option<Result<FeedItem>>)),
 }

@@ -230,4 +230,18 @@ pub trait Source: Send + Sync {
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         None
     }
+
+    /// A cheap question to the server beneath this source that changes nothing there (a
+    /// JetStream account-info request on NATS): it resolves `Ok` when the server answered,
+    /// whatever it said, and fails when it could not be asked. A follower that backs off
+    /// sends one now and then ([`ProbePolicy`](tidemark_core::ProbePolicy): one out at a
+    /// time, given up after its timeout); an answer after a probe went unanswered means
+    /// the path stalled and is back without a reconnect (a server paused and continued),
+    /// and the follower retries at once
+    /// ([`Input::Resumed`](tidemark_core::Input::Resumed)). The future owns what it needs,
+    /// so it may outlive the call. `None` (the default): nothing to probe (in-process, a
+    /// local file).
+    fn probe(&self) -> Option<impl Future<Output = Result<()>> + Send + 'static> {
+        None::<std::future::Ready<Result<()>>>
+    }
 }

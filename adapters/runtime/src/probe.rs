@@ -1,0 +1,116 @@
+//! The probes a follower task sends while its follower backs off, carried out for the
+//! core's [`Probes`], which decides when to send one and what its outcome means: an
+//! answer after a probe went unanswered ends the backoff
+//! ([`Input::Resumed`](tidemark_core::Input::Resumed)) where no reconnect will (a server
+//! paused and continued keeps its connections). Unlike a reconnect, a resume cuts no
+//! request that is out: nothing was lost with the connection, and a read that waited
+//! through the stall gets its answer.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use tidemark_core::{ProbePolicy, Probed, Probes, Time};
+use tokio::time::Instant;
+
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::ports::Source;
+
+type Probe = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// A follower task's probes: the core's decisions, the probe out and its deadline.
+pub(crate) struct Prober {
+    probes: Probes,
+    /// Whether the source can be probed at all.
+    probing: bool,
+    out: Option<(Probe, Instant)>,
+}
+
+impl std::fmt::Debug for Prober {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prober")
+            .field("probes", &self.probes)
+            .field("probing", &self.probing)
+            .field("out", &self.out.as_ref().map(|(_, deadline)| deadline))
+            .finish()
+    }
+}
+
+impl Prober {
+    /// Probes of `source`, if it can be probed ([`Source::probe`]).
+    pub(crate) fn new(source: &impl Source, policy: ProbePolicy) -> Self {
+        Prober {
+            probes: Probes::new(policy),
+            probing: source.probe().is_some(),
+            out: None,
+        }
+    }
+
+    /// Sends a probe to `source` if one is due at `now` for a follower that waits until
+    /// `retry_at` (`None`: it is not backing off); drops the one out if the core forgot it.
+    pub(crate) fn poll(
+        &mut self,
+        source: &impl Source,
+        clock: &Clock,
+        now: Time,
+        retry_at: Option<Time>,
+    ) {
+        if !self.probing {
+            return;
+        }
+        if let Some(deadline) = self.probes.poll_probe(now, retry_at) {
+            match source.probe() {
+                Some(probe) => self.out = Some((Box::pin(probe), clock.instant(deadline))),
+                None => self.probes.handle_missed(now),
+            }
+        }
+        if self.probes.out().is_none() {
+            self.out = None;
+        }
+    }
+
+    /// When the next probe is due, for a follower that waits until `retry_at`.
+    pub(crate) fn due(&self, clock: &Clock, retry_at: Option<Time>) -> Option<Instant> {
+        if !self.probing {
+            return None;
+        }
+        self.probes.poll_timeout(retry_at).map(|t| clock.instant(t))
+    }
+
+    /// Whether a probe is out.
+    pub(crate) fn is_out(&self) -> bool {
+        self.out.is_some()
+    }
+
+    /// Resolves when the probe out is answered (`true`) or fails or reaches its deadline
+    /// (`false`); never without one. Cancel-safe: the probe stays out until it resolves.
+    pub(crate) async fn outcome(&mut self) -> bool {
+        let Some((probe, deadline)) = &mut self.out else {
+            return std::future::pending().await;
+        };
+        let answered = tokio::select! {
+            biased;
+            result = probe => result.is_ok(),
+            () = tokio::time::sleep_until(*deadline) => false,
+        };
+        self.out = None;
+        answered
+    }
+
+    /// What an outcome [`outcome`](Self::outcome) gave at `now` means.
+    pub(crate) fn judge(&mut self, now: Time, answered: bool) -> Probed {
+        if answered {
+            self.probes.handle_answer(now)
+        } else {
+            self.probes.handle_missed(now);
+            Probed::Nothing
+        }
+    }
+
+    /// The path is known to be back another way (a reconnect, a restart): the probe out
+    /// is dropped and a missed one forgotten.
+    pub(crate) fn reset(&mut self) {
+        self.probes.reset();
+        self.out = None;
+    }
+}
