@@ -960,6 +960,12 @@ impl Source for KvBucket {
     fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         crate::reconnects::of(&self.inner.client)
     }
+
+    /// An account-info request to JetStream: answered, even with an error, means the
+    /// server is there (see [`Source::probe`]).
+    fn probe(&self) -> Option<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+        Some(crate::reconnects::probe(&self.inner.context))
+    }
 }
 
 /// The entries of an open KV feed.

@@ -5,11 +5,17 @@
 //! async-nats reports reconnects only to an event callback given before the client
 //! exists, so the counter is made with the callback and found again from the client by
 //! the identity of its statistics, which every clone of a client shares.
+//!
+//! A server that stalls and goes on (paused and continued) keeps the connection, so no
+//! reconnect is reported; [`probe`] is what a follower that backs off asks instead
+//! ([`Source::probe`](tidemark::Source::probe)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use async_nats::{Client, ConnectOptions, Event, Statistics};
+use async_nats::jetstream::context::AccountErrorKind;
+use async_nats::{Client, ConnectOptions, Event, Statistics, jetstream};
+use tidemark::{Error, Result};
 use tokio::sync::watch;
 
 /// The clients whose reconnects are counted. Entries of dropped clients are pruned on
@@ -49,6 +55,30 @@ pub(crate) fn of(client: &Client) -> Option<watch::Receiver<u64>> {
     live_match(&counted, Arc::as_ptr(&stats)).cloned()
 }
 
+/// A probe of the JetStream API behind `context`: an account-info request, which changes
+/// nothing on the server and costs it little. `Ok` when JetStream answered, even with an
+/// error; a failure when it did not (no answer, no responders, a client that cannot send).
+/// It takes no timeout of its own: the follower gives it up at its probe deadline.
+pub(crate) fn probe(
+    context: &jetstream::Context,
+) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+    let context = context.clone();
+    async move {
+        match context.query_account().await {
+            Ok(_) => Ok(()),
+            Err(e) if answered(&e.kind()) => Ok(()),
+            Err(e) => Err(Error::unavailable("source", e.to_string())),
+        }
+    }
+}
+
+/// Whether an account-info request that failed with `kind` was answered by JetStream: an
+/// API error is an answer (the path works); no responders (JetStream not up yet after a
+/// restart), a timeout or a client that could not send is none.
+fn answered(kind: &AccountErrorKind) -> bool {
+    matches!(kind, AccountErrorKind::JetStream(_))
+}
+
 /// The value of the entry whose referent is alive and is `target`.
 ///
 /// An entry whose client is gone never matches, whatever its address: only a live
@@ -73,6 +103,28 @@ mod tests {
     #[derive(Debug, Default)]
     struct Stats {
         _n: u64,
+    }
+
+    #[test]
+    fn only_an_api_answer_counts_as_answered() {
+        let api_error: async_nats::jetstream::Error = serde_json::from_str(
+            r#"{"code":503,"err_code":10039,"description":"jetstream not enabled for account"}"#,
+        )
+        .expect("an API error");
+        assert!(
+            answered(&AccountErrorKind::JetStream(api_error)),
+            "an API error is an answer: the path to the server works"
+        );
+        for none in [
+            AccountErrorKind::TimedOut,
+            AccountErrorKind::JetStreamUnavailable,
+            AccountErrorKind::Other,
+        ] {
+            assert!(
+                !answered(&none),
+                "{none:?} is no answer: a follower must not take it for a path that is back"
+            );
+        }
     }
 
     #[test]

@@ -1120,6 +1120,80 @@ async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
         .unwrap();
 }
 
+/// A server paused (SIGSTOP) and continued keeps its connections: the client never
+/// reconnects, so no reconnect ends the backoff the follower grew while the server was
+/// stopped (issue 26, campaign seed 9063). Its probes do: one goes unanswered while the
+/// server is stopped, the next is answered once it runs on, and the follower reopens its
+/// feed at once although its backoff (one minute here, as after many failures) has far to
+/// run. Before the probes it waited that minute out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_paused_and_continued_ends_the_feed_backoff_without_a_reconnect() {
+    let mut server = server().await;
+    let admin = client(&server).await;
+    let store = create_bucket(&admin, "paused", 1, 1).await;
+    store.put("before", Bytes::from_static(b"1")).await.unwrap();
+    let minute = BackoffPolicy::new(
+        Duration::from_secs(60),
+        2.0,
+        Duration::from_secs(60),
+        Duration::from_secs(600),
+        0.0,
+    )
+    .unwrap();
+    let config = FollowerConfig::builder("paused")
+        .failure_backoff(minute)
+        .end_backoff(minute)
+        .build()
+        .unwrap();
+    let bucket = KvBucket::new(
+        NatsOptions::new([server.url()]).connect().await.unwrap(),
+        "paused",
+    )
+    .unwrap();
+    let reconnects = Source::reconnects(&bucket).expect("a client that counts reconnects");
+    let (cache, handle) = spawn_cache(config, Utf8, bucket.clone(), bucket);
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+
+    server.pause().unwrap();
+    // The feed's heartbeats stop: it fails and the follower backs off for a minute; its
+    // probes meanwhile go unanswered.
+    wait_until(
+        WAIT,
+        "the follower backs off while the server is stopped",
+        || handle.status().phase == Phase::BackingOff,
+    )
+    .await;
+    let reopens = handle.status().counters.reopens;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    server.resume().unwrap();
+    let continued = std::time::Instant::now();
+    store.put("after", Bytes::from_static(b"2")).await.unwrap();
+
+    wait_until(
+        WAIT,
+        "the follower reopens its feed and catches up once the server answers again,          well within its one-minute backoff",
+        || cache.get("after").as_deref().map(String::as_str) == Some("2"),
+    )
+    .await;
+    let status = handle.status();
+    assert!(
+        status.counters.resumes >= 1,
+        "the backoff must have been ended by the server answering again (resumes {},          caught up {:?} after SIGCONT)",
+        status.counters.resumes,
+        continued.elapsed()
+    );
+    assert!(status.counters.reopens > reopens);
+    assert_eq!(
+        *reconnects.borrow(),
+        0,
+        "the client never reconnected: a pause keeps the connection, so only the probes          can have ended the backoff"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
 /// A sink whose first commits take a while (a durable store's transaction over a big
 /// batch), recording into a [`Record`].
 struct SlowCommits {
