@@ -13,15 +13,17 @@
 //!
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
-//!     [--seed N] [--phase-secs S] [--markers] [--verbose]
+//!     [--seed N] [--phase-secs S] [--no-markers] [--verbose]
 //! ```
 //!
 //! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
 //! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
 //! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
-//! seed, its schedule and the command that replays it; the exit code is 1. `--markers`
-//! (or `TIDEMARK_CAMPAIGN_MARKERS=1`) has the writers announce one put in eight as a bare
-//! mutation marker, off by default (the defect it showed is fixed: CHANGELOG). `RUST_LOG`
+//! seed, its schedule and the command that replays it; the exit code is 1. The writers
+//! announce one put in eight as a bare mutation marker, racing the overwrites and removals
+//! of its key (the defect that showed is fixed: CHANGELOG); `--no-markers` (or
+//! `TIDEMARK_CAMPAIGN_MARKERS=0`) announces every put with its value, as the campaign did
+//! before markers were on by default (`--markers` is accepted and is the default). `RUST_LOG`
 //! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
@@ -77,7 +79,7 @@ fn parse() -> Result<Args, String> {
         start_seed: 1,
         phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?
             .unwrap_or(DEFAULT_PHASE_SECS),
-        markers: env("MARKERS").is_some_and(|v| v == "1"),
+        markers: env("MARKERS").is_none_or(|v| v != "0"),
         verbose: false,
         nothing: false,
     };
@@ -93,6 +95,7 @@ fn parse() -> Result<Args, String> {
             "--phase-secs" => args.phase_secs = value("--phase-secs")?,
             "--verbose" => args.verbose = true,
             "--markers" => args.markers = true,
+            "--no-markers" => args.markers = false,
             "--list" | "--ignored" => args.nothing = true,
             // What cargo test passes on to every test binary.
             a if a.starts_with('-') => {}
@@ -166,12 +169,13 @@ async fn campaign(args: Args) -> ExitCode {
     let load = loadavg();
     let started = Instant::now();
     println!(
-        "nats_campaign: seeds from {first}, {}, fault phase {}s per round (load {load})",
+        "nats_campaign: seeds from {first}, {}, fault phase {}s per round, markers {} (load {load})",
         match args.minutes {
             Some(m) => format!("for {m} min"),
             None => format!("{rounds} round(s)"),
         },
-        args.phase_secs
+        args.phase_secs,
+        if args.markers { "on" } else { "off" },
     );
     checker::self_check();
     let mut totals = Totals::default();
@@ -274,7 +278,7 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
              --phase-secs {phase_secs}{}",
-            if markers { " --markers" } else { "" }
+            if markers { "" } else { " --no-markers" }
         );
     }
 }

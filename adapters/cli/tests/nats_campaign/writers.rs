@@ -4,9 +4,8 @@
 //! (a killed or stopped server) is read back once the server answers, so the ledger is
 //! exact either way. Each acknowledged write is then announced on the round's events
 //! stream (fire and forget, as a writer's announcement is: one lost with a killed server
-//! is the crash window a reconcile closes); with `--markers`, one put in eight as a bare
-//! mutation marker (off by default: see the README's campaign note for the open defect
-//! markers show).
+//! is the crash window a reconcile closes); one put in eight as a bare mutation marker
+//! unless `--no-markers` is given.
 
 use std::collections::HashMap;
 use std::time::Duration;
