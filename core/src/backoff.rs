@@ -160,6 +160,8 @@ pub struct Backoff {
     policy: BackoffPolicy,
     attempt: u32,
     healthy_since: Option<Time>,
+    /// The outage that grew the count is over: the next success forgets it.
+    outage_over: bool,
 }
 
 impl Backoff {
@@ -170,6 +172,7 @@ impl Backoff {
             policy,
             attempt: 0,
             healthy_since: None,
+            outage_over: false,
         }
     }
 
@@ -188,7 +191,21 @@ impl Backoff {
     /// Things work as of `now` (a feed opened, a request succeeded). If they keep working
     /// for the policy's reset period, the next failure starts from the first delay.
     pub fn healthy(&mut self, now: Time) {
+        if std::mem::take(&mut self.outage_over) {
+            self.attempt = 0;
+        }
         self.healthy_since.get_or_insert(now);
+    }
+
+    /// The outage that grew the count is over (the client reconnected, the source answers
+    /// again): the next success ([`healthy`](Self::healthy)) forgets the failures before
+    /// it at once, not after the reset period, so a failure soon after the source came
+    /// back is not spaced by a backoff the outage grew. Failures before that success
+    /// still count: a source that is still away is not hammered.
+    pub fn outage_over(&mut self) {
+        if self.attempt > 0 {
+            self.outage_over = true;
+        }
     }
 
     /// A failure at `now`: the delay to wait before the next attempt, jittered by `rng`.
@@ -207,12 +224,35 @@ impl Backoff {
     pub fn reset(&mut self) {
         self.attempt = 0;
         self.healthy_since = None;
+        self.outage_over = false;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_success_after_an_outage_forgets_its_failures_and_failures_before_it_count() {
+        let mut rng = Rng::new(1);
+        let mut b = Backoff::new(BackoffPolicy::default());
+        for _ in 0..5 {
+            let _ = b.next_delay(Time::ZERO, &mut rng);
+        }
+        b.outage_over();
+        let _ = b.next_delay(Time::ZERO, &mut rng);
+        assert_eq!(b.attempt(), 6, "a failure before any success still counts");
+        b.healthy(Time::ZERO);
+        assert_eq!(b.attempt(), 0, "the first success forgets the outage");
+        let _ = b.next_delay(Time::ZERO, &mut rng);
+        let _ = b.next_delay(Time::ZERO, &mut rng);
+        b.healthy(Time::ZERO);
+        assert_eq!(
+            b.attempt(),
+            2,
+            "once: a success without a new outage over waits for the reset period"
+        );
+    }
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)

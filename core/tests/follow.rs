@@ -242,6 +242,51 @@ fn a_reconnect_ends_the_backoff_at_once_and_keeps_its_attempt_count() {
     assert_eq!(next, attempt + 1, "a source still away is not hammered");
 }
 
+/// Campaign seed 9063: a follower whose backoff grew over two server kills reopened
+/// after the last reconnect, then its feed failed once more as the server came back from a
+/// pause (what was open across the stall); that failure waited out 16 s. The first
+/// success after the path came back forgets the outage's failures.
+#[test]
+fn after_a_reconnect_the_first_success_forgets_the_outages_failures() {
+    for back in [Input::Reconnected, Input::Resumed] {
+        let mut h = H::new();
+        h.open(FeedInfo::kv(0, 0));
+        for _ in 0..7 {
+            let token = h.feed.unwrap();
+            h.input(Input::FeedFailed {
+                token,
+                error: "down".into(),
+            });
+            h.run_to_timeout();
+        }
+        let token = h.feed.unwrap();
+        h.input(Input::FeedFailed {
+            token,
+            error: "down".into(),
+        });
+        let outs = h.input(back.clone());
+        assert_eq!(opened_from(&outs), Some(1), "{back:?} retries at once");
+        h.reopen(FeedInfo::kv(0, 0));
+        h.advance(Duration::from_secs(2));
+        let token = h.feed.unwrap();
+        let outs = h.input(Input::FeedFailed {
+            token,
+            error: "what was open across the stall".into(),
+        });
+        let Some(Diagnostic::BackingOff { delay, attempt, .. }) = diagnostics(&outs).pop() else {
+            panic!("backs off: {outs:?}");
+        };
+        assert_eq!(
+            attempt, 1,
+            "after {back:?} and a feed that opened, a failure starts the backoff over"
+        );
+        assert!(
+            delay <= Duration::from_secs(1),
+            "a failure 2 s after the source came back must not wait out the outage's              backoff (SPEC §15), not {delay:?}"
+        );
+    }
+}
+
 #[test]
 fn a_reconnect_with_nothing_waiting_decides_nothing() {
     let mut h = H::new();

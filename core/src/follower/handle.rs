@@ -141,18 +141,24 @@ impl<D: Decode> Follower<D> {
             }
             Input::RequestFailed { token, error } => self.on_request_failed(token, error, now),
             Input::Wake => self.on_wake(),
-            Input::Reconnected => {
-                self.timers.expedite(now);
-                self.handle_timeout(now);
-            }
+            Input::Reconnected => self.on_path_back(now),
             Input::Resumed => {
                 self.counters.resumes += 1;
-                self.timers.expedite(now);
-                self.handle_timeout(now);
+                self.on_path_back(now);
             }
             Input::SinkFailed { error } => self.rewind(error, now),
             Input::Stop => self.on_stop(),
         }
+    }
+
+    /// The path to the source is back: what waits out a backoff is tried now, and the
+    /// first success forgets the failures of the outage (a failure soon after, of what
+    /// was open across it, must not wait out a backoff the outage grew).
+    fn on_path_back(&mut self, now: Time) {
+        self.backoffs.failure.outage_over();
+        self.backoffs.end.outage_over();
+        self.timers.expedite(now);
+        self.handle_timeout(now);
     }
 
     fn on_source_found(&mut self, token: Token) {

@@ -500,7 +500,9 @@ pub enum Input {
     Wake,
     /// The path to the source is back (the client reconnected, a supervisor restarts the
     /// follower): whatever waits out a backoff is tried now. The backoffs keep their
-    /// attempt counts, so a source that is still away is not hammered.
+    /// attempt counts until something succeeds, so a source that is still away is not
+    /// hammered; the first success then forgets the outage's failures
+    /// ([`Backoff::outage_over`](crate::Backoff::outage_over)).
     Reconnected,
     /// The path to the source answers again after it stopped answering, with no
     /// reconnect (a server paused and continued: see [`Probes`](crate::Probes)): as
