@@ -142,10 +142,7 @@ impl Probes {
             self.reset();
             return None;
         };
-        if self.out.is_some() || self.due(retry_at).is_none_or(|due| due > now) {
-            return None;
-        }
-        if retry_at.saturating_since(now) <= self.policy.interval {
+        if self.out.is_some() || self.due(now, retry_at) != Some(now) {
             return None;
         }
         let deadline = now.saturating_add(self.policy.timeout);
@@ -154,22 +151,24 @@ impl Probes {
         Some(deadline)
     }
 
-    /// When the next probe may be sent, for a follower that waits until `retry_at`:
-    /// `None` while one is out (its deadline is the driver's to keep), or when the retry
-    /// is due within an interval of that time anyway.
+    /// When the next probe may be sent (`now` at the earliest), for a follower that
+    /// waits until `retry_at`: `None` while one is out (its deadline is the driver's to
+    /// keep), or when the retry is due within an interval of that time anyway. At the
+    /// time it returns, [`poll_probe`](Self::poll_probe) with the same `retry_at` sends
+    /// one: a driver that wakes then never finds nothing to do.
     #[must_use]
-    pub fn poll_timeout(&self, retry_at: Option<Time>) -> Option<Time> {
-        let retry_at = retry_at?;
+    pub fn poll_timeout(&self, now: Time, retry_at: Option<Time>) -> Option<Time> {
         if self.out.is_some() {
             return None;
         }
-        self.due(retry_at)
+        self.due(now, retry_at?)
     }
 
-    fn due(&self, retry_at: Time) -> Option<Time> {
-        let due = self
+    fn due(&self, now: Time, retry_at: Time) -> Option<Time> {
+        let paced = self
             .sent
-            .map_or(Time::ZERO, |s| s.saturating_add(self.policy.interval));
+            .map_or(now, |s| s.saturating_add(self.policy.interval));
+        let due = paced.max(now);
         (retry_at.saturating_since(due) > self.policy.interval).then_some(due)
     }
 
@@ -247,8 +246,8 @@ mod tests {
         let mut p = Probes::new(ProbePolicy::default());
         let retry_at = Some(at(30_000));
         let mut now = at(0);
-        while let Some(due) = p.poll_timeout(retry_at) {
-            now = now.max(due);
+        while let Some(due) = p.poll_timeout(now, retry_at) {
+            now = due;
             assert!(p.poll_probe(now, retry_at).is_some());
             assert_eq!(p.handle_answer(now), Probed::Nothing);
         }
@@ -259,7 +258,7 @@ mod tests {
     fn a_retry_due_within_an_interval_is_not_probed() {
         let mut p = Probes::new(ProbePolicy::default());
         assert_eq!(p.poll_probe(at(0), Some(at(400))), None);
-        assert_eq!(p.poll_timeout(Some(at(400))), None);
+        assert_eq!(p.poll_timeout(at(0), Some(at(400))), None);
         assert_eq!(p.poll_probe(at(0), None), None, "not backing off");
     }
 
@@ -287,7 +286,44 @@ mod tests {
         assert!(p.missed(), "the next probe's answer is the one that counts");
     }
 
+    #[test]
+    fn a_due_time_past_is_never_one_with_nothing_to_send() {
+        // Woken late, with the retry now within an interval: no due time in the past
+        // (a driver would wake at once, find nothing to send, and spin).
+        let mut p = Probes::new(ProbePolicy::default());
+        let retry_at = Some(at(2_000));
+        assert!(p.poll_probe(at(0), retry_at).is_some());
+        assert_eq!(p.handle_answer(at(10)), Probed::Nothing);
+        assert_eq!(p.poll_timeout(at(10), retry_at), Some(at(500)));
+        assert_eq!(p.poll_timeout(at(1_600), retry_at), None);
+        assert_eq!(p.poll_probe(at(1_600), retry_at), None);
+    }
+
     proptest! {
+        /// Whenever a due time is given, asking at that time (or later, with the due time
+        /// asked again) sends a probe: the driver is never woken for nothing.
+        #[test]
+        fn a_due_time_always_sends(
+            steps in proptest::collection::vec((0u64..3_000, any::<bool>(), 0u64..40_000), 1..100)
+        ) {
+            let mut p = Probes::new(ProbePolicy::default());
+            let mut now = at(0);
+            for (advance, answered, wait) in steps {
+                now = now.saturating_add(MS * u32::try_from(advance).unwrap());
+                let retry_at = Some(now.saturating_add(MS * u32::try_from(wait).unwrap()));
+                if let Some(due) = p.poll_timeout(now, retry_at) {
+                    prop_assert!(due >= now, "a due time in the past");
+                    prop_assert!(p.poll_probe(due, retry_at).is_some(), "woken for nothing at {due:?}");
+                    now = due;
+                    if answered {
+                        let _ = p.handle_answer(now);
+                    } else {
+                        p.handle_missed(now);
+                    }
+                }
+            }
+        }
+
         /// Whatever the outcomes, probes are paced: no two sends closer than the
         /// interval, never two out at once, none when the retry is within an interval,
         /// and a resume only after a miss.

@@ -74,7 +74,9 @@ impl Prober {
         if !self.probing {
             return None;
         }
-        self.probes.poll_timeout(retry_at).map(|t| clock.instant(t))
+        self.probes
+            .poll_timeout(clock.now(), retry_at)
+            .map(|t| clock.instant(t))
     }
 
     /// Whether a probe is out.
