@@ -412,6 +412,10 @@ impl Source for RemoteKv {
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         Source::reconnects(&self.remote)
     }
+
+    fn probe(&self) -> Option<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+        Source::probe(&self.remote)
+    }
 }
 
 /// The bucket's entries from a consumer, as the NATS adapter's `KvStream` hands them on:

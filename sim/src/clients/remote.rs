@@ -2,6 +2,7 @@
 //! other hosts use to reach the source host through turmoil's network.
 
 use std::cell::Cell;
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -39,6 +40,39 @@ pub struct PartReads {
     pub parts: u64,
 }
 
+thread_local! {
+    /// The probes sent on this thread (a run is simulated on one).
+    static PROBES: Cell<ProbeCounts> = const { Cell::new(ProbeCounts { sent: 0, answered: 0, missed: 0, answered_after_miss: 0 }) };
+}
+
+/// Probes of the source host sent by followers' runtimes during a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeCounts {
+    /// Probes sent.
+    pub sent: u32,
+    /// Of them, answered.
+    pub answered: u32,
+    /// Failed, or given up by the follower before an answer (a held link).
+    pub missed: u32,
+    /// Answered when the client's probe before it was missed: the follower heard its
+    /// source again after a stall (what ends its backoff where no reconnect comes).
+    pub answered_after_miss: u32,
+}
+
+fn count_probe(f: impl FnOnce(&mut ProbeCounts)) {
+    PROBES.with(|p| {
+        let mut counts = p.get();
+        f(&mut counts);
+        p.set(counts);
+    });
+}
+
+/// The probes sent on this thread since the last call.
+#[must_use]
+pub fn take_probe_counts() -> ProbeCounts {
+    PROBES.replace(ProbeCounts::default())
+}
+
 /// The snapshots read in parts on this thread since the last call.
 #[must_use]
 pub fn take_part_reads() -> PartReads {
@@ -71,11 +105,17 @@ pub struct Remote {
 
 /// What a client knows of its link to the source host: whether its last connection
 /// attempt failed, and how often it got through again after one did. Like a NATS client,
-/// it tells its followers of each reconnect ([`Source::reconnects`]).
+/// it tells its followers of each reconnect ([`Source::reconnects`]). As a NATS client
+/// keeps its connection through a server paused and continued, a connect that only went
+/// unanswered (a held link) is no failure of the link: its return is no reconnect, and
+/// followers learn of it by their probes ([`Source::probe`]); a refused connect (a
+/// partition, a crashed host) is one.
 #[derive(Debug)]
 struct Link {
     down: AtomicBool,
     reconnects: watch::Sender<u64>,
+    /// The last probe failed or was given up before its answer.
+    probe_missed: AtomicBool,
 }
 
 impl Default for Link {
@@ -83,6 +123,7 @@ impl Default for Link {
         Link {
             down: AtomicBool::new(false),
             reconnects: watch::Sender::new(0),
+            probe_missed: AtomicBool::new(false),
         }
     }
 }
@@ -169,10 +210,7 @@ impl Remote {
                 self.link.failed();
                 Err(unavailable(port, e))
             }
-            Err(_) => {
-                self.link.failed();
-                Err(unavailable(port, "connect timed out"))
-            }
+            Err(_) => Err(unavailable(port, "connect timed out")),
         }
     }
 
@@ -439,6 +477,51 @@ impl Source for Remote {
 
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         Some(self.link.reconnects.subscribe())
+    }
+
+    /// A read of the watermark on a connection of its own: any answer, even a refusal,
+    /// shows the source host is there.
+    fn probe(&self) -> Option<impl Future<Output = Result<()>> + Send + 'static> {
+        /// Counts a probe dropped before its answer as missed.
+        struct Out(Arc<Link>, bool);
+        impl Drop for Out {
+            fn drop(&mut self) {
+                if !self.1 {
+                    self.0.probe_missed.store(true, Ordering::SeqCst);
+                    count_probe(|c| c.missed += 1);
+                }
+            }
+        }
+        let remote = self.clone();
+        Some(async move {
+            count_probe(|c| c.sent += 1);
+            let mut out = Out(Arc::clone(&remote.link), false);
+            let answered = async {
+                let mut frames = remote.dial("probe").await?;
+                wire::write(frames.stream(), &Request::Watermark)
+                    .await
+                    .map_err(|e| unavailable("probe", e))?;
+                frames
+                    .read::<Response>()
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| unavailable("probe", e))
+            }
+            .await;
+            out.1 = true;
+            let after = remote
+                .link
+                .probe_missed
+                .swap(answered.is_err(), Ordering::SeqCst);
+            count_probe(|c| match answered {
+                Ok(()) => {
+                    c.answered += 1;
+                    c.answered_after_miss += u32::from(after);
+                }
+                Err(_) => c.missed += 1,
+            });
+            answered
+        })
     }
 }
 
