@@ -97,7 +97,7 @@ impl Source for Pausable {
     ) -> Option<impl std::future::Future<Output = tidemark::Result<()>> + Send + 'static> {
         let mut paused = self.paused.clone();
         let sent = Arc::clone(&self.sent);
-        self.probes.then(|| async move {
+        self.probes.then_some(async move {
             sent.fetch_add(1, Ordering::SeqCst);
             Self::running(&mut paused).await;
             Ok(())
