@@ -10,6 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tidemark_sim::clients::remote::PartReads;
 use tidemark_sim::scenario::{FaultKind, Scenario, Strategy, plan};
 use tidemark_sim::world::{Outcome, run};
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
 
 /// Simulate tidemark writers, a source host and followers under faults, and check that
 /// every follower converges.
@@ -415,11 +417,24 @@ fn main() -> ExitCode {
     // The library's own logs (a backoff and its cause, a feed opened, a checkpoint that
     // failed) say why a follower did what the trace shows: `SIMLOG=tidemark=debug`.
     if std::env::var_os("SIMLOG").is_some() {
+        // `target=level` pairs and a bare default level (a `Targets` filter): the
+        // simulator's build leaves out the regex an `EnvFilter` needs.
+        let filter = std::env::var("SIMLOG").unwrap_or_default();
+        let filter = match filter.parse::<tracing_subscriber::filter::Targets>() {
+            Ok(filter) => filter,
+            Err(e) => {
+                eprintln!("SIMLOG={filter:?} is not a filter (`target=level,...`): {e}");
+                return ExitCode::from(2);
+            }
+        };
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_env("SIMLOG"))
+            // Every level reaches the filter, which alone decides.
+            .with_max_level(tracing_subscriber::filter::LevelFilter::TRACE)
             .with_timer(SimTime)
             .with_ansi(false)
             .with_writer(std::io::stderr)
+            .finish()
+            .with(filter)
             .init();
     }
     let args = Args::parse();
