@@ -572,124 +572,7 @@ where
     }
 
     pub(super) fn diagnose(&mut self, d: Diagnostic) {
-        let worker = self.core.config().name();
-        let source = &self.source_name;
-        match d {
-            Diagnostic::DecodeFailed { key, seq, error } => {
-                warn!(
-                    worker,
-                    source, key, seq, error, "value failed to decode; skipped"
-                );
-            }
-            Diagnostic::InvalidEntry { seq, key, reason } => {
-                warn!(worker, source, key, seq, ?reason, "invalid entry skipped");
-            }
-            Diagnostic::Gap { expected, got } => {
-                warn!(
-                    worker,
-                    source,
-                    expected,
-                    seq = got,
-                    "gap in a gapless feed; reconciling"
-                );
-            }
-            Diagnostic::SeqRegressed { previous, got } => {
-                debug!(
-                    worker,
-                    source,
-                    previous,
-                    seq = got,
-                    "feed seq went backwards"
-                );
-            }
-            Diagnostic::Compacted {
-                wanted,
-                first_available,
-            } => {
-                warn!(
-                    worker,
-                    source, wanted, first_available, "history compacted; resyncing"
-                );
-            }
-            Diagnostic::BackingOff {
-                cause,
-                attempt,
-                delay,
-                error,
-            } => {
-                warn!(
-                    worker,
-                    source,
-                    ?cause,
-                    attempt,
-                    ?delay,
-                    error,
-                    "backing off"
-                );
-            }
-            Diagnostic::HeadBehind { head, watermark } => {
-                warn!(
-                    worker,
-                    source, head, watermark, "feed head below the watermark; resyncing"
-                );
-            }
-            Diagnostic::SourceReset {
-                watermark,
-                source_watermark,
-            } => {
-                warn!(
-                    worker,
-                    source,
-                    watermark,
-                    source_watermark,
-                    "the source is a new history (recreated or restored); cache replaced"
-                );
-            }
-            Diagnostic::HistoryChanged {
-                watermark,
-                held,
-                read,
-            } => {
-                warn!(
-                    worker,
-                    source,
-                    watermark,
-                    ?held,
-                    ?read,
-                    "the source serves another history than the one followed (recreated, or restored and written past the watermark); taking the new one"
-                );
-            }
-            Diagnostic::FeedOfAnotherHistory {
-                watermark,
-                held,
-                fed,
-            } => {
-                warn!(
-                    worker,
-                    source,
-                    watermark,
-                    held,
-                    fed,
-                    "the feed delivers another history than the cache holds; reopening it"
-                );
-            }
-            Diagnostic::FollowChanged { from, to } => {
-                warn!(
-                    worker,
-                    source,
-                    ?from,
-                    ?to,
-                    "the feed says how it must be followed; following it"
-                );
-            }
-            Diagnostic::Rewound { watermark, error } => {
-                warn!(
-                    worker,
-                    source, watermark, error, "went back to the sink's last commit"
-                );
-            }
-            other => debug!(worker, source, ?other, "diagnostic"),
-        }
+        diagnose(self.core.config().name(), &self.source_name, d);
     }
 
     /// The source has reached at least `head`.
@@ -721,5 +604,127 @@ where
     /// What the follower's health is judged from, shared with its handle.
     pub(crate) fn progress(&self) -> Arc<Progress> {
         Arc::clone(&self.progress)
+    }
+}
+
+/// Logs what a follower's core reports. Not generic (one copy, whatever the follower's
+/// types): it is the longest function of the task, and each follower kind instantiated it
+/// anew (the simulator's build had 29 copies).
+fn diagnose(worker: &str, source: &str, d: Diagnostic) {
+    match d {
+        Diagnostic::DecodeFailed { key, seq, error } => {
+            warn!(
+                worker,
+                source, key, seq, error, "value failed to decode; skipped"
+            );
+        }
+        Diagnostic::InvalidEntry { seq, key, reason } => {
+            warn!(worker, source, key, seq, ?reason, "invalid entry skipped");
+        }
+        Diagnostic::Gap { expected, got } => {
+            warn!(
+                worker,
+                source,
+                expected,
+                seq = got,
+                "gap in a gapless feed; reconciling"
+            );
+        }
+        Diagnostic::SeqRegressed { previous, got } => {
+            debug!(
+                worker,
+                source,
+                previous,
+                seq = got,
+                "feed seq went backwards"
+            );
+        }
+        Diagnostic::Compacted {
+            wanted,
+            first_available,
+        } => {
+            warn!(
+                worker,
+                source, wanted, first_available, "history compacted; resyncing"
+            );
+        }
+        Diagnostic::BackingOff {
+            cause,
+            attempt,
+            delay,
+            error,
+        } => {
+            warn!(
+                worker,
+                source,
+                ?cause,
+                attempt,
+                ?delay,
+                error,
+                "backing off"
+            );
+        }
+        Diagnostic::HeadBehind { head, watermark } => {
+            warn!(
+                worker,
+                source, head, watermark, "feed head below the watermark; resyncing"
+            );
+        }
+        Diagnostic::SourceReset {
+            watermark,
+            source_watermark,
+        } => {
+            warn!(
+                worker,
+                source,
+                watermark,
+                source_watermark,
+                "the source is a new history (recreated or restored); cache replaced"
+            );
+        }
+        Diagnostic::HistoryChanged {
+            watermark,
+            held,
+            read,
+        } => {
+            warn!(
+                worker,
+                source,
+                watermark,
+                ?held,
+                ?read,
+                "the source serves another history than the one followed (recreated, or restored and written past the watermark); taking the new one"
+            );
+        }
+        Diagnostic::FeedOfAnotherHistory {
+            watermark,
+            held,
+            fed,
+        } => {
+            warn!(
+                worker,
+                source,
+                watermark,
+                held,
+                fed,
+                "the feed delivers another history than the cache holds; reopening it"
+            );
+        }
+        Diagnostic::FollowChanged { from, to } => {
+            warn!(
+                worker,
+                source,
+                ?from,
+                ?to,
+                "the feed says how it must be followed; following it"
+            );
+        }
+        Diagnostic::Rewound { watermark, error } => {
+            warn!(
+                worker,
+                source, watermark, error, "went back to the sink's last commit"
+            );
+        }
+        other => debug!(worker, source, ?other, "diagnostic"),
     }
 }
