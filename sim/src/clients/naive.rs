@@ -137,6 +137,73 @@ impl<V: AsRef<[u8]> + Send> Sink<V> for WatermarkFirst {
     }
 }
 
+/// A durable follower's sink: the persisted cache, or one of the two naive ones over it.
+/// One type for the three, so the follower task is built once for them (each sink type
+/// is another copy of the whole task in the simulator's build); every call goes to the
+/// variant's own.
+#[derive(Debug)]
+pub enum Durable {
+    /// The persisted cache as tidemark keeps it.
+    Store(MemoryCacheSink),
+    /// [`ForgetsIndex`].
+    ForgetsIndex(ForgetsIndex),
+    /// [`WatermarkFirst`].
+    WatermarkFirst(WatermarkFirst),
+}
+
+/// Calls `$call` on the sink inside a [`Durable`], whichever it is.
+macro_rules! each {
+    ($self:expr, $s:ident => $call:expr) => {
+        match $self {
+            Durable::Store($s) => $call,
+            Durable::ForgetsIndex($s) => $call,
+            Durable::WatermarkFirst($s) => $call,
+        }
+    };
+}
+
+impl Sink<String> for Durable {
+    async fn put(&mut self, key: Arc<str>, seq: u64, value: String) -> Result<()> {
+        each!(self, s => Sink::<String>::put(s, key, seq, value).await)
+    }
+
+    async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
+        each!(self, s => Sink::<String>::remove(s, key, seq).await)
+    }
+
+    fn reserve(&mut self, keys: usize) {
+        each!(self, s => Sink::<String>::reserve(s, keys));
+    }
+
+    async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
+        each!(self, s => Sink::<String>::commit(s, watermark, lineage).await)
+    }
+
+    async fn rollback(&mut self) {
+        each!(self, s => Sink::<String>::rollback(s).await);
+    }
+
+    async fn resume(&mut self) -> Result<Option<Held>> {
+        each!(self, s => Sink::<String>::resume(s).await)
+    }
+
+    async fn seqs_of(&mut self, keys: Vec<String>) -> Result<Vec<(String, u64)>> {
+        each!(self, s => Sink::<String>::seqs_of(s, keys).await)
+    }
+
+    async fn all_seqs(&mut self) -> Result<Vec<(String, u64)>> {
+        each!(self, s => Sink::<String>::all_seqs(s).await)
+    }
+
+    fn ready(&mut self, watermark: u64) {
+        each!(self, s => Sink::<String>::ready(s, watermark));
+    }
+
+    async fn drain(&mut self) {
+        each!(self, s => Sink::<String>::drain(s).await);
+    }
+}
+
 /// "The replay ends on pending == 0": the end of a JetStream replay as tidemark took it
 /// before `tidemark_jetstream::Replay` — done once the consumer delivered the head read
 /// at the start and says nothing is pending (or goes idle there), never confirmed by a

@@ -21,7 +21,7 @@ use crate::checks::jobs::JobLedger;
 use crate::checks::oracle::{FeedSkips, History, Probe, Volatile};
 use crate::clients::kv::RemoteKv;
 use crate::clients::listener::ReconnectingListener;
-use crate::clients::naive::{EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
+use crate::clients::naive::{Durable, EventsAsReplay, ForgetsIndex, NewOnlyFeed, WatermarkFirst};
 use crate::clients::remote::{Remote, RemoteEvents};
 use crate::scenario::{Durability, FollowerSpec, Kind, SOURCE, Workload, relay_host};
 use crate::trace::Trace;
@@ -381,20 +381,13 @@ pub(super) async fn follower(
         (Durability::Volatile, _) | (_, None) => {
             drive(&spec, config, probe.sink(Volatile), false).await
         }
-        (Durability::Store, Some(store)) => {
-            drive(&spec, config, probe.sink(store.sink()), true).await
-        }
-        (Durability::ForgetsIndex, Some(store)) => {
-            drive(&spec, config, probe.sink(ForgetsIndex(store.sink())), true).await
-        }
-        (Durability::WatermarkFirst, Some(store)) => {
-            drive(
-                &spec,
-                config,
-                probe.sink(WatermarkFirst(store.sink())),
-                true,
-            )
-            .await
+        (durability, Some(store)) => {
+            let sink = match durability {
+                Durability::ForgetsIndex => Durable::ForgetsIndex(ForgetsIndex(store.sink())),
+                Durability::WatermarkFirst => Durable::WatermarkFirst(WatermarkFirst(store.sink())),
+                Durability::Store | Durability::Volatile => Durable::Store(store.sink()),
+            };
+            drive(&spec, config, probe.sink(sink), true).await
         }
     }
 }
