@@ -5,7 +5,7 @@
 #   bash scripts/bench.sh                 # every bench, once
 #   bash scripts/bench.sh --runs 3        # every bench three times (a row per run)
 #   bash scripts/bench.sh core memory     # only those (core memory sqlite relay nats
-#                                         #   nats-memory recovery pauses)
+#                                         #   nats-memory recovery pauses sim first-run)
 #
 # The soaks (`--bench soak` of tidemark-sqlite and tidemark-nats) are left out: they write
 # for minutes at a paced rate (the README gives their own commands).
@@ -25,7 +25,7 @@ while [ $# -gt 0 ]; do
         *) selected+=("$1"); shift ;;
     esac
 done
-[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite relay nats nats-memory recovery pauses)
+[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite relay nats nats-memory recovery pauses sim first-run)
 
 # name | command | the lines of its output that carry its headline figures (an ERE)
 benches=(
@@ -37,6 +37,8 @@ benches=(
     "nats-memory|cargo bench -q -p tidemark-nats --bench snapshot_memory|^snapshot of|^cache of"
     "recovery|cargo bench -q -p tidemark-nats --bench recovery|catch-up p50|not caught up"
     "pauses|cargo bench -q -p tidemark-nats --bench pauses|^pause "
+    "sim|cargo run -q -p tidemark-sim --release -- --seeds 0..300|seeds in"
+    "first-run|bash scripts/first-run.sh|^first run:|^ratio first-run"
 )
 
 if printf '%s\n' "${selected[@]}" | grep -qE '^(nats|nats-memory|recovery|pauses)$'; then
