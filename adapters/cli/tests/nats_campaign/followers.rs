@@ -223,6 +223,16 @@ impl CacheFollower {
         self.stop().await;
         self.spawn();
     }
+
+    /// A cold start whose sink is paused from the start: its first commit waits until
+    /// the returned guard is dropped.
+    pub async fn restart_paused(&mut self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.stop().await;
+        self.paused = Arc::default();
+        let held = Arc::clone(&self.paused).write_owned().await;
+        self.spawn();
+        held
+    }
 }
 
 pub fn add_counters(sum: &mut Counters, c: &Counters) {

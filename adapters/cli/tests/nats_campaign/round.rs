@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -111,6 +112,13 @@ struct Targets {
     admin: async_nats::Client,
     /// The bucket's history: every write holds it (read), a recreation takes it whole.
     gate: Arc<RwLock<u32>>,
+    /// Set while writers mostly write values near the size limit.
+    flood: Arc<AtomicBool>,
+    /// Held (read) by each server and proxy fault, taken whole by a follower's pause: a
+    /// server that waits on flow control is a healthy one, so no fault of theirs cuts a
+    /// pause short (a killed server or a reset connection ends the consumer it waits
+    /// with). They run late instead, in their order.
+    calm: RwLock<()>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
     failures: Mutex<Vec<String>>,
 }
@@ -124,7 +132,8 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     *lock(&CAPTURED) = Default::default();
     let (server, admin) = start_server().await;
     let gate = Arc::new(RwLock::new(0));
-    let writers = match preload(&server.url(), &schedule, config.markers, &gate).await {
+    let flood = Arc::new(AtomicBool::new(false));
+    let writers = match preload(&server.url(), &schedule, config.markers, &gate, &flood).await {
         Ok(writers) => writers,
         Err(e) => {
             report.failures.push(e);
@@ -132,7 +141,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
             return report;
         }
     };
-    let round = Round::start(server, admin, gate, &schedule, config).await;
+    let round = Round::start(server, admin, (gate, flood), &schedule, config).await;
     let (ledger, healed) = round.fault_phase(writers, &schedule, &mut report).await;
     let now = round.bucket_after_healing(&ledger, &mut report).await;
     round.converge(&now, healed, &mut report).await;
@@ -203,6 +212,7 @@ async fn preload(
     schedule: &Schedule,
     markers: bool,
     gate: &Arc<RwLock<u32>>,
+    flood: &Arc<AtomicBool>,
 ) -> Result<Vec<Writer>, String> {
     let mut writers = Vec::new();
     for (id, seed) in schedule.writer_seeds.iter().enumerate() {
@@ -213,6 +223,7 @@ async fn preload(
             events: EVENTS_PREFIX,
             markers,
             gate,
+            flood,
         };
         let mut writer = Writer::new(id, *seed, keys, client, &to).await?;
         writer
@@ -244,7 +255,7 @@ impl Round {
     async fn start(
         server: NatsServer,
         admin: async_nats::Client,
-        gate: Arc<RwLock<u32>>,
+        (gate, flood): (Arc<RwLock<u32>>, Arc<AtomicBool>),
         schedule: &Schedule,
         config: &RoundConfig,
     ) -> Round {
@@ -301,6 +312,8 @@ impl Round {
             mirror: AsyncMutex::new(mirror),
             admin: admin.clone(),
             gate,
+            flood,
+            calm: RwLock::new(()),
             applied: Mutex::new(BTreeMap::new()),
             failures: Mutex::new(Vec::new()),
         });
@@ -681,8 +694,12 @@ async fn connect(url: &str, name: &str) -> async_nats::Client {
 
 /// Runs one lane's faults at their times, each undone before the next.
 async fn run_lane(targets: Arc<Targets>, faults: Vec<Planned>, phase_start: Instant) {
-    for Planned { at, fault, .. } in faults {
+    for Planned { at, fault, lane } in faults {
         sleep_until(phase_start + at).await;
+        let _calm = match lane {
+            Lane::Server | Lane::Proxy => Some(targets.calm.read().await),
+            Lane::Followers => None,
+        };
         *lock(&targets.applied).entry(fault.kind()).or_default() += 1;
         if let Err(e) = apply(&targets, &fault).await {
             lock(&targets.failures).push(format!("applying {fault}: {e}"));
@@ -764,19 +781,41 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             }
             made?;
         }
-        Fault::SinkPause { which, paused } => {
-            let gate = Arc::clone(&t.caches[*which as usize].lock().await.paused);
-            let held = gate.write().await;
-            sleep(*paused).await;
+        Fault::SinkPause {
+            which,
+            paused,
+            cold,
+        } => {
+            let _calm = t.calm.write().await;
+            let held = {
+                let mut follower = t.caches[*which as usize].lock().await;
+                match cold {
+                    true => follower.restart_paused().await,
+                    false => Arc::clone(&follower.paused).write_owned().await,
+                }
+            };
+            flood(t, *paused).await;
             drop(held);
         }
         Fault::MirrorPause { paused } => {
+            let _calm = t.calm.write().await;
             t.mirror.lock().await.signal(true)?;
-            sleep(*paused).await;
+            flood(t, *paused).await;
             t.mirror.lock().await.signal(false)?;
         }
     }
     Ok(())
+}
+
+/// Holds a follower's pause for `paused`, the writers writing mostly values near the
+/// size limit meanwhile: more bytes than the server's flow-control window (2 MB for a new
+/// consumer, growing to 32 MB for one that keeps up), so it asks the paused reader for an
+/// answer, stops, and sends a stalled heartbeat each second it waits: each a heartbeat
+/// queued behind the request once the reader reads on.
+async fn flood(t: &Targets, paused: Duration) {
+    t.flood.store(true, Ordering::Relaxed);
+    sleep(paused).await;
+    t.flood.store(false, Ordering::Relaxed);
 }
 
 /// What an operator does: deletes the bucket and makes it again with the same name and

@@ -49,10 +49,18 @@ pub enum Fault {
     /// head is past their watermark, or inside it.
     Recreate { cut: Cut, down: Duration },
     /// An in-process follower's sink does not return from its commit for `paused`: its
-    /// feed is not read meanwhile (a durable sink's long commit), the server waits on
-    /// flow control and queues heartbeats behind its request.
-    SinkPause { which: InProcess, paused: Duration },
-    /// SIGSTOP of the `tidemark mirror` process; SIGCONT after `paused`.
+    /// feed is not read meanwhile (a durable sink's long commit) while the writers write
+    /// mostly values near the size limit, so the server waits on flow control and queues
+    /// stalled heartbeats behind its request. With `cold`, the follower is restarted
+    /// cold first and its first commit is the one held: a new consumer, whose window is
+    /// the smallest (2 MB).
+    SinkPause {
+        which: InProcess,
+        paused: Duration,
+        cold: bool,
+    },
+    /// SIGSTOP of the `tidemark mirror` process, the writers flooding as for a sink pause;
+    /// SIGCONT after `paused`.
     MirrorPause { paused: Duration },
 }
 
@@ -79,7 +87,7 @@ pub enum InProcess {
 }
 
 /// Every fault kind, in the order the summary prints them.
-pub const KINDS: [&str; 17] = [
+pub const KINDS: [&str; 18] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -96,6 +104,7 @@ pub const KINDS: [&str; 17] = [
     "bucket recreated, mirror down",
     "bucket recreated, proxy cut",
     "sink paused (in-process)",
+    "cold start, sink paused",
     "mirror SIGSTOP",
 ];
 
@@ -131,8 +140,9 @@ impl Fault {
                 cut: Cut::ProxyHalfOpen,
                 ..
             } => KINDS[14],
-            Fault::SinkPause { .. } => KINDS[15],
-            Fault::MirrorPause { .. } => KINDS[16],
+            Fault::SinkPause { cold: false, .. } => KINDS[15],
+            Fault::SinkPause { cold: true, .. } => KINDS[16],
+            Fault::MirrorPause { .. } => KINDS[17],
         }
     }
 
@@ -282,11 +292,13 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
                 },
                 down: between(rng, 200, 2500),
             },
-            // Past four heartbeats (1 s each): what a reader that misjudged the ones
-            // queued behind a flow-control request gave up after.
+            // Writers flood it meanwhile: past the flow-control window within 1-2 s,
+            // then four stalled heartbeats (1 s apart) or more, what a reader that
+            // misjudged the ones queued behind the request gave up after.
             9..11 => Fault::SinkPause {
                 which: in_process(rng),
-                paused: between(rng, 4500, 6000),
+                paused: between(rng, 6000, 8000),
+                cold: one_in(rng, 2),
             },
             _ => Fault::MirrorPause {
                 paused: between(rng, 1000, 6000),

@@ -11,6 +11,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -29,6 +30,9 @@ pub const VALUE_LIMIT: usize = 128 * 1024;
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a lost acknowledgement may take to resolve (the server is healed well before).
 const RESOLVE_WITHIN: Duration = Duration::from_secs(90);
+
+/// The first draw of a write near the size limit.
+const BIG: u64 = 77;
 
 /// What the writers did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -71,6 +75,9 @@ pub struct Writes<'a> {
     pub markers: bool,
     /// The bucket's history, held to write.
     pub gate: &'a Arc<RwLock<u32>>,
+    /// While set, most writes are values near the size limit (a fault that pauses a
+    /// follower sets it, so the server's flow control has bytes to hold back).
+    pub flood: &'a Arc<AtomicBool>,
 }
 
 /// One writer: the only one to write its keys, so its acknowledgements order them.
@@ -90,6 +97,7 @@ pub struct Writer {
     /// one this writer's `last` revisions are of.
     gate: Arc<RwLock<u32>>,
     epoch: u32,
+    flood: Arc<AtomicBool>,
     last: HashMap<String, u64>,
     tokens: u64,
     /// What landed.
@@ -123,6 +131,7 @@ impl Writer {
             events: to.events.to_owned(),
             markers: to.markers,
             gate: Arc::clone(to.gate),
+            flood: Arc::clone(to.flood),
             epoch: 0,
             last: HashMap::new(),
             tokens: 0,
@@ -152,7 +161,11 @@ impl Writer {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<Writer, String> {
         while !*stop.borrow_and_update() {
             let key = self.keys[(self.rng.next_u64() % self.keys.len() as u64) as usize].clone();
-            match self.rng.next_u64() % 100 {
+            let draw = match self.flood.load(Ordering::Relaxed) {
+                true if self.rng.next_u64() % 4 != 0 => BIG,
+                _ => self.rng.next_u64() % 100,
+            };
+            match draw {
                 0..45 => {
                     let len = self.small_len();
                     self.put(&key, len).await?;
@@ -170,7 +183,7 @@ impl Writer {
                 }
                 57..69 => self.remove(&key, Kind::Delete).await?,
                 69..77 => self.remove(&key, Kind::Purge).await?,
-                77..85 => {
+                BIG..85 => {
                     let len = VALUE_LIMIT - (self.rng.next_u64() % 256) as usize;
                     self.put(&key, len).await?;
                     self.counts.big += 1;
