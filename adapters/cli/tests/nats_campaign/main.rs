@@ -5,7 +5,12 @@
 //! `KvBucket` in this process, and the built `tidemark mirror` binary into a SQLite file.
 //! Faults drawn from the round's seed: kill -9 and restart of the server, SIGSTOP and
 //! SIGCONT of it (by the PID the harness started), proxy latency, a stalled direction,
-//! half-open and reset connections, kill -9 of the mirror, a cold restart of the cache.
+//! half-open and reset connections, kill -9 of the mirror, a cold restart of the cache;
+//! the bucket deleted and made again by an operator (while the followers run, while the
+//! mirror is down, or while the proxy holds them off) with the writers going on into the
+//! new history; a follower's sink paused 6-8 s (or a cold start's first commit) and the
+//! mirror stopped with SIGSTOP, the writers flooding it with values near the limit and
+//! no server or proxy fault meanwhile, so the server waits on flow control.
 //! Then everything heals and the checker judges (see `checker.rs`).
 //!
 //! A test without libtest's harness (`harness = false`): it takes arguments and prints its
