@@ -6,27 +6,56 @@
 //! the message at W before the follower read it); a follower's first ready view holds
 //! every key present at its watermark; and, after the round heals, every follower equals
 //! a fresh read of the bucket.
-
+//!
+//! A bucket recreated starts a new history (an epoch, named by every put's token) whose
+//! revisions start at 1 again: a value is judged in its own history, "older" compares
+//! (history, revision), so a value of an old history after one of a newer is older
+//! whatever its revision, and a key of an old history may go when the follower takes the
+//! new one. A follower that replays the bucket (the cache over it, the mirror) holds one
+//! history at a time: a view with values of two, or of an older history than one it
+//! showed before, served the old history after reading the new one (SPEC §4, one history).
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use crate::ledger::{Kind, Ledger};
+use crate::ledger::{Kind, Ledger, epoch_of};
 
 /// One entry as a follower showed it: key, revision, the value's token.
 pub type Shown = (String, u64, String);
+
+/// A revision in its history: (epoch, revision), ordered as "newer".
+type Stamp = (u32, u64);
+
+/// The history a value shown is of, from its token (0 for a token no writer made, which
+/// the ledger then fails to find).
+fn epoch(token: &str) -> u32 {
+    epoch_of(token).unwrap_or(0)
+}
+
+/// The one history every entry is of; `None` for no entries or values of several.
+fn one_epoch(entries: &[Shown]) -> Option<u32> {
+    let mut epochs = entries.iter().map(|(_, _, t)| epoch(t));
+    let first = epochs.next()?;
+    epochs.all(|e| e == first).then_some(first)
+}
 
 /// A key's drop or return, judged against the ledger once it is complete.
 #[derive(Debug)]
 enum Flip {
     /// Shown at `after`, then not at all.
-    Vanished { key: String, after: u64 },
+    Vanished { key: String, after: Stamp },
     /// Shown at `before`, dropped, then shown at `at`.
-    Back { key: String, before: u64, at: u64 },
+    Back {
+        key: String,
+        before: Stamp,
+        at: Stamp,
+    },
 }
 
 /// A view read whole at one watermark, and when the read ended.
 #[derive(Debug)]
 struct View {
+    /// The history its values are of (`None`: it held none, or values of several).
+    epoch: Option<u32>,
     watermark: u64,
     read: Instant,
     held: HashMap<String, u64>,
@@ -37,33 +66,50 @@ struct View {
 #[derive(Debug)]
 pub struct Watcher {
     pub name: String,
-    last: HashMap<String, (u64, bool)>,
+    /// It replays the bucket: one history at a time.
+    one_history: bool,
+    last: HashMap<String, (Stamp, bool)>,
     shown: BTreeSet<Shown>,
     flips: Vec<Flip>,
     views: Vec<View>,
-    watermark: u64,
+    /// The newest history it showed a value of, and its watermark in that history.
+    watermark: Stamp,
+    newest: u32,
     /// The entries of the last sample, and when a sample last showed other entries than
     /// the one before it: what the follower holds since then.
     previous: Vec<Shown>,
     changed: Option<Instant>,
     pub samples: u64,
+    /// Values older than one shown before (or drops and returns) of a follower of
+    /// announcements once it showed two histories: counted, not judged.
+    pub old_after_new: u64,
+    /// How often the history of the values it showed changed (the first counts), and the
+    /// last one's.
+    histories_seen: u32,
+    seen_epoch: Option<u32>,
     /// Broken at once (an older value, a watermark that went back); the rest waits for
     /// the ledger.
     pub violations: Vec<String>,
 }
 
 impl Watcher {
-    pub fn new(name: impl Into<String>) -> Watcher {
+    /// A watcher of `name`; `one_history` for a follower that replays the bucket.
+    pub fn new(name: impl Into<String>, one_history: bool) -> Watcher {
         Watcher {
             name: name.into(),
+            one_history,
             last: HashMap::new(),
             shown: BTreeSet::new(),
             flips: Vec::new(),
             views: Vec::new(),
-            watermark: 0,
+            watermark: (0, 0),
+            newest: 0,
             previous: Vec::new(),
             changed: None,
             samples: 0,
+            old_after_new: 0,
+            histories_seen: 0,
+            seen_epoch: None,
             violations: Vec::new(),
         }
     }
@@ -78,22 +124,37 @@ impl Watcher {
             self.previous = entries.to_vec();
         }
         let watermark = at.map(|(w, _)| w);
+        let view_epoch = one_epoch(entries);
+        if self.one_history {
+            self.one_history_at_a_time(entries, view_epoch);
+        }
         if let Some((w, read)) = at {
             let held = entries.iter().map(|(k, s, _)| (k.clone(), *s)).collect();
             self.views.push(View {
+                epoch: view_epoch,
                 watermark: w,
                 read,
                 held,
             });
-            if w < self.watermark {
-                self.violations.push(format!(
-                    "{}: committed watermark went back from {} to {w}",
-                    self.name, self.watermark
-                ));
+            // A new history starts its revisions again: the watermark goes back with it.
+            if let Some(e) = view_epoch {
+                if (e, w) < self.watermark {
+                    self.violations.push(format!(
+                        "{}: committed watermark went back from {:?} to {w} in history {e}",
+                        self.name, self.watermark
+                    ));
+                }
+                self.watermark = self.watermark.max((e, w));
             }
-            self.watermark = self.watermark.max(w);
         }
         let mut present = BTreeSet::new();
+        for (_, _, token) in entries {
+            let e = Some(epoch(token));
+            if self.seen_epoch != e {
+                self.histories_seen += 1;
+                self.seen_epoch = e;
+            }
+        }
         for (key, seq, token) in entries {
             present.insert(key.as_str());
             if watermark.is_some_and(|w| *seq > w) {
@@ -102,24 +163,39 @@ impl Watcher {
                     self.name
                 ));
             }
+            let stamp = (epoch(token), *seq);
             match self.last.get(key) {
-                Some((prev, _)) if seq < prev => self.violations.push(format!(
-                    "{}: {key} went back from revision {prev} to {seq} (never-older)",
-                    self.name
+                // An announcement carries no history: one of the old history still in
+                // the events stream when a follower of announcements took the new one
+                // looks as new as any, and moves its watermark. Once such a follower has
+                // shown two histories its order is counted, not judged (`old_after_new`);
+                // convergence after the reconcile that follows healing still is.
+                Some((prev, _)) if stamp < *prev && self.unordered() => {
+                    self.old_after_new += 1;
+                }
+                Some((prev, _)) if stamp < *prev => self.violations.push(format!(
+                    "{}: {key} went back from revision {} of history {} to {} of history {} \
+                     (never-older)",
+                    self.name, prev.1, prev.0, stamp.1, stamp.0
                 )),
+                Some((_, false)) if self.unordered() => self.old_after_new += 1,
                 Some((prev, false)) => self.flips.push(Flip::Back {
                     key: key.clone(),
                     before: *prev,
-                    at: *seq,
+                    at: stamp,
                 }),
                 _ => {}
             }
             self.shown.insert((key.clone(), *seq, token.clone()));
-            self.last.insert(key.clone(), (*seq, true));
+            self.last.insert(key.clone(), (stamp, true));
         }
         for (key, (seq, shown)) in &mut self.last {
             if *shown && !present.contains(key.as_str()) {
                 *shown = false;
+                if !self.one_history && self.histories_seen > 1 {
+                    self.old_after_new += 1;
+                    continue;
+                }
                 self.flips.push(Flip::Vanished {
                     key: key.clone(),
                     after: *seq,
@@ -130,6 +206,39 @@ impl Watcher {
 }
 
 impl Watcher {
+    /// A follower of announcements that has shown two histories: its order is no longer
+    /// judged (an announcement carries no history).
+    fn unordered(&self) -> bool {
+        !self.one_history && self.histories_seen > 1
+    }
+
+    /// A follower that replays the bucket never holds values of two histories at once,
+    /// nor an older history's after it showed a newer one.
+    fn one_history_at_a_time(&mut self, entries: &[Shown], view_epoch: Option<u32>) {
+        let Some((_, _, token)) = entries.first() else {
+            return;
+        };
+        let Some(e) = view_epoch else {
+            let mut epochs: Vec<u32> = entries.iter().map(|(_, _, t)| epoch(t)).collect();
+            epochs.sort_unstable();
+            epochs.dedup();
+            self.violations.push(format!(
+                "{}: holds values of histories {epochs:?} at once (one is {token:?}): it \
+                 served the old history's values beside the new one's (one history)",
+                self.name
+            ));
+            return;
+        };
+        if e < self.newest {
+            self.violations.push(format!(
+                "{}: holds values of history {e} after it showed history {} (never-older, \
+                 one history)",
+                self.name, self.newest
+            ));
+        }
+        self.newest = self.newest.max(e);
+    }
+
     /// When the follower came to hold what it holds now (its entries unchanged in every
     /// sample since), if it was sampled at all.
     pub fn holding_since(&self) -> Option<Instant> {
@@ -167,6 +276,9 @@ pub struct Checks {
     pub live: u64,
     /// Durable consumers whose saved cursor reached the stream's last event.
     pub cursors: u64,
+    /// Not a check passed: values of an old history a follower of announcements showed
+    /// after the key's value in a newer one (announcements carry no history).
+    pub old_after_new: u64,
 }
 
 impl Checks {
@@ -181,6 +293,7 @@ impl Checks {
         self.converged += o.converged;
         self.live += o.live;
         self.cursors += o.cursors;
+        self.old_after_new += o.old_after_new;
     }
 }
 
@@ -189,8 +302,9 @@ pub fn judge(ledger: &Ledger, watcher: &Watcher, checks: &mut Checks) -> Vec<Str
     let name = &watcher.name;
     let mut failures = watcher.violations.clone();
     checks.samples += watcher.samples;
+    checks.old_after_new += watcher.old_after_new;
     for (key, seq, token) in &watcher.shown {
-        match ledger.at(key, *seq) {
+        match ledger.history(epoch(token)).and_then(|h| h.at(key, *seq)) {
             Some(Kind::Put(t)) if t == token => checks.values += 1,
             found => failures.push(format!(
                 "{name}: showed {key} = {token:?} at revision {seq}, but what landed there \
@@ -198,17 +312,28 @@ pub fn judge(ledger: &Ledger, watcher: &Watcher, checks: &mut Checks) -> Vec<Str
             )),
         }
     }
+    // A key of a history the bucket no longer serves may go with it; within one history
+    // a drop needs a removal.
+    let removed = |key: &str, (e, after): Stamp, before: Option<u64>| {
+        (e < ledger.last_epoch() && before.is_none())
+            || ledger
+                .history(e)
+                .is_some_and(|h| h.removed_between(key, after, before))
+    };
     for flip in &watcher.flips {
         match flip {
-            Flip::Vanished { key, after } if !ledger.removed_between(key, *after, None) => failures
-                .push(format!(
-                    "{name}: dropped {key} after showing revision {after}, but no delete or \
-                     purge of it landed after that"
-                )),
-            Flip::Back { key, before, at } if !ledger.removed_between(key, *before, Some(*at)) => {
+            Flip::Vanished { key, after } if !removed(key, *after, None) => failures.push(format!(
+                "{name}: dropped {key} after showing revision {} of history {}, but no \
+                     delete or purge of it landed after that",
+                after.1, after.0
+            )),
+            Flip::Back { key, before, at }
+                if at.0 == before.0 && !removed(key, *before, Some(at.1)) =>
+            {
                 failures.push(format!(
-                    "{name}: showed {key} at {before}, dropped it, then showed it at {at}: \
-                     every removal it could have shown is newer than {at} (never-older)"
+                    "{name}: showed {key} at {}, dropped it, then showed it at {} (history \
+                     {}): every removal it could have shown is newer than {} (never-older)",
+                    before.1, at.1, at.0, at.1
                 ))
             }
             _ => checks.flips += 1,
@@ -217,21 +342,28 @@ pub fn judge(ledger: &Ledger, watcher: &Watcher, checks: &mut Checks) -> Vec<Str
     let mut stale = Vec::new();
     for view in &watcher.views {
         let w = view.watermark;
-        for key in ledger.keys() {
+        // A view of no values is of no history the checker can name (it is judged by the
+        // first ready view's check and by convergence); one of several broke already.
+        let Some(history) = view.epoch.and_then(|e| ledger.history(e)) else {
+            continue;
+        };
+        for key in history.keys() {
             // The bucket may have replaced the message at W before the follower read it
             // only if the key's next change was sent before the view was read.
-            if ledger
+            if history
                 .next_sent_after(key, w)
                 .is_some_and(|sent| sent < view.read)
             {
                 continue;
             }
-            let expected = ledger.state_at(key, w).map(|(seq, _)| seq);
+            let expected = history.state_at(key, w).map(|(seq, _)| seq);
             match view.held.get(key).copied() {
                 got if got == expected => checks.current += 1,
                 got => stale.push(format!(
-                    "{name}: at watermark {w} showed {key} at {got:?}, but the bucket held it \
-                     at {expected:?} then and its next change was sent after this view was read"
+                    "{name}: at watermark {w} of history {:?} showed {key} at {got:?}, but \
+                     the bucket held it at {expected:?} then and its next change was sent \
+                     after this view was read",
+                    view.epoch
                 )),
             }
         }
@@ -265,13 +397,34 @@ pub fn judge_ready(ledger: &Ledger, view: &ReadyView, checks: &mut Checks) -> Ve
             ));
         }
     }
+    // The history its values are of; a view of none is judged against the history that
+    // held nothing at W, if one did.
+    let epoch = match one_epoch(&view.entries) {
+        Some(e) => e,
+        None if view.entries.is_empty() => ledger
+            .histories()
+            .find(|(_, h)| h.keys().all(|k| h.state_at(k, w).is_none()))
+            .map_or(ledger.last_epoch(), |(e, _)| e),
+        None => {
+            failures.push(format!(
+                "{name}: ready at {w} with values of several histories (one history)"
+            ));
+            return failures;
+        }
+    };
+    let Some(ledger) = ledger.history(epoch) else {
+        failures.push(format!(
+            "{name}: ready at {w} with values of history {epoch}, which was never made"
+        ));
+        return failures;
+    };
     for key in ledger.keys() {
         let at_w = ledger.state_at(key, w);
         let settled = !ledger.changed_after(key, w);
         match (at_w, held.get(key.as_str())) {
             (Some((seq, _)), None) => failures.push(format!(
-                "{name}: ready at {w} without {key}, which the bucket held at {seq} then \
-                 (first ready view holds every key present at its head)"
+                "{name}: ready at {w} (history {epoch}) without {key}, which the bucket held \
+                 at {seq} then (first ready view holds every key present at its head)"
             )),
             (Some((seq, _)), Some(got)) if settled && *got != seq => failures.push(format!(
                 "{name}: ready at {w} with {key} at {got}, but the bucket held it at {seq} \
@@ -298,16 +451,17 @@ pub fn self_check() {
         Instant::now(),
         Instant::now() + std::time::Duration::from_secs(60),
     );
-    let mut ledger = Ledger::default();
+    let mut ledger = Ledger::new(1);
     let history = [
-        ("a", 1, Kind::Put("a#1".into()), early),
-        ("b", 2, Kind::Put("b#1".into()), early),
-        ("a", 3, Kind::Put("a#2".into()), early),
+        ("a", 1, Kind::Put("a#0.1".into()), early),
+        ("b", 2, Kind::Put("b#0.1".into()), early),
+        ("a", 3, Kind::Put("a#0.2".into()), early),
         ("a", 5, Kind::Delete, early),
-        ("b", 6, Kind::Put("b#2".into()), late),
+        ("b", 6, Kind::Put("b#0.2".into()), late),
     ];
     for (key, seq, kind, sent) in history {
         let landed = Landed {
+            epoch: 0,
             key: key.into(),
             seq,
             kind,
@@ -316,13 +470,14 @@ pub fn self_check() {
         ledger.record(&landed).unwrap_or_else(|e| panic!("{e}"));
     }
     let shown = |key: &str, seq: u64, token: &str| (key.to_owned(), seq, token.to_owned());
-    let judged = |samples: &[(Option<u64>, Vec<Shown>)]| {
-        let mut watcher = Watcher::new("made-up");
+    let judged_in = |ledger: &Ledger, samples: &[(Option<u64>, Vec<Shown>)]| {
+        let mut watcher = Watcher::new("made-up", true);
         for (at, entries) in samples {
             watcher.observe(at.map(|w| (w, early)), entries);
         }
-        judge(&ledger, &watcher, &mut Checks::default())
+        judge(ledger, &watcher, &mut Checks::default())
     };
+    let judged = |samples: &[(Option<u64>, Vec<Shown>)]| judged_in(&ledger, samples);
     let expect = |what: &str, failures: Vec<String>, needle: &str| {
         assert!(
             failures.iter().any(|f| f.contains(needle)),
@@ -331,38 +486,47 @@ pub fn self_check() {
     };
 
     let good = judged(&[
-        (Some(2), vec![shown("a", 1, "a#1"), shown("b", 2, "b#1")]),
-        (Some(3), vec![shown("a", 3, "a#2"), shown("b", 2, "b#1")]),
-        (Some(5), vec![shown("b", 2, "b#1")]),
+        (
+            Some(2),
+            vec![shown("a", 1, "a#0.1"), shown("b", 2, "b#0.1")],
+        ),
+        (
+            Some(3),
+            vec![shown("a", 3, "a#0.2"), shown("b", 2, "b#0.1")],
+        ),
+        (Some(5), vec![shown("b", 2, "b#0.1")]),
     ]);
     assert!(
         good.is_empty(),
         "a correct run must pass the checker: {good:?}"
     );
     let older = judged(&[
-        (None, vec![shown("a", 3, "a#2")]),
-        (None, vec![shown("a", 1, "a#1")]),
+        (None, vec![shown("a", 3, "a#0.2")]),
+        (None, vec![shown("a", 1, "a#0.1")]),
     ]);
     expect("an older value", older, "never-older");
-    let invented = judged(&[(None, vec![shown("a", 3, "a#9")])]);
+    let invented = judged(&[(None, vec![shown("a", 3, "a#0.9")])]);
     expect("a value never written there", invented, "what landed there");
-    let dropped = judged(&[(None, vec![shown("b", 2, "b#1")]), (None, vec![])]);
+    let dropped = judged(&[(None, vec![shown("b", 2, "b#0.1")]), (None, vec![])]);
     expect(
         "a key dropped without a removal",
         dropped,
         "no delete or purge",
     );
-    let stale = judged(&[(Some(5), vec![shown("a", 3, "a#2"), shown("b", 2, "b#1")])]);
+    let stale = judged(&[(
+        Some(5),
+        vec![shown("a", 3, "a#0.2"), shown("b", 2, "b#0.1")],
+    )]);
     expect(
         "a view behind a change it must hold",
         stale,
-        "at watermark 5 showed a",
+        "at watermark 5 of history Some(0) showed a",
     );
-    let behind = judged(&[(Some(3), vec![shown("a", 3, "a#2")])]);
+    let behind = judged(&[(Some(3), vec![shown("a", 3, "a#0.2")])]);
     expect(
         "a view without a key it must hold",
         behind,
-        "at watermark 3 showed b",
+        "at watermark 3 of history Some(0) showed b",
     );
 
     let view = |entries| ReadyView {
@@ -370,13 +534,77 @@ pub fn self_check() {
         watermark: 3,
         entries,
     };
-    let ready = view(vec![shown("a", 3, "a#2"), shown("b", 2, "b#1")]);
+    let ready = view(vec![shown("a", 3, "a#0.2"), shown("b", 2, "b#0.1")]);
     let fine = judge_ready(&ledger, &ready, &mut Checks::default());
     assert!(fine.is_empty(), "a complete ready view must pass: {fine:?}");
     let lacking = judge_ready(
         &ledger,
-        &view(vec![shown("b", 2, "b#1")]),
+        &view(vec![shown("b", 2, "b#0.1")]),
         &mut Checks::default(),
     );
     expect("a ready view without a present key", lacking, "without a");
+
+    // The bucket deleted and made again: history 1 starts its revisions at 1 again.
+    let mut remade = Ledger::new(2);
+    for landed in [
+        ("a", 1, Kind::Put("a#0.1".into()), 0),
+        ("b", 2, Kind::Put("b#0.1".into()), 0),
+        ("a", 3, Kind::Put("a#0.2".into()), 0),
+        ("b", 1, Kind::Put("b#1.3".into()), 1),
+    ] {
+        let (key, seq, kind, epoch) = landed;
+        remade
+            .record(&Landed {
+                epoch,
+                key: key.into(),
+                seq,
+                kind,
+                sent: early,
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+    let taken = judged_in(
+        &remade,
+        &[
+            (
+                Some(3),
+                vec![shown("a", 3, "a#0.2"), shown("b", 2, "b#0.1")],
+            ),
+            (Some(1), vec![shown("b", 1, "b#1.3")]),
+        ],
+    );
+    assert!(
+        taken.is_empty(),
+        "taking the new history (its watermark and revisions lower, the old keys gone) \
+         must pass: {taken:?}"
+    );
+    let mixed = judged_in(
+        &remade,
+        &[(None, vec![shown("a", 3, "a#0.2"), shown("b", 1, "b#1.3")])],
+    );
+    expect("the old history beside the new", mixed, "at once");
+    let back = judged_in(
+        &remade,
+        &[
+            (None, vec![shown("b", 1, "b#1.3")]),
+            (None, vec![shown("a", 3, "a#0.2")]),
+        ],
+    );
+    expect(
+        "the old history after the new",
+        back,
+        "after it showed history 1",
+    );
+    let old_value = judged_in(
+        &remade,
+        &[
+            (None, vec![shown("b", 1, "b#1.3")]),
+            (None, vec![shown("b", 2, "b#0.1")]),
+        ],
+    );
+    expect(
+        "a key's old-history value after its new one",
+        old_value,
+        "never-older",
+    );
 }

@@ -25,8 +25,11 @@ use crate::ledger::token;
 /// The cache's own sink with one addition: at the moment it becomes ready it hands over
 /// what it holds, so the first ready view is judged exactly as it was, not a moment later
 /// (not for a follower of announcements, which may hold claims above its watermark).
+///
+/// Its commits also wait on the follower's sink gate, which a sink-pause fault holds.
 struct RecordingCache {
     inner: CacheWriter<Vec<u8>>,
+    paused: Arc<tokio::sync::RwLock<()>>,
     reader: Cache<Vec<u8>>,
     name: String,
     views: Option<Arc<Mutex<Vec<ReadyView>>>>,
@@ -48,6 +51,7 @@ impl Sink<Vec<u8>> for RecordingCache {
     }
 
     async fn commit(&mut self, watermark: u64, lineage: Lineage) -> TmResult<()> {
+        drop(self.paused.read().await);
         self.inner.commit(watermark, lineage).await
     }
 
@@ -112,6 +116,8 @@ pub struct CacheFollower {
     pub views: Arc<Mutex<Vec<ReadyView>>>,
     /// The counters of every start, summed as each stops.
     pub counters: Counters,
+    /// Held (written) while a fault pauses its sink: every start's commits wait on it.
+    pub paused: Arc<tokio::sync::RwLock<()>>,
 }
 
 impl CacheFollower {
@@ -133,6 +139,7 @@ impl CacheFollower {
             starts: 0,
             views,
             counters: Counters::default(),
+            paused: Arc::default(),
         };
         follower.spawn();
         follower
@@ -158,6 +165,7 @@ impl CacheFollower {
         let (inner, reader) = cache();
         let sink = RecordingCache {
             inner,
+            paused: Arc::clone(&self.paused),
             reader: reader.clone(),
             name: self.name(),
             views: self.replays().then(|| Arc::clone(&self.views)),
@@ -214,6 +222,16 @@ impl CacheFollower {
     pub async fn restart(&mut self) {
         self.stop().await;
         self.spawn();
+    }
+
+    /// A cold start whose sink is paused from the start: its first commit waits until
+    /// the returned guard is dropped.
+    pub async fn restart_paused(&mut self) -> tokio::sync::OwnedRwLockWriteGuard<()> {
+        self.stop().await;
+        self.paused = Arc::default();
+        let held = Arc::clone(&self.paused).write_owned().await;
+        self.spawn();
+        held
     }
 }
 
@@ -335,6 +353,13 @@ pub struct Mirror {
     pub exits: Vec<String>,
     /// While a fault holds it down, nothing starts it again.
     pub held_down: bool,
+    /// Lines saying a feed gave up on a consumer as stalled (no campaign fault keeps a
+    /// server stalled long enough for that), and how many heartbeats queued behind a
+    /// flow-control request it read on through.
+    pub gave_up_stalled: Arc<Mutex<Vec<String>>>,
+    pub stale_heartbeats: Arc<std::sync::atomic::AtomicU64>,
+    /// Lines saying it took a new history of its source.
+    pub new_histories: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Mirror {
@@ -349,6 +374,9 @@ impl Mirror {
             starts: 0,
             exits: Vec::new(),
             held_down: false,
+            gave_up_stalled: Arc::default(),
+            stale_heartbeats: Arc::default(),
+            new_histories: Arc::default(),
         }
     }
 
@@ -358,7 +386,7 @@ impl Mirror {
         command
             .args(["mirror", &self.source, "--into"])
             .arg(&self.file)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", "info,tidemark_nats::consumer=debug")
             .env_remove("RUST_BACKTRACE")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -380,11 +408,23 @@ impl Mirror {
         for pipe in [out, err].into_iter().flatten() {
             let lines = Arc::clone(&self.lines);
             let ready = Arc::clone(&self.ready);
+            let gave_up = Arc::clone(&self.gave_up_stalled);
+            let stale = Arc::clone(&self.stale_heartbeats);
+            let histories = Arc::clone(&self.new_histories);
             tokio::spawn(async move {
                 let mut reader = BufReader::new(pipe).lines();
                 while let Ok(Some(line)) = reader.next_line().await {
                     if let Some(watermark) = ready_at(&line) {
                         lock(&ready).push((start, watermark));
+                    }
+                    if line.contains(STAYS_STALLED) {
+                        lock(&gave_up).push(format!("[start {start}] {line}"));
+                    }
+                    if line.contains(STALE_HEARTBEAT) {
+                        stale.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if NEW_HISTORY.iter().any(|said| line.contains(said)) {
+                        histories.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     let mut kept = lock(&lines);
                     if kept.len() == 60 {
@@ -411,6 +451,22 @@ impl Mirror {
         )
         .map_err(|e| format!("marking the mirror's start {start}: {e}"))?;
         Ok(())
+    }
+
+    /// SIGSTOP (`pause`) or SIGCONT to its PID, if it runs.
+    pub fn signal(&self, pause: bool) -> Result<(), String> {
+        let Some(pid) = self.child.as_ref().and_then(Child::id) else {
+            return Ok(());
+        };
+        let signal = if pause { "-STOP" } else { "-CONT" };
+        let sent = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .map_err(|e| format!("kill {signal} {pid}: {e}"))?;
+        match sent.success() {
+            true => Ok(()),
+            false => Err(format!("kill {signal} {pid}: {sent}")),
+        }
     }
 
     /// SIGKILL to its PID, and reaped.
@@ -446,6 +502,19 @@ impl Mirror {
             .cloned()
     }
 }
+
+/// What a feed's failure says when it gave up on a consumer as stalled
+/// (`tidemark_jetstream::Failure::Stalled`).
+pub const STAYS_STALLED: &str = "stays stalled";
+/// What a feed logs (at debug) when it reads on past a heartbeat the server sent while it
+/// waited on the reader.
+pub const STALE_HEARTBEAT: &str = "a heartbeat sent while the server waited on the reader";
+
+/// What the follower task's warnings say when it takes a new history of its source.
+const NEW_HISTORY: [&str; 2] = [
+    "the source is a new history",
+    "the source serves another history",
+];
 
 /// The watermark in the follower task's line saying it is ready (`ready worker=… watermark=N`).
 fn ready_at(line: &str) -> Option<u64> {
@@ -491,4 +560,50 @@ pub fn read_file(file: &Path, follower: &str, values: bool) -> Option<(u64, Rows
     drop(rows);
     let _ = db.execute_batch("COMMIT");
     Some((watermark.unwrap_or(0) as u64, entries))
+}
+
+/// What the in-process followers logged that the checker reads: each line saying a feed
+/// gave up on a consumer as stalled, and how many heartbeats queued behind a flow-control
+/// request they read on through. A tracing layer fills it ([`Capture`]); a round takes
+/// it at its end (rounds run one at a time).
+#[derive(Debug, Default)]
+pub struct Captured {
+    pub gave_up_stalled: Vec<String>,
+    pub stale_heartbeats: u64,
+}
+
+pub static CAPTURED: Mutex<Captured> = Mutex::new(Captured {
+    gave_up_stalled: Vec::new(),
+    stale_heartbeats: 0,
+});
+
+/// The tracing layer that fills [`CAPTURED`] (its filter: [`Capture::wants`]).
+pub struct Capture;
+
+impl Capture {
+    /// Warnings of tidemark's crates (a feed's failure is in its "backing off" line) and
+    /// the NATS feed's own debug lines.
+    pub fn wants(meta: &tracing::Metadata<'_>) -> bool {
+        let target = meta.target();
+        target.starts_with("tidemark")
+            && (*meta.level() <= tracing::Level::WARN
+                || target.starts_with("tidemark_nats::consumer"))
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let mut text = String::new();
+        event.record(
+            &mut |field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
+                use std::fmt::Write as _;
+                let _ = write!(text, " {}={value:?}", field.name());
+            },
+        );
+        if text.contains(STAYS_STALLED) {
+            lock(&CAPTURED).gave_up_stalled.push(text);
+        } else if text.contains(STALE_HEARTBEAT) {
+            lock(&CAPTURED).stale_heartbeats += 1;
+        }
+    }
 }

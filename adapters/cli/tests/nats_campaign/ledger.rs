@@ -1,5 +1,8 @@
 //! What the writers know landed in the bucket: every mutation with its revision, from its
-//! acknowledgement or, when the acknowledgement was lost, from reading the key back.
+//! acknowledgement or, when the acknowledgement was lost, from reading the key back. A
+//! bucket deleted and made again starts a new history (an epoch) whose revisions start
+//! at 1 again: the ledger keeps one [`History`] per epoch, and a put's token names its
+//! epoch (`w0.k3#2.57` is the 57th put of writer 0, into the bucket's third history).
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
@@ -24,36 +27,118 @@ pub fn token(value: &[u8]) -> String {
     String::from_utf8_lossy(&value[..end.min(64)]).into_owned()
 }
 
+/// The token of the `n`th put of `key` into the bucket's history `epoch`.
+pub fn make_token(key: &str, epoch: u32, n: u64) -> String {
+    format!("{key}#{epoch}.{n}")
+}
+
+/// The history a put's token says it was written into (`None`: not a writer's token).
+pub fn epoch_of(token: &str) -> Option<u32> {
+    let (_, tail) = token.rsplit_once('#')?;
+    tail.split_once('.')?.0.parse().ok()
+}
+
 /// A landed mutation, and when its publish was sent (the server stored it after that).
 #[derive(Debug, Clone)]
 pub struct Landed {
+    /// The bucket's history it landed in (0 the first, 1 after one recreation, ...).
+    pub epoch: u32,
     pub key: String,
     pub seq: u64,
     pub kind: Kind,
     pub sent: Instant,
 }
 
-/// Every landed mutation by key and revision.
+/// Every landed mutation, by the history it landed in.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    keys: BTreeMap<String, BTreeMap<u64, (Kind, Instant)>>,
-    by_seq: HashMap<u64, String>,
+    histories: Vec<History>,
 }
 
 impl Ledger {
-    /// Records a mutation; a revision given twice means the server reused it (it lost
-    /// acknowledged writes) or the writers' bookkeeping is wrong.
+    /// A ledger of a round whose bucket was made `histories` times (once, plus once per
+    /// recreation).
+    pub fn new(histories: u32) -> Ledger {
+        Ledger {
+            histories: (0..histories.max(1)).map(|_| History::default()).collect(),
+        }
+    }
+
+    /// Records a mutation; a revision given twice in one history means the server reused
+    /// it (it lost acknowledged writes) or the writers' bookkeeping is wrong.
     pub fn record(&mut self, landed: &Landed) -> Result<(), String> {
+        let epoch = landed.epoch as usize;
+        if self.histories.len() <= epoch {
+            self.histories.resize_with(epoch + 1, History::default);
+        }
+        self.histories[epoch].record(landed)
+    }
+
+    /// The bucket's history `epoch`.
+    pub fn history(&self, epoch: u32) -> Option<&History> {
+        self.histories.get(epoch as usize)
+    }
+
+    /// The last history: the bucket as it is now.
+    pub fn last(&self) -> &History {
+        self.histories.last().unwrap_or(&EMPTY)
+    }
+
+    /// The index of the last history.
+    pub fn last_epoch(&self) -> u32 {
+        u32::try_from(self.histories.len().saturating_sub(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Every history, with its epoch.
+    pub fn histories(&self) -> impl Iterator<Item = (u32, &History)> {
+        (0u32..).zip(self.histories.iter())
+    }
+
+    /// Every key ever written, in any history.
+    pub fn all_keys(&self) -> std::collections::BTreeSet<String> {
+        self.histories
+            .iter()
+            .flat_map(|h| h.keys().cloned())
+            .collect()
+    }
+
+    /// When the last mutation that landed was sent.
+    pub fn last_sent(&self) -> Option<Instant> {
+        self.histories.iter().filter_map(History::last_sent).max()
+    }
+
+    /// Every key present now (in the last history), with its revision and token.
+    pub fn now(&self) -> BTreeMap<String, (u64, String)> {
+        self.last().now()
+    }
+}
+
+static EMPTY: History = History {
+    keys: BTreeMap::new(),
+    by_seq: None,
+};
+
+/// Every landed mutation of one history of the bucket, by key and revision.
+#[derive(Debug, Default)]
+pub struct History {
+    keys: BTreeMap<String, BTreeMap<u64, (Kind, Instant)>>,
+    by_seq: Option<HashMap<u64, String>>,
+}
+
+impl History {
+    fn record(&mut self, landed: &Landed) -> Result<(), String> {
         let Landed {
+            epoch,
             key,
             seq,
             kind,
             sent,
         } = landed.clone();
-        if let Some(other) = self.by_seq.insert(seq, key.clone()) {
+        let by_seq = self.by_seq.get_or_insert_with(HashMap::new);
+        if let Some(other) = by_seq.insert(seq, key.clone()) {
             return Err(format!(
-                "revision {seq} acknowledged twice ({other} and {key}): the server reused a \
-                 revision, so it lost an acknowledged write"
+                "revision {seq} of history {epoch} acknowledged twice ({other} and {key}): the \
+                 server reused a revision, so it lost an acknowledged write"
             ));
         }
         self.keys.entry(key).or_default().insert(seq, (kind, sent));

@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,18 +15,18 @@ use tidemark::Counters;
 use tidemark::Cursors as _;
 use tidemark_nats::{KvBucket, NatsEvents, NatsOptions};
 use tidemark_tests::{FaultProxy, NatsServer, wait_jetstream_ready};
-use tokio::sync::{Mutex as AsyncMutex, watch};
+use tokio::sync::{Mutex as AsyncMutex, RwLock, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
 use crate::checker::{Checks, ReadyView, Watcher, judge, judge_ready};
 use crate::followers::{
-    CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file, ready_view,
-    shown,
+    CAPTURED, CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file,
+    ready_view, shown,
 };
 use crate::ledger::{Kind, Ledger, token};
-use crate::schedule::{Fault, Lane, Planned, Schedule};
-use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, kind_of};
+use crate::schedule::{Cut, Fault, Lane, Planned, Schedule};
+use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, Writes, kind_of};
 
 const BUCKET: &str = "camp";
 const MIRROR_NAME: &str = "mirror-camp";
@@ -85,6 +86,13 @@ pub struct RoundReport {
     pub took: Duration,
     pub failures: Vec<String>,
     pub mirror_log: Vec<String>,
+    /// Times the bucket was deleted and made again.
+    pub recreations: u32,
+    /// Lines of the mirror saying it took a new history of the bucket.
+    pub mirror_new_histories: u64,
+    /// Heartbeats queued behind a flow-control request that a feed read on through
+    /// (in-process, mirror).
+    pub stale_heartbeats: [u64; 2],
 }
 
 /// What the sampler reads of an in-process follower: its running start's name and cache,
@@ -100,6 +108,17 @@ struct Targets {
     /// The same followers as the sampler reads them.
     current: [Current; 3],
     mirror: AsyncMutex<Mirror>,
+    /// A client straight to the server, for the operator's recreation of the bucket.
+    admin: async_nats::Client,
+    /// The bucket's history: every write holds it (read), a recreation takes it whole.
+    gate: Arc<RwLock<u32>>,
+    /// Set while writers mostly write values near the size limit.
+    flood: Arc<AtomicBool>,
+    /// Held (read) by each server and proxy fault, taken whole by a follower's pause: a
+    /// server that waits on flow control is a healthy one, so no fault of theirs cuts a
+    /// pause short (a killed server or a reset connection ends the consumer it waits
+    /// with). They run late instead, in their order.
+    calm: RwLock<()>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
     failures: Mutex<Vec<String>>,
 }
@@ -110,8 +129,11 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
     let started = Instant::now();
     let schedule = Schedule::draw(seed, config.phase);
     let mut report = RoundReport::new(schedule.clone());
+    *lock(&CAPTURED) = Default::default();
     let (server, admin) = start_server().await;
-    let writers = match preload(&server.url(), &schedule, config.markers).await {
+    let gate = Arc::new(RwLock::new(0));
+    let flood = Arc::new(AtomicBool::new(false));
+    let writers = match preload(&server.url(), &schedule, config.markers, &gate, &flood).await {
         Ok(writers) => writers,
         Err(e) => {
             report.failures.push(e);
@@ -119,7 +141,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
             return report;
         }
     };
-    let round = Round::start(server, admin, &schedule, config).await;
+    let round = Round::start(server, admin, (gate, flood), &schedule, config).await;
     let (ledger, healed) = round.fault_phase(writers, &schedule, &mut report).await;
     let now = round.bucket_after_healing(&ledger, &mut report).await;
     round.converge(&now, healed, &mut report).await;
@@ -146,6 +168,9 @@ impl RoundReport {
             took: Duration::ZERO,
             failures: Vec::new(),
             mirror_log: Vec::new(),
+            recreations: 0,
+            mirror_new_histories: 0,
+            stale_heartbeats: [0; 2],
         }
     }
 }
@@ -160,12 +185,7 @@ async fn start_server() -> (NatsServer, async_nats::Client) {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     jetstream::new(admin.clone())
-        .create_key_value(kv::Config {
-            bucket: BUCKET.into(),
-            history: 1,
-            max_value_size: VALUE_LIMIT as i32,
-            ..Default::default()
-        })
+        .create_key_value(bucket_config())
         .await
         .unwrap_or_else(|e| panic!("creating the bucket: {e}"));
     NatsEvents::new(admin.clone(), EVENTS_STREAM, EVENTS_PREFIX)
@@ -176,14 +196,36 @@ async fn start_server() -> (NatsServer, async_nats::Client) {
     (server, admin)
 }
 
+/// The round's bucket, as first made and as made again.
+fn bucket_config() -> kv::Config {
+    kv::Config {
+        bucket: BUCKET.into(),
+        history: 1,
+        max_value_size: VALUE_LIMIT as i32,
+        ..Default::default()
+    }
+}
+
 /// The writers, each having written the history the followers start on.
-async fn preload(url: &str, schedule: &Schedule, markers: bool) -> Result<Vec<Writer>, String> {
+async fn preload(
+    url: &str,
+    schedule: &Schedule,
+    markers: bool,
+    gate: &Arc<RwLock<u32>>,
+    flood: &Arc<AtomicBool>,
+) -> Result<Vec<Writer>, String> {
     let mut writers = Vec::new();
     for (id, seed) in schedule.writer_seeds.iter().enumerate() {
         let client = connect(url, &format!("campaign-writer-{id}")).await;
         let keys = schedule.keys_per_writer;
-        let mut writer =
-            Writer::new(id, *seed, keys, client, BUCKET, EVENTS_PREFIX, markers).await?;
+        let to = Writes {
+            bucket: BUCKET,
+            events: EVENTS_PREFIX,
+            markers,
+            gate,
+            flood,
+        };
+        let mut writer = Writer::new(id, *seed, keys, client, &to).await?;
         writer
             .preload()
             .await
@@ -213,6 +255,7 @@ impl Round {
     async fn start(
         server: NatsServer,
         admin: async_nats::Client,
+        (gate, flood): (Arc<RwLock<u32>>, Arc<AtomicBool>),
         schedule: &Schedule,
         config: &RoundConfig,
     ) -> Round {
@@ -267,10 +310,14 @@ impl Round {
                 AsyncMutex::new(consumer),
             ],
             mirror: AsyncMutex::new(mirror),
+            admin: admin.clone(),
+            gate,
+            flood,
+            calm: RwLock::new(()),
             applied: Mutex::new(BTreeMap::new()),
             failures: Mutex::new(Vec::new()),
         });
-        let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER)]));
+        let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER, true)]));
         let (done, until) = watch::channel(false);
         let sampler = sample(
             Arc::clone(&targets),
@@ -322,7 +369,8 @@ impl Round {
         }
         heal(&self.targets, &self.admin).await;
         let healed = Instant::now();
-        let mut ledger = Ledger::default();
+        report.recreations = *self.targets.gate.read().await;
+        let mut ledger = Ledger::new(report.recreations + 1);
         for writer in running {
             match timeout(Duration::from_secs(150), writer).await {
                 Ok(Ok(Ok(w))) => {
@@ -594,7 +642,7 @@ impl Round {
             cache.stop().await;
             add_counters(&mut report.counters, &cache.counters);
             report.restarts[i] = u64::from(cache.starts.saturating_sub(1));
-            if cache.counters.resets > 0 {
+            if cache.counters.resets > 0 && report.recreations == 0 {
                 report.failures.push(format!(
                     "the {} counted {} reset(s) over its starts: it took the bucket for a \
                      new history, yet it was never recreated",
@@ -610,6 +658,28 @@ impl Round {
         report.mirror_restarts = u64::from(mirror.starts.saturating_sub(1));
         report.mirror_exits = mirror.exits.clone();
         report.mirror_log = lock(&mirror.lines).iter().cloned().collect();
+        report.stale_heartbeats[1] = mirror
+            .stale_heartbeats
+            .load(std::sync::atomic::Ordering::Relaxed);
+        report.mirror_new_histories = mirror
+            .new_histories
+            .load(std::sync::atomic::Ordering::Relaxed);
+        for line in lock(&mirror.gave_up_stalled).iter() {
+            report.failures.push(format!(
+                "the mirror gave up on its consumer as stalled, yet no fault keeps the server \
+                 from its flow-control answers that long (a heartbeat queued behind a request \
+                 it answered, misread after a pause?): {line}"
+            ));
+        }
+        let captured = std::mem::take(&mut *lock(&CAPTURED));
+        report.stale_heartbeats[0] = captured.stale_heartbeats;
+        for line in captured.gave_up_stalled {
+            report.failures.push(format!(
+                "an in-process follower gave up on its consumer as stalled, yet no fault keeps \
+                 the server from its flow-control answers that long (a heartbeat queued behind \
+                 a request it answered, misread after a sink pause?):{line}"
+            ));
+        }
         report.faults = lock(&self.targets.applied).clone();
     }
 }
@@ -624,8 +694,12 @@ async fn connect(url: &str, name: &str) -> async_nats::Client {
 
 /// Runs one lane's faults at their times, each undone before the next.
 async fn run_lane(targets: Arc<Targets>, faults: Vec<Planned>, phase_start: Instant) {
-    for Planned { at, fault, .. } in faults {
+    for Planned { at, fault, lane } in faults {
         sleep_until(phase_start + at).await;
+        let _calm = match lane {
+            Lane::Server | Lane::Proxy => Some(targets.calm.read().await),
+            Lane::Followers => None,
+        };
         *lock(&targets.applied).entry(fault.kind()).or_default() += 1;
         if let Err(e) = apply(&targets, &fault).await {
             lock(&targets.failures).push(format!("applying {fault}: {e}"));
@@ -684,7 +758,99 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             mirror.start()?;
         }
         Fault::Restart(which) => t.caches[*which as usize].lock().await.restart().await,
+        Fault::Recreate { cut, down } => {
+            match cut {
+                Cut::Nothing => {}
+                Cut::MirrorDown => {
+                    let mut mirror = t.mirror.lock().await;
+                    mirror.held_down = true;
+                    mirror.kill9().await;
+                }
+                Cut::ProxyHalfOpen => t.proxy.half_open(),
+            }
+            let made = recreate(t).await;
+            sleep(*down).await;
+            match cut {
+                Cut::Nothing => {}
+                Cut::MirrorDown => {
+                    let mut mirror = t.mirror.lock().await;
+                    mirror.held_down = false;
+                    mirror.start()?;
+                }
+                Cut::ProxyHalfOpen => t.proxy.heal(),
+            }
+            made?;
+        }
+        Fault::SinkPause {
+            which,
+            paused,
+            cold,
+        } => {
+            let _calm = t.calm.write().await;
+            let held = {
+                let mut follower = t.caches[*which as usize].lock().await;
+                match cold {
+                    true => follower.restart_paused().await,
+                    false => Arc::clone(&follower.paused).write_owned().await,
+                }
+            };
+            flood(t, *paused).await;
+            drop(held);
+        }
+        Fault::MirrorPause { paused } => {
+            let _calm = t.calm.write().await;
+            t.mirror.lock().await.signal(true)?;
+            flood(t, *paused).await;
+            t.mirror.lock().await.signal(false)?;
+        }
     }
+    Ok(())
+}
+
+/// Holds a follower's pause for `paused`, the writers writing mostly values near the
+/// size limit meanwhile: more bytes than the server's flow-control window (2 MB for a new
+/// consumer, growing to 32 MB for one that keeps up), so it asks the paused reader for an
+/// answer, stops, and sends a stalled heartbeat each second it waits: each a heartbeat
+/// queued behind the request once the reader reads on.
+async fn flood(t: &Targets, paused: Duration) {
+    t.flood.store(true, Ordering::Relaxed);
+    sleep(paused).await;
+    t.flood.store(false, Ordering::Relaxed);
+}
+
+/// What an operator does: deletes the bucket and makes it again with the same name and
+/// config, while no write is under way (each holds the gate); the writers then go on into
+/// the new history. Retried while the server is killed or stopped.
+async fn recreate(t: &Targets) -> Result<(), String> {
+    let mut epoch = t.gate.write().await;
+    let js = jetstream::new(t.admin.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match timeout(Duration::from_secs(3), js.delete_key_value(BUCKET)).await {
+            Ok(Ok(_)) => break,
+            // A delete whose reply a killed server lost, asked again.
+            Ok(Err(e)) if e.to_string().contains("not found") => break,
+            _ if Instant::now() > deadline => {
+                return Err("deleting the bucket: the server did not answer in 60 s".into());
+            }
+            _ => sleep(Duration::from_millis(100)).await,
+        }
+    }
+    loop {
+        let made = timeout(Duration::from_secs(3), js.create_key_value(bucket_config())).await;
+        if matches!(made, Ok(Ok(_))) {
+            break;
+        }
+        // One whose reply was lost: made already (and after the delete, so the new one).
+        if let Ok(Ok(_)) = timeout(Duration::from_secs(3), js.get_key_value(BUCKET)).await {
+            break;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("making the bucket again: {made:?}"));
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    *epoch += 1;
     Ok(())
 }
 
@@ -761,7 +927,7 @@ async fn sample(
             let i = match watchers.iter().position(|w| w.name == name) {
                 Some(i) => i,
                 None => {
-                    watchers.push(Watcher::new(name));
+                    watchers.push(Watcher::new(name, *replays));
                     watchers.len() - 1
                 }
             };
@@ -812,7 +978,7 @@ async fn try_bucket_now(
         .get_stream(format!("KV_{BUCKET}"))
         .await
         .map_err(|e| e.to_string())?;
-    let mut keys: BTreeSet<String> = ledger.keys().cloned().collect();
+    let mut keys: BTreeSet<String> = ledger.all_keys();
     let mut listed = store.keys().await.map_err(|e| e.to_string())?;
     while let Some(key) = listed.next().await {
         keys.insert(key.map_err(|e| e.to_string())?);

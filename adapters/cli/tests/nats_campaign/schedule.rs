@@ -43,6 +43,36 @@ pub enum Fault {
     /// An in-process follower stopped and a new one started (a cold start; a durable
     /// consumer keeps its cursor).
     Restart(InProcess),
+    /// An operator deletes the bucket and makes it again (same name and config); the
+    /// writers go on into the new history. With `cut`, followers are held off it first
+    /// and for `down` after (writes land meanwhile), so they meet a new history whose
+    /// head is past their watermark, or inside it.
+    Recreate { cut: Cut, down: Duration },
+    /// An in-process follower's sink does not return from its commit for `paused`: its
+    /// feed is not read meanwhile (a durable sink's long commit) while the writers write
+    /// mostly values near the size limit, so the server waits on flow control and queues
+    /// stalled heartbeats behind its request. With `cold`, the follower is restarted
+    /// cold first and its first commit is the one held: a new consumer, whose window is
+    /// the smallest (2 MB).
+    SinkPause {
+        which: InProcess,
+        paused: Duration,
+        cold: bool,
+    },
+    /// SIGSTOP of the `tidemark mirror` process, the writers flooding as for a sink pause;
+    /// SIGCONT after `paused`.
+    MirrorPause { paused: Duration },
+}
+
+/// What holds the followers off a recreated bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// Nothing: running followers meet it as it happens.
+    Nothing,
+    /// The mirror killed with kill -9, started again `down` after the recreation.
+    MirrorDown,
+    /// The proxy's connections silent, flowing on `down` after the recreation.
+    ProxyHalfOpen,
 }
 
 /// The in-process followers, numbered as the round keeps them.
@@ -57,7 +87,7 @@ pub enum InProcess {
 }
 
 /// Every fault kind, in the order the summary prints them.
-pub const KINDS: [&str; 12] = [
+pub const KINDS: [&str; 18] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -70,6 +100,12 @@ pub const KINDS: [&str; 12] = [
     "cache restart",
     "events cache restart",
     "consumer restart",
+    "bucket recreated",
+    "bucket recreated, mirror down",
+    "bucket recreated, proxy cut",
+    "sink paused (in-process)",
+    "cold start, sink paused",
+    "mirror SIGSTOP",
 ];
 
 impl Fault {
@@ -93,6 +129,20 @@ impl Fault {
             Fault::Restart(InProcess::Cache) => KINDS[9],
             Fault::Restart(InProcess::EventsCache) => KINDS[10],
             Fault::Restart(InProcess::Consumer) => KINDS[11],
+            Fault::Recreate {
+                cut: Cut::Nothing, ..
+            } => KINDS[12],
+            Fault::Recreate {
+                cut: Cut::MirrorDown,
+                ..
+            } => KINDS[13],
+            Fault::Recreate {
+                cut: Cut::ProxyHalfOpen,
+                ..
+            } => KINDS[14],
+            Fault::SinkPause { cold: false, .. } => KINDS[15],
+            Fault::SinkPause { cold: true, .. } => KINDS[16],
+            Fault::MirrorPause { .. } => KINDS[17],
         }
     }
 
@@ -100,7 +150,10 @@ impl Fault {
     pub fn lasting(&self) -> Duration {
         match self {
             Fault::ServerKill { down } | Fault::MirrorKill { down } => *down,
-            Fault::ServerPause { paused } => *paused,
+            Fault::ServerPause { paused }
+            | Fault::SinkPause { paused, .. }
+            | Fault::MirrorPause { paused } => *paused,
+            Fault::Recreate { down, .. } => *down,
             Fault::Latency { lasting, .. }
             | Fault::Stall { lasting, .. }
             | Fault::HalfOpen { lasting, .. } => *lasting,
@@ -115,6 +168,7 @@ impl fmt::Display for Fault {
             Fault::Latency {
                 latency, jitter, ..
             } => write!(f, "{} {latency:?}+{jitter:?}", self.kind())?,
+            Fault::SinkPause { which, .. } => write!(f, "{} ({which:?})", self.kind())?,
             _ => f.write_str(self.kind())?,
         }
         match self.lasting() {
@@ -225,14 +279,39 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
             },
             _ => Fault::Reset,
         },
-        Lane::Followers if one_in(rng, 2) => Fault::MirrorKill {
-            down: between(rng, 0, 1500),
+        Lane::Followers => match rng.next_u64() % 12 {
+            0..4 => Fault::MirrorKill {
+                down: between(rng, 0, 1500),
+            },
+            4..7 => Fault::Restart(in_process(rng)),
+            7..9 => Fault::Recreate {
+                cut: match rng.next_u64() % 3 {
+                    0 => Cut::Nothing,
+                    1 => Cut::MirrorDown,
+                    _ => Cut::ProxyHalfOpen,
+                },
+                down: between(rng, 200, 2500),
+            },
+            // Writers flood it meanwhile: past the flow-control window within 1-2 s,
+            // then four stalled heartbeats (1 s apart) or more, what a reader that
+            // misjudged the ones queued behind the request gave up after.
+            9..11 => Fault::SinkPause {
+                which: in_process(rng),
+                paused: between(rng, 6000, 8000),
+                cold: one_in(rng, 2),
+            },
+            _ => Fault::MirrorPause {
+                paused: between(rng, 1000, 6000),
+            },
         },
-        Lane::Followers => Fault::Restart(match rng.next_u64() % 3 {
-            0 => InProcess::Cache,
-            1 => InProcess::EventsCache,
-            _ => InProcess::Consumer,
-        }),
+    }
+}
+
+fn in_process(rng: &mut Rng) -> InProcess {
+    match rng.next_u64() % 3 {
+        0 => InProcess::Cache,
+        1 => InProcess::EventsCache,
+        _ => InProcess::Consumer,
     }
 }
 

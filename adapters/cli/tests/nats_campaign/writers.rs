@@ -5,9 +5,13 @@
 //! exact either way. Each acknowledged write is then announced on the round's events
 //! stream (fire and forget, as a writer's announcement is: one lost with a killed server
 //! is the crash window a reconcile closes); one put in eight as a bare mutation marker
-//! unless `--no-markers` is given.
+//! unless `--no-markers` is given. Each write holds the round's bucket gate (read): a
+//! recreation of the bucket takes it whole, so every write lands in one known history and
+//! writers go on into the new one, their revisions starting again at 1.
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_nats::HeaderMap;
@@ -15,10 +19,10 @@ use async_nats::connection::State;
 use async_nats::jetstream::{self, stream::LastRawMessageErrorKind};
 use bytes::Bytes;
 use tidemark::tidemark_core::{Event, Rng};
-use tokio::sync::watch;
+use tokio::sync::{RwLock, watch};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::ledger::{Kind, Landed, token};
+use crate::ledger::{Kind, Landed, make_token, token};
 
 /// The bucket's `max_value_size`; big writes land within 256 bytes of it.
 pub const VALUE_LIMIT: usize = 128 * 1024;
@@ -26,6 +30,9 @@ pub const VALUE_LIMIT: usize = 128 * 1024;
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a lost acknowledgement may take to resolve (the server is healed well before).
 const RESOLVE_WITHIN: Duration = Duration::from_secs(90);
+
+/// The first draw of a write near the size limit.
+const BIG: u64 = 77;
 
 /// What the writers did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -59,6 +66,20 @@ impl WriteCounts {
     }
 }
 
+/// Where the writers write and how they announce.
+pub struct Writes<'a> {
+    pub bucket: &'a str,
+    /// The events stream's subject prefix.
+    pub events: &'a str,
+    /// Announce one put in eight as a bare mutation marker.
+    pub markers: bool,
+    /// The bucket's history, held to write.
+    pub gate: &'a Arc<RwLock<u32>>,
+    /// While set, most writes are values near the size limit (a fault that pauses a
+    /// follower sets it, so the server's flow control has bytes to hold back).
+    pub flood: &'a Arc<AtomicBool>,
+}
+
 /// One writer: the only one to write its keys, so its acknowledgements order them.
 pub struct Writer {
     id: usize,
@@ -72,6 +93,11 @@ pub struct Writer {
     events: String,
     /// Whether one put in eight is announced as a bare mutation marker.
     markers: bool,
+    /// The bucket's history now (held to write; the recreation takes it whole), and the
+    /// one this writer's `last` revisions are of.
+    gate: Arc<RwLock<u32>>,
+    epoch: u32,
+    flood: Arc<AtomicBool>,
     last: HashMap<String, u64>,
     tokens: u64,
     /// What landed.
@@ -86,14 +112,12 @@ impl Writer {
         seed: u64,
         keys: usize,
         client: async_nats::Client,
-        bucket: &str,
-        events: &str,
-        markers: bool,
+        to: &Writes<'_>,
     ) -> Result<Writer, String> {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(ACK_TIMEOUT);
         let stream = js
-            .get_stream(format!("KV_{bucket}"))
+            .get_stream(format!("KV_{}", to.bucket))
             .await
             .map_err(|e| format!("writer {id}: the bucket's stream: {e}"))?;
         Ok(Writer {
@@ -103,9 +127,12 @@ impl Writer {
             client,
             js,
             stream,
-            bucket: bucket.to_owned(),
-            events: events.to_owned(),
-            markers,
+            bucket: to.bucket.to_owned(),
+            events: to.events.to_owned(),
+            markers: to.markers,
+            gate: Arc::clone(to.gate),
+            flood: Arc::clone(to.flood),
+            epoch: 0,
             last: HashMap::new(),
             tokens: 0,
             landed: Vec::new(),
@@ -134,7 +161,11 @@ impl Writer {
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<Writer, String> {
         while !*stop.borrow_and_update() {
             let key = self.keys[(self.rng.next_u64() % self.keys.len() as u64) as usize].clone();
-            match self.rng.next_u64() % 100 {
+            let draw = match self.flood.load(Ordering::Relaxed) {
+                true if self.rng.next_u64() % 4 != 0 => BIG,
+                _ => self.rng.next_u64() % 100,
+            };
+            match draw {
                 0..45 => {
                     let len = self.small_len();
                     self.put(&key, len).await?;
@@ -152,7 +183,7 @@ impl Writer {
                 }
                 57..69 => self.remove(&key, Kind::Delete).await?,
                 69..77 => self.remove(&key, Kind::Purge).await?,
-                77..85 => {
+                BIG..85 => {
                     let len = VALUE_LIMIT - (self.rng.next_u64() % 256) as usize;
                     self.put(&key, len).await?;
                     self.counts.big += 1;
@@ -172,8 +203,11 @@ impl Writer {
     }
 
     async fn put(&mut self, key: &str, len: usize) -> Result<(), String> {
+        let gate = Arc::clone(&self.gate);
+        let held = gate.read().await;
+        let epoch = self.enter(*held);
         self.tokens += 1;
-        let token = format!("{key}#{}", self.tokens);
+        let token = make_token(key, epoch, self.tokens);
         let mut value = format!("{token}|").into_bytes();
         let fill = (self.tokens % 26) as u8;
         value.extend(
@@ -184,7 +218,20 @@ impl Writer {
             .await
     }
 
+    /// Takes the bucket's history `epoch` as the one written: a new one has no revision of
+    /// this writer's keys yet.
+    fn enter(&mut self, epoch: u32) -> u32 {
+        if epoch != self.epoch {
+            self.epoch = epoch;
+            self.last.clear();
+        }
+        epoch
+    }
+
     async fn remove(&mut self, key: &str, kind: Kind) -> Result<(), String> {
+        let gate = Arc::clone(&self.gate);
+        let held = gate.read().await;
+        self.enter(*held);
         let mut headers = HeaderMap::new();
         match kind {
             Kind::Purge => {
@@ -239,6 +286,7 @@ impl Writer {
         if let Some(seq) = seq {
             self.last.insert(key.to_owned(), seq);
             self.landed.push(Landed {
+                epoch: self.epoch,
                 key: key.to_owned(),
                 seq,
                 kind,
