@@ -41,7 +41,7 @@ impl Clock {
     /// Now, as a [`Time`].
     #[must_use]
     pub fn now(&self) -> Time {
-        Time::from_nanos(u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        self.time(Instant::now())
     }
 
     /// The [`Time`] an instant stands for (the clock's origin for one before it).
