@@ -319,9 +319,10 @@ where
                 Phase::BackingOff => self.reconnects.backing_off(Instant::now()),
                 _ => {}
             }
+            let retry_at = self.retry_at();
             self.prober
-                .poll(&self.source, &self.clock, self.clock.now(), self.retry_at());
-            let event = self.next_event(&mut stop, commands_open).await;
+                .poll(&self.source, &self.clock, self.clock.now(), retry_at);
+            let event = self.next_event(&mut stop, commands_open, retry_at).await;
             if matches!(event, Event::Command(None)) {
                 commands_open = false;
             }
@@ -388,8 +389,14 @@ where
     /// Waits for the next thing that happens: a stop, a command, a reconnect, a timeout,
     /// a probe's outcome or due time, a wake or a feed item (in that order when several
     /// are ready).
-    async fn next_event(&mut self, stop: &mut StopSignal, commands_open: bool) -> Event {
-        let probe_due = self.prober.due(&self.clock, self.retry_at());
+    /// `retry_at`: what [`retry_at`](Self::retry_at) gave, read once by the loop.
+    async fn next_event(
+        &mut self,
+        stop: &mut StopSignal,
+        commands_open: bool,
+        retry_at: Option<Time>,
+    ) -> Event {
+        let probe_due = self.prober.due(&self.clock, retry_at);
         let mut deadline = self.core.poll_timeout().map(|t| self.clock.instant(t));
         for at in [self.wake_paused_until, self.reconnects.deferred_until()]
             .into_iter()
