@@ -1040,6 +1040,19 @@ async fn an_oversized_value_is_a_typed_error() {
     assert!(unlimited.put("k", vec![b'x'; 1000]).await.is_ok());
 }
 
+/// A backoff of one minute from the first failure on (as after many failures), with no
+/// jitter: what a reconnect or a resume must cut short.
+fn a_minute_backoff() -> BackoffPolicy {
+    BackoffPolicy::new(
+        Duration::from_secs(60),
+        2.0,
+        Duration::from_secs(60),
+        Duration::from_secs(600),
+        0.0,
+    )
+    .unwrap()
+}
+
 /// After a server restart the client reconnects, and a follower on a client from
 /// `NatsOptions::connect` hears it: it reopens its feed at once, although its feed backoff
 /// (one minute here, as after many failures) has far to run. A follower on a client without
@@ -1050,14 +1063,7 @@ async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
     let admin = client(&server).await;
     let store = create_bucket(&admin, "reconnect", 1, 1).await;
     store.put("before", Bytes::from_static(b"1")).await.unwrap();
-    let minute = BackoffPolicy::new(
-        Duration::from_secs(60),
-        2.0,
-        Duration::from_secs(60),
-        Duration::from_secs(600),
-        0.0,
-    )
-    .unwrap();
+    let minute = a_minute_backoff();
     let config = |name: &str| {
         FollowerConfig::builder(name)
             .failure_backoff(minute)
@@ -1132,14 +1138,7 @@ async fn a_server_paused_and_continued_ends_the_feed_backoff_without_a_reconnect
     let admin = client(&server).await;
     let store = create_bucket(&admin, "paused", 1, 1).await;
     store.put("before", Bytes::from_static(b"1")).await.unwrap();
-    let minute = BackoffPolicy::new(
-        Duration::from_secs(60),
-        2.0,
-        Duration::from_secs(60),
-        Duration::from_secs(600),
-        0.0,
-    )
-    .unwrap();
+    let minute = a_minute_backoff();
     let config = FollowerConfig::builder("paused")
         .failure_backoff(minute)
         .end_backoff(minute)
