@@ -341,25 +341,149 @@ fn announcements_at(w: u64, changes: Vec<Entry>) -> H {
 }
 
 /// A marker's fetch answered by a replica that has not seen the write yet: storing the
-/// old value under the marker's seq made the real value look stale for good.
+/// old value under the marker's seq made the real value look stale for good. The read of
+/// the whole source it asks for instead (the leader's) brings the change, and settles the
+/// marker: no fetch again.
 #[test]
-fn a_fetch_older_than_its_marker_is_read_again_not_stored_under_the_markers_seq() {
+fn a_fetch_older_than_its_marker_is_settled_by_a_read_of_the_source_not_stored_under_its_seq() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
     h.entry(Entry::mutation(6, "a"));
-    let outs = h.fetched(Some((5, "old")), None);
+    let outs = h.fetched(Some((5, "old")), Some(6));
     assert!(
         puts(&outs).is_empty(),
         "nothing stored from a stale read: {outs:?}"
     );
     assert_eq!(h.f.seq_of("a"), Some(5));
-    let outs = h.run_to_timeout();
+    assert!(
+        asks_reconcile(&outs),
+        "the source is read whole at once, not fetched again after a backoff: {outs:?}"
+    );
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(6, "a", "new")],
+        source_watermark: 6,
+    });
+    assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
+    assert!(
+        !outs
+            .iter()
+            .any(|o| matches!(o, Output::Request(Request::Fetch { .. }))),
+        "the read covered the marker: {outs:?}"
+    );
+    assert!(
+        outs.contains(&Output::Request(Request::Checkpoint { position: 6 })),
+        "the marker is passed: {outs:?}"
+    );
+    assert_eq!(h.f.counters().invalid, 0, "a real marker is no invalid one");
+}
+
+/// The read of the whole source a stale fetch asks for may itself fall short of the
+/// marker (a source whose reads are not all of one point): the key is then fetched again,
+/// on the stale reads' own backoff.
+#[test]
+fn a_marker_a_read_of_the_source_falls_short_of_is_fetched_again() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::mutation(6, "a"));
+    let outs = h.fetched(Some((5, "old")), None);
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    let outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 5,
+    });
     assert!(
         outs.iter().any(
             |o| matches!(o, Output::Request(Request::Fetch { key, seq: 6, .. }) if key == "a")
-        )
+        ),
+        "the marker is fetched again behind the read: {outs:?}"
     );
-    let outs = h.fetched(Some((6, "new")), None);
+    let outs = h.fetched(Some((6, "new")), Some(6));
     assert_eq!(puts(&outs), [("a".into(), 6, "new".into())]);
+}
+
+/// The NATS campaign (seeds 20002, 20016, 20035, ...): a bucket deleted and made again
+/// while an announcements follower was away. It takes the new history, then meets the
+/// old history's markers still on the events stream; the new history has passed their
+/// seqs, so each fetch finds its key at a lower revision. Each marker cost three fetches
+/// on a backoff, and the follower was 3-53 s late. One read of the whole source settles
+/// every old marker it covers: one read for the lot, no fetch again.
+#[test]
+fn markers_of_a_replaced_history_cost_one_read_of_the_source_not_three_fetches_each() {
+    // The new history, read whole at 25 when the follower took it.
+    let mut h = announcements_at(25, vec![Entry::put(12, "a", "a"), Entry::put(20, "b", "b")]);
+    // The old history's markers, at seqs the new history has passed since (its head is at
+    // 40) without writing their keys there.
+    for (seq, key) in [(30, "a"), (31, "b"), (32, "a"), (33, "c")] {
+        h.entry(Entry::new(seq, seq, key, Op::Mutation, Vec::new()));
+    }
+    let mut fetches = 0;
+    let mut outs = h.fetched(Some((40, "a")), Some(40));
+    fetches += 1;
+    // The first marker's key was written since (at 40): its read is newer, and applied.
+    assert_eq!(puts(&outs), [("a".into(), 40, "a".into())], "{outs:?}");
+    // The second's key is older than its marker.
+    assert!(
+        outs.iter().any(
+            |o| matches!(o, Output::Request(Request::Fetch { key, seq: 31, .. }) if key == "b")
+        ),
+        "{outs:?}"
+    );
+    outs = h.fetched(Some((20, "b")), Some(41));
+    fetches += 1;
+    assert!(asks_reconcile(&outs), "one read of the source: {outs:?}");
+    outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![Entry::put(40, "a", "a"), Entry::put(41, "d", "d")],
+        source_watermark: 41,
+    });
+    fetches += outs
+        .iter()
+        .filter(|o| matches!(o, Output::Request(Request::Fetch { .. })))
+        .count();
+    assert_eq!(
+        fetches, 2,
+        "the markers the read covered are settled: {outs:?}"
+    );
+    assert!(
+        outs.contains(&Output::Request(Request::Checkpoint { position: 33 })),
+        "every old marker is passed: {outs:?}"
+    );
+    let soon = h.now.saturating_add(Duration::from_secs(1));
+    assert!(
+        h.f.poll_timeout().is_none_or(|at| at > soon),
+        "no fetch waits out a backoff"
+    );
+    assert_eq!(h.f.seq_of("b"), Some(20), "b keeps the new history's value");
+    assert_eq!(
+        h.f.seq_of("c"),
+        None,
+        "c is in no history the source serves"
+    );
+    assert_eq!(h.f.watermark(), 41);
+}
+
+/// A marker past the source's head: the history the source serves never made it (a writer
+/// announces after it commits), whatever a replica would say. It is settled by a read of
+/// the whole source at once, not fetched three times on a backoff.
+#[test]
+fn a_marker_past_the_sources_head_is_settled_by_a_read_of_the_source_at_once() {
+    let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
+    h.entry(Entry::mutation(18, "a"));
+    let outs = h.fetched(Some((5, "old")), Some(10));
+    assert!(puts(&outs).is_empty(), "{outs:?}");
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    assert_eq!(
+        h.f.counters().invalid,
+        1,
+        "the marker is counted as unconfirmed"
+    );
+    assert!(matches!(
+        diagnostics(&outs).as_slice(),
+        [Diagnostic::InvalidEntry {
+            reason: InvalidReason::Unconfirmed,
+            ..
+        }]
+    ));
 }
 
 /// An announcement the source never made, over a key whose value in the source is poison:
@@ -397,18 +521,26 @@ fn a_claim_replaced_by_a_poison_value_does_not_stay() {
 fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
     h.entry(Entry::mutation(18, "a"));
-    let mut outs = Vec::new();
-    for read in 0..3 {
-        if read > 0 {
-            let retry = h.run_to_timeout();
-            assert!(
-                retry.iter().any(|o| matches!(
-                    o,
-                    Output::Request(Request::Fetch { key, seq: 18, .. }) if key == "a"
-                )),
-                "a stale read is read again first (a replica may be behind): {retry:?}"
-            );
+    // The source's head is not known with the reads: the first stale read asks a read of
+    // the whole source, which falls short of the marker.
+    let outs = h.fetched(Some((5, "old")), None);
+    assert!(asks_reconcile(&outs), "{outs:?}");
+    let mut outs = h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 10,
+    });
+    for read in 1..3 {
+        if read > 1 {
+            outs = h.run_to_timeout();
         }
+        assert!(
+            outs.iter().any(|o| matches!(
+                o,
+                Output::Request(Request::Fetch { key, seq: 18, .. }) if key == "a"
+            )),
+            "a stale read is read again (a replica may be behind): {outs:?}"
+        );
         outs = h.fetched(Some((5, "old")), None);
         assert!(
             puts(&outs).is_empty(),
@@ -426,10 +558,10 @@ fn a_marker_the_source_never_reaches_is_settled_by_a_read_not_fetched_forever() 
     );
     let outs = h.input(Input::Changes {
         token: h.request.unwrap(),
-        changes: vec![Entry::put(7, "b", "b")],
+        changes: vec![Entry::put(15, "b", "b")],
         source_watermark: 20,
     });
-    assert_eq!(puts(&outs), [("b".into(), 7, "b".into())]);
+    assert_eq!(puts(&outs), [("b".into(), 15, "b".into())]);
     assert_eq!(h.f.watermark(), 20, "and it follows the source again");
     assert_eq!(h.f.seq_of("a"), Some(5));
 }
@@ -456,10 +588,11 @@ fn a_fetch_that_finds_nothing_does_not_block_the_put_at_the_markers_seq() {
 }
 
 /// A key absent from a source whose watermark is below the marker's seq was read before
-/// the marker's change (a replica behind): it must be read again, not held as a removal
-/// at the marker's seq.
+/// the marker's change: it must not be held as a removal at the marker's seq. The source
+/// is read whole at once; a read past the marker that finds the key absent dates the
+/// removal after it.
 #[test]
-fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
+fn a_key_absent_from_a_source_behind_its_marker_is_not_removed_but_read_again() {
     let mut h = announcements_at(5, vec![Entry::put(5, "a", "old")]);
     h.entry(Entry::mutation(6, "a"));
     let outs = h.fetched(None, Some(5));
@@ -468,17 +601,17 @@ fn a_key_absent_from_a_source_behind_its_marker_is_read_again_not_removed() {
         "nothing removed on a read from before the marker: {outs:?}"
     );
     assert_eq!(h.f.seq_of("a"), Some(5));
-    let retry = h.run_to_timeout();
-    assert!(
-        retry.iter().any(
-            |o| matches!(o, Output::Request(Request::Fetch { key, seq: 6, .. }) if key == "a")
-        ),
-        "the key is read again after a backoff: {retry:?}"
-    );
+    assert!(asks_reconcile(&outs), "the source is read whole: {outs:?}");
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 5,
+    });
+    h.entry(Entry::mutation(7, "a"));
     let outs = h.fetched(None, Some(7));
     assert_eq!(
         removes(&outs),
-        [("a".into(), 6)],
+        [("a".into(), 7)],
         "absent from a source past the marker, the key was removed after it: {outs:?}"
     );
 }
@@ -573,7 +706,14 @@ fn a_stale_fetch_is_read_again_on_its_own_backoff_not_the_outages() {
     }
     h.reopen(FeedInfo::announcements(5));
     h.entry(Entry::mutation(9, "a"));
-    let outs = h.fetched(Some((5, "old")), Some(7));
+    // A stale read, and the read of the whole source it asks falls short of the marker.
+    h.fetched(Some((5, "old")), None);
+    h.input(Input::Changes {
+        token: h.request.unwrap(),
+        changes: vec![],
+        source_watermark: 7,
+    });
+    let outs = h.fetched(Some((5, "old")), None);
     let Some(Diagnostic::BackingOff { attempt, delay, .. }) = diagnostics(&outs).pop() else {
         panic!("a stale read is read again after a backoff: {outs:?}");
     };

@@ -29,7 +29,33 @@ impl<D: Decode> Follower<D> {
                 reason,
             } => self.on_undecodable(position, seq, reason),
             Held::Head(head) => self.raise_head(head),
+            Held::Refetch {
+                key,
+                seq,
+                position,
+                stale,
+            } => self.refetch(key, seq, position, stale),
         }
+    }
+
+    /// A marker held behind the read of the whole source its stale fetch asked for (see
+    /// [`on_fetched`](Self::on_fetched)): that read reached the watermark, and the cache
+    /// holds every change the source made up to it, so a marker at or below it is settled
+    /// by it whatever its key holds — the change it announced was read, or this history
+    /// never made it (a marker of a history the source no longer serves). Above it, the key
+    /// is fetched again.
+    fn refetch(&mut self, key: String, seq: u64, position: u64, stale: u32) {
+        if seq <= self.watermark {
+            self.counters.stale += 1;
+            self.checkpoint(position);
+            return;
+        }
+        self.send(Pending::Fetch {
+            key,
+            seq,
+            position,
+            stale,
+        });
     }
 
     /// The feed's head moved up: until the follower is ready, it must reach the new head
@@ -375,14 +401,19 @@ impl<D: Decode> Follower<D> {
         if let Some(read_at) = read_at
             && read_at < seq
         {
-            // A source behind the follower's own watermark is no replica catching up with
-            // the marker: it is another history (or lost its newest entries), and only a
-            // read of the whole source settles that. Waiting out the stale reads first,
-            // under a backoff grown by the outage that hid the restore, took longer than
-            // a minute (seed 2282: the restored source never reached the replaced
-            // history's marker at 161, its writers having stopped at 158).
-            let behind = self.follow == Follow::Announcements
-                && source_watermark.is_some_and(|w| w < self.watermark);
+            let announcements = self.follow == Follow::Announcements;
+            // A source whose head is behind the marker (or the follower's own watermark)
+            // is no replica catching up with it: a writer announces after it commits, so
+            // the history the source serves never made the marker's change (the marker is
+            // another history's, or the source lost its newest entries), and only a read
+            // of the whole source settles that. Waiting out the stale reads first, under a
+            // backoff grown by the outage that hid the restore, took longer than a minute
+            // (seed 2282: the restored source never reached the replaced history's marker
+            // at 161, its writers having stopped at 158); and three reads a marker, each
+            // after a backoff, for the markers a recreated bucket's old history left on
+            // the stream made a follower 3-53 s late (the NATS campaign, seed 20002).
+            let behind =
+                announcements && source_watermark.is_some_and(|w| w < seq || w < self.watermark);
             if behind || stale + 1 >= STALE_FETCHES {
                 self.backoffs.stale.reset();
                 // Read after read, the source has never had the change: the marker is not
@@ -401,9 +432,23 @@ impl<D: Decode> Follower<D> {
                 self.settle();
                 return;
             }
-            // A read older than the marker (a replica behind the leader): the value the
-            // marker announced is not there yet. Storing the old value under the marker's
-            // seq would make the real one look stale; read again after a backoff.
+            // A read older than the marker from a source whose head has passed it: a
+            // replica behind the leader, or a marker of another history whose seqs this
+            // one has passed. Storing the old value under the marker's seq would make the
+            // real one look stale. On an announcements stream a read of the whole source
+            // tells the two apart at once: it moves the watermark, and the marker is
+            // judged again behind it (`refetch`) — settled if the read covered it, else
+            // fetched again on the stale reads' backoff.
+            if announcements && stale == 0 && !self.busy() {
+                self.held.push_front(Held::Refetch {
+                    key,
+                    seq,
+                    position,
+                    stale: 1,
+                });
+                self.send(Pending::Reconcile);
+                return;
+            }
             let error = match value {
                 Some(_) => format!("stale read: {key} at seq {read_at}, marker at {seq}"),
                 None => format!("stale read: {key} absent at watermark {read_at}, marker at {seq}"),

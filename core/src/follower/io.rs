@@ -472,10 +472,15 @@ pub enum Input {
         /// The value and the seq it was written at.
         value: Option<(u64, Vec<u8>)>,
         /// The source's watermark when the value was read (or read before it), where the
-        /// driver knows it. A key absent from a source whose watermark is below the
-        /// marker's seq was read before the marker's change (a replica behind, a source
-        /// restored from an older backup), not removed after it: it is read again like a
-        /// value older than the marker. `None`: absence is taken as a removal.
+        /// driver knows it: the head of the history the source serves (its leader's or
+        /// primary's, not a lagging replica's). A writer announces after it commits, so a
+        /// head below the marker's seq says that history never made the marker's change (a
+        /// marker of a history a restore or a recreation replaced): on an announcements
+        /// stream the marker is passed, counted as unconfirmed, and the source read whole.
+        /// A value older than the marker from a source whose head has passed it (a replica
+        /// behind) is settled by a read of the whole source too, the marker judged again
+        /// behind it. `None`: absence is taken as a removal, and an older value as a
+        /// replica behind.
         source_watermark: Option<u64>,
     },
     /// The keys the source holds (a listing asked for by [`Request::ListKeys`]), and its

@@ -78,6 +78,16 @@ enum Held {
     },
     /// The feed's head moved up.
     Head(u64),
+    /// A marker whose fetch read the key older than the marker from a source whose head had
+    /// passed it (or was not known): judged again once the read of the whole source asked
+    /// for then is in. Covered by that read (its seq at or below the watermark), it is
+    /// settled by it; otherwise the key is fetched again, `stale` reads in.
+    Refetch {
+        key: String,
+        seq: u64,
+        position: u64,
+        stale: u32,
+    },
 }
 
 /// The state the sink last committed: where a [`Input::SinkFailed`] goes back to.

@@ -191,9 +191,11 @@ pub trait Source: Send + Sync {
     /// `key`'s current value, as [`get`](Self::get), and the source's watermark read at
     /// the same point in time, or before the value where a source cannot read both at once
     /// (the default). A follower fetching the key a mutation marker named needs both: a
-    /// key found absent by a source whose watermark is below the marker's seq was read
-    /// before that mutation (a replica behind, a source restored from an older backup),
-    /// not removed after it. Override it where one read can return both.
+    /// key found absent by a source whose watermark is below the marker's seq was not
+    /// removed after that mutation, and a watermark below the marker says the history the
+    /// source serves never made it (a marker of a replaced history). The watermark must be
+    /// the head of that history (its leader's, its primary's), never a lagging replica's;
+    /// the value may come from a replica. Override it where one read can return both.
     fn get_at(&self, key: &str) -> impl Future<Output = Result<ValueAt>> + Send {
         async move {
             let watermark = self.watermark().await?;
