@@ -50,6 +50,12 @@ struct Args {
     /// caught in; implied by it).
     #[arg(long)]
     restores_while_cut: bool,
+    /// Make the source anew four times in every run (a bucket deleted and created again:
+    /// the backup taken before any write put back), the followers cut off from 1-3 s
+    /// before to 3-5 s after, the writers going on: the old history's announcements wait
+    /// on the events stream for followers that took the new one.
+    #[arg(long)]
+    recreations_while_cut: bool,
     /// Crash a sweep scheduler between claiming a tick and recording its job four times in
     /// every run (the world `--strategy naive-ticks` is caught in; implied by it).
     #[arg(long)]
@@ -100,6 +106,7 @@ impl Args {
             tick: Duration::from_millis(self.tick_ms),
             relays: self.relays as usize,
             restores_while_cut: self.restores_while_cut,
+            recreations_while_cut: self.recreations_while_cut,
             crashes_at_ticks: self.crashes_at_ticks,
             workload: tidemark_sim::scenario::Workload {
                 hot_keys: self.hot_keys,
@@ -130,6 +137,9 @@ impl Args {
         );
         if self.restores_while_cut {
             cmd.push_str(" --restores-while-cut");
+        }
+        if self.recreations_while_cut {
+            cmd.push_str(" --recreations-while-cut");
         }
         if self.crashes_at_ticks {
             cmd.push_str(" --crashes-at-ticks");

@@ -245,6 +245,15 @@ pub struct Scenario {
     /// the followers are cut off (see [`plan`]): the world the `trusts-watermark` strategy
     /// is caught in, and the one tidemark's own followers must pass.
     pub restores_while_cut: bool,
+    /// Every run makes the source anew four times, as a bucket deleted and created again:
+    /// restored from a backup taken at the start (before any write), while the followers
+    /// are cut off from 1-3 s before it to 3-5 s after, the writers going on (see
+    /// [`plan`]). The old history's announcements pile up on the events stream meanwhile,
+    /// at seqs the new history passes before the followers come back: the world the NATS
+    /// campaign found an announcements follower slow in (three fetches on a backoff for
+    /// each old marker, 3-53 s late), and the one tidemark's followers must pass within a
+    /// tight bound.
+    pub recreations_while_cut: bool,
     /// Every run crashes a sweep scheduler between claiming a tick and recording its job
     /// four times, twice after the enqueue and twice before it (see [`plan`]): the world
     /// the `naive-ticks` strategy is caught in, and the one tidemark's schedulers must
@@ -314,6 +323,7 @@ impl Default for Scenario {
             workload: Workload::default(),
             tick: DEFAULT_TICK,
             restores_while_cut: false,
+            recreations_while_cut: false,
             crashes_at_ticks: false,
         }
     }
@@ -547,7 +557,9 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
         }
         t += slot;
     }
-    if s.restores_while_cut || s.strategy == Strategy::TrustsWatermark {
+    if s.recreations_while_cut {
+        recreate_in_every_run(seed, s, &mut plan);
+    } else if s.restores_while_cut || s.strategy == Strategy::TrustsWatermark {
         restore_in_every_run(seed, s, &mut plan);
     } else if s.faults.contains(&FaultKind::Partition) {
         outages_in_every_run(seed, s, &mut plan);
@@ -824,6 +836,37 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
         for i in 0..s.followers {
             // After they applied some of the writes the restore takes back.
             let cut = restore.saturating_sub(Duration::from_millis(50 + rng.next_u64() % 200));
+            let back = restore + Duration::from_millis(3000 + rng.next_u64() % 2000);
+            plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
+            plan.push((
+                back.min(s.fault_phase),
+                Action::Repair(SOURCE.into(), follower_host(i)),
+            ));
+        }
+    }
+}
+
+/// The world of [`Scenario::recreations_while_cut`]: the source made anew four times over
+/// the fault phase (the backup taken before any write put back), each while every follower
+/// is cut off from 1-3 s before it to 3-5 s after, the writers going on. Drawn from a
+/// stream of its own.
+fn recreate_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
+    plan.retain(|(_, a)| !matches!(a, Action::Backup | Action::Restore));
+    let mut rng = Rng::new(seed ^ 0x7265_6372_6561_7465);
+    let phase = u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(16);
+    plan.push((Duration::ZERO, Action::Backup));
+    for (from, len) in [
+        (phase / 6, phase / 12),
+        (phase * 5 / 12, phase / 12),
+        (phase * 8 / 12, phase / 12),
+        (phase * 10 / 12, phase / 12),
+    ] {
+        let restore = Duration::from_millis(from + rng.next_u64() % len);
+        plan.push((restore, Action::Restore));
+        for i in 0..s.followers {
+            let cut = restore.saturating_sub(Duration::from_millis(1000 + rng.next_u64() % 2000));
             let back = restore + Duration::from_millis(3000 + rng.next_u64() % 2000);
             plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
             plan.push((

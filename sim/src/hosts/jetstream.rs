@@ -114,11 +114,17 @@ impl JetStream {
     }
 
     /// Puts the last backup's copy back, with the source's restore to `head`: every
-    /// consumer ends, and the seqs above `head` are another history's.
-    pub fn restore(&self, head: u64) {
+    /// consumer ends, and the seqs above `head` are another history's. `keep`: the backup
+    /// stays for the next restore (the source made anew each time from one backup).
+    pub fn restore(&self, head: u64, keep: bool) {
         {
             let mut shared = self.shared();
-            if let Some(backup) = shared.backup.take() {
+            let backup = if keep {
+                shared.backup.clone()
+            } else {
+                shared.backup.take()
+            };
+            if let Some(backup) = backup {
                 shared.stream.restore(&backup);
                 shared.feeds.clear();
             }

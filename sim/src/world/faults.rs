@@ -51,16 +51,20 @@ pub(super) struct Restores {
     gate: server::WriteGate,
     /// Whether the restore had to wait for writes in flight (traced once).
     waited: AtomicBool,
+    /// Every restore puts back the same backup, the one taken before any write: the source
+    /// made anew, as a bucket deleted and created again ([`Scenario::recreations_while_cut`]).
+    recreations: bool,
 }
 
 impl Restores {
-    pub(super) fn new(gate: server::WriteGate) -> Self {
+    pub(super) fn new(gate: server::WriteGate, recreations: bool) -> Self {
         Restores {
             backup: Mutex::default(),
             restore_at: Mutex::default(),
             pause_until: Mutex::default(),
             gate,
             waited: AtomicBool::new(false),
+            recreations,
         }
     }
 
@@ -86,7 +90,12 @@ impl Restores {
             return false;
         }
         *at = None;
-        let Some((source, outbox)) = lock(&self.backup).take() else {
+        let kept = if self.recreations {
+            lock(&self.backup).clone()
+        } else {
+            lock(&self.backup).take()
+        };
+        let Some((source, outbox)) = kept else {
             return false;
         };
         let head = source.watermark();
@@ -96,7 +105,7 @@ impl Restores {
         self.gate.close();
         world.memory.source.restore(&source);
         world.memory.outbox.restore(&outbox);
-        world.jetstream.restore(head);
+        world.jetstream.restore(head, self.recreations);
         world.history.restore(head);
         world.ledger.restore(head, now);
         world.sweeps.restored(head);
