@@ -13,7 +13,7 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 use tidemark_jetstream::model::{PushServer, Wire};
-use tidemark_jetstream::{Failure, Heard, Liveness, Reply, Sent};
+use tidemark_jetstream::{ConsumerInfo, Failure, Heard, Liveness, Reply, Sent, Tick};
 
 /// Ticks per heartbeat interval.
 const HEARTBEAT: u64 = 20;
@@ -60,7 +60,7 @@ fn run(s: Setup) -> Ran {
     let mut rng = Rng(s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let cap = s.capped.then_some(16);
     let mut server = PushServer::new(4, 12, cap, HEARTBEAT);
-    let mut liveness = Liveness::new(HEARTBEAT, cap);
+    let mut liveness = Liveness::new(HEARTBEAT, cap).created_at(1);
     let mut to_client: VecDeque<(u64, Wire)> = VecDeque::new();
     let mut to_server: VecDeque<(u64, Back)> = VecDeque::new();
     let mut inbox: VecDeque<(Sent, Vec<Wire>)> = VecDeque::new();
@@ -109,7 +109,12 @@ fn run(s: Setup) -> Ran {
         for _ in 0..6 {
             if batch.is_empty() {
                 let Some((stamp, items)) = inbox.pop_front() else {
-                    if let Err(e) = liveness.on_tick(1) {
+                    // The consumer is there whenever the reader asks.
+                    let judged = liveness.on_tick(1).and_then(|tick| match tick {
+                        Tick::Ask => liveness.on_consumer_info(ConsumerInfo::Found { created: 1 }),
+                        Tick::Wait => Ok(()),
+                    });
+                    if let Err(e) = judged {
                         return ran(Some(e), handed_on, &server);
                     }
                     break;
