@@ -690,11 +690,15 @@ mod tests {
             Ok(Some(6)),
             "so does a heartbeat"
         );
+        assert_eq!(l.on_consumer_info(ConsumerInfo::NoAnswer), Ok(()));
+        for _ in 0..3 {
+            assert_eq!(l.on_tick(250), Ok(Tick::Wait));
+        }
         l.on_flow_control();
         assert_eq!(
             ticks_to_ask(&mut l, 250, 12),
-            Ok(None),
-            "so does a flow-control request, but a question is still out: none asked"
+            Ok(Some(6)),
+            "so does a flow-control request"
         );
     }
 
