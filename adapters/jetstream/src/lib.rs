@@ -40,7 +40,10 @@ mod replay;
 mod stream;
 
 pub use lineage::{Delivered, Highest, Remade, StreamLineage, history, snapshot_lineage, stamp};
-pub use liveness::{Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply, Sent, connection};
+pub use liveness::{
+    CONSUMER_NOT_FOUND, ConsumerInfo, Failure, Heard, Heartbeat, Liveness, MAX_STALLS, Reply,
+    STREAM_NOT_FOUND, Sent, Tick, connection,
+};
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
 pub use stream::{
     Created, Identity, LastPresent, Limits, Reader, StreamState, first_available, head,

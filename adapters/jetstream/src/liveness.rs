@@ -8,6 +8,14 @@
 //! and silence. [`Liveness`] takes each of them, with what the reader had sent the server
 //! when it arrived, and says what it means. It reads no clock: the reader reports the
 //! ticks of its timer.
+//!
+//! Silence is judged twice. A consumer deleted — alone, or with its stream when a bucket
+//! is deleted and made again — sends nothing more and no word that it is gone. So after a
+//! heartbeat interval of silence (and a margin) [`Liveness`] has the reader ask the server
+//! whether the consumer is still there (its consumer info: a read that cannot race, unlike
+//! a count the server keeps approximately), and "no such consumer" ends the feed at once.
+//! Any other answer, or none, leaves it to the backstop: three intervals of silence
+//! ([`Failure::Silent`]).
 
 use std::fmt;
 
@@ -15,6 +23,11 @@ use std::fmt;
 /// had the reader's answer, before the reader gives up on the consumer: one per heartbeat
 /// interval, so about this many intervals.
 pub const MAX_STALLS: u32 = 3;
+
+/// The JetStream API error code of "consumer not found".
+pub const CONSUMER_NOT_FOUND: u64 = 10_014;
+/// The JetStream API error code of "stream not found".
+pub const STREAM_NOT_FOUND: u64 = 10_059;
 
 /// What the reader had sent the server when a batch of deliveries arrived.
 ///
@@ -57,6 +70,9 @@ pub enum Failure {
     Stalled,
     /// Nothing at all (no message, no heartbeat) for three heartbeat intervals.
     Silent,
+    /// Asked after a silent heartbeat interval, the server said the consumer is gone: it
+    /// has no consumer of that name (or no such stream), or another one made since.
+    Vanished,
     /// A message without the metadata of a delivery.
     NoMetadata,
     /// A status the consumer does not expect (the consumer was deleted, a leader changed).
@@ -76,6 +92,9 @@ impl fmt::Display for Failure {
             }
             Failure::Stalled => f.write_str("stays stalled"),
             Failure::Silent => f.write_str("missed its heartbeats"),
+            Failure::Vanished => f.write_str(
+                "is gone: the server no longer has it (asked after a silent heartbeat interval)",
+            ),
             Failure::NoMetadata => f.write_str("a message without metadata"),
             Failure::Status(code) => write!(f, "status {code}"),
             Failure::Reconnected => f.write_str("reconnected: the consumer may be gone"),
@@ -103,6 +122,37 @@ pub struct Heartbeat {
     pub ack: bool,
     /// What it means.
     pub heard: Heard,
+}
+
+/// What the server answered when the reader asked for its consumer's info, as
+/// [`Tick::Ask`] has it do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ConsumerInfo {
+    /// It has a consumer of that name, created at `created` (nanoseconds since the Unix
+    /// epoch).
+    Found {
+        /// When the server created it.
+        created: i128,
+    },
+    /// It answered with the JetStream API error `code`.
+    Refused {
+        /// The error code (`err_code`), e.g. [`CONSUMER_NOT_FOUND`].
+        code: u64,
+    },
+    /// No answer: the request failed or timed out.
+    NoAnswer,
+}
+
+/// What a tick of the reader's timer asks of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum Tick {
+    /// Nothing: read on.
+    Wait,
+    /// Silent for a heartbeat interval: ask the server for the consumer's info, without
+    /// holding up delivery, and report its answer with [`Liveness::on_consumer_info`].
+    /// Asked at most once at a time, and not again until another interval passes.
+    Ask,
 }
 
 /// A reply the reader handed to the client.
@@ -138,6 +188,13 @@ pub struct Liveness {
     silent_ns: u64,
     silent_limit_ns: u64,
     traffic: bool,
+    heartbeat_ns: u64,
+    /// When the server created the consumer, if the reader said.
+    created: Option<i128>,
+    /// The silence at which the reader next asks whether the consumer is still there.
+    ask_at_ns: u64,
+    /// A question is out: none again until it is answered.
+    asking: bool,
 }
 
 impl Liveness {
@@ -160,7 +217,19 @@ impl Liveness {
             silent_ns: 0,
             silent_limit_ns: heartbeat_ns.saturating_mul(3),
             traffic: false,
+            heartbeat_ns,
+            created: None,
+            ask_at_ns: first_ask(heartbeat_ns),
+            asking: false,
         }
+    }
+
+    /// The same, for a consumer the server created at `created` (nanoseconds since the Unix
+    /// epoch): a consumer of its name created at another time is another one.
+    #[must_use]
+    pub fn created_at(mut self, created: i128) -> Self {
+        self.created = Some(created);
+        self
     }
 
     /// The consumer sequence read last.
@@ -181,8 +250,7 @@ impl Liveness {
     /// # Errors
     /// [`Failure::Skipped`] when a consumer sequence was skipped.
     pub fn on_message(&mut self, consumer_seq: u64) -> Result<bool, Failure> {
-        self.traffic = true;
-        self.silent_ns = 0;
+        self.heard();
         if consumer_seq != self.last_consumer_seq + 1 {
             return Err(Failure::Skipped {
                 last: self.last_consumer_seq,
@@ -205,8 +273,7 @@ impl Liveness {
 
     /// A flow-control request: the reader answers it (or delivery stops).
     pub fn on_flow_control(&mut self) {
-        self.traffic = true;
-        self.silent_ns = 0;
+        self.heard();
     }
 
     /// An idle heartbeat naming `last_consumer` as the last consumer sequence delivered,
@@ -221,8 +288,7 @@ impl Liveness {
         last_consumer: Option<u64>,
         stalled: Option<&str>,
     ) -> Result<Heartbeat, Failure> {
-        self.traffic = true;
-        self.silent_ns = 0;
+        self.heard();
         // What the server surely had when it sent this heartbeat, and what it has for the
         // next one.
         let before = std::mem::replace(&mut self.before, self.batch_sent);
@@ -291,11 +357,12 @@ impl Liveness {
         self.sent
     }
 
-    /// The reader's timer ticked after `tick_ns`.
+    /// The reader's timer ticked after `tick_ns`. [`Tick::Ask`]: ask the server whether the
+    /// consumer is still there.
     ///
     /// # Errors
     /// [`Failure::Silent`] after three heartbeat intervals of nothing at all.
-    pub fn on_tick(&mut self, tick_ns: u64) -> Result<(), Failure> {
+    pub fn on_tick(&mut self, tick_ns: u64) -> Result<Tick, Failure> {
         if std::mem::take(&mut self.traffic) {
             self.silent_ns = 0;
         } else {
@@ -304,8 +371,51 @@ impl Liveness {
         if self.silent_ns >= self.silent_limit_ns {
             return Err(Failure::Silent);
         }
+        if !self.asking && self.silent_ns >= self.ask_at_ns {
+            self.asking = true;
+            return Ok(Tick::Ask);
+        }
+        Ok(Tick::Wait)
+    }
+
+    /// The answer to the question [`Tick::Ask`] asked.
+    ///
+    /// # Errors
+    /// [`Failure::Vanished`] when the server has no such consumer or stream, or another
+    /// consumer of its name. Whatever happened since the question, the consumer is gone.
+    pub fn on_consumer_info(&mut self, info: ConsumerInfo) -> Result<(), Failure> {
+        self.asking = false;
+        let gone = match info {
+            ConsumerInfo::Found { created } => self.created.is_some_and(|c| c != created),
+            ConsumerInfo::Refused { code } => {
+                code == CONSUMER_NOT_FOUND || code == STREAM_NOT_FOUND
+            }
+            ConsumerInfo::NoAnswer => false,
+        };
+        if gone {
+            return Err(Failure::Vanished);
+        }
+        // There, or no telling: ask again only after another interval (the backstop of
+        // three intervals stands).
+        self.ask_at_ns = self
+            .ask_at_ns
+            .max(self.silent_ns.saturating_add(self.heartbeat_ns));
         Ok(())
     }
+
+    /// Something arrived from the consumer: it is not silent.
+    fn heard(&mut self) {
+        self.traffic = true;
+        self.silent_ns = 0;
+        self.ask_at_ns = first_ask(self.heartbeat_ns);
+    }
+}
+
+/// The silence after which the reader first asks whether its consumer is still there: a
+/// heartbeat interval and a quarter, so a heartbeat that is merely late rarely costs a
+/// request.
+fn first_ask(heartbeat_ns: u64) -> u64 {
+    heartbeat_ns.saturating_add(heartbeat_ns / 4)
 }
 
 /// What the client's connection says of a consumer made on it: it is gone with a
@@ -430,10 +540,166 @@ mod tests {
     fn three_heartbeat_intervals_of_silence_fail() {
         let mut l = Liveness::new(1_000, None);
         l.on_message(1).ok();
-        assert_eq!(l.on_tick(500), Ok(()), "traffic since the last tick");
-        assert_eq!(l.on_tick(1_000), Ok(()));
-        assert_eq!(l.on_tick(1_000), Ok(()));
-        assert_eq!(l.on_tick(1_000), Err(Failure::Silent));
+        assert_eq!(
+            l.on_tick(500),
+            Ok(Tick::Wait),
+            "traffic since the last tick"
+        );
+        assert_eq!(l.on_tick(1_000), Ok(Tick::Wait));
+        assert_eq!(l.on_tick(1_000), Ok(Tick::Ask), "an interval and more: ask");
+        assert_eq!(
+            l.on_tick(1_000),
+            Err(Failure::Silent),
+            "a question never answered leaves the backstop"
+        );
+    }
+
+    /// Ticks of `tick` of silence until the piece asks (at most `limit` ticks), from a
+    /// reader that just heard from the consumer.
+    fn ticks_to_ask(l: &mut Liveness, tick: u64, limit: u32) -> Result<Option<u32>, Failure> {
+        for n in 1..=limit {
+            if l.on_tick(tick)? == Tick::Ask {
+                return Ok(Some(n));
+            }
+        }
+        Ok(None)
+    }
+
+    const CREATED: i128 = 1_700_000_000_000_000_000;
+
+    #[test]
+    fn a_heartbeat_interval_of_silence_asks_whether_the_consumer_is_there() {
+        let mut l = Liveness::new(1_000, None).created_at(CREATED);
+        l.on_message(1).ok();
+        assert_eq!(l.on_tick(250), Ok(Tick::Wait), "the message came this tick");
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 12),
+            Ok(Some(5)),
+            "asked once silent for an interval and a quarter (5 ticks of 250), well before \
+             the three intervals of the backstop"
+        );
+    }
+
+    #[test]
+    fn an_answer_that_it_is_there_keeps_waiting_and_asks_again_only_an_interval_later() {
+        let mut l = Liveness::new(1_000, None).created_at(CREATED);
+        assert_eq!(ticks_to_ask(&mut l, 250, 12), Ok(Some(5)));
+        assert_eq!(
+            l.on_consumer_info(ConsumerInfo::Found { created: CREATED }),
+            Ok(()),
+            "there: keep waiting"
+        );
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 3),
+            Ok(None),
+            "not asked again before another interval passes"
+        );
+        assert_eq!(l.on_tick(250), Ok(Tick::Ask), "another interval: ask again");
+        assert_eq!(
+            l.on_consumer_info(ConsumerInfo::Found { created: CREATED }),
+            Ok(())
+        );
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 12),
+            Err(Failure::Silent),
+            "a consumer there that sends nothing still ends on the backstop"
+        );
+    }
+
+    #[test]
+    fn one_question_at_a_time() {
+        let mut l = Liveness::new(1_000, None);
+        assert_eq!(ticks_to_ask(&mut l, 250, 12), Ok(Some(5)));
+        // The answer is slow; messages come and go meanwhile.
+        l.on_message(1).ok();
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 20),
+            Err(Failure::Silent),
+            "no second question while the first is out"
+        );
+    }
+
+    #[test]
+    fn a_consumer_gone_from_the_server_fails_at_once() {
+        for (answer, why) in [
+            (
+                ConsumerInfo::Refused {
+                    code: CONSUMER_NOT_FOUND,
+                },
+                "no such consumer",
+            ),
+            (
+                ConsumerInfo::Refused {
+                    code: STREAM_NOT_FOUND,
+                },
+                "no such stream",
+            ),
+            (
+                ConsumerInfo::Found {
+                    created: CREATED + 1,
+                },
+                "another consumer of its name, created since",
+            ),
+        ] {
+            let mut l = Liveness::new(1_000, None).created_at(CREATED);
+            assert_eq!(ticks_to_ask(&mut l, 250, 12), Ok(Some(5)));
+            assert_eq!(l.on_consumer_info(answer), Err(Failure::Vanished), "{why}");
+        }
+    }
+
+    #[test]
+    fn an_answer_that_tells_nothing_keeps_the_backstop() {
+        for answer in [
+            ConsumerInfo::NoAnswer,
+            // JetStream temporarily unavailable (a cluster without a leader).
+            ConsumerInfo::Refused { code: 10_008 },
+        ] {
+            let mut l = Liveness::new(1_000, None).created_at(CREATED);
+            assert_eq!(ticks_to_ask(&mut l, 250, 12), Ok(Some(5)));
+            assert_eq!(l.on_consumer_info(answer), Ok(()), "{answer:?}");
+            assert_eq!(
+                ticks_to_ask(&mut l, 250, 12),
+                Ok(Some(4)),
+                "{answer:?}: asked again an interval later"
+            );
+            assert_eq!(l.on_consumer_info(answer), Ok(()));
+            assert_eq!(
+                ticks_to_ask(&mut l, 250, 12),
+                Err(Failure::Silent),
+                "{answer:?}: the backstop ends it"
+            );
+        }
+    }
+
+    #[test]
+    fn messages_and_heartbeats_put_the_question_off() {
+        let mut l = Liveness::new(1_000, None);
+        for _ in 0..4 {
+            assert_eq!(l.on_tick(250), Ok(Tick::Wait));
+        }
+        l.on_message(1).ok();
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 12),
+            Ok(Some(6)),
+            "a message starts the silence again (the tick after it hears it)"
+        );
+        assert_eq!(l.on_consumer_info(ConsumerInfo::NoAnswer), Ok(()));
+        l.on_heartbeat(Some(1), None).ok();
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 12),
+            Ok(Some(6)),
+            "so does a heartbeat"
+        );
+        assert_eq!(l.on_consumer_info(ConsumerInfo::NoAnswer), Ok(()));
+        for _ in 0..3 {
+            assert_eq!(l.on_tick(250), Ok(Tick::Wait));
+        }
+        l.on_flow_control();
+        assert_eq!(
+            ticks_to_ask(&mut l, 250, 12),
+            Ok(Some(6)),
+            "so does a flow-control request"
+        );
     }
 
     #[test]

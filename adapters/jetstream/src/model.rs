@@ -564,6 +564,8 @@ pub struct PushServer {
     heartbeat: u64,
     quiet: u64,
     per_tick: u64,
+    /// Deleted (alone or with its stream): it sends nothing more, and no word of it.
+    gone: bool,
 }
 
 impl PushServer {
@@ -584,7 +586,20 @@ impl PushServer {
             heartbeat: heartbeat.max(1),
             quiet: 0,
             per_tick: per_tick.max(1),
+            gone: false,
         }
+    }
+
+    /// The consumer is deleted, as nats-server deletes a push consumer (or its stream):
+    /// from now on it sends nothing, and tells its reader nothing.
+    pub fn vanish(&mut self) {
+        self.gone = true;
+    }
+
+    /// Whether the server still has the consumer (what its consumer info says).
+    #[must_use]
+    pub fn is_there(&self) -> bool {
+        !self.gone
     }
 
     /// `n` more messages exist to deliver (writes to the stream).
@@ -601,6 +616,9 @@ impl PushServer {
     /// One tick: what the server sends.
     pub fn tick(&mut self) -> Vec<Wire> {
         let mut out = Vec::new();
+        if self.gone {
+            return out;
+        }
         while self.waiting.is_none()
             && self.sent < self.available
             && (out.len() as u64) < self.per_tick

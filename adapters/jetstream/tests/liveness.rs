@@ -13,7 +13,9 @@ use std::collections::VecDeque;
 
 use proptest::prelude::*;
 use tidemark_jetstream::model::{PushServer, Wire};
-use tidemark_jetstream::{Failure, Heard, Liveness, Reply, Sent};
+use tidemark_jetstream::{
+    CONSUMER_NOT_FOUND, ConsumerInfo, Failure, Heard, Liveness, Reply, Sent, Tick,
+};
 
 /// Ticks per heartbeat interval.
 const HEARTBEAT: u64 = 20;
@@ -42,6 +44,11 @@ struct Setup {
     drop: Option<u64>,
     /// Stamp batches when the reader takes them, not when they arrive (the defect).
     stamp_at_take: bool,
+    /// The server sends its idle heartbeats half an interval late (still well inside the
+    /// three intervals of the backstop), so the reader asks about its consumer.
+    late_heartbeats: bool,
+    /// The consumer is deleted at this tick, without a word.
+    vanish_at: Option<u64>,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -49,6 +56,8 @@ struct Ran {
     failure: Option<Failure>,
     handed_on: u64,
     available: u64,
+    /// Questions the reader asked: is the consumer still there?
+    asked: u64,
 }
 
 enum Back {
@@ -59,8 +68,14 @@ enum Back {
 fn run(s: Setup) -> Ran {
     let mut rng = Rng(s.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let cap = s.capped.then_some(16);
-    let mut server = PushServer::new(4, 12, cap, HEARTBEAT);
-    let mut liveness = Liveness::new(HEARTBEAT, cap);
+    let server_heartbeat = if s.late_heartbeats {
+        HEARTBEAT * 3 / 2
+    } else {
+        HEARTBEAT
+    };
+    let mut server = PushServer::new(4, 12, cap, server_heartbeat);
+    let mut asked = 0;
+    let mut liveness = Liveness::new(HEARTBEAT, cap).created_at(1);
     let mut to_client: VecDeque<(u64, Wire)> = VecDeque::new();
     let mut to_server: VecDeque<(u64, Back)> = VecDeque::new();
     let mut inbox: VecDeque<(Sent, Vec<Wire>)> = VecDeque::new();
@@ -72,6 +87,9 @@ fn run(s: Setup) -> Ran {
     for now in 0..active + 100 * HEARTBEAT {
         if now < active && rng.below(4) == 0 {
             server.stored(rng.below(8));
+        }
+        if s.vanish_at == Some(now) {
+            server.vanish();
         }
         for w in server.tick() {
             if let (Some(d), Wire::Message { consumer_seq }) = (s.drop, &w)
@@ -109,8 +127,22 @@ fn run(s: Setup) -> Ran {
         for _ in 0..6 {
             if batch.is_empty() {
                 let Some((stamp, items)) = inbox.pop_front() else {
-                    if let Err(e) = liveness.on_tick(1) {
-                        return ran(Some(e), handed_on, &server);
+                    // The server answers what it has when the reader asks.
+                    let judged = liveness.on_tick(1).and_then(|tick| match tick {
+                        Tick::Ask => {
+                            asked += 1;
+                            liveness.on_consumer_info(if server.is_there() {
+                                ConsumerInfo::Found { created: 1 }
+                            } else {
+                                ConsumerInfo::Refused {
+                                    code: CONSUMER_NOT_FOUND,
+                                }
+                            })
+                        }
+                        Tick::Wait => Ok(()),
+                    });
+                    if let Err(e) = judged {
+                        return ran(Some(e), handed_on, &server, asked);
                     }
                     break;
                 };
@@ -136,7 +168,7 @@ fn run(s: Setup) -> Ran {
                             sent = reply(Back::Ack(consumer_seq), &mut liveness);
                         }
                     }
-                    Err(e) => return ran(Some(e), handed_on, &server),
+                    Err(e) => return ran(Some(e), handed_on, &server, asked),
                 },
                 Wire::FlowControl { id } => {
                     liveness.on_flow_control();
@@ -154,20 +186,21 @@ fn run(s: Setup) -> Ran {
                                 sent = reply(Back::Answer(id), &mut liveness);
                             }
                         }
-                        Err(e) => return ran(Some(e), handed_on, &server),
+                        Err(e) => return ran(Some(e), handed_on, &server, asked),
                     }
                 }
             }
         }
     }
-    ran(None, handed_on, &server)
+    ran(None, handed_on, &server, asked)
 }
 
-fn ran(failure: Option<Failure>, handed_on: u64, server: &PushServer) -> Ran {
+fn ran(failure: Option<Failure>, handed_on: u64, server: &PushServer, asked: u64) -> Ran {
     Ran {
         failure,
         handed_on,
         available: server.available(),
+        asked,
     }
 }
 
@@ -179,8 +212,9 @@ proptest! {
         seed in any::<u64>(),
         capped in any::<bool>(),
         latency in (0..HEARTBEAT / 4, 0..HEARTBEAT / 4),
+        late_heartbeats in any::<bool>(),
     ) {
-        let r = run(Setup { seed, capped, latency, drop: None, stamp_at_take: false });
+        let r = run(Setup { seed, capped, latency, drop: None, stamp_at_take: false, late_heartbeats, vanish_at: None });
         prop_assert_eq!(r.failure, None);
         prop_assert_eq!(r.handed_on, r.available, "every message is handed on");
     }
@@ -192,7 +226,7 @@ proptest! {
         latency in (0..HEARTBEAT / 4, 0..HEARTBEAT / 4),
         drop in 1u64..200,
     ) {
-        let r = run(Setup { seed, capped, latency, drop: Some(drop), stamp_at_take: false });
+        let r = run(Setup { seed, capped, latency, drop: Some(drop), stamp_at_take: false, late_heartbeats: false, vanish_at: None });
         if drop <= r.available {
             prop_assert!(
                 matches!(r.failure, Some(Failure::Skipped { .. } | Failure::Misread { .. })),
@@ -213,6 +247,8 @@ fn given_up(stamp_at_take: bool) -> usize {
                 latency: (1, 1),
                 drop: None,
                 stamp_at_take,
+                late_heartbeats: false,
+                vanish_at: None,
             };
             run(setup).failure.is_some()
         })
@@ -228,4 +264,47 @@ fn judging_heartbeats_by_what_the_reader_sent_since_gives_up_healthy_consumers()
     );
     assert_eq!(given_up(false), 0);
     eprintln!("heartbeats judged at take: {caught} of 400 healthy runs given up");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+
+    #[test]
+    fn a_consumer_deleted_without_a_word_is_given_up_by_asking_not_by_silence(
+        seed in any::<u64>(),
+        capped in any::<bool>(),
+        latency in (0..HEARTBEAT / 4, 0..HEARTBEAT / 4),
+        vanish_at in 0..60 * HEARTBEAT,
+    ) {
+        let setup = Setup {
+            seed, capped, latency, drop: None, stamp_at_take: false,
+            late_heartbeats: false, vanish_at: Some(vanish_at),
+        };
+        let r = run(setup);
+        prop_assert_eq!(r.failure.clone(), Some(Failure::Vanished), "{:?}", r);
+    }
+}
+
+#[test]
+fn late_heartbeats_have_the_reader_ask_and_the_answer_keeps_it_reading() {
+    let asked: u64 = (0..100u64)
+        .map(|seed| {
+            let setup = Setup {
+                seed,
+                capped: seed % 2 == 0,
+                latency: (1, 1),
+                drop: None,
+                stamp_at_take: false,
+                late_heartbeats: true,
+                vanish_at: None,
+            };
+            let r = run(setup);
+            assert_eq!(r.failure, None, "seed {seed}: a consumer that is there");
+            r.asked
+        })
+        .sum();
+    assert!(
+        asked > 100,
+        "heartbeats half an interval late must have the reader ask (asked {asked} times)"
+    );
 }

@@ -5,7 +5,9 @@
 //! async-nats' ordered consumer recovers on its own (recreating itself, from "deliver all"
 //! when it has seen nothing). Here any doubt — a consumer sequence gap, a heartbeat that
 //! names another last sequence, missing heartbeats, a reconnect — ends the stream with an
-//! error, and the follower reopens from *its* watermark + 1.
+//! error, and the follower reopens from *its* watermark + 1. A consumer silent for a
+//! heartbeat interval is looked up on the server (without holding up delivery): one that
+//! is gone ends the stream at once, not three intervals later.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,11 +22,12 @@ use tidemark::Result;
 use tokio::sync::mpsc;
 use tracing::debug;
 
-use tidemark_jetstream::{Failure, Heard, Liveness, Sent};
+use tidemark_jetstream::{ConsumerInfo, Failure, Heard, Liveness, Sent, Tick};
 
 use crate::error::unavailable;
 
-/// How often an idle consumer proves it is alive. Three missed in a row end the stream.
+/// How often an idle consumer proves it is alive. One missed has the reader look the
+/// consumer up; three missed in a row end the stream.
 pub(crate) const HEARTBEAT: Duration = Duration::from_secs(1);
 /// [`HEARTBEAT`] in nanoseconds, as [`Liveness`] takes it.
 const HEARTBEAT_NS: u64 = 1_000_000_000;
@@ -138,6 +141,8 @@ pub(crate) struct PushReader {
     last_read: Option<(async_nats::Subject, u64)>,
     /// Whether the consumer has a cap (and so acknowledgements).
     capped: bool,
+    /// The question [`Tick::Ask`] had the reader send: is the consumer still there?
+    asking: Option<tokio::task::JoinHandle<ConsumerInfo>>,
 }
 
 impl std::fmt::Debug for PushReader {
@@ -217,7 +222,8 @@ impl PushReader {
             batch: Vec::new().into_iter(),
             pump: tokio::spawn(pump(subscriber, tx, Arc::clone(&replies))),
             replies,
-            liveness: Liveness::new(HEARTBEAT_NS, max_in_flight.map(|m| m.max(1) as u64)),
+            liveness: Liveness::new(HEARTBEAT_NS, max_in_flight.map(|m| m.max(1) as u64))
+                .created_at(consumer.cached_info().created.unix_timestamp_nanos()),
             stream: stream.cached_info().config.name.clone(),
             consumer: consumer.cached_info().name.clone(),
             connects,
@@ -225,6 +231,7 @@ impl PushReader {
             owed: std::collections::VecDeque::new(),
             last_read: None,
             capped: max_in_flight.is_some(),
+            asking: None,
         })
     }
 
@@ -254,25 +261,35 @@ impl PushReader {
                 if let Err(e) = self.check_connection() {
                     return Some(Err(self.failed(port, &e)));
                 }
-                let next = tokio::select! {
+                let woke = tokio::select! {
                     biased;
-                    batch = self.delivered.recv() => Some(batch),
-                    () = self.tick.as_mut() => None,
+                    batch = self.delivered.recv() => Woke::Batch(batch),
+                    info = answer(&mut self.asking) => Woke::Answer(info),
+                    () = self.tick.as_mut() => Woke::Tick,
                 };
-                match next {
-                    Some(Some((sent, batch))) => {
+                match woke {
+                    Woke::Batch(Some((sent, batch))) => {
                         self.batch = batch.into_iter();
                         self.liveness.on_batch(sent);
                         continue;
                     }
-                    Some(None) => return None,
-                    None => {
+                    Woke::Batch(None) => return None,
+                    Woke::Answer(info) => {
+                        debug!(consumer = %self.consumer, ?info, "the server on a silent consumer");
+                        if let Err(e) = self.liveness.on_consumer_info(info) {
+                            return Some(Err(self.failed(port, &e)));
+                        }
+                        continue;
+                    }
+                    Woke::Tick => {
                         self.tick.as_mut().reset(tokio::time::Instant::now() + TICK);
                         let judged = self
                             .check_connection()
                             .and_then(|()| self.liveness.on_tick(TICK_NS));
-                        if let Err(e) = judged {
-                            return Some(Err(self.failed(port, &e)));
+                        match judged {
+                            Ok(Tick::Wait) => {}
+                            Ok(Tick::Ask) => self.ask(),
+                            Err(e) => return Some(Err(self.failed(port, &e))),
                         }
                         continue;
                     }
@@ -369,6 +386,20 @@ impl PushReader {
         self.replies.answers.store(sent.answers, Ordering::Release);
     }
 
+    /// Asks the server whether the consumer is still there, in a task of its own: the
+    /// answer comes back through [`answer`] while delivery goes on.
+    fn ask(&mut self) {
+        debug!(consumer = %self.consumer, "silent for a heartbeat interval: is the consumer still there?");
+        let task = tokio::spawn(consumer_info(
+            self.context.clone(),
+            self.stream.clone(),
+            self.consumer.clone(),
+        ));
+        if let Some(old) = self.asking.replace(task) {
+            old.abort();
+        }
+    }
+
     fn failed(&self, port: &'static str, failure: &Failure) -> tidemark::Error {
         unavailable(port, format!("consumer {}: {failure}", self.consumer))
     }
@@ -380,6 +411,52 @@ impl PushReader {
             .load(std::sync::atomic::Ordering::Relaxed);
         let connected = self.client.connection_state() == State::Connected;
         tidemark_jetstream::connection(self.connects, connects, connected)
+    }
+}
+
+/// What woke a reader waiting for the next batch.
+enum Woke {
+    /// A batch from the pump (`None`: the subscription closed).
+    Batch(Option<(Sent, Vec<Message>)>),
+    /// The server's answer to the question the reader asked.
+    Answer(ConsumerInfo),
+    /// The timer.
+    Tick,
+}
+
+/// The answer to the question out in `asking`, once it comes (never, when none is out).
+/// Cancel-safe: the question stays out until its answer is taken.
+async fn answer(asking: &mut Option<tokio::task::JoinHandle<ConsumerInfo>>) -> ConsumerInfo {
+    let Some(task) = asking else {
+        return std::future::pending().await;
+    };
+    let info = task.await.unwrap_or(ConsumerInfo::NoAnswer);
+    *asking = None;
+    info
+}
+
+/// What the server says of consumer `consumer` on `stream`: its info (a read that cannot
+/// race: the consumer as the server has it now), an API error, or no answer within a
+/// heartbeat interval.
+async fn consumer_info(
+    context: jetstream::Context,
+    stream: String,
+    consumer: String,
+) -> ConsumerInfo {
+    use async_nats::jetstream::response::Response;
+    let empty = serde_json::json!({});
+    let request = context.request::<_, _, Response<async_nats::jetstream::consumer::Info>>(
+        format!("CONSUMER.INFO.{stream}.{consumer}"),
+        &empty,
+    );
+    match tokio::time::timeout(HEARTBEAT, request).await {
+        Ok(Ok(Response::Ok(info))) => ConsumerInfo::Found {
+            created: info.created.unix_timestamp_nanos(),
+        },
+        Ok(Ok(Response::Err { error })) => ConsumerInfo::Refused {
+            code: error.error_code().0,
+        },
+        Ok(Err(_)) | Err(_) => ConsumerInfo::NoAnswer,
     }
 }
 
@@ -434,6 +511,9 @@ impl Drop for PushReader {
     fn drop(&mut self) {
         // The subscription goes with the pump: unsubscribed.
         self.pump.abort();
+        if let Some(asking) = self.asking.take() {
+            asking.abort();
+        }
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let context = self.context.clone();
             let (consumer, stream) = (self.consumer.clone(), self.stream.clone());

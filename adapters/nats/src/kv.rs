@@ -39,8 +39,9 @@ const EXPECTED_LAST_SUBJECT_SEQ: &str = "Nats-Expected-Last-Subject-Sequence";
 ///   speed — never `keys()` + `get`), reports the stream's first sequence so compaction
 ///   is detected, the sequence of its last message as the head the initial sync must
 ///   reach, and which history it serves at the follower's watermark ([`FeedInfo::lineage`],
-///   from the same stream info as the head). Any consumer doubt (gap, missed heartbeats, reconnect) ends the feed with an
-///   error; the follower reopens it from its own watermark + 1.
+///   from the same stream info as the head). Any consumer doubt (gap, missed heartbeats,
+///   reconnect, a silent consumer the server says is gone) ends the feed with an error;
+///   the follower reopens it from its own watermark + 1.
 /// - As a [`Source`] it writes (put, compare-and-set update, delete), reads single keys,
 ///   and replays changes since a seq or a full snapshot from the stream. A replay reads
 ///   on past the head it read at the start until its consumer caught up: on a bucket
