@@ -454,8 +454,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
          bucket held them there, {} first ready views of the cache's and the mirror's \
          starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
          to the bucket (slowest {} ms after healing), {} holding it within the liveness \
-         bound of {:?} (slowest {} ms), {} durable cursors saved up to the stream's last \
-         event",
+         bound ({:?} on one node, {:?} on a cluster; slowest {} ms), {} durable cursors \
+         saved up to the stream's last event",
         c.samples,
         c.values,
         c.flips,
@@ -467,6 +467,7 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         t.slowest_converge.as_millis(),
         c.live,
         round::LIVENESS,
+        round::CLUSTER_LIVENESS,
         t.slowest_settle.as_millis(),
         c.cursors
     );
