@@ -329,7 +329,13 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
 }
 
 fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
-    let faults: u64 = r.faults.values().sum();
+    // Faults applied, not the note of a leader not found.
+    let faults: u64 = r
+        .faults
+        .iter()
+        .filter(|(kind, _)| KINDS.contains(kind))
+        .map(|(_, n)| n)
+        .sum();
     let after = |d: Option<Duration>| match d {
         Some(d) => format!("{} ms", d.as_millis()),
         None => "never".to_owned(),
