@@ -471,7 +471,6 @@ fn a_marker_past_the_sources_head_is_settled_by_a_read_of_the_source_at_once() {
     h.entry(Entry::mutation(18, "a"));
     let outs = h.fetched(Some((5, "old")), Some(10));
     assert!(puts(&outs).is_empty(), "{outs:?}");
-    assert!(asks_reconcile(&outs), "{outs:?}");
     assert_eq!(
         h.f.counters().invalid,
         1,
@@ -484,6 +483,20 @@ fn a_marker_past_the_sources_head_is_settled_by_a_read_of_the_source_at_once() {
             ..
         }]
     ));
+    assert!(
+        outs.contains(&Output::Request(Request::Checkpoint { position: 18 })),
+        "the marker is passed at once, not fetched again: {outs:?}"
+    );
+    // Another like it: the one read of the source soon settles both.
+    h.entry(Entry::mutation(19, "a"));
+    let outs = h.fetched(Some((5, "old")), Some(10));
+    assert_eq!(h.f.counters().invalid, 2, "{outs:?}");
+    let outs = h.run_to_timeout();
+    assert!(asks_reconcile(&outs), "one read of the source: {outs:?}");
+    assert!(
+        h.f.poll_timeout().is_none_or(|at| at > h.now),
+        "one read for both"
+    );
 }
 
 /// An announcement the source never made, over a key whose value in the source is poison:
@@ -601,6 +614,7 @@ fn a_key_absent_from_a_source_behind_its_marker_is_not_removed_but_read_again() 
         "nothing removed on a read from before the marker: {outs:?}"
     );
     assert_eq!(h.f.seq_of("a"), Some(5));
+    let outs = h.run_to_timeout();
     assert!(asks_reconcile(&outs), "the source is read whole: {outs:?}");
     h.input(Input::Changes {
         token: h.request.unwrap(),

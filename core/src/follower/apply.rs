@@ -412,8 +412,9 @@ impl<D: Decode> Follower<D> {
             // at 161, its writers having stopped at 158); and three reads a marker, each
             // after a backoff, for the markers a recreated bucket's old history left on
             // the stream made a follower 3-53 s late (the NATS campaign, seed 20002).
+            let below_follower = source_watermark.is_some_and(|w| w < self.watermark);
             let behind =
-                announcements && source_watermark.is_some_and(|w| w < seq || w < self.watermark);
+                announcements && (below_follower || source_watermark.is_some_and(|w| w < seq));
             if behind || stale + 1 >= STALE_FETCHES {
                 self.backoffs.stale.reset();
                 // Read after read, the source has never had the change: the marker is not
@@ -425,7 +426,18 @@ impl<D: Decode> Follower<D> {
                 self.invalid(seq, &key, InvalidReason::Unconfirmed);
                 if self.follow == Follow::Announcements {
                     self.checkpoint(position);
-                    self.confirm_now();
+                    if below_follower || stale > 0 {
+                        self.confirm_now();
+                    } else {
+                        // The source is at or past what the follower read, only short of
+                        // the marker: the marker is another history's, the cache is not
+                        // in question. One read, soon, for all such markers (a recreated
+                        // bucket's old history left hundreds on the events stream; a read
+                        // for each, and the snapshot each found the old history's claims
+                        // called for, held a durable consumer's cursor 4 s short of the
+                        // stream's end: campaign seed 20060).
+                        self.confirm_soon();
+                    }
                 } else {
                     self.resync();
                 }

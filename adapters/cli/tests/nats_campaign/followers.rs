@@ -29,6 +29,8 @@ use crate::ledger::token;
 /// Its commits also wait on the follower's sink gate, which a sink-pause fault holds.
 struct RecordingCache {
     inner: CacheWriter<Vec<u8>>,
+    /// The history its last commit was given (the checker's `Watcher::follows`).
+    followed: Followed,
     paused: Arc<tokio::sync::RwLock<()>>,
     reader: Cache<Vec<u8>>,
     name: String,
@@ -52,6 +54,9 @@ impl Sink<Vec<u8>> for RecordingCache {
 
     async fn commit(&mut self, watermark: u64, lineage: Lineage) -> TmResult<()> {
         drop(self.paused.read().await);
+        // Before the entries show: a sample that sees the new history's drops knows it
+        // was taken.
+        *lock(&self.followed) = lineage.history;
         self.inner.commit(watermark, lineage).await
     }
 
@@ -71,6 +76,13 @@ impl Sink<Vec<u8>> for RecordingCache {
         }
     }
 }
+
+/// The history an in-process follower's last commit said it follows, for the sampler.
+pub type Followed = Arc<Mutex<Option<u64>>>;
+
+/// The running start of an in-process follower as the sampler reads it: its name, its
+/// cache and the history its last commit named.
+pub type Current = Arc<Mutex<(String, Cache<Vec<u8>>, Followed)>>;
 
 /// What a cache holds, as the checker reads it.
 pub fn shown(cache: &Cache<Vec<u8>>) -> Vec<Shown> {
@@ -106,7 +118,7 @@ pub struct CacheFollower {
     pub label: &'static str,
     /// The running start's name and cache, for the sampler: read without waiting on a
     /// restart or a reconcile that holds the follower.
-    pub current: Arc<Mutex<(String, Cache<Vec<u8>>)>>,
+    pub current: Current,
     follows: Follows,
     bucket: KvBucket,
     seed: u64,
@@ -130,7 +142,7 @@ impl CacheFollower {
     ) -> Self {
         let mut follower = CacheFollower {
             label,
-            current: Arc::new(Mutex::new((String::new(), cache().1))),
+            current: Arc::new(Mutex::new((String::new(), cache().1, Followed::default()))),
             follows,
             bucket,
             seed,
@@ -163,8 +175,10 @@ impl CacheFollower {
             .build()
             .unwrap_or_else(|e| panic!("the {} config: {e}", self.label));
         let (inner, reader) = cache();
+        let followed = Followed::default();
         let sink = RecordingCache {
             inner,
+            followed: Arc::clone(&followed),
             paused: Arc::clone(&self.paused),
             reader: reader.clone(),
             name: self.name(),
@@ -186,7 +200,7 @@ impl CacheFollower {
                 .with_cursor(events.clone(), *name)
                 .spawn(),
         });
-        *lock(&self.current) = (self.name(), reader.clone());
+        *lock(&self.current) = (self.name(), reader.clone(), followed);
         self.cache = reader;
     }
 

@@ -135,7 +135,7 @@ pub struct RoundReport {
 
 /// What the sampler reads of an in-process follower: its running start's name and cache,
 /// and whether it replays the bucket (views at a watermark).
-type Current = (Arc<Mutex<(String, tidemark::Cache<Vec<u8>>)>>, bool);
+type Current = (crate::followers::Current, bool);
 
 /// The servers a round runs.
 enum Servers {
@@ -212,6 +212,9 @@ struct Targets {
     /// with). They run late instead, in their order.
     calm: RwLock<()>,
     applied: Mutex<BTreeMap<&'static str, u64>>,
+    /// The creation time of the bucket's stream in each history (by epoch), as the
+    /// followers' lineages name it: which history a follower took.
+    created: Mutex<Vec<Option<u64>>>,
     failures: Mutex<Vec<String>>,
 }
 
@@ -448,6 +451,7 @@ impl Round {
             node_fault,
             calm: RwLock::new(()),
             applied: Mutex::new(BTreeMap::new()),
+            created: Mutex::new(vec![created_at(&admin).await]),
             failures: Mutex::new(Vec::new()),
         });
         let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER, true)]));
@@ -1124,7 +1128,36 @@ async fn recreate(t: &Targets) -> Result<(), String> {
         sleep(Duration::from_millis(100)).await;
     }
     *epoch += 1;
+    let created = created_at(&t.admin).await;
+    let mut all = lock(&t.created);
+    all.resize(*epoch as usize, None);
+    all.push(created);
     Ok(())
+}
+
+/// The bucket stream's creation time (nanoseconds since the Unix epoch, as a follower's
+/// lineage names its history); `None` when the server does not answer within a few tries.
+async fn created_at(admin: &async_nats::Client) -> Option<u64> {
+    let js = jetstream::new(admin.clone());
+    for _ in 0..30 {
+        let info = timeout(Duration::from_secs(2), async {
+            let mut stream = js
+                .get_stream(format!("KV_{BUCKET}"))
+                .await
+                .map_err(|e| e.to_string())?;
+            stream
+                .info()
+                .await
+                .map(|i| i.created)
+                .map_err(|e| e.to_string())
+        })
+        .await;
+        if let Ok(Ok(created)) = info {
+            return u64::try_from(created.unix_timestamp_nanos()).ok();
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    None
 }
 
 /// Undoes whatever a lane left: every node running and answering, the route links and
@@ -1248,7 +1281,7 @@ async fn sample(
         let stopping = *stop.borrow_and_update();
         tick += 1;
         for (current, replays) in &t.current {
-            let (name, cache) = lock(current).clone();
+            let (name, cache, followed) = lock(current).clone();
             let (entries, at) = {
                 let (before, ready) = (cache.watermark(), cache.is_ready());
                 let entries = shown(&cache);
@@ -1259,6 +1292,15 @@ async fn sample(
                     .then(|| (before, Instant::now()));
                 (entries, at)
             };
+            // Read after the entries: a commit names its history before its entries show.
+            let follows = *lock(&followed);
+            let epoch = follows.and_then(|h| {
+                let created = lock(&t.created);
+                created
+                    .iter()
+                    .position(|c| *c == Some(h))
+                    .and_then(|e| u32::try_from(e).ok())
+            });
             let mut watchers = lock(&watchers);
             let i = match watchers.iter().position(|w| w.name == name) {
                 Some(i) => i,
@@ -1267,6 +1309,7 @@ async fn sample(
                     watchers.len() - 1
                 }
             };
+            watchers[i].follows(follows, epoch);
             watchers[i].observe(at.map(|(w, i)| (w, i.into_std())), &entries);
         }
         if tick % 5 == 0 || stopping {
