@@ -2,7 +2,7 @@
 //!
 //! [`NatsServer`] runs one JetStream server on 127.0.0.1, on a port the server picks, with
 //! its own temporary storage; [`NatsCluster`] runs a JetStream cluster of several such
-//! nodes. A server can be killed with SIGKILL and restarted on the same port with the same
+//! nodes, whose routes can go through fault proxies ([`RouteLink`]). A server can be killed with SIGKILL and restarted on the same port with the same
 //! storage, and every process the harness started is killed when its owner is dropped, so
 //! a failing test leaves nothing running. [`FaultProxy`] sits between a client and a
 //! server on 127.0.0.1 and adds latency, stalls a direction, resets connections or leaves
@@ -27,7 +27,7 @@ pub use corpus::fuzz_corpus;
 pub use fault_proxy::{Direction, FaultProxy};
 pub use nats_bin::{MIN_VERSION, NatsServerBin, NatsVersion, PROVISION_HINT};
 pub use nats_server::{
-    HarnessError, NatsCluster, NatsServer, NatsServerOptions, wait_jetstream_ready,
+    HarnessError, NatsCluster, NatsServer, NatsServerOptions, RouteLink, wait_jetstream_ready,
 };
 
 /// The README's Rust examples, compiled (and, where they need no server, run) as doc tests

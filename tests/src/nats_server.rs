@@ -17,6 +17,7 @@ use async_nats::jetstream;
 use tempfile::TempDir;
 use tokio::process::{Child, Command};
 
+use crate::fault_proxy::FaultProxy;
 use crate::nats_bin::{NatsServerBin, NatsVersion, PROVISION_HINT};
 
 const LOOPBACK: Ipv4Addr = Ipv4Addr::LOCALHOST;
@@ -315,6 +316,61 @@ pub async fn wait_jetstream_ready(client: &async_nats::Client) -> Result<(), Har
 pub struct NatsCluster {
     /// The nodes, in index order (node `i` is named `n<i>`).
     pub nodes: Vec<NatsServer>,
+    /// Started with [`start_with_route_links`](Self::start_with_route_links): the proxies
+    /// every route between two nodes goes through; empty otherwise.
+    pub links: Vec<RouteLink>,
+    /// Where the linked nodes say they can be reached for routes: nothing behind it.
+    _route_sink: Option<RouteSink>,
+}
+
+/// One direction of the routes between two nodes of a [`NatsCluster`]: node `from` dials
+/// node `to`'s route port through `proxy`, so the proxy's faults act on the routes
+/// between them.
+#[derive(Debug)]
+pub struct RouteLink {
+    /// The node that dials.
+    pub from: usize,
+    /// The node dialled.
+    pub to: usize,
+    /// Between them.
+    pub proxy: FaultProxy,
+}
+
+/// A port on 127.0.0.1 that resets every connection at once: what a linked node
+/// advertises as its route address, so a node that learns of another by gossip (an
+/// implicit route) cannot reach it around the links; its explicit route, through a link,
+/// is the only one that holds.
+#[derive(Debug)]
+struct RouteSink {
+    addr: std::net::SocketAddr,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl RouteSink {
+    async fn start() -> Result<Self, HarnessError> {
+        let listener = tokio::net::TcpListener::bind((LOOPBACK, 0)).await;
+        let listener = listener.map_err(failure("binding the route sink"))?;
+        let addr = listener
+            .local_addr()
+            .map_err(failure("the route sink's port"))?;
+        let accepting = tokio::spawn(async move {
+            loop {
+                match listener.accept().await {
+                    Ok((stream, _)) => {
+                        let _ = stream.set_zero_linger(); // RST, not FIN.
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                }
+            }
+        });
+        Ok(Self { addr, accepting })
+    }
+}
+
+impl Drop for RouteSink {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
 }
 
 impl NatsCluster {
@@ -322,6 +378,21 @@ impl NatsCluster {
     /// to 30 s. Client ports are the servers' choice; route ports must be known to every
     /// node, so they are chosen free by binding port 0.
     pub async fn start(size: usize) -> Result<Self, HarnessError> {
+        Self::start_inner(size, None).await
+    }
+
+    /// Starts `size` nodes as [`start`](Self::start) does, but each node dials each other
+    /// one through a [`RouteLink`] of its own (a [`FaultProxy`] whose jitter is drawn from
+    /// `seed`), so a node can be cut from the others: stall or reset every link
+    /// [`links_of`](Self::links_of) it. Nodes advertise a route address that resets every
+    /// connection, so no route is made around the links, and tell clients no other node's
+    /// URL (`--no_advertise`), so a client reaches only the URLs it was given (proxies of
+    /// its own, say).
+    pub async fn start_with_route_links(size: usize, seed: u64) -> Result<Self, HarnessError> {
+        Self::start_inner(size, Some(seed)).await
+    }
+
+    async fn start_inner(size: usize, linked: Option<u64>) -> Result<Self, HarnessError> {
         static CLUSTERS: AtomicU64 = AtomicU64::new(0);
         let bin = NatsServerBin::find()?;
         let id = CLUSTERS.fetch_add(1, Ordering::Relaxed);
@@ -330,11 +401,36 @@ impl NatsCluster {
         let free = free.collect::<std::io::Result<Vec<_>>>();
         let free = free.map_err(failure("choosing route ports"))?;
         let routes: Vec<String> = free.iter().map(|a| format!("nats://{a}")).collect();
+        let mut links = Vec::new();
+        let mut sink = None;
+        if let Some(seed) = linked {
+            sink = Some(RouteSink::start().await?);
+            for (from, to) in (0..size).flat_map(|f| (0..size).map(move |t| (f, t))) {
+                if from == to {
+                    continue;
+                }
+                let link_seed = seed ^ ((from * size + to) as u64).wrapping_mul(0x9E37_79B9);
+                let proxy = FaultProxy::start(free[to], link_seed).await;
+                let proxy = proxy.map_err(failure("starting a route link"))?;
+                links.push(RouteLink { from, to, proxy });
+            }
+        }
         let mut nodes = Vec::with_capacity(size);
         for (index, route) in routes.iter().enumerate() {
             let options = NatsServerOptions::new().arg("--cluster").arg(route);
             let mut options = options.arg("--cluster_name").arg(&name);
-            options = options.arg("--routes").arg(routes.join(","));
+            options = match &sink {
+                None => options.arg("--routes").arg(routes.join(",")),
+                Some(sink) => {
+                    let own = links.iter().filter(|l| l.from == index);
+                    let own: Vec<String> = own.map(|l| l.proxy.url()).collect();
+                    let options = options.arg("--routes").arg(own.join(","));
+                    let options = options
+                        .arg("--cluster_advertise")
+                        .arg(sink.addr.to_string());
+                    options.arg("--no_advertise")
+                }
+            };
             options.name = Some(format!("n{index}"));
             let mut node = NatsServer::new(bin.clone(), options)?;
             node.spawn()?; // All before waiting on any: a node needs its routes.
@@ -343,7 +439,11 @@ impl NatsCluster {
         for node in &mut nodes {
             node.wait_ready().await?;
         }
-        let cluster = Self { nodes };
+        let cluster = Self {
+            nodes,
+            links,
+            _route_sink: sink,
+        };
         wait_jetstream_ready(&cluster.connect().await?).await?;
         Ok(cluster)
     }
@@ -357,9 +457,23 @@ impl NatsCluster {
             .position(|n| n.options.name.as_deref() == name)
     }
 
+    /// The proxies of the routes to and from node `node` (none unless the cluster was
+    /// started with [`start_with_route_links`](Self::start_with_route_links)): stall or
+    /// reset them all and the node is cut from the others.
+    pub fn links_of(&self, node: usize) -> impl Iterator<Item = &FaultProxy> {
+        let touching = move |l: &&RouteLink| l.from == node || l.to == node;
+        self.links.iter().filter(touching).map(|l| &l.proxy)
+    }
+
+    /// Every node's client URL.
+    #[must_use]
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(NatsServer::url).collect()
+    }
+
     /// Connects a client that knows every node, so it fails over when one dies.
     pub async fn connect(&self) -> Result<async_nats::Client, HarnessError> {
-        let urls: Vec<String> = self.nodes.iter().map(NatsServer::url).collect();
+        let urls = self.urls();
         let connected = async_nats::connect(urls.as_slice()).await;
         let urls = urls.join(",");
         connected.map_err(|e| HarnessError::Server(format!("at {urls}: cannot connect: {e}")))

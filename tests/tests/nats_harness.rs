@@ -1,5 +1,6 @@
 //! The real-server harness itself: discovery and version check, a single server surviving
-//! kill -9, a 3-node cluster surviving the loss of a node, and user/password auth.
+//! kill -9, a 3-node cluster surviving the loss of a node, a node cut off through its
+//! route links, and user/password auth.
 //!
 //! These tests need nats-server >= 2.10 and fail (never skip) without one; run
 //! `bash scripts/provision-nats.sh` first.
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use tidemark_tests::{
-    FaultProxy, HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin,
+    Direction, FaultProxy, HarnessError, MIN_VERSION, NatsCluster, NatsServer, NatsServerBin,
     NatsServerOptions, NatsVersion, PROVISION_HINT, wait_jetstream_ready,
 };
 
@@ -339,6 +340,90 @@ async fn r3_bucket_keeps_serving_reads_after_its_leader_is_killed() {
     for node in &mut cluster.nodes {
         node.check_alive().expect("every node alive at the end");
     }
+}
+
+/// The leader of an R3 stream, as node `via` sees it, and whether it has every replica
+/// current.
+async fn leader_seen(
+    cluster: &NatsCluster,
+    via: usize,
+    stream: &str,
+) -> Result<(usize, bool), String> {
+    let client = cluster.nodes[via]
+        .connect()
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut js = jetstream::new(client);
+    js.set_timeout(Duration::from_secs(1));
+    let mut stream = js.get_stream(stream).await.map_err(|e| e.to_string())?;
+    let info = stream.info().await.map_err(|e| e.to_string())?;
+    let group = info.cluster.clone().ok_or("no cluster info")?;
+    let leader = group.leader.ok_or("no leader")?;
+    let leader = cluster
+        .index_of(&leader)
+        .ok_or(format!("unknown node {leader}"))?;
+    Ok((leader, group.replicas.iter().all(|r| r.current)))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cut_off_through_its_route_links_loses_its_leadership_and_rejoins() {
+    let cluster = NatsCluster::start_with_route_links(3, 7)
+        .await
+        .expect("start a 3-node cluster routed through links");
+    assert_eq!(
+        cluster.links.len(),
+        6,
+        "one link each way between each two nodes"
+    );
+    assert!(
+        cluster
+            .links
+            .iter()
+            .all(|l| l.proxy.addr().ip().is_loopback()),
+        "links bind 127.0.0.1 only"
+    );
+    let js = jetstream::new(cluster.connect().await.expect("connect to the cluster"));
+    retry(Duration::from_secs(15), "create an R3 bucket", || {
+        js.create_key_value(bucket("linked", 3))
+    })
+    .await;
+    let (leader, _) = retry(Duration::from_secs(15), "the stream's leader", || {
+        leader_seen(&cluster, 0, "KV_linked")
+    })
+    .await;
+    let survivor = (leader + 1) % 3;
+    for link in cluster.links_of(leader) {
+        link.stall(Direction::ToServer);
+        link.stall(Direction::ToClient);
+        link.reset_all();
+    }
+    // Elections wait 4-9 s of silence: if any route went around the links, the survivors
+    // would go on hearing the leader and never elect another.
+    retry(
+        Duration::from_secs(30),
+        "the survivors electing a new leader",
+        || async {
+            match leader_seen(&cluster, survivor, "KV_linked").await? {
+                (now, _) if now != leader => Ok(()),
+                (now, _) => Err(format!("n{now} still leads the survivors")),
+            }
+        },
+    )
+    .await;
+    for link in cluster.links_of(leader) {
+        link.heal();
+    }
+    retry(
+        Duration::from_secs(30),
+        "the cut-off node rejoining",
+        || async {
+            match leader_seen(&cluster, leader, "KV_linked").await? {
+                (_, true) => Ok(()),
+                (_, false) => Err("a replica is not current".to_owned()),
+            }
+        },
+    )
+    .await;
 }
 
 #[tokio::test]

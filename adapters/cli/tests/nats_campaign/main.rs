@@ -13,17 +13,26 @@
 //! no server or proxy fault meanwhile, so the server waits on flow control.
 //! Then everything heals and the checker judges (see `checker.rs`).
 //!
+//! With `--cluster` a round runs a 3-node JetStream cluster instead, the bucket and the
+//! events stream at replicas 3, its routes through the harness's fault links; the server
+//! lane kills (kill -9), stops (SIGSTOP) or cuts off (its route links stalled, or reset
+//! and stalled) one node at a time, any node or the leader of a stream (`round.rs`).
+//! `--cluster-share P` draws each round a cluster round with probability P from its seed
+//! (`--cluster` is `--cluster-share 1`); without either, every round is on one node.
+//!
 //! A test without libtest's harness (`harness = false`): it takes arguments and prints its
 //! table under plain `cargo test`, which runs a short fixed campaign (seeds 1..=3):
 //!
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
-//!     [--seed N] [--phase-secs S] [--no-markers] [--verbose]
+//!     [--seed N | --start-seed N] [--cluster | --cluster-share P] [--phase-secs S]
+//!     [--no-markers] [--verbose]
 //! ```
 //!
+//! The fault phase is 6 s on one node and 12 s on a cluster unless `--phase-secs` says.
 //! `--seed N` runs the round of seed N (replaying its schedule); without it, rounds take
 //! seeds from `--start-seed` (default 1) up. `TIDEMARK_CAMPAIGN_MINUTES`, `_ROUNDS`,
-//! `_SEED` and `_PHASE_SECS` set the same from the environment. A failing round prints its
+//! `_SEED`, `_PHASE_SECS` and `_CLUSTER_SHARE` set the same from the environment. A failing round prints its
 //! seed, its schedule and the command that replays it; the exit code is 1. The writers
 //! announce one put in eight as a bare mutation marker, racing the overwrites and removals
 //! of its key (the defect that showed is fixed: CHANGELOG); `--no-markers` (or
@@ -45,12 +54,15 @@ use std::time::{Duration, Instant};
 
 use checker::Checks;
 use round::{RoundConfig, RoundReport};
-use schedule::{KINDS, Schedule};
+use schedule::{CLUSTER_KINDS, KINDS, Schedule};
+use tidemark::tidemark_core::Rng;
 use writers::WriteCounts;
 
 /// The campaign `cargo test` runs: short, fixed, well inside CI's time.
 const DEFAULT_ROUNDS: u64 = 3;
 const DEFAULT_PHASE_SECS: u64 = 6;
+/// A cluster round's: faults on a node last up to 8 s (past an election's 4-9 s).
+const DEFAULT_CLUSTER_PHASE_SECS: u64 = 12;
 /// A follower that needs longer than this after healing is listed as a slow recovery
 /// (a failure only past [`round::LIVENESS`]).
 const SLOW_RECOVERY: Duration = Duration::from_secs(2);
@@ -61,7 +73,10 @@ struct Args {
     minutes: Option<u64>,
     seed: Option<u64>,
     start_seed: u64,
-    phase_secs: u64,
+    /// `None`: the default of each round's kind.
+    phase_secs: Option<u64>,
+    /// The share of rounds drawn as cluster rounds, in [0, 1].
+    cluster_share: f64,
     markers: bool,
     verbose: bool,
     /// libtest's `--list`, or a name filter this test does not match: run nothing.
@@ -82,12 +97,20 @@ fn parse() -> Result<Args, String> {
         minutes: number("TIDEMARK_CAMPAIGN_MINUTES", env("MINUTES"))?,
         seed: number("TIDEMARK_CAMPAIGN_SEED", env("SEED"))?,
         start_seed: 1,
-        phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?
-            .unwrap_or(DEFAULT_PHASE_SECS),
+        phase_secs: number("TIDEMARK_CAMPAIGN_PHASE_SECS", env("PHASE_SECS"))?,
+        cluster_share: share("TIDEMARK_CAMPAIGN_CLUSTER_SHARE", env("CLUSTER_SHARE"))?
+            .unwrap_or(0.0),
         markers: env("MARKERS").is_none_or(|v| v != "0"),
         verbose: false,
         nothing: false,
     };
+    fn share(what: &str, v: Option<String>) -> Result<Option<f64>, String> {
+        let parsed = v.map(|v| match v.parse::<f64>() {
+            Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+            _ => Err(format!("{what} takes a share from 0 to 1, not {v:?}")),
+        });
+        parsed.transpose()
+    }
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
         let mut value =
@@ -97,7 +120,12 @@ fn parse() -> Result<Args, String> {
             "--minutes" => args.minutes = Some(value("--minutes")?),
             "--seed" => args.seed = Some(value("--seed")?),
             "--start-seed" => args.start_seed = value("--start-seed")?,
-            "--phase-secs" => args.phase_secs = value("--phase-secs")?,
+            "--phase-secs" => args.phase_secs = Some(value("--phase-secs")?),
+            "--cluster" => args.cluster_share = 1.0,
+            "--cluster-share" => {
+                args.cluster_share = share("--cluster-share", it.next())?
+                    .ok_or("--cluster-share takes a value".to_owned())?;
+            }
             "--verbose" => args.verbose = true,
             "--markers" => args.markers = true,
             "--no-markers" => args.markers = false,
@@ -107,7 +135,7 @@ fn parse() -> Result<Args, String> {
             filter => args.nothing |= !"nats_campaign".contains(filter),
         }
     }
-    if args.phase_secs == 0 {
+    if args.phase_secs == Some(0) {
         return Err("--phase-secs must be at least 1".to_owned());
     }
     Ok(args)
@@ -123,6 +151,13 @@ struct Totals {
     mirror_exits: u64,
     restarts: [u64; 3],
     checks: Checks,
+    /// Rounds on a cluster, and the stream leader changes seen in them (bucket, events).
+    cluster_rounds: u64,
+    leader_changes: [u64; 2],
+    stalled_behind_node_fault: u64,
+    /// Every follower's settle time (what the liveness bound bounds), on one node and on a
+    /// cluster, for the percentiles the bound is chosen from.
+    settles: [Vec<Duration>; 2],
     resyncs: u64,
     reopens: u64,
     resets: u64,
@@ -173,10 +208,21 @@ fn main() -> ExitCode {
     runtime.block_on(campaign(args))
 }
 
+/// Whether the round of `seed` runs on a cluster: drawn from its seed (apart from its
+/// schedule) at the campaign's cluster share.
+fn on_cluster(seed: u64, share: f64) -> bool {
+    match share {
+        s if s >= 1.0 => true,
+        s if s <= 0.0 => false,
+        s => (Rng::new(seed ^ 0x636c_7573_7465_7273).next_u64() % 10_000) < (s * 10_000.0) as u64,
+    }
+}
+
 async fn campaign(args: Args) -> ExitCode {
-    let config = RoundConfig {
-        phase: Duration::from_secs(args.phase_secs),
+    let base = RoundConfig {
+        phase: Duration::ZERO,
         markers: args.markers,
+        cluster: false,
         tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
     };
     let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
@@ -189,13 +235,27 @@ async fn campaign(args: Args) -> ExitCode {
         .map(|m| Instant::now() + Duration::from_secs(m * 60));
     let load = loadavg();
     let started = Instant::now();
+    let phase = |cluster| match (args.phase_secs, cluster) {
+        (Some(s), _) => s,
+        (None, false) => DEFAULT_PHASE_SECS,
+        (None, true) => DEFAULT_CLUSTER_PHASE_SECS,
+    };
     println!(
-        "nats_campaign: seeds from {first}, {}, fault phase {}s per round, markers {} (load {load})",
+        "nats_campaign: seeds from {first}, {}, fault phase {}s per round{}, markers {} \
+         (load {load})",
         match args.minutes {
             Some(m) => format!("for {m} min"),
             None => format!("{rounds} round(s)"),
         },
-        args.phase_secs,
+        phase(false),
+        match args.cluster_share {
+            s if s > 0.0 => format!(
+                ", {:.0}% of rounds on a 3-node cluster ({}s)",
+                s * 100.0,
+                phase(true)
+            ),
+            _ => String::new(),
+        },
         if args.markers { "on" } else { "off" },
     );
     checker::self_check();
@@ -204,14 +264,20 @@ async fn campaign(args: Args) -> ExitCode {
         if deadline.is_some_and(|d| Instant::now() >= d) {
             break;
         }
+        let cluster = on_cluster(seed, args.cluster_share);
+        let config = RoundConfig {
+            phase: Duration::from_secs(phase(cluster)),
+            cluster,
+            ..base.clone()
+        };
         // The schedule is all the seed decides: drawing it twice must give it twice.
         assert_eq!(
-            Schedule::draw(seed, config.phase),
-            Schedule::draw(seed, config.phase),
+            Schedule::draw(seed, config.phase, cluster),
+            Schedule::draw(seed, config.phase, cluster),
             "the schedule of seed {seed} must replay from its seed"
         );
         let report = round::run(seed, &config).await;
-        print_round(seed, &report, args.verbose, args.phase_secs, args.markers);
+        print_round(seed, &report, args.verbose, phase(cluster), args.markers);
         add(&mut totals, seed, &report);
     }
     print_totals(&totals, started.elapsed(), &load);
@@ -233,6 +299,13 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
         *sum += n;
     }
     t.checks.add(&r.checks);
+    let on = usize::from(r.schedule.cluster);
+    t.cluster_rounds += on as u64;
+    for (sum, n) in t.leader_changes.iter_mut().zip(r.leader_changes) {
+        *sum += n;
+    }
+    t.settles[on].extend(r.settled_after.into_iter().flatten());
+    t.stalled_behind_node_fault += r.stalled_behind_node_fault;
     t.resyncs += r.counters.resyncs;
     t.reopens += r.counters.reopens;
     t.resets += r.counters.resets;
@@ -256,7 +329,13 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
 }
 
 fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
-    let faults: u64 = r.faults.values().sum();
+    // Faults applied, not the note of a leader not found.
+    let faults: u64 = r
+        .faults
+        .iter()
+        .filter(|(kind, _)| KINDS.contains(kind))
+        .map(|(_, n)| n)
+        .sum();
     let after = |d: Option<Duration>| match d {
         Some(d) => format!("{} ms", d.as_millis()),
         None => "never".to_owned(),
@@ -278,9 +357,16 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
     } else {
         "FAILED"
     };
+    let cluster = match r.schedule.cluster {
+        true => format!(
+            " (cluster: {} + {} leader changes)",
+            r.leader_changes[0], r.leader_changes[1]
+        ),
+        false => String::new(),
+    };
     println!(
-        "round seed {seed}: {verdict} in {:.1}s: {faults} faults, {} writes, {} mirror / {} \
-         in-process restarts; equal to the bucket after healing: {converged}",
+        "round seed {seed}{cluster}: {verdict} in {:.1}s: {faults} faults, {} writes, {} \
+         mirror / {} in-process restarts; equal to the bucket after healing: {converged}",
         r.took.as_secs_f64(),
         r.writes.landed(),
         r.mirror_restarts,
@@ -304,7 +390,8 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
     if !r.failures.is_empty() {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
-             --phase-secs {phase_secs}{}",
+             --phase-secs {phase_secs}{}{}",
+            if r.schedule.cluster { " --cluster" } else { "" },
             if markers { "" } else { " --no-markers" }
         );
     }
@@ -321,9 +408,14 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         loadavg()
     );
     println!("  faults:");
-    for kind in KINDS {
+    let kinds = match t.cluster_rounds {
+        0 => &KINDS[..KINDS.len() - CLUSTER_KINDS],
+        _ => &KINDS[..],
+    };
+    let width = kinds.iter().map(|k| k.len()).max().unwrap_or(0);
+    for kind in kinds {
         println!(
-            "    {kind:<26} {:>7}",
+            "    {kind:<width$} {:>7}",
             t.faults.get(kind).copied().unwrap_or(0)
         );
     }
@@ -368,8 +460,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
          bucket held them there, {} first ready views of the cache's and the mirror's \
          starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
          to the bucket (slowest {} ms after healing), {} holding it within the liveness \
-         bound of {:?} (slowest {} ms), {} durable cursors saved up to the stream's last \
-         event",
+         bound ({:?} on one node, {:?} on a cluster; slowest {} ms), {} durable cursors \
+         saved up to the stream's last event",
         c.samples,
         c.values,
         c.flips,
@@ -381,9 +473,43 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         t.slowest_converge.as_millis(),
         c.live,
         round::LIVENESS,
+        round::CLUSTER_LIVENESS,
         t.slowest_settle.as_millis(),
         c.cursors
     );
+    for (on, settles) in t.settles.iter().enumerate() {
+        let mut settles = settles.clone();
+        settles.sort();
+        let at = |q: f64| settles[((settles.len() - 1) as f64 * q) as usize].as_millis();
+        if !settles.is_empty() {
+            println!(
+                "  settle times on {} ({} followers): p50 {} ms, p90 {} ms, p99 {} ms, max {} ms",
+                if on == 1 { "a cluster" } else { "one node" },
+                settles.len(),
+                at(0.5),
+                at(0.9),
+                at(0.99),
+                at(1.0)
+            );
+        }
+    }
+    if t.cluster_rounds > 0 {
+        println!(
+            "  cluster rounds: {}; stream leader changes seen: {} of the bucket's, {} of the \
+             events stream's; faults on a leader that fell back to a named node (no leader \
+             known): {}; feeds that gave up on a consumer as stalled behind a node stopped \
+             or cut off for 3 s or more (not failures): {}; liveness bound on a cluster {:?}",
+            t.cluster_rounds,
+            t.leader_changes[0],
+            t.leader_changes[1],
+            t.faults
+                .get("no stream leader known: fell back")
+                .copied()
+                .unwrap_or(0),
+            t.stalled_behind_node_fault,
+            round::CLUSTER_LIVENESS
+        );
+    }
     if c.old_after_new > 0 {
         println!(
             "  not judged: {} older values, drops and returns shown by followers of \

@@ -1,5 +1,7 @@
 //! A round's faults, drawn from its seed: three lanes (the server, the proxy, the
-//! followers) that each run one fault at a time, concurrently with the others.
+//! followers) that each run one fault at a time, concurrently with the others. On a
+//! cluster the server lane acts on one node at a time: kill -9, SIGSTOP, or its routes to
+//! the others cut, any node or the leader of a stream as it is when the fault begins.
 
 use std::fmt;
 use std::time::Duration;
@@ -62,7 +64,41 @@ pub enum Fault {
     /// SIGSTOP of the `tidemark mirror` process, the writers flooding as for a sink pause;
     /// SIGCONT after `paused`.
     MirrorPause { paused: Duration },
+    /// kill -9 of one cluster node; restarted on its ports and storage after `down`.
+    NodeKill { node: Node, down: Duration },
+    /// SIGSTOP of one cluster node; SIGCONT after `paused`.
+    NodePause { node: Node, paused: Duration },
+    /// Every route link to and from one cluster node stalled both ways (its routes go
+    /// silent); with `reset`, their connections reset too, so the routes drop and every
+    /// new one hangs until healed.
+    Partition {
+        node: Node,
+        lasting: Duration,
+        reset: bool,
+    },
 }
+
+/// Which cluster node a fault acts on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Node {
+    /// Node `n<i>`.
+    At(usize),
+    /// The leader of a stream when the fault begins (from its stream info), so leaders
+    /// change; node `otherwise` if no leader is known then (an election under way).
+    LeaderOf { stream: Led, otherwise: usize },
+}
+
+/// The streams whose leaders faults seek out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Led {
+    /// The bucket's stream.
+    Bucket,
+    /// The events stream the writers announce on.
+    Events,
+}
+
+/// Nodes in a cluster round.
+pub const NODES: usize = 3;
 
 /// What holds the followers off a recreated bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,8 +122,9 @@ pub enum InProcess {
     Consumer = 2,
 }
 
-/// Every fault kind, in the order the summary prints them.
-pub const KINDS: [&str; 18] = [
+/// Every fault kind, in the order the summary prints them: those of a one-node round, then
+/// a cluster round's own ([`CLUSTER_KINDS`]).
+pub const KINDS: [&str; 26] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -106,7 +143,18 @@ pub const KINDS: [&str; 18] = [
     "sink paused (in-process)",
     "cold start, sink paused",
     "mirror SIGSTOP",
+    "node kill -9",
+    "node kill -9, stream leader",
+    "node SIGSTOP",
+    "node SIGSTOP, stream leader",
+    "route cut, stalled",
+    "route cut, stalled, stream leader",
+    "route cut, reset",
+    "route cut, reset, stream leader",
 ];
+
+/// The kinds only a cluster round draws, the last of [`KINDS`].
+pub const CLUSTER_KINDS: usize = 8;
 
 impl Fault {
     /// Its kind, one of [`KINDS`].
@@ -143,6 +191,12 @@ impl Fault {
             Fault::SinkPause { cold: false, .. } => KINDS[15],
             Fault::SinkPause { cold: true, .. } => KINDS[16],
             Fault::MirrorPause { .. } => KINDS[17],
+            Fault::NodeKill { node, .. } => KINDS[18 + node.led()],
+            Fault::NodePause { node, .. } => KINDS[20 + node.led()],
+            Fault::Partition {
+                node, reset: false, ..
+            } => KINDS[22 + node.led()],
+            Fault::Partition { node, .. } => KINDS[24 + node.led()],
         }
     }
 
@@ -152,11 +206,14 @@ impl Fault {
             Fault::ServerKill { down } | Fault::MirrorKill { down } => *down,
             Fault::ServerPause { paused }
             | Fault::SinkPause { paused, .. }
-            | Fault::MirrorPause { paused } => *paused,
+            | Fault::MirrorPause { paused }
+            | Fault::NodePause { paused, .. } => *paused,
+            Fault::NodeKill { down, .. } => *down,
             Fault::Recreate { down, .. } => *down,
             Fault::Latency { lasting, .. }
             | Fault::Stall { lasting, .. }
-            | Fault::HalfOpen { lasting, .. } => *lasting,
+            | Fault::HalfOpen { lasting, .. }
+            | Fault::Partition { lasting, .. } => *lasting,
             Fault::Reset | Fault::Restart(_) => Duration::ZERO,
         }
     }
@@ -169,11 +226,36 @@ impl fmt::Display for Fault {
                 latency, jitter, ..
             } => write!(f, "{} {latency:?}+{jitter:?}", self.kind())?,
             Fault::SinkPause { which, .. } => write!(f, "{} ({which:?})", self.kind())?,
+            Fault::NodeKill { node, .. }
+            | Fault::NodePause { node, .. }
+            | Fault::Partition { node, .. } => write!(f, "{} ({node})", self.kind())?,
             _ => f.write_str(self.kind())?,
         }
         match self.lasting() {
             Duration::ZERO => Ok(()),
             d => write!(f, " for {d:?}"),
+        }
+    }
+}
+
+impl Node {
+    /// 1 for a stream's leader, 0 for a node named in the schedule: the offset of its
+    /// fault's kind in [`KINDS`].
+    fn led(&self) -> usize {
+        match self {
+            Node::At(_) => 0,
+            Node::LeaderOf { .. } => 1,
+        }
+    }
+}
+
+impl fmt::Display for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Node::At(i) => write!(f, "n{i}"),
+            Node::LeaderOf { stream, otherwise } => {
+                write!(f, "leader of the {stream:?} stream, else n{otherwise}")
+            }
         }
     }
 }
@@ -192,6 +274,8 @@ pub struct Planned {
 pub struct Schedule {
     pub seed: u64,
     pub phase: Duration,
+    /// A 3-node cluster with the bucket and the events stream at replicas 3, not one node.
+    pub cluster: bool,
     pub faults: Vec<Planned>,
     pub writer_seeds: Vec<u64>,
     pub keys_per_writer: usize,
@@ -211,8 +295,9 @@ fn one_in(rng: &mut Rng, n: u64) -> bool {
 }
 
 impl Schedule {
-    /// The schedule of seed `seed` for a fault phase of `phase`.
-    pub fn draw(seed: u64, phase: Duration) -> Schedule {
+    /// The schedule of seed `seed` for a fault phase of `phase`, on one node or a cluster.
+    /// A one-node round draws what it drew before cluster rounds existed.
+    pub fn draw(seed: u64, phase: Duration, cluster: bool) -> Schedule {
         let mut rng = Rng::new(seed ^ 0x7469_6465_6d61_726b);
         let writer_seeds = (0..WRITERS).map(|_| rng.next_u64()).collect();
         let keys_per_writer = 4 + (rng.next_u64() % 13) as usize;
@@ -222,7 +307,10 @@ impl Schedule {
         for lane in [Lane::Server, Lane::Proxy, Lane::Followers] {
             let mut at = between(&mut rng, 100, 1000);
             while at < phase {
-                let fault = draw_fault(&mut rng, lane);
+                let fault = match (lane, cluster) {
+                    (Lane::Server, true) => draw_node_fault(&mut rng),
+                    _ => draw_fault(&mut rng, lane),
+                };
                 let gap = between(&mut rng, 200, 2000);
                 let next = at + fault.lasting() + gap;
                 faults.push(Planned { at, lane, fault });
@@ -233,6 +321,7 @@ impl Schedule {
         Schedule {
             seed,
             phase,
+            cluster,
             faults,
             writer_seeds,
             keys_per_writer,
@@ -307,6 +396,37 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
     }
 }
 
+/// A fault on one cluster node, its leader one time in two. Longer than on one node: a
+/// stream leader away for less than the election timeout (4-9 s in nats-server) is waited
+/// for, not replaced, so some last past it and leaders change.
+fn draw_node_fault(rng: &mut Rng) -> Fault {
+    let node = match one_in(rng, 2) {
+        true => Node::At((rng.next_u64() % NODES as u64) as usize),
+        false => Node::LeaderOf {
+            stream: match one_in(rng, 3) {
+                true => Led::Events,
+                false => Led::Bucket,
+            },
+            otherwise: (rng.next_u64() % NODES as u64) as usize,
+        },
+    };
+    match rng.next_u64() % 3 {
+        0 => Fault::NodeKill {
+            node,
+            down: between(rng, 50, 6000),
+        },
+        1 => Fault::NodePause {
+            node,
+            paused: between(rng, 100, 8000),
+        },
+        _ => Fault::Partition {
+            node,
+            lasting: between(rng, 300, 8000),
+            reset: one_in(rng, 2),
+        },
+    }
+}
+
 fn in_process(rng: &mut Rng) -> InProcess {
     match rng.next_u64() % 3 {
         0 => InProcess::Cache,
@@ -319,8 +439,16 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "schedule of seed {} (fault phase {:?}, {} writers x {} keys):",
-            self.seed, self.phase, WRITERS, self.keys_per_writer
+            "schedule of seed {}{} (fault phase {:?}, {} writers x {} keys):",
+            self.seed,
+            if self.cluster {
+                ", a 3-node cluster"
+            } else {
+                ""
+            },
+            self.phase,
+            WRITERS,
+            self.keys_per_writer
         )?;
         for p in &self.faults {
             let lane = format!("{:?}", p.lane).to_lowercase();

@@ -8,6 +8,12 @@
 //! unless `--no-markers` is given. Each write holds the round's bucket gate (read): a
 //! recreation of the bucket takes it whole, so every write lands in one known history and
 //! writers go on into the new one, their revisions starting again at 1.
+//!
+//! On a cluster a lost acknowledgement is read back only once no node fault holds and the
+//! bucket's group has a leader that has heard every replica within the last 2 s, and then
+//! 1.5 s later: a leader cut from its peers answers reads of its own store while the
+//! proposal it took waits for a quorum, which it may still get once healed, so a read
+//! back before then would call a write lost that lands later.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +34,11 @@ use crate::ledger::{Kind, Landed, make_token, token};
 pub const VALUE_LIMIT: usize = 128 * 1024;
 /// How long a write waits for its acknowledgement before it is read back instead.
 const ACK_TIMEOUT: Duration = Duration::from_secs(2);
+/// On a cluster, how recently the leader must have heard every replica (raft heartbeats
+/// are 1 s apart) before a lost acknowledgement is read back, and how long after that:
+/// past a heartbeat, by when a proposal the leader held while cut off is committed.
+const HEARD_WITHIN: Duration = Duration::from_secs(2);
+const HELD_PROPOSAL: Duration = Duration::from_millis(1500);
 /// How long a lost acknowledgement may take to resolve (the server is healed well before).
 const RESOLVE_WITHIN: Duration = Duration::from_secs(90);
 
@@ -78,6 +89,8 @@ pub struct Writes<'a> {
     /// While set, most writes are values near the size limit (a fault that pauses a
     /// follower sets it, so the server's flow control has bytes to hold back).
     pub flood: &'a Arc<AtomicBool>,
+    /// On a cluster: set while a fault holds a node (killed, stopped, cut off).
+    pub node_fault: Option<&'a Arc<AtomicBool>>,
 }
 
 /// One writer: the only one to write its keys, so its acknowledgements order them.
@@ -98,6 +111,7 @@ pub struct Writer {
     gate: Arc<RwLock<u32>>,
     epoch: u32,
     flood: Arc<AtomicBool>,
+    node_fault: Option<Arc<AtomicBool>>,
     last: HashMap<String, u64>,
     tokens: u64,
     /// What landed.
@@ -132,6 +146,7 @@ impl Writer {
             markers: to.markers,
             gate: Arc::clone(to.gate),
             flood: Arc::clone(to.flood),
+            node_fault: to.node_fault.cloned(),
             epoch: 0,
             last: HashMap::new(),
             tokens: 0,
@@ -346,6 +361,12 @@ impl Writer {
             if !matches!(timeout(ACK_TIMEOUT, self.client.flush()).await, Ok(Ok(()))) {
                 continue;
             }
+            if let Some(node_fault) = &self.node_fault {
+                if node_fault.load(Ordering::Relaxed) || !self.group_heard().await {
+                    continue;
+                }
+                sleep(HELD_PROPOSAL).await;
+            }
             sleep(Duration::from_millis(200)).await;
             let Ok(first) = self.last_of(key).await else {
                 continue;
@@ -367,6 +388,21 @@ impl Writer {
                 _ => Ok(None),
             };
         }
+    }
+
+    /// Whether the bucket's group has a leader that has heard from every replica within
+    /// [`HEARD_WITHIN`], and every replica is current: no proposal is held for a quorum.
+    async fn group_heard(&self) -> bool {
+        let mut stream = self.stream.clone();
+        let Ok(Ok(info)) = timeout(ACK_TIMEOUT, stream.info()).await else {
+            return false;
+        };
+        info.cluster.as_ref().is_some_and(|c| {
+            c.leader.is_some()
+                && c.replicas
+                    .iter()
+                    .all(|r| r.current && !r.offline && r.active < HEARD_WITHIN)
+        })
     }
 
     /// The last message of `key`'s subject: its revision and mutation, `None` if none.
