@@ -833,16 +833,29 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
         let backup = restore.saturating_sub(Duration::from_millis(1000 + rng.next_u64() % 1000));
         plan.push((backup, Action::Backup));
         plan.push((restore, Action::Restore));
-        for i in 0..s.followers {
-            // After they applied some of the writes the restore takes back.
-            let cut = restore.saturating_sub(Duration::from_millis(50 + rng.next_u64() % 200));
-            let back = restore + Duration::from_millis(3000 + rng.next_u64() % 2000);
-            plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
-            plan.push((
-                back.min(s.fault_phase),
-                Action::Repair(SOURCE.into(), follower_host(i)),
-            ));
-        }
+        // After they applied some of the writes the restore takes back.
+        cut_followers_around(restore, (50, 200), &mut rng, s, plan);
+    }
+}
+
+/// Cuts every follower off from the source from `before.0` ms (plus up to `before.1`
+/// drawn) before `at` to 3-5 s after it (at most to the end of the fault phase), drawn
+/// follower by follower, the cut before the repair.
+fn cut_followers_around(
+    at: Duration,
+    before: (u64, u64),
+    rng: &mut Rng,
+    s: &Scenario,
+    plan: &mut Vec<(Duration, Action)>,
+) {
+    for i in 0..s.followers {
+        let cut = at.saturating_sub(Duration::from_millis(before.0 + rng.next_u64() % before.1));
+        let back = at + Duration::from_millis(3000 + rng.next_u64() % 2000);
+        plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
+        plan.push((
+            back.min(s.fault_phase),
+            Action::Repair(SOURCE.into(), follower_host(i)),
+        ));
     }
 }
 
@@ -865,15 +878,7 @@ fn recreate_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Acti
     ] {
         let restore = Duration::from_millis(from + rng.next_u64() % len);
         plan.push((restore, Action::Restore));
-        for i in 0..s.followers {
-            let cut = restore.saturating_sub(Duration::from_millis(1000 + rng.next_u64() % 2000));
-            let back = restore + Duration::from_millis(3000 + rng.next_u64() % 2000);
-            plan.push((cut, Action::Partition(SOURCE.into(), follower_host(i))));
-            plan.push((
-                back.min(s.fault_phase),
-                Action::Repair(SOURCE.into(), follower_host(i)),
-            ));
-        }
+        cut_followers_around(restore, (1000, 2000), &mut rng, s, plan);
     }
 }
 
