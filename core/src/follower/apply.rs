@@ -412,9 +412,10 @@ impl<D: Decode> Follower<D> {
             // at 161, its writers having stopped at 158); and three reads a marker, each
             // after a backoff, for the markers a recreated bucket's old history left on
             // the stream made a follower 3-53 s late (the NATS campaign, seed 20002).
+            // (A marker is fetched only above the watermark, which no read moves while its
+            // fetch is out: a head below the watermark is below the marker too.)
             let below_follower = source_watermark.is_some_and(|w| w < self.watermark);
-            let behind =
-                announcements && (below_follower || source_watermark.is_some_and(|w| w < seq));
+            let behind = announcements && source_watermark.is_some_and(|w| w < seq);
             if behind || stale + 1 >= STALE_FETCHES {
                 self.backoffs.stale.reset();
                 // Read after read, the source has never had the change: the marker is not
