@@ -816,11 +816,8 @@ fn outages_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
 /// rest of the plan is the seed's as for any strategy.
 fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
     // Only these restores: one drawn between them would take their backup.
-    plan.retain(|(_, a)| !matches!(a, Action::Backup | Action::Restore));
+    let phase = only_these_restores(s, plan);
     let mut rng = Rng::new(seed ^ 0x7265_7374_6f72_6521);
-    let phase = u64::try_from(s.fault_phase.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(16);
     // Four times, spread over the fault phase: a source crash or a held writer drawn over
     // one window can leave nothing written between the backup and the cut.
     for (from, len) in [
@@ -836,6 +833,15 @@ fn restore_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Actio
         // After they applied some of the writes the restore takes back.
         cut_followers_around(restore, (50, 200), &mut rng, s, plan);
     }
+}
+
+/// Takes the backups and restores the draw made out of `plan` (a world that restores on a
+/// schedule of its own), and returns the fault phase in milliseconds (at least 16).
+fn only_these_restores(s: &Scenario, plan: &mut Vec<(Duration, Action)>) -> u64 {
+    plan.retain(|(_, a)| !matches!(a, Action::Backup | Action::Restore));
+    u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(16)
 }
 
 /// Cuts every follower off from the source from `before.0` ms (plus up to `before.1`
@@ -864,11 +870,8 @@ fn cut_followers_around(
 /// is cut off from 1-3 s before it to 3-5 s after, the writers going on. Drawn from a
 /// stream of its own.
 fn recreate_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
-    plan.retain(|(_, a)| !matches!(a, Action::Backup | Action::Restore));
+    let phase = only_these_restores(s, plan);
     let mut rng = Rng::new(seed ^ 0x7265_6372_6561_7465);
-    let phase = u64::try_from(s.fault_phase.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(16);
     plan.push((Duration::ZERO, Action::Backup));
     for (from, len) in [
         (phase / 6, phase / 12),
