@@ -41,3 +41,38 @@ pub fn registry(m: &tidemark_memory::Memory) -> Registry {
         "changes",
     )
 }
+
+/// A supervised worker that does nothing with what it applies: named `"quiet"`, on source
+/// `"packages"`.
+pub struct Quiet;
+
+impl tidemark::Worker for Quiet {
+    type Decoder = tidemark::Utf8;
+    type Error = String;
+    fn name(&self) -> &str {
+        "quiet"
+    }
+    fn source(&self) -> &str {
+        "packages"
+    }
+    fn decoder(&self) -> tidemark::Utf8 {
+        tidemark::Utf8
+    }
+    async fn on_put(&mut self, _: &str, _: u64, _: String) -> Result<(), String> {
+        Ok(())
+    }
+    async fn on_delete(&mut self, _: &str, _: u64) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// A job runner `"r1"` on `m`'s queue: sweeps succeed, pack housekeeping always fails.
+pub fn runner(m: &tidemark_memory::Memory) -> tidemark::JobRunner<tidemark_memory::MemoryQueue> {
+    use tidemark::tidemark_core::Job;
+    let handlers = tidemark::JobHandlers::new()
+        .on(["sweep"], |_: Job, _| async { Ok::<(), String>(()) })
+        .on(["pack_housekeeping"], |_: Job, _| async {
+            Err::<(), String>("always fails".into())
+        });
+    tidemark::JobRunner::new("r1", m.queue.clone(), handlers).idle_poll(Duration::from_millis(100))
+}
