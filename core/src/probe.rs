@@ -9,8 +9,17 @@
 //! and an answer after a probe that went unanswered means the path stalled and is back:
 //! [`Probed::Resumed`], which the driver reports as
 //! [`Input::Resumed`](crate::Input::Resumed). An answer with none missed before says
-//! nothing: the backoff has another cause (a bucket that is missing, a refused request),
-//! which probing must not turn into a tight loop.
+//! nothing: the backoff has another cause (a refused request), which probing must not
+//! turn into a tight loop.
+//!
+//! A probe fails, as one unanswered does, when the server answers that the source is not
+//! there (a bucket deleted): the follower cannot read it either way. So the first answer
+//! that finds it again (made again) is [`Probed::Resumed`] too, and ends a backoff its
+//! absence grew.
+//!
+//! A request out while the path is cut may never get its reply, with the connection up
+//! all along; [`Asking`] probes beside a request that takes long and says when to give it
+//! up.
 //!
 //! Probes are bounded: one out at a time, one sent per [`ProbePolicy::interval`] at most,
 //! each given up after [`ProbePolicy::timeout`], and only while the follower has more
@@ -74,8 +83,9 @@ impl ProbePolicy {
 pub enum Probed {
     /// Nothing to act on: the path answers as it did, or still does not.
     Nothing,
-    /// The source answered after a probe went unanswered: the path stalled and is back.
-    /// Whatever waits out a backoff may be tried now.
+    /// The source answered after a probe went unanswered: the path stalled and is back
+    /// (or the source, missing, was made again). Whatever waits out a backoff may be
+    /// tried now.
     Resumed,
 }
 
@@ -202,6 +212,114 @@ impl Probes {
     }
 }
 
+/// The probes of one request while it is out, and when to give it up: what a driver asks
+/// beside a request that takes long.
+///
+/// A request sent while the path to the source was cut (a server node cut off from its
+/// cluster, a stream with no leader) may get no reply at all, and the connection stays
+/// up, so no reconnect abandons it: it would wait out the client's whole request timeout
+/// (10 s on NATS) after the source is back. So once a request has been out for a probe
+/// interval, the driver probes the source beside it; when a probe that went unanswered
+/// (or found the source missing) is followed by an answer, the path is back
+/// ([`Probed::Resumed`]), and a request still out a grace of one more probe interval
+/// later is given up ([`cut_due`](Self::cut_due)): its reply, if one was ever coming,
+/// would have come with the answers. A request that is only slow, with the source
+/// answering probes throughout, is never cut.
+#[derive(Clone, Debug)]
+pub struct Asking {
+    probes: Probes,
+    /// When the request went out.
+    asked_at: Time,
+    /// When the path came back with the request still out.
+    back_at: Option<Time>,
+}
+
+impl Asking {
+    /// A request sent at `now`, probed by `policy`.
+    #[must_use]
+    pub fn new(policy: ProbePolicy, now: Time) -> Self {
+        Asking {
+            probes: Probes::new(policy),
+            asked_at: now,
+            back_at: None,
+        }
+    }
+
+    /// The probes' state.
+    #[must_use]
+    pub fn probes(&self) -> &Probes {
+        &self.probes
+    }
+
+    /// When the path came back with the request still out, if it did.
+    #[must_use]
+    pub fn back_at(&self) -> Option<Time> {
+        self.back_at
+    }
+
+    /// Whether to send a probe at `now`: `Some(deadline)` as
+    /// [`Probes::poll_probe`] gives it. None before the request has been out an interval,
+    /// none while one is out, and none once the path is known to be back.
+    #[must_use]
+    pub fn poll_probe(&mut self, now: Time) -> Option<Time> {
+        if self.back_at.is_some() || now < self.first_probe() {
+            return None;
+        }
+        self.probes.poll_probe(now, Some(self.horizon(now)))
+    }
+
+    /// When the driver must wake next for this request (a probe due, or the cut due);
+    /// `None` while a probe is out and nothing else is due (its deadline is the driver's
+    /// to keep). At the time it returns, [`poll_probe`](Self::poll_probe) sends a probe or
+    /// [`cut_due`](Self::cut_due) holds.
+    #[must_use]
+    pub fn poll_timeout(&self, now: Time) -> Option<Time> {
+        if let Some(back) = self.back_at {
+            return Some(self.cut_at(back).max(now));
+        }
+        let now = now.max(self.first_probe());
+        self.probes.poll_timeout(now, Some(self.horizon(now)))
+    }
+
+    /// Whether the request, still out at `now`, is to be given up: the path came back a
+    /// grace of one probe interval ago.
+    #[must_use]
+    pub fn cut_due(&self, now: Time) -> bool {
+        self.back_at.is_some_and(|back| now >= self.cut_at(back))
+    }
+
+    /// The probe out was answered at `now` and the source is there.
+    pub fn handle_answer(&mut self, now: Time) {
+        let probed = self.probes.handle_answer(now);
+        self.judge(now, probed);
+    }
+
+    /// The probe out failed at `now`, or reached its deadline unanswered.
+    pub fn handle_missed(&mut self, now: Time) {
+        self.probes.handle_missed(now);
+    }
+
+    fn judge(&mut self, now: Time, probed: Probed) {
+        if probed == Probed::Resumed && self.back_at.is_none() {
+            self.back_at = Some(now);
+        }
+    }
+
+    fn first_probe(&self) -> Time {
+        self.asked_at
+            .saturating_add(self.probes.policy().interval())
+    }
+
+    fn cut_at(&self, back: Time) -> Time {
+        back.saturating_add(self.probes.policy().interval())
+    }
+
+    /// A retry time far enough off that [`Probes`] paces sends by the interval alone.
+    fn horizon(&self, now: Time) -> Time {
+        now.saturating_add(self.probes.policy().interval() * 4)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -241,8 +359,8 @@ mod tests {
 
     #[test]
     fn answers_with_none_missed_never_resume() {
-        // A follower that backs off because its bucket is missing: the server answers
-        // every probe, and probing must not cut that backoff short.
+        // A follower that backs off for a refused request: the server answers every
+        // probe, and probing must not cut that backoff short.
         let mut p = Probes::new(ProbePolicy::default());
         let retry_at = Some(at(30_000));
         let mut now = at(0);
@@ -297,6 +415,46 @@ mod tests {
         assert_eq!(p.poll_timeout(at(10), retry_at), Some(at(500)));
         assert_eq!(p.poll_timeout(at(1_600), retry_at), None);
         assert_eq!(p.poll_probe(at(1_600), retry_at), None);
+    }
+
+    #[test]
+    fn a_quick_request_is_never_probed() {
+        let mut a = Asking::new(ProbePolicy::default(), at(1_000));
+        assert_eq!(a.poll_probe(at(1_000)), None);
+        assert_eq!(a.poll_probe(at(1_499)), None);
+        assert_eq!(a.poll_timeout(at(1_000)), Some(at(1_500)));
+        assert!(a.poll_probe(at(1_500)).is_some(), "out an interval: probed");
+    }
+
+    #[test]
+    fn a_request_out_across_a_stall_is_cut_a_grace_after_the_path_is_back() {
+        let mut a = Asking::new(ProbePolicy::default(), at(0));
+        assert_eq!(a.poll_probe(at(500)), Some(at(1_500)));
+        a.handle_missed(at(1_500));
+        assert!(a.poll_probe(at(1_500)).is_some());
+        a.handle_answer(at(1_600));
+        assert_eq!(a.back_at(), Some(at(1_600)));
+        assert!(
+            !a.cut_due(at(2_000)),
+            "the grace: a reply held up by the stall comes now"
+        );
+        assert_eq!(a.poll_probe(at(2_000)), None, "nothing more to learn");
+        assert_eq!(a.poll_timeout(at(2_000)), Some(at(2_100)));
+        assert!(a.cut_due(at(2_100)));
+    }
+
+    #[test]
+    fn a_slow_request_with_the_source_answering_is_never_cut() {
+        let mut a = Asking::new(ProbePolicy::default(), at(0));
+        let mut now = at(0);
+        for _ in 0..100 {
+            let due = a.poll_timeout(now).expect("probed while out");
+            now = due;
+            assert!(a.poll_probe(now).is_some());
+            a.handle_answer(now.saturating_add(MS));
+            assert!(!a.cut_due(now));
+        }
+        assert_eq!(a.back_at(), None);
     }
 
     proptest! {

@@ -2,9 +2,11 @@
 //! core's [`Probes`], which decides when to send one and what its outcome means: an
 //! answer after a probe went unanswered ends the backoff
 //! ([`Input::Resumed`](tidemark_core::Input::Resumed)) where no reconnect will (a server
-//! paused and continued keeps its connections). Unlike a reconnect, a resume cuts no
-//! request that is out: nothing was lost with the connection, and a read that waited
-//! through the stall gets its answer.
+//! paused and continued keeps its connections, a cluster's stream elects a leader, a
+//! bucket deleted is made again). Unlike a reconnect, a resume cuts no request that is
+//! out at once: a read that waited through a stall gets its answer. One still out a
+//! grace later is cut ([`Asking`](tidemark_core::Asking), carried out by the follower
+//! task's `Cut` with a [`ProbeOut`] of its own).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,12 +20,51 @@ use crate::ports::Source;
 
 type Probe = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
 
+/// A probe out and its deadline, if one is.
+#[derive(Default)]
+pub(crate) struct ProbeOut(Option<(Probe, Instant)>);
+
+impl ProbeOut {
+    /// Sends a probe to `source`, given up at `deadline`; `false` if `source` gave none.
+    pub(crate) fn send(&mut self, source: &impl Source, deadline: Instant) -> bool {
+        self.0 = source
+            .probe()
+            .map(|probe| (Box::pin(probe) as Probe, deadline));
+        self.0.is_some()
+    }
+
+    /// Whether a probe is out.
+    pub(crate) fn is_out(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Drops the probe out, if one is.
+    pub(crate) fn drop_it(&mut self) {
+        self.0 = None;
+    }
+
+    /// Resolves when the probe out is answered (`true`) or fails or reaches its deadline
+    /// (`false`); never without one. Cancel-safe: the probe stays out until it resolves.
+    pub(crate) async fn outcome(&mut self) -> bool {
+        let Some((probe, deadline)) = &mut self.0 else {
+            return std::future::pending().await;
+        };
+        let answered = tokio::select! {
+            biased;
+            result = probe => result.is_ok(),
+            () = tokio::time::sleep_until(*deadline) => false,
+        };
+        self.0 = None;
+        answered
+    }
+}
+
 /// A follower task's probes: the core's decisions, the probe out and its deadline.
 pub(crate) struct Prober {
     probes: Probes,
     /// Whether the source can be probed at all.
     probing: bool,
-    out: Option<(Probe, Instant)>,
+    out: ProbeOut,
 }
 
 impl std::fmt::Debug for Prober {
@@ -31,7 +72,7 @@ impl std::fmt::Debug for Prober {
         f.debug_struct("Prober")
             .field("probes", &self.probes)
             .field("probing", &self.probing)
-            .field("out", &self.out.as_ref().map(|(_, deadline)| deadline))
+            .field("out", &self.out.0.as_ref().map(|(_, deadline)| deadline))
             .finish()
     }
 }
@@ -42,7 +83,7 @@ impl Prober {
         Prober {
             probes: Probes::new(policy),
             probing: source.probe().is_some(),
-            out: None,
+            out: ProbeOut::default(),
         }
     }
 
@@ -58,14 +99,13 @@ impl Prober {
         if !self.probing {
             return;
         }
-        if let Some(deadline) = self.probes.poll_probe(now, retry_at) {
-            match source.probe() {
-                Some(probe) => self.out = Some((Box::pin(probe), clock.instant(deadline))),
-                None => self.probes.handle_missed(now),
-            }
+        if let Some(deadline) = self.probes.poll_probe(now, retry_at)
+            && !self.out.send(source, clock.instant(deadline))
+        {
+            self.probes.handle_missed(now);
         }
         if self.probes.out().is_none() {
-            self.out = None;
+            self.out.drop_it();
         }
     }
 
@@ -79,24 +119,20 @@ impl Prober {
             .map(|t| clock.instant(t))
     }
 
+    /// Whether the source can be probed at all.
+    pub(crate) fn probing(&self) -> bool {
+        self.probing
+    }
+
     /// Whether a probe is out.
     pub(crate) fn is_out(&self) -> bool {
-        self.out.is_some()
+        self.out.is_out()
     }
 
     /// Resolves when the probe out is answered (`true`) or fails or reaches its deadline
     /// (`false`); never without one. Cancel-safe: the probe stays out until it resolves.
     pub(crate) async fn outcome(&mut self) -> bool {
-        let Some((probe, deadline)) = &mut self.out else {
-            return std::future::pending().await;
-        };
-        let answered = tokio::select! {
-            biased;
-            result = probe => result.is_ok(),
-            () = tokio::time::sleep_until(*deadline) => false,
-        };
-        self.out = None;
-        answered
+        self.out.outcome().await
     }
 
     /// What an outcome [`outcome`](Self::outcome) gave at `now` means.
@@ -113,6 +149,6 @@ impl Prober {
     /// is dropped and a missed one forgotten.
     pub(crate) fn reset(&mut self) {
         self.probes.reset();
-        self.out = None;
+        self.out.drop_it();
     }
 }

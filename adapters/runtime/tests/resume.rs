@@ -1,14 +1,16 @@
 //! A source that stalls and goes on without a reconnect (a server paused and continued
 //! keeps its connections) reaches a follower that backs off through its probes: the
 //! follower retries once the source answers again, not after a backoff grown meanwhile
-//! (SPEC §15), and while the source stalls its probes stay bounded. Tokio's paused clock
-//! runs it, as every driver test.
+//! (SPEC §15), and while the source stalls its probes stay bounded. So does a source made
+//! again after probes answered that it was missing (a bucket deleted), and a request sent
+//! while the path was cut, whose reply never comes, is given up once the source answers
+//! again. Tokio's paused clock runs it, as every driver test.
 #![allow(clippy::unwrap_used)]
 
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::until;
@@ -19,7 +21,10 @@ use tokio::sync::watch;
 
 /// The memory source and feed behind a server the test can pause: while paused, every
 /// call and every probe waits (nothing fails, nothing reconnects); continued, they go on.
-/// `probes`: whether it answers probes at all (the control has none).
+/// Cut off ([`cut_off`](Self::cut_off)), a call or probe sent gets no reply ever (a node
+/// cut off from its cluster: the connection stays up); gone
+/// ([`gone`](Self::gone)), calls fail and probes answer that the source is missing (a
+/// bucket deleted). `probes`: whether it answers probes at all (the control has none).
 #[derive(Clone)]
 struct Pausable {
     inner: MemorySource,
@@ -27,6 +32,8 @@ struct Pausable {
     probes: bool,
     /// Probes sent.
     sent: Arc<AtomicU64>,
+    cut_off: Arc<AtomicBool>,
+    gone: Arc<AtomicBool>,
 }
 
 impl Pausable {
@@ -37,6 +44,8 @@ impl Pausable {
             paused,
             probes,
             sent: Arc::default(),
+            cut_off: Arc::default(),
+            gone: Arc::default(),
         };
         (pausable, tx)
     }
@@ -44,6 +53,27 @@ impl Pausable {
     /// Waits while the server is paused.
     async fn running(paused: &mut watch::Receiver<bool>) {
         let _ = paused.wait_for(|p| !p).await;
+    }
+
+    /// What a call meets before the source: no reply ever while cut off, "not found"
+    /// while gone, a wait while paused.
+    async fn reach(&self) -> tidemark::Result<()> {
+        if self.gone.load(Ordering::SeqCst) {
+            return Err(tidemark::Error::unavailable("source", "stream not found"));
+        }
+        if self.cut_off.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+        Self::running(&mut self.paused.clone()).await;
+        Ok(())
+    }
+
+    fn cut_off(&self, cut: bool) {
+        self.cut_off.store(cut, Ordering::SeqCst);
+    }
+
+    fn gone(&self, gone: bool) {
+        self.gone.store(gone, Ordering::SeqCst);
     }
 
     fn sent(&self) -> u64 {
@@ -62,34 +92,34 @@ impl Source for Pausable {
         self.inner.remove(key).await
     }
     async fn watermark(&self) -> tidemark::Result<u64> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.watermark().await
     }
     async fn changes_since(&self, since: u64) -> tidemark::Result<tidemark::Changes> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.changes_since(since).await
     }
     async fn changes_and_lineage(
         &self,
         since: u64,
     ) -> tidemark::Result<(tidemark::Changes, tidemark::Lineage)> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.changes_and_lineage(since).await
     }
     async fn lineage_at(&self, seq: u64) -> tidemark::Result<tidemark::Lineage> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.lineage_at(seq).await
     }
     async fn snapshot(&self) -> tidemark::Result<tidemark::Snapshot> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.snapshot().await
     }
     async fn get(&self, key: &str) -> tidemark::Result<Option<tidemark::Versioned>> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.get(key).await
     }
     async fn first_available(&self) -> tidemark::Result<u64> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.first_available().await
     }
     fn probe(
@@ -97,8 +127,18 @@ impl Source for Pausable {
     ) -> Option<impl std::future::Future<Output = tidemark::Result<()>> + Send + 'static> {
         let mut paused = self.paused.clone();
         let sent = Arc::clone(&self.sent);
+        let (gone, cut_off) = (
+            self.gone.load(Ordering::SeqCst),
+            self.cut_off.load(Ordering::SeqCst),
+        );
         self.probes.then_some(async move {
             sent.fetch_add(1, Ordering::SeqCst);
+            if gone {
+                return Err(tidemark::Error::unavailable("source", "stream not found"));
+            }
+            if cut_off {
+                std::future::pending::<()>().await;
+            }
             Self::running(&mut paused).await;
             Ok(())
         })
@@ -110,7 +150,7 @@ impl Feed for Pausable {
     type Stream = <MemorySource as Feed>::Stream;
 
     async fn open(&self, from: u64, after: Option<u64>) -> tidemark::Result<Opened<Self::Stream>> {
-        Self::running(&mut self.paused.clone()).await;
+        self.reach().await?;
         self.inner.open(from, after).await
     }
 }
@@ -259,4 +299,152 @@ async fn probes_of_a_paused_source_stay_bounded() {
     );
     assert!(sent >= 2, "the follower kept probing while paused ({sent})");
     drop(h);
+}
+
+/// A follower whose feed failed while its bucket was deleted, backing off for a minute:
+/// its probes answer "not found" and then, the bucket made again, find it.
+async fn gone_while_backing_off(
+    m: &Memory,
+    pausable: &Pausable,
+    name: &str,
+) -> (tidemark::Cache<String>, tidemark::FollowerHandle) {
+    let (cache, h) = spawn_cache(config(name), Utf8, pausable.clone(), pausable.clone());
+    cache.wait_ready().await.unwrap();
+    pausable.gone(true);
+    m.faults.set_failing(Port::Feed, true);
+    m.source.put("during", b"x".to_vec()).await.unwrap();
+    until("the feed fails and the follower backs off", || {
+        h.status().phase == Phase::BackingOff
+    })
+    .await;
+    m.faults.set_failing(Port::Feed, false);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    pausable.gone(false);
+    (cache, h)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_made_again_ends_a_backoff_its_absence_grew() {
+    let m = Memory::new();
+    let (pausable, _paused) = Pausable::new(m.source.clone(), true);
+    let (cache, h) = gone_while_backing_off(&m, &pausable, "made-again").await;
+    assert_eq!(
+        h.status().counters.resumes,
+        0,
+        "probes finding it missing resume nothing"
+    );
+    tokio::time::sleep(SOON).await;
+    assert_eq!(
+        cache.watermark(),
+        m.source.current_watermark(),
+        "a follower whose probes find its source again after answers that it was missing \
+         (a bucket made again) must retry at once, not wait out its {BACKOFF:?} backoff"
+    );
+    assert_eq!(h.status().counters.resumes, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_probes_a_source_made_again_waits_out_the_backoff() {
+    // The control: the same absence, a source that cannot be probed.
+    let m = Memory::new();
+    let (pausable, _paused) = Pausable::new(m.source.clone(), false);
+    let (cache, h) = gone_while_backing_off(&m, &pausable, "made-again-unprobed").await;
+    tokio::time::sleep(SOON).await;
+    assert_ne!(cache.watermark(), m.source.current_watermark());
+    until("the backoff ends", || {
+        cache.watermark() == m.source.current_watermark()
+    })
+    .await;
+    assert_eq!(h.status().counters.resumes, 0);
+}
+
+/// A ready follower over `pausable` asked to reconcile while its source is cut off for
+/// `cut`: the reconcile's read goes out and gets no reply, then the path heals. Returns
+/// the reconcile's outcome within [`SOON`] of the healing (`None`: still out).
+async fn reconcile_across_a_cut(
+    pausable: &Pausable,
+    name: &str,
+    cut: Duration,
+) -> (
+    Option<tidemark::Result<tidemark::Reconciled>>,
+    tidemark::FollowerHandle,
+) {
+    let (cache, h) = spawn_cache(config(name), Utf8, pausable.clone(), pausable.clone());
+    cache.wait_ready().await.unwrap();
+    pausable.cut_off(true);
+    let h = Arc::new(h);
+    let asked = tokio::spawn({
+        let h = Arc::clone(&h);
+        async move { h.reconcile().await }
+    });
+    tokio::time::sleep(cut).await;
+    pausable.cut_off(false);
+    tokio::time::sleep(SOON).await;
+    let answered = match asked.is_finished() {
+        true => Some(asked.await.unwrap()),
+        false => {
+            asked.abort();
+            let _ = asked.await;
+            None
+        }
+    };
+    (
+        answered,
+        Arc::into_inner(h).expect("the reconcile is done or dropped"),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_sent_while_the_path_was_cut_is_given_up_once_the_source_answers_again() {
+    let m = Memory::new();
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    let (pausable, _paused) = Pausable::new(m.source.clone(), true);
+    let (answered, h) = reconcile_across_a_cut(&pausable, "cut-off", Duration::from_secs(6)).await;
+    let reconciled = answered.expect(
+        "a request whose reply never comes must be given up once probes beside it find the \
+         source answering again, and retried (SPEC §15), not wait out a request timeout",
+    );
+    reconciled.expect("the retried reconcile reads the source");
+    assert_eq!(
+        h.status().counters.resumes,
+        1,
+        "the path's return retried it"
+    );
+    assert_eq!(h.status().phase, Phase::Live);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_probes_a_request_sent_while_the_path_was_cut_waits_for_its_reply() {
+    // The control: the same cut, a source that cannot be probed. The memory source has
+    // no request timeout, so the request is out for good.
+    let m = Memory::new();
+    let (pausable, _paused) = Pausable::new(m.source.clone(), false);
+    let (answered, h) =
+        reconcile_across_a_cut(&pausable, "cut-off-unprobed", Duration::from_secs(6)).await;
+    assert!(answered.is_none(), "nothing gives the request up");
+    assert_eq!(h.status().counters.resumes, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_held_up_by_a_pause_gets_its_answer_and_is_not_cut() {
+    // A server paused and continued keeps the request: its reply comes with the probes'
+    // answers, inside the grace, and nothing is retried.
+    let m = Memory::new();
+    let (pausable, paused) = Pausable::new(m.source.clone(), true);
+    let (cache, h) = spawn_cache(config("held-up"), Utf8, pausable.clone(), pausable.clone());
+    cache.wait_ready().await.unwrap();
+    paused.send_replace(true);
+    let reconcile = h.reconcile();
+    let unpause = async {
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        paused.send_replace(false);
+    };
+    let (reconciled, ()) = tokio::join!(reconcile, unpause);
+    reconciled.expect("the request held up by the pause is answered");
+    let status = h.status();
+    assert_eq!(status.counters.resumes, 0, "no request was cut: {status:?}");
+    assert_eq!(
+        status.counters.reconciles, 1,
+        "one reconcile, not a retry: {status:?}"
+    );
 }

@@ -10,8 +10,9 @@ use std::time::Duration;
 use futures::StreamExt;
 
 use tidemark_core::{
-    Apply, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower, FollowerConfig,
-    Input, Notice, Output, Phase, ProbePolicy, Probed, Request, Rng, Status, Time, Token,
+    Apply, Asking, Backoff, BackoffPolicy, CaughtUp, Decode, Diagnostic, Follow, Follower,
+    FollowerConfig, Input, Notice, Output, Phase, ProbePolicy, Probed, Request, Rng, Status, Time,
+    Token,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
@@ -22,7 +23,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
-use crate::probe::Prober;
+use crate::probe::{ProbeOut, Prober};
 use crate::reconnect::Reconnects;
 use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
@@ -92,7 +93,8 @@ fn draw_seed() -> u64 {
 /// owns their durability (a cache, a persisted cache, a worker).
 pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     core: Follower<D>,
-    source: S,
+    /// Shared with the probes beside a request that takes long.
+    source: Arc<S>,
     source_name: String,
     feed: F,
     cursors: C,
@@ -111,6 +113,9 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// Probes of the source while the follower backs off: an answer after a stall is a
     /// reason to retry at once where no reconnect comes.
     prober: Prober,
+    /// A request was cut because the path to the source came back while it was out: the
+    /// core is told so once it has the failure.
+    resumed: bool,
     sink: K,
     clock: Clock,
     stream: Option<(Token, F::Stream)>,
@@ -172,7 +177,7 @@ where
             committed: core.watermark(),
             committed_lineage: core.lineage(),
             core,
-            source,
+            source: Arc::new(source),
             feed,
             cursors: NoCursors,
             cursor_name: None,
@@ -184,6 +189,7 @@ where
             rng: Rng::new(seed ^ 0x5741_4b45),
             reconnects,
             prober,
+            resumed: false,
             sink,
             clock: Clock::new(),
             stream: None,
@@ -248,6 +254,7 @@ where
             rng: self.rng,
             reconnects: self.reconnects,
             prober: self.prober,
+            resumed: self.resumed,
             sink: self.sink,
             clock: self.clock,
             stream: self.stream,
@@ -321,7 +328,7 @@ where
             }
             let retry_at = self.retry_at();
             self.prober
-                .poll(&self.source, &self.clock, self.clock.now(), retry_at);
+                .poll(&*self.source, &self.clock, self.clock.now(), retry_at);
             let event = self.next_event(&mut stop, commands_open, retry_at).await;
             if matches!(event, Event::Command(None)) {
                 commands_open = false;
@@ -572,41 +579,88 @@ fn failed(token: Token, e: &Error) -> Input {
     }
 }
 
-/// What abandons a request to a port before its answer: a stop, or a reconnect of the
-/// client beneath the source or feed heard while the request is out. A reply due on the
-/// old connection is lost with it, so the request would wait out the client's whole
-/// request timeout (10 s on NATS) after the source came back; abandoned, it fails at once
-/// and the reconnect retries it (paced as every reconnect is).
-struct Cut<'a> {
+/// What abandons a request to a port before its answer: a stop; a reconnect of the
+/// client beneath the source or feed heard while the request is out; or the path to the
+/// source coming back while it is out, as probes beside it tell ([`Asking`]). A reply due
+/// on the old connection is lost with it, and a request sent while the path was cut (a
+/// node cut off from its cluster, a stream with no leader) may never get one, with the
+/// connection up all along: either would wait out the client's whole request timeout
+/// (10 s on NATS) after the source came back. Abandoned, it fails at once and the
+/// follower retries it (paced as every reconnect is).
+struct Cut<'a, S> {
     stop: &'a mut StopSignal,
     /// The counters as of the request's start: only a reconnect after it cuts it.
     reconnects: Reconnects,
     /// A reconnect cut a request (not a stop).
     by_reconnect: bool,
+    /// The path came back while a request was out, and it was cut.
+    by_resume: bool,
+    /// What the probes beside a request ask; `None` when it cannot be probed.
+    source: Option<Arc<S>>,
+    clock: Clock,
 }
 
-impl<'a> Cut<'a> {
-    fn new(stop: &'a mut StopSignal, reconnects: &Reconnects) -> Self {
+impl<'a, S: Source> Cut<'a, S> {
+    fn new(
+        stop: &'a mut StopSignal,
+        reconnects: &Reconnects,
+        source: Option<Arc<S>>,
+        clock: Clock,
+    ) -> Self {
         Cut {
             stop,
             reconnects: reconnects.listen_from_now(),
             by_reconnect: false,
+            by_resume: false,
+            source,
+            clock,
         }
     }
 
-    /// `request`'s result, or `None` if a stop or a reconnect comes first (the request is
-    /// dropped).
+    /// `request`'s result, or `None` if a stop, a reconnect or the path's return comes
+    /// first (the request is dropped).
     async fn or_cut<T>(&mut self, request: impl Future<Output = T>) -> Option<T> {
-        let reconnected = tokio::select! {
-            biased;
-            () = self.stop.stopped() => false,
-            answer = self.reconnects.unless_reconnected(request) => match answer {
-                Some(result) => return Some(result),
-                None => true,
-            },
-        };
-        self.by_reconnect |= reconnected;
-        None
+        let mut asking = Asking::new(ProbePolicy::default(), self.clock.now());
+        let mut out = ProbeOut::default();
+        let watching = self.reconnects.watching();
+        tokio::pin!(request);
+        loop {
+            let now = self.clock.now();
+            let mut wake = None;
+            if let Some(source) = &self.source
+                && !out.is_out()
+            {
+                if asking.cut_due(now) {
+                    self.by_resume = true;
+                    return None;
+                }
+                if let Some(deadline) = asking.poll_probe(now)
+                    && !out.send(&**source, self.clock.instant(deadline))
+                {
+                    asking.handle_missed(now);
+                }
+                if !out.is_out() {
+                    wake = asking.poll_timeout(now).map(|t| self.clock.instant(t));
+                }
+            }
+            tokio::select! {
+                biased;
+                () = self.stop.stopped() => return None,
+                () = self.reconnects.next(), if watching => {
+                    self.by_reconnect = true;
+                    return None;
+                }
+                result = &mut request => return Some(result),
+                answered = out.outcome(), if out.is_out() => {
+                    let now = self.clock.now();
+                    match answered {
+                        true => asking.handle_answer(now),
+                        false => asking.handle_missed(now),
+                    }
+                }
+                () = sleep_until(wake), if wake.is_some() => {}
+            }
+        }
     }
 }
 

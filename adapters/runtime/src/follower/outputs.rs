@@ -273,6 +273,11 @@ where
                 Asked::Dropped => continue,
             };
             self.core.handle_input(answer, self.clock.now());
+            // A request cut because the path came back: retried now, paced as a
+            // reconnect is.
+            if std::mem::take(&mut self.resumed) && self.reconnects.arrived(Instant::now()) {
+                self.core.handle_input(Input::Resumed, self.clock.now());
+            }
         }
         Ok(())
     }
@@ -308,16 +313,28 @@ where
     ///
     /// A reconnect of the source's or feed's client while the request is out abandons
     /// it: it is answered as failed at once (its reply may have gone with the old
-    /// connection), and the reconnect, which the task hears next, retries it.
+    /// connection), and the reconnect, which the task hears next, retries it. So does the
+    /// path to the source coming back while the request is out, as probes beside one
+    /// that takes long tell ([`Asking`](tidemark_core::Asking)): it was sent while the
+    /// path was cut, and its reply may never come; `self.resumed` asks the retry.
     pub(super) async fn ask(&mut self, request: Request, stop: &mut StopSignal) -> Result<Asked> {
         let token = request.token();
         let opening = matches!(request, Request::OpenFeed { .. });
-        let mut cut = Cut::new(stop, &self.reconnects);
+        let probed = self.prober.probing().then(|| Arc::clone(&self.source));
+        let mut cut = Cut::new(stop, &self.reconnects, probed, self.clock);
         let asked = self.ask_port(request, &mut cut).await?;
+        let (by_reconnect, by_resume) = (cut.by_reconnect, cut.by_resume);
         Ok(match (asked, token) {
-            (Asked::Abandoned, Some(token)) if cut.by_reconnect => {
-                debug!(worker = %self.core.config().name(), source = %self.source_name, "client reconnected while a request was out; abandoning it");
-                let error = "the client reconnected while the request was out".to_owned();
+            (Asked::Abandoned, Some(token)) if by_reconnect || by_resume => {
+                let error = if by_reconnect {
+                    debug!(worker = %self.core.config().name(), source = %self.source_name, "client reconnected while a request was out; abandoning it");
+                    "the client reconnected while the request was out"
+                } else {
+                    debug!(worker = %self.core.config().name(), source = %self.source_name, "the source answers again while a request sent before is still out; abandoning it");
+                    self.resumed = true;
+                    "the source answered again while the request, sent before, was still out"
+                };
+                let error = error.to_owned();
                 Asked::Answer(match opening {
                     true => Input::FeedFailed { token, error },
                     false => Input::RequestFailed { token, error },
@@ -328,7 +345,7 @@ where
     }
 
     /// [`ask`](Self::ask) without the answer to a cut request.
-    async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_>) -> Result<Asked> {
+    async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_, S>) -> Result<Asked> {
         let answer = match request {
             Request::LookupSource { token } => {
                 cut.or_cut(self.source.watermark())
@@ -426,7 +443,7 @@ where
         &mut self,
         token: Token,
         since: u64,
-        cut: &mut Cut<'_>,
+        cut: &mut Cut<'_, S>,
     ) -> Result<Asked> {
         let (changes, lineage) = match cut.or_cut(self.source.changes_and_lineage(since)).await {
             None => return Ok(Asked::Abandoned),
@@ -460,7 +477,7 @@ where
     }
 
     /// A listing of the source's keys; the core must know every cached key first.
-    pub(super) async fn list_keys(&mut self, token: Token, cut: &mut Cut<'_>) -> Result<Asked> {
+    pub(super) async fn list_keys(&mut self, token: Token, cut: &mut Cut<'_, S>) -> Result<Asked> {
         let answer = match cut.or_cut(self.source.present_keys()).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(Some(present))) => {
@@ -491,7 +508,11 @@ where
     /// returned (`None`: a stop or a reconnect came first). One part is held back so that the last can
     /// be told apart; a snapshot of one part is handed over whole. A part decides nothing,
     /// so nothing waits to be carried out between parts.
-    pub(super) async fn read_snapshot(&mut self, token: Token, cut: &mut Cut<'_>) -> Option<Input> {
+    pub(super) async fn read_snapshot(
+        &mut self,
+        token: Token,
+        cut: &mut Cut<'_, S>,
+    ) -> Option<Input> {
         let read = match cut
             .or_cut(self.source.snapshot_parts(self.snapshot_part_len))
             .await

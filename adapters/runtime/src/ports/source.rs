@@ -234,15 +234,20 @@ pub trait Source: Send + Sync {
     }
 
     /// A cheap question to the server beneath this source that changes nothing there (a
-    /// JetStream account-info request on NATS): it resolves `Ok` when the server answered,
-    /// whatever it said, and fails when it could not be asked. A follower that backs off
+    /// stream-info request for the bucket's stream on NATS, which only the stream's
+    /// leader answers): it resolves `Ok` when the server answered and the source is there
+    /// (whatever else it said: a refusal shows the path works), and fails when it was not
+    /// answered (no reply, no leader) or answered that the source is not there (a bucket
+    /// deleted): either way the follower cannot read it now. A follower that backs off
     /// sends one now and then ([`ProbePolicy`](tidemark_core::ProbePolicy): one out at a
-    /// time, given up after its timeout); an answer after a probe went unanswered means
-    /// the path stalled and is back without a reconnect (a server paused and continued),
-    /// and the follower retries at once
-    /// ([`Input::Resumed`](tidemark_core::Input::Resumed)). The future owns what it needs,
-    /// so it may outlive the call. `None` (the default): nothing to probe (in-process, a
-    /// local file).
+    /// time, given up after its timeout); an answer after a probe failed means the path
+    /// stalled and is back without a reconnect (a server paused and continued, a stream
+    /// that elected a leader, a bucket made again), and the follower retries at once
+    /// ([`Input::Resumed`](tidemark_core::Input::Resumed)). So does a request that was out
+    /// all along, once a grace has passed
+    /// ([`Asking`](tidemark_core::Asking)): its reply may never come. The future owns what
+    /// it needs, so it may outlive the call. `None` (the default): nothing to probe
+    /// (in-process, a local file).
     fn probe(&self) -> Option<impl Future<Output = Result<()>> + Send + 'static> {
         None::<std::future::Ready<Result<()>>>
     }
