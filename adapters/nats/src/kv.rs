@@ -962,10 +962,13 @@ impl Source for KvBucket {
         crate::reconnects::of(&self.inner.client)
     }
 
-    /// An account-info request to JetStream: answered, even with an error, means the
-    /// server is there (see [`Source::probe`]).
+    /// A stream-info request for the bucket's stream: answered by its leader means the
+    /// bucket is served, "stream not found" that it is missing (see [`Source::probe`]).
     fn probe(&self) -> Option<impl std::future::Future<Output = Result<()>> + Send + 'static> {
-        Some(crate::reconnects::probe(&self.inner.context))
+        Some(crate::reconnects::probe(
+            &self.inner.context,
+            format!("KV_{}", self.inner.bucket),
+        ))
     }
 }
 

@@ -6,14 +6,16 @@
 //! exists, so the counter is made with the callback and found again from the client by
 //! the identity of its statistics, which every clone of a client shares.
 //!
-//! A server that stalls and goes on (paused and continued) keeps the connection, so no
-//! reconnect is reported; [`probe`] is what a follower that backs off asks instead
+//! A server that stalls and goes on (paused and continued) keeps the connection, and so
+//! does a cluster whose stream lost its leader and elected another, so no reconnect is
+//! reported; [`probe`] is what a follower that backs off asks instead
 //! ([`Source::probe`](tidemark::Source::probe)).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use async_nats::jetstream::context::AccountErrorKind;
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::{ErrorCode, response::Response};
 use async_nats::{Client, ConnectOptions, Event, Statistics, jetstream};
 use tidemark::{Error, Result};
 use tokio::sync::watch;
@@ -55,28 +57,60 @@ pub(crate) fn of(client: &Client) -> Option<watch::Receiver<u64>> {
     live_match(&counted, Arc::as_ptr(&stats)).cloned()
 }
 
-/// A probe of the JetStream API behind `context`: an account-info request, which changes
-/// nothing on the server and costs it little. `Ok` when JetStream answered, even with an
-/// error; a failure when it did not (no answer, no responders, a client that cannot send).
-/// It takes no timeout of its own: the follower gives it up at its probe deadline.
+/// A probe of `stream` through the JetStream API behind `context`: a stream-info request
+/// (its state only, no subjects), which changes nothing on the server and costs it
+/// little. On a cluster only the stream's leader answers it, so an answer means the
+/// stream is served, not only that some server is up. `Ok` when the stream answered; a
+/// failure when it was not answered, or answered that there is no such stream (a bucket
+/// deleted: the follower's retries fail alike until it is made again, and the first probe
+/// that finds it ends the backoff they grew) ([`answer`]). It takes no timeout of its
+/// own: the follower gives it up at its probe deadline.
 pub(crate) fn probe(
     context: &jetstream::Context,
+    stream: String,
 ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
     let context = context.clone();
     async move {
-        match context.query_account().await {
-            Ok(_) => Ok(()),
-            Err(e) if answered(&e.kind()) => Ok(()),
-            Err(e) => Err(Error::unavailable("source", e.to_string())),
-        }
+        let asked: std::result::Result<Response<serde_json::Value>, _> = context
+            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
+            .await;
+        let kind = match asked {
+            Ok(Response::Ok(_)) => return Ok(()),
+            Ok(Response::Err { error }) => GetStreamErrorKind::JetStream(error),
+            Err(_) => GetStreamErrorKind::Request,
+        };
+        answer(&kind).map_err(|e| match e {
+            Unanswered::Missing => {
+                Error::unavailable("source", format!("stream {stream} not found"))
+            }
+            Unanswered::No(why) => Error::unavailable("source", format!("stream {stream}: {why}")),
+        })
     }
 }
 
-/// Whether an account-info request that failed with `kind` was answered by JetStream: an
-/// API error is an answer (the path works); no responders (JetStream not up yet after a
-/// restart), a timeout or a client that could not send is none.
-fn answered(kind: &AccountErrorKind) -> bool {
-    matches!(kind, AccountErrorKind::JetStream(_))
+/// Why a probe's stream-info request that failed with `kind` proves nothing about the path.
+#[derive(Debug, PartialEq, Eq)]
+enum Unanswered {
+    /// JetStream answered: no such stream.
+    Missing,
+    /// Nobody with the stream answered.
+    No(String),
+}
+
+/// What a stream-info request that failed with `kind` says: answered (`Ok`, the path to
+/// the stream works, even if the request was refused), answered that the stream is
+/// missing, or not answered. A timeout, no responders (JetStream not up yet after a
+/// restart) or a client that could not send is no answer; nor is a 503 (a cluster with
+/// no leader to answer, JetStream not enabled): the stream is not served.
+fn answer(kind: &GetStreamErrorKind) -> std::result::Result<(), Unanswered> {
+    match kind {
+        GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND => {
+            Err(Unanswered::Missing)
+        }
+        GetStreamErrorKind::JetStream(e) if e.code() == 503 => Err(Unanswered::No(e.to_string())),
+        GetStreamErrorKind::JetStream(_) => Ok(()),
+        other => Err(Unanswered::No(other.to_string())),
+    }
 }
 
 /// The value of the entry whose referent is alive and is `target`.
@@ -105,24 +139,43 @@ mod tests {
         _n: u64,
     }
 
+    fn api_error(json: &str) -> GetStreamErrorKind {
+        GetStreamErrorKind::JetStream(serde_json::from_str(json).expect("an API error"))
+    }
+
     #[test]
-    fn only_an_api_answer_counts_as_answered() {
-        let api_error: async_nats::jetstream::Error = serde_json::from_str(
-            r#"{"code":503,"err_code":10039,"description":"jetstream not enabled for account"}"#,
-        )
-        .expect("an API error");
-        assert!(
-            answered(&AccountErrorKind::JetStream(api_error)),
-            "an API error is an answer: the path to the server works"
+    fn a_refusal_is_an_answer_and_a_missing_stream_is_one_that_says_so() {
+        assert_eq!(
+            answer(&api_error(
+                r#"{"code":400,"err_code":10025,"description":"bad request"}"#
+            )),
+            Ok(()),
+            "an API error other than a 503 is an answer: the path to the stream works"
         );
+        assert_eq!(
+            answer(&api_error(
+                r#"{"code":404,"err_code":10059,"description":"stream not found"}"#
+            )),
+            Err(Unanswered::Missing),
+            "a deleted bucket: answered, and found missing"
+        );
+    }
+
+    #[test]
+    fn no_reply_and_a_stream_not_served_are_no_answer() {
         for none in [
-            AccountErrorKind::TimedOut,
-            AccountErrorKind::JetStreamUnavailable,
-            AccountErrorKind::Other,
+            api_error(
+                r#"{"code":503,"err_code":10008,"description":"JetStream cluster not available"}"#,
+            ),
+            api_error(
+                r#"{"code":503,"err_code":10039,"description":"jetstream not enabled for account"}"#,
+            ),
+            api_error(r#"{"code":503,"err_code":10118,"description":"stream is offline"}"#),
+            GetStreamErrorKind::Request,
         ] {
             assert!(
-                !answered(&none),
-                "{none:?} is no answer: a follower must not take it for a path that is back"
+                matches!(answer(&none), Err(Unanswered::No(_))),
+                "{none:?} is no answer: a follower must not take it for a stream that is back"
             );
         }
     }

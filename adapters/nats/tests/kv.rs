@@ -1193,6 +1193,72 @@ async fn a_server_paused_and_continued_ends_the_feed_backoff_without_a_reconnect
     handle.stop_within(Duration::from_secs(5)).await.unwrap();
 }
 
+/// A bucket deleted while a follower runs: its feed ends, and every reopen meets "stream
+/// not found" while the bucket is missing, growing a backoff (one minute here, as after
+/// many failures). Its probes ask the bucket's stream, not the account: they fail while it
+/// is missing, and the first that finds it made again ends the backoff (campaign seed
+/// 20017: the account answered all along, and the follower waited its backoff out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_made_again_ends_the_backoff_its_absence_grew() {
+    let server = server().await;
+    let admin = client(&server).await;
+    let store = create_bucket(&admin, "remade", 1, 1).await;
+    store.put("before", Bytes::from_static(b"1")).await.unwrap();
+    let minute = a_minute_backoff();
+    let config = FollowerConfig::builder("remade")
+        .failure_backoff(minute)
+        .end_backoff(minute)
+        .build()
+        .unwrap();
+    let bucket = KvBucket::new(
+        NatsOptions::new([server.url()]).connect().await.unwrap(),
+        "remade",
+    )
+    .unwrap();
+    let reconnects = Source::reconnects(&bucket).expect("a client that counts reconnects");
+    let (cache, handle) = spawn_cache(config, Utf8, bucket.clone(), bucket);
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+
+    let js = async_nats::jetstream::new(admin.clone());
+    js.delete_key_value("remade").await.unwrap();
+    wait_until(
+        WAIT,
+        "the follower backs off while the bucket is missing",
+        || handle.status().phase == Phase::BackingOff,
+    )
+    .await;
+    // Probes meanwhile find the stream missing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let store = create_bucket(&admin, "remade", 1, 1).await;
+    store.put("after", Bytes::from_static(b"2")).await.unwrap();
+    let made = std::time::Instant::now();
+
+    wait_until(
+        Duration::from_secs(20),
+        "the follower takes the bucket made again well within its one-minute backoff",
+        || cache.get("after").as_deref().map(String::as_str) == Some("2"),
+    )
+    .await;
+    let status = handle.status();
+    assert!(
+        status.counters.resumes >= 1,
+        "the backoff must have been ended by a probe finding the bucket again (resumes {}, \
+         caught up {:?} after it was made)",
+        status.counters.resumes,
+        made.elapsed()
+    );
+    assert_eq!(cache.get("before"), None, "the old history is gone");
+    assert_eq!(
+        *reconnects.borrow(),
+        0,
+        "no reconnect can have ended the backoff"
+    );
+    handle.stop_within(Duration::from_secs(5)).await.unwrap();
+}
+
 /// A sink whose first commits take a while (a durable store's transaction over a big
 /// batch), recording into a [`Record`].
 struct SlowCommits {
