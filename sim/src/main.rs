@@ -56,6 +56,10 @@ struct Args {
     /// on the events stream for followers that took the new one.
     #[arg(long)]
     recreations_while_cut: bool,
+    /// Leave the source's reads unanswered four times in every run, 1-4 s each, the
+    /// connections kept up (a stream with no leader, a node cut off from its cluster).
+    #[arg(long)]
+    silences: bool,
     /// Crash a sweep scheduler between claiming a tick and recording its job four times in
     /// every run (the world `--strategy naive-ticks` is caught in; implied by it).
     #[arg(long)]
@@ -107,6 +111,7 @@ impl Args {
             relays: self.relays as usize,
             restores_while_cut: self.restores_while_cut,
             recreations_while_cut: self.recreations_while_cut,
+            silences: self.silences,
             crashes_at_ticks: self.crashes_at_ticks,
             workload: tidemark_sim::scenario::Workload {
                 hot_keys: self.hot_keys,
@@ -140,6 +145,9 @@ impl Args {
         }
         if self.recreations_while_cut {
             cmd.push_str(" --recreations-while-cut");
+        }
+        if self.silences {
+            cmd.push_str(" --silences");
         }
         if self.crashes_at_ticks {
             cmd.push_str(" --crashes-at-ticks");

@@ -254,6 +254,14 @@ pub struct Scenario {
     /// each old marker, 3-53 s late), and the one tidemark's followers must pass within a
     /// tight bound.
     pub recreations_while_cut: bool,
+    /// Every run leaves the source's reads unanswered four times, 1-4 s each, on top of
+    /// the seed's faults (see [`plan`]): a request read meanwhile never gets its reply and
+    /// its connection stays up (a JetStream stream with no leader, a node cut off from its
+    /// cluster), so no reconnect abandons it. The world the NATS campaign's cluster rounds
+    /// found followers waiting out a 10 s request timeout in (seed 30004), and the one
+    /// tidemark's followers must pass: they probe beside a request that takes long and
+    /// give it up once the source answers again.
+    pub silences: bool,
     /// Every run crashes a sweep scheduler between claiming a tick and recording its job
     /// four times, twice after the enqueue and twice before it (see [`plan`]): the world
     /// the `naive-ticks` strategy is caught in, and the one tidemark's schedulers must
@@ -324,6 +332,7 @@ impl Default for Scenario {
             tick: DEFAULT_TICK,
             restores_while_cut: false,
             recreations_while_cut: false,
+            silences: false,
             crashes_at_ticks: false,
         }
     }
@@ -390,6 +399,9 @@ pub enum Action {
     Storm(String, u32, Duration),
     /// Take a backup of the source and its outbox.
     Backup,
+    /// Leave the source's reads unanswered from now on (`true`), or answer them again
+    /// ([`Scenario::silences`]).
+    Silence(bool),
     /// Restore the last backup taken. Writers stop while it goes back in (their writes in
     /// flight land first) and write again right after it: the new history passes
     /// followers' watermarks while some are down or partitioned, and each must tell it
@@ -566,6 +578,9 @@ pub fn plan(seed: u64, s: &Scenario) -> Vec<(Duration, Action)> {
     }
     if (s.crashes_at_ticks || s.strategy == Strategy::NaiveTicks) && s.relays > 1 {
         crash_schedulers_in_every_run(seed, s, &mut plan);
+    }
+    if s.silences {
+        silence_in_every_run(seed, s, &mut plan);
     }
     // Stable: equal times keep their drawing order.
     plan.sort_by_key(|(at, _)| *at);
@@ -882,6 +897,22 @@ fn recreate_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Acti
         let restore = Duration::from_millis(from + rng.next_u64() % len);
         plan.push((restore, Action::Restore));
         cut_followers_around(restore, (1000, 2000), &mut rng, s, plan);
+    }
+}
+
+/// The world of [`Scenario::silences`]: the source's reads left unanswered four times over
+/// the fault phase, 1-4 s each (ending within it). Drawn from a stream of its own: the
+/// rest of the plan is the seed's.
+fn silence_in_every_run(seed: u64, s: &Scenario, plan: &mut Vec<(Duration, Action)>) {
+    let mut rng = Rng::new(seed ^ 0x7369_6c65_6e63_6573);
+    let phase = u64::try_from(s.fault_phase.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(8);
+    for from in [0, phase / 4, phase / 2, phase * 3 / 4] {
+        let at = Duration::from_millis(from + rng.next_u64() % (phase / 8));
+        let len = Duration::from_millis(1000 + rng.next_u64() % 3000);
+        plan.push((at, Action::Silence(true)));
+        plan.push(((at + len).min(s.fault_phase), Action::Silence(false)));
     }
 }
 

@@ -47,6 +47,7 @@ fn snapshots_while_overwriting(seed: u64, trusting_pending: bool) -> Reads {
         ledger: RelayLedger::default(),
         jobs: JobLedger::default(),
         jetstream: JetStream::new(seed, FeedSkips::default()),
+        silence: server::Silence::default(),
     };
     let gate = WriteGate::new(Trace::new(false));
     sim.host(SOURCE, move || server::serve(host.clone(), gate.clone()));

@@ -28,6 +28,12 @@ use crate::clients::remote::Remote;
 use crate::wire::{self, FrameReader, Request, Response};
 use crate::wire::{JsAnswer, JsCall, JsDelivery, JsStart};
 
+/// How long a request of the JetStream client waits for its reply: async-nats's default
+/// request timeout. A reply that never comes (reads left unanswered by a stream with no
+/// leader: [`Silence`](crate::hosts::source::Silence)) holds a request this long unless
+/// the follower gives it up.
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A follower's client of the bucket on the source host. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct RemoteKv {
@@ -62,7 +68,11 @@ impl RemoteKv {
     }
 
     async fn call(&self, port: &'static str, call: JsCall) -> Result<JsAnswer> {
-        match self.remote.call(port, Request::JetStream(call)).await? {
+        match self
+            .remote
+            .call_within(port, Request::JetStream(call), REQUEST_TIMEOUT)
+            .await?
+        {
             Response::JetStream(answer) => Ok(answer),
             r => Err(unexpected(port, &r)),
         }

@@ -225,9 +225,24 @@ impl Remote {
         Ok(FrameReader::new(self.connect(port).await?))
     }
 
-    /// Makes one request on a fresh connection and reads its one answer.
+    /// Makes one request on a fresh connection and reads its one answer, waiting for it
+    /// up to the wire's [`READ_TIMEOUT`](crate::wire::READ_TIMEOUT).
     pub(crate) async fn call(&self, port: &'static str, request: Request) -> Result<Response> {
-        let mut frames = FrameReader::new(self.connect(port).await?);
+        self.call_within(port, request, crate::wire::READ_TIMEOUT)
+            .await
+    }
+
+    /// [`call`](Self::call), waiting for the answer up to `timeout` (a NATS client's
+    /// request timeout, say: a reply that never comes, as reads left unanswered by a
+    /// [`Silence`](crate::hosts::source::Silence), holds the request that long unless the
+    /// follower gives it up).
+    pub(crate) async fn call_within(
+        &self,
+        port: &'static str,
+        request: Request,
+        timeout: Duration,
+    ) -> Result<Response> {
+        let mut frames = FrameReader::with_timeout(self.connect(port).await?, timeout);
         wire::write(frames.stream(), &request)
             .await
             .map_err(|e| unavailable(port, e))?;

@@ -83,6 +83,26 @@ impl WriteGate {
     }
 }
 
+/// Whether the source host leaves reads unanswered: a request read while it does is
+/// never answered, its connection kept open (a JetStream stream with no leader, or a
+/// server node cut off from its cluster: the client's connection stays up, and the
+/// request's reply never comes). Writes are carried out as ever. Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Silence(Arc<AtomicBool>);
+
+impl Silence {
+    /// Leaves reads unanswered from now on (`true`), or answers them again (`false`).
+    pub fn set(&self, on: bool) {
+        self.0.store(on, Ordering::SeqCst);
+    }
+
+    /// Whether reads are left unanswered now.
+    #[must_use]
+    pub fn is_on(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// What the source host serves and records, all of it outside the host (it survives the
 /// host's crashes). Cheap to clone.
 #[derive(Clone, Debug)]
@@ -99,6 +119,8 @@ pub struct SourceHost {
     pub sweeps: Sweeps,
     /// The JetStream bucket beside the source, which takes every commit at its seq.
     pub jetstream: JetStream,
+    /// Whether reads are left unanswered now.
+    pub silence: Silence,
 }
 
 impl SourceHost {
@@ -198,6 +220,11 @@ async fn connection(
         Admit::Refuse(refused) => return wire::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
     }
+    if host.silence.is_on() && reads_the_source(&request) {
+        // Never answered; the connection stays open until the host goes.
+        let _stream = stream;
+        return std::future::pending().await;
+    }
     let memory = &host.memory;
     let response = match request {
         // The calls that turn the connection into a stream.
@@ -233,6 +260,30 @@ async fn connection(
         request => Box::pin(read_source(memory, request)).await,
     };
     wire::write(&mut stream, &response).await
+}
+
+/// Whether `request` reads the source or its JetStream bucket (what [`Silence`] leaves
+/// unanswered): every request but writes, announcements, wakes, the outbox, the queue and
+/// the sweeps.
+fn reads_the_source(request: &Request) -> bool {
+    !matches!(
+        request,
+        Request::Put { .. }
+            | Request::Update { .. }
+            | Request::Remove { .. }
+            | Request::OpenEvents { .. }
+            | Request::Listen { .. }
+            | Request::WatchOutbox
+            | Request::Queue(_)
+            | Request::Sweeps(_)
+            | Request::Publish { .. }
+            | Request::Notify { .. }
+            | Request::LoadCursor { .. }
+            | Request::SaveCursor { .. }
+            | Request::Claim { .. }
+            | Request::Complete { .. }
+            | Request::PendingRows
+    )
 }
 
 /// A write to the source (through the announcing source if the writer announces through

@@ -64,15 +64,25 @@ pub async fn write<T: Serialize>(stream: &mut TcpStream, msg: &T) -> std::io::Re
 pub struct FrameReader {
     stream: TcpStream,
     buf: Vec<u8>,
+    /// How long a read waits without a byte before it gives up.
+    timeout: Duration,
 }
 
 impl FrameReader {
-    /// Reads frames from `stream`.
+    /// Reads frames from `stream`, each read given up after [`READ_TIMEOUT`] without a
+    /// byte.
     #[must_use]
     pub fn new(stream: TcpStream) -> Self {
+        Self::with_timeout(stream, READ_TIMEOUT)
+    }
+
+    /// Reads frames from `stream`, each read given up after `timeout` without a byte.
+    #[must_use]
+    pub fn with_timeout(stream: TcpStream, timeout: Duration) -> Self {
         FrameReader {
             stream,
             buf: Vec::new(),
+            timeout,
         }
     }
 
@@ -81,7 +91,7 @@ impl FrameReader {
         &mut self.stream
     }
 
-    /// Reads one frame, giving up after [`READ_TIMEOUT`] without a byte.
+    /// Reads one frame, giving up after the reader's timeout without a byte.
     pub async fn read<T: for<'de> Deserialize<'de>>(&mut self) -> std::io::Result<T> {
         loop {
             if let Some(end) = self.frame_end()? {
@@ -95,7 +105,7 @@ impl FrameReader {
             // returned bytes (kept) or nothing.
             self.buf.reserve(READ_CHUNK);
             let mut room = (&mut self.buf).limit(READ_CHUNK);
-            let n = match tokio::time::timeout(READ_TIMEOUT, self.stream.read_buf(&mut room)).await
+            let n = match tokio::time::timeout(self.timeout, self.stream.read_buf(&mut room)).await
             {
                 Ok(r) => r?,
                 Err(_) => {

@@ -36,6 +36,8 @@ pub(super) struct World<'a> {
     pub(super) ledger: &'a RelayLedger,
     pub(super) probes: &'a [Probe],
     pub(super) restores: &'a Restores,
+    /// Whether the source host leaves reads unanswered.
+    pub(super) silence: &'a server::Silence,
 }
 
 /// How long a restore waits, writers stopped, for the writes they had in flight.
@@ -346,6 +348,7 @@ fn arm(
             world.jetstream.backup();
         }
         Action::Restore => world.schedule_restore(now),
+        Action::Silence(on) => world.silence.set(*on),
         Action::CrashSweeper(down) => world.sweeps.arm_crash(*down),
         Action::StallSweeper(stall) => world.sweeps.arm_stall(*stall),
         Action::CrashScheduler {

@@ -136,6 +136,8 @@ struct Parts {
     job_faults: Arc<JobFaults>,
     sweeps: Sweeps,
     jetstream: JetStream,
+    /// Whether the source host leaves reads unanswered ([`Scenario::silences`]).
+    silence: server::Silence,
     controls: Vec<Arc<WriterControl>>,
     specs: Vec<FollowerSpec>,
     probes: Vec<Probe>,
@@ -159,6 +161,7 @@ impl Parts {
             ledger: &self.ledger,
             probes: &self.probes,
             restores,
+            silence: &self.silence,
             jobs: &self.jobs,
             job_faults: &self.job_faults,
             sweeps: &self.sweeps.ledger,
@@ -241,6 +244,7 @@ fn build<'a>(seed: u64, scenario: &Scenario) -> (turmoil::Sim<'a>, Parts, server
         job_faults,
         sweeps,
         jetstream,
+        silence: server::Silence::default(),
     };
     let host = server::SourceHost {
         memory: parts.memory.clone(),
@@ -249,6 +253,7 @@ fn build<'a>(seed: u64, scenario: &Scenario) -> (turmoil::Sim<'a>, Parts, server
         jobs: parts.jobs.clone(),
         sweeps: parts.sweeps.clone(),
         jetstream: parts.jetstream.clone(),
+        silence: parts.silence.clone(),
     };
     let source_gate = gate.clone();
     sim.host(SOURCE, move || {
@@ -544,6 +549,7 @@ fn heal(
     crashed: &mut BTreeSet<String>,
 ) {
     parts.trace.line_at(sim.elapsed(), "heal".into());
+    parts.silence.set(false);
     for c in &parts.controls {
         c.quiet.store(true, Ordering::SeqCst);
         c.crash_after_commit.store(false, Ordering::SeqCst);
