@@ -11,6 +11,13 @@
 //! new history; a follower's sink paused 6-8 s (or a cold start's first commit) and the
 //! mirror stopped with SIGSTOP, the writers flooding it with values near the limit and
 //! no server or proxy fault meanwhile, so the server waits on flow control.
+//! Beside the followers run the drivers (`drivers.rs`), through the same proxy: a worker
+//! under the runtime's `Supervisor` following the bucket (its handler made to fail, so
+//! the supervisor restarts it), a `JobRunner` over a NATS job queue (crashed and started
+//! again) fed by an enqueuer and by the relays' housekeeping jobs, and two outbox
+//! `Relay`s of a SQLite registry into a NATS stream of their own (crashed and started
+//! again under new owners); their faults are a fourth lane, drawn apart so a seed's
+//! other lanes are what they were before.
 //! Then everything heals and the checker judges (see `checker.rs`).
 //!
 //! With `--cluster` a round runs a 3-node JetStream cluster instead, the bucket and the
@@ -41,6 +48,7 @@
 //! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
+mod drivers;
 mod followers;
 mod ledger;
 mod round;
@@ -53,6 +61,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use checker::Checks;
+use drivers::DriverCounts;
 use round::{RoundConfig, RoundReport};
 use schedule::{CLUSTER_KINDS, KINDS, Schedule};
 use tidemark::tidemark_core::Rng;
@@ -150,6 +159,7 @@ struct Totals {
     mirror_restarts: u64,
     mirror_exits: u64,
     restarts: [u64; 3],
+    drivers: DriverCounts,
     checks: Checks,
     /// Rounds on a cluster, and the stream leader changes seen in them (bucket, events).
     cluster_rounds: u64,
@@ -299,6 +309,7 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
         *sum += n;
     }
     t.checks.add(&r.checks);
+    t.drivers.add(&r.drivers);
     let on = usize::from(r.schedule.cluster);
     t.cluster_rounds += on as u64;
     for (sum, n) in t.leader_changes.iter_mut().zip(r.leader_changes) {
@@ -476,6 +487,47 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         round::CLUSTER_LIVENESS,
         t.slowest_settle.as_millis(),
         c.cursors
+    );
+    let d = &t.drivers;
+    println!(
+        "  drivers: the worker restarted by its supervisor {} times; the job runner crashed \
+         {} times, the relays {} times; {} jobs enqueued ({} enqueues failed), {} registry \
+         writes; the runners leased {}, acked {}, failed {} (retried), dead-lettered {}, \
+         lost {} leases; the relays finished {} rows, published {} events, enqueued {} \
+         jobs, lost {} claims",
+        d.worker_restarts,
+        d.runner_restarts,
+        d.relay_restarts,
+        d.enqueued,
+        d.enqueue_failed,
+        d.registry_writes,
+        d.leased,
+        d.acked,
+        d.failed,
+        d.dead_lettered,
+        d.lost,
+        d.relayed,
+        d.relay_published,
+        d.relay_enqueued,
+        d.relay_lost
+    );
+    println!(
+        "  drivers' checks passed: {} jobs acked (each after a handler run that succeeded) \
+         and {} dead-lettered of every job the queue held, none lost or left leased ({} \
+         handler runs); {} outbox rows found in the relayed stream, {} claims on rows held \
+         by no other owner at once, {} publishes made under their relay's own claim; not \
+         failures: {} rows published by both relays under claims that did not overlap, {} \
+         rows in the stream more than once, {} publishes begun after their claim ran out \
+         while no other relay held the row",
+        c.jobs_acked,
+        c.jobs_dead,
+        c.job_runs,
+        c.relay_rows,
+        c.relay_claims,
+        c.relay_publishes,
+        c.relay_republished,
+        c.relay_duplicates,
+        c.relay_late
     );
     for (on, settles) in t.settles.iter().enumerate() {
         let mut settles = settles.clone();
