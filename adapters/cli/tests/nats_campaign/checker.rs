@@ -525,8 +525,12 @@ pub enum JobEnd {
     /// Done: acked.
     Acked,
     DeadLettered,
-    /// Leased, as its state says, and never finished.
-    Leased,
+    /// Leased, as its state says, and never finished; whether its message is still in
+    /// the queue's stream (not: the server took its ack or its termination, and the
+    /// state recording the job's end never followed).
+    Leased {
+        in_stream: bool,
+    },
     /// Ready (again, or never leased): not run to its end.
     Waiting,
     /// Neither its message nor its state is in the queue.
@@ -559,10 +563,17 @@ pub fn judge_jobs(
                 "job {id} ({kind}): acked, but no run of its handler succeeded"
             )),
             JobEnd::DeadLettered => checks.jobs_dead += 1,
-            JobEnd::Leased => failures.push(format!(
+            JobEnd::Leased { in_stream } => failures.push(format!(
                 "job {id} ({kind}): its state still says leased {within:?} after healing, \
                  though no lease lasts that long: left leased forever (every job ends acked \
-                 or dead-lettered)"
+                 or dead-lettered); {}",
+                match in_stream {
+                    true => "its message is still in the queue's stream",
+                    false => {
+                        "its message is gone from the queue's stream (the server took an ack \
+                         or a termination of it) but its end was never recorded"
+                    }
+                }
             )),
             JobEnd::Waiting => failures.push(format!(
                 "job {id} ({kind}): still waiting to run {within:?} after healing (every job \
@@ -1000,7 +1011,7 @@ fn self_check_drivers(remade: &Ledger, expect: &dyn Fn(&str, Vec<String>, &str))
         "jobs acked after a successful run or dead-lettered must pass: {fine:?}"
     );
     for (end, needle) in [
-        (JobEnd::Leased, "left leased forever"),
+        (JobEnd::Leased { in_stream: false }, "left leased forever"),
         (JobEnd::Waiting, "still waiting"),
         (JobEnd::Lost, "lost"),
         (JobEnd::Acked, "no run of its handler succeeded"),

@@ -614,7 +614,9 @@ impl Drivers {
             let end = match record.state {
                 JobState::Done => JobEnd::Acked,
                 JobState::DeadLettered => JobEnd::DeadLettered,
-                JobState::Leased => JobEnd::Leased,
+                JobState::Leased => JobEnd::Leased {
+                    in_stream: in_stream(stream, id).await?,
+                },
                 _ => JobEnd::Waiting,
             };
             return Ok((record.job.kind().to_owned(), end));
@@ -684,6 +686,16 @@ impl Drivers {
         counts.add(&relays.counts);
         counts.relay_restarts = relays.starts.iter().map(|s| s.saturating_sub(1)).sum();
         counts
+    }
+}
+
+/// Whether the queue's stream still holds job `id`'s message (not yet acked or
+/// terminated).
+async fn in_stream(stream: &jetstream::stream::Stream, id: u64) -> Result<bool, String> {
+    match stream.get_raw_message(id).await {
+        Ok(_) => Ok(true),
+        Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(false),
+        Err(e) => Err(e.to_string()),
     }
 }
 
