@@ -47,6 +47,10 @@ const VISIBILITY: Duration = Duration::from_millis(1500);
 /// outlives its claim and the other relay takes the row over.
 const RELAY_LEASE: Duration = Duration::from_millis(1500);
 const RELAY_BATCH: usize = 8;
+/// How long a job's state may say leased while its message is gone from the stream
+/// before the wait for the jobs' ends takes it as final: a runner that acked it records its
+/// end within milliseconds, or never.
+const UNRECORDED_FINAL: Duration = Duration::from_secs(5);
 /// The campaign's own job kind: `{"kind":"camp_job","n":…,"fails":…,"ms":…}` fails its
 /// first `fails` attempts after `ms` of work.
 const CAMP_JOB: &str = "camp_job";
@@ -557,7 +561,9 @@ impl Drivers {
     }
 
     /// Every job of the queue (ids 1 to the stream's last) as it stands once each is
-    /// acked or dead-lettered, or `within` has passed.
+    /// acked or dead-lettered, or `within` has passed. A job whose state says leased while
+    /// its message is gone from the stream for [`UNRECORDED_FINAL`] will never move (no
+    /// runner can lease it again): it does not hold the wait up.
     pub async fn job_ends(
         &self,
         admin: &async_nats::Client,
@@ -566,6 +572,7 @@ impl Drivers {
         let js = jetstream::new(admin.clone());
         let deadline = Instant::now() + within;
         let mut ends: BTreeMap<u64, (String, JobEnd)> = BTreeMap::new();
+        let mut unrecorded: BTreeMap<u64, Instant> = BTreeMap::new();
         loop {
             let read = async {
                 let stream = js.get_stream(JOBS).await.map_err(|e| e.to_string())?;
@@ -582,9 +589,24 @@ impl Drivers {
                 Ok::<_, String>(())
             };
             let read = timeout(Duration::from_secs(5), read).await;
-            let all = ends
-                .values()
-                .all(|(_, end)| matches!(end, JobEnd::Acked | JobEnd::DeadLettered));
+            let now = Instant::now();
+            for (id, (_, end)) in &ends {
+                match end {
+                    JobEnd::Leased { in_stream: false } => {
+                        unrecorded.entry(*id).or_insert(now);
+                    }
+                    _ => {
+                        unrecorded.remove(id);
+                    }
+                }
+            }
+            let all = ends.iter().all(|(id, (_, end))| match end {
+                JobEnd::Acked | JobEnd::DeadLettered => true,
+                JobEnd::Leased { in_stream: false } => unrecorded
+                    .get(id)
+                    .is_some_and(|since| now - *since >= UNRECORDED_FINAL),
+                _ => false,
+            });
             match read {
                 Ok(Ok(())) if all => return Ok(ends),
                 _ if Instant::now() > deadline => {
@@ -672,10 +694,15 @@ impl Drivers {
 
     /// Stops them all; what they did.
     pub async fn stop(&self) -> DriverCounts {
-        let mut counts = DriverCounts::default();
-        if let Ok(infos) = self.supervisor.shutdown(Duration::from_secs(5)).await {
-            counts.worker_restarts = infos.iter().map(|i| u64::from(i.restarts)).sum();
-        }
+        let mut counts = DriverCounts {
+            // Read before the shutdown, which reports none if the worker is late to stop.
+            worker_restarts: self
+                .supervisor
+                .get(WORKER)
+                .map_or(0, |i| u64::from(i.restarts)),
+            ..DriverCounts::default()
+        };
+        let _ = self.supervisor.shutdown(Duration::from_secs(5)).await;
         let mut runner = self.runner.lock().await;
         runner.end(false).await;
         counts.add(&runner.counts);
