@@ -14,8 +14,8 @@
 //! new one. A follower that replays the bucket (the cache over it, the mirror) holds one
 //! history at a time: a view with values of two, or of an older history than one it
 //! showed before, served the old history after reading the new one (SPEC §4, one history).
-use std::collections::{BTreeSet, HashMap};
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use crate::ledger::{Kind, Ledger, epoch_of};
 
@@ -68,6 +68,9 @@ pub struct Watcher {
     pub name: String,
     /// It replays the bucket: one history at a time.
     one_history: bool,
+    /// Each sample is a whole view, taken between batches (a cache's snapshot, a file's
+    /// read); not so for a worker's handlers, sampled between any two calls.
+    whole_views: bool,
     last: HashMap<String, (Stamp, bool)>,
     shown: BTreeSet<Shown>,
     flips: Vec<Flip>,
@@ -102,6 +105,7 @@ impl Watcher {
         Watcher {
             name: name.into(),
             one_history,
+            whole_views: true,
             last: HashMap::new(),
             shown: BTreeSet::new(),
             flips: Vec::new(),
@@ -117,6 +121,18 @@ impl Watcher {
             followed: None,
             followed_epoch: None,
             violations: Vec::new(),
+        }
+    }
+
+    /// A watcher of a worker's handlers (what its `on_put` and `on_delete` applied), which
+    /// replay the bucket: judged per key as a follower that replays it (never older, a drop
+    /// only after a removal or with an old history), but a sample may fall inside a batch,
+    /// so one that holds values of two histories (a new history's snapshot half applied)
+    /// is no violation.
+    pub fn of_handlers(name: impl Into<String>) -> Watcher {
+        Watcher {
+            whole_views: false,
+            ..Watcher::new(name, true)
         }
     }
 
@@ -157,7 +173,7 @@ impl Watcher {
         }
         let watermark = at.map(|(w, _)| w);
         let view_epoch = one_epoch(entries);
-        if self.one_history {
+        if self.one_history && self.whole_views {
             self.one_history_at_a_time(entries, view_epoch);
         }
         if let Some((w, read)) = at {
@@ -315,6 +331,24 @@ pub struct Checks {
     /// Not a check passed: values of an old history a follower of announcements showed
     /// after the key's value in a newer one (announcements carry no history).
     pub old_after_new: u64,
+    /// Jobs of the queue found acked (each after a handler run of it that succeeded) and
+    /// found dead-lettered after healing; the handler runs.
+    pub jobs_acked: u64,
+    pub jobs_dead: u64,
+    pub job_runs: u64,
+    /// Not a check passed: jobs the known defect left leased (see [`judge_jobs`]).
+    pub jobs_unrecorded: u64,
+    /// Outbox rows found in the relayed stream after healing; rows of claims checked
+    /// against every other owner's; publishes found under their own relay's claim.
+    pub relay_rows: u64,
+    pub relay_claims: u64,
+    pub relay_publishes: u64,
+    /// Not checks: rows two relays published (under claims that did not overlap), rows in
+    /// the stream more than once, and publishes begun after their claim's lease ran out
+    /// while no other relay held the row.
+    pub relay_republished: u64,
+    pub relay_duplicates: u64,
+    pub relay_late: u64,
 }
 
 impl Checks {
@@ -330,6 +364,16 @@ impl Checks {
         self.live += o.live;
         self.cursors += o.cursors;
         self.old_after_new += o.old_after_new;
+        self.jobs_acked += o.jobs_acked;
+        self.jobs_dead += o.jobs_dead;
+        self.job_runs += o.job_runs;
+        self.jobs_unrecorded += o.jobs_unrecorded;
+        self.relay_rows += o.relay_rows;
+        self.relay_claims += o.relay_claims;
+        self.relay_publishes += o.relay_publishes;
+        self.relay_republished += o.relay_republished;
+        self.relay_duplicates += o.relay_duplicates;
+        self.relay_late += o.relay_late;
     }
 }
 
@@ -476,6 +520,268 @@ pub fn judge_ready(ledger: &Ledger, view: &ReadyView, checks: &mut Checks) -> Ve
     }
     checks.ready_views += 1;
     failures
+}
+
+/// Where a job of the round's queue stands, read after healing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    /// Done: acked.
+    Acked,
+    DeadLettered,
+    /// Leased, as its state says, and never finished; whether its message is still in
+    /// the queue's stream (not: the server took its ack or its termination, and the
+    /// state recording the job's end never followed).
+    Leased {
+        in_stream: bool,
+    },
+    /// Ready (again, or never leased): not run to its end.
+    Waiting,
+    /// Neither its message nor its state is in the queue.
+    Lost,
+}
+
+/// One handler run of a job, as the handler ended it.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRun {
+    pub id: u64,
+    pub ok: bool,
+}
+
+/// Every job of the queue (by id, with its kind) must end acked or dead-lettered once the
+/// round healed: none lost, none left leased or waiting; and one acked had a handler run
+/// that succeeded (an ack follows a success, at least once). Returns what broke, and apart
+/// from it the jobs left leased whose message the server no longer holds: the NATS queue
+/// settles a job's message before it records the job's end (`NatsQueue::ack`, `fail`,
+/// `dead_letter`), so a lost confirmation or a crash between the two leaves the job
+/// leased forever. A known defect, reported apart so the round's caller can list it
+/// without failing (`--strict` fails it).
+pub fn judge_jobs(
+    ends: &BTreeMap<u64, (String, JobEnd)>,
+    runs: &[JobRun],
+    within: Duration,
+    checks: &mut Checks,
+) -> (Vec<String>, Vec<String>) {
+    let succeeded: BTreeSet<u64> = runs.iter().filter(|r| r.ok).map(|r| r.id).collect();
+    checks.job_runs += runs.len() as u64;
+    let mut failures = Vec::new();
+    let mut unrecorded = Vec::new();
+    for (id, (kind, end)) in ends {
+        match end {
+            JobEnd::Acked if succeeded.contains(id) => checks.jobs_acked += 1,
+            JobEnd::Acked => failures.push(format!(
+                "job {id} ({kind}): acked, but no run of its handler succeeded"
+            )),
+            JobEnd::DeadLettered => checks.jobs_dead += 1,
+            JobEnd::Leased { in_stream: true } => failures.push(format!(
+                "job {id} ({kind}): its state still says leased {within:?} after healing, \
+                 though no lease lasts that long, and its message is still in the queue's \
+                 stream: left leased forever (every job ends acked or dead-lettered)"
+            )),
+            JobEnd::Leased { in_stream: false } => unrecorded.push(format!(
+                "job {id} ({kind}): its message is gone from the queue's stream (the server \
+                 took an ack or a termination of it) but its state still says leased, so no \
+                 runner can lease it again: left leased forever, its end never recorded \
+                 (every job ends acked or dead-lettered; NatsQueue settles the message \
+                 before it records the end)"
+            )),
+            JobEnd::Waiting => failures.push(format!(
+                "job {id} ({kind}): still waiting to run {within:?} after healing (every job \
+                 ends acked or dead-lettered)"
+            )),
+            JobEnd::Lost => failures.push(format!(
+                "job {id} ({kind}): neither its message nor its state is in the queue: lost"
+            )),
+        }
+    }
+    checks.jobs_unrecorded += unrecorded.len() as u64;
+    (truncated(failures, "jobs"), truncated(unrecorded, "jobs"))
+}
+
+/// Keeps the first eight of `failures`, saying how many more of `what` there were.
+fn truncated(mut failures: Vec<String>, what: &str) -> Vec<String> {
+    if failures.len() > 8 {
+        let more = failures.len() - 8;
+        failures.truncate(8);
+        failures.push(format!("{what}: and {more} more like these"));
+    }
+    failures
+}
+
+/// A claim a relay got: the registry seqs of its rows, when its relay asked and when the
+/// claim came back (µs since the Unix epoch, the clock the outbox leases on), its lease.
+#[derive(Debug, Clone)]
+pub struct ClaimRec {
+    pub owner: String,
+    pub seqs: Vec<u64>,
+    pub asked_us: u64,
+    pub got_us: u64,
+    pub lease_us: u64,
+}
+
+/// A relay's complete of rows (which releases its claims on the rows it still holds).
+#[derive(Debug, Clone)]
+pub struct ReleaseRec {
+    pub owner: String,
+    pub seqs: Vec<u64>,
+    pub asked_us: u64,
+}
+
+/// A publish a relay began of the row of seq `seq`; whether the stream acknowledged it
+/// (`None`: it never ended, its relay crashed).
+#[derive(Debug, Clone)]
+pub struct PublishRec {
+    pub owner: String,
+    pub seq: u64,
+    pub at_us: u64,
+    pub ok: Option<bool>,
+}
+
+/// What the relays did with the outbox, as their outbox and stream saw it.
+#[derive(Debug, Default)]
+pub struct RelayLog {
+    pub claims: Vec<ClaimRec>,
+    pub releases: Vec<ReleaseRec>,
+    pub publishes: Vec<PublishRec>,
+    /// Each outbox row's seq, by its id (what a complete names), from the claims.
+    pub id_seq: HashMap<u64, u64>,
+}
+
+/// The outbox's clock counts whole milliseconds: a lease is taken as ending up to this
+/// much before the relay's ask plus its length.
+const LEASE_SLACK_US: u64 = 2_000;
+
+/// When a relay surely held its claim on one row: from the claim's return until its lease
+/// ran out (from its ask) or its relay asked to complete the row, whichever was first.
+#[derive(Debug)]
+struct Held<'a> {
+    owner: &'a str,
+    from: u64,
+    until: u64,
+    lease_end: u64,
+}
+
+impl RelayLog {
+    /// Every claim on each row (by seq), as the window it surely held it.
+    fn held(&self) -> BTreeMap<u64, Vec<Held<'_>>> {
+        let mut released: HashMap<(&str, u64), Vec<u64>> = HashMap::new();
+        for r in &self.releases {
+            for seq in &r.seqs {
+                released
+                    .entry((r.owner.as_str(), *seq))
+                    .or_default()
+                    .push(r.asked_us);
+            }
+        }
+        let mut out: BTreeMap<u64, Vec<Held<'_>>> = BTreeMap::new();
+        for c in &self.claims {
+            let lease_end = (c.asked_us + c.lease_us).saturating_sub(LEASE_SLACK_US);
+            for seq in &c.seqs {
+                let release = released
+                    .get(&(c.owner.as_str(), *seq))
+                    .and_then(|at| at.iter().filter(|at| **at >= c.got_us).min());
+                out.entry(*seq).or_default().push(Held {
+                    owner: &c.owner,
+                    from: c.got_us,
+                    until: release.map_or(lease_end, |r| (*r).min(lease_end)),
+                    lease_end,
+                });
+            }
+        }
+        out
+    }
+}
+
+/// Judges the relays: no row held by two owners' claims at once; every publish of a row
+/// made by a relay holding its claim on it (claimed, not yet completed), never while
+/// another relay held the row; once healed, no row pending and every row written (by
+/// its seq) in the relayed stream, and nothing else there. A row published twice is
+/// allowed (and counted) only so: under claims that did not overlap, the first run out.
+pub fn judge_relays(
+    log: &RelayLog,
+    written: &BTreeSet<u64>,
+    stream: &BTreeMap<u64, u64>,
+    pending: u64,
+    within: Duration,
+    checks: &mut Checks,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    let held = log.held();
+    for (seq, claims) in &held {
+        for (i, a) in claims.iter().enumerate() {
+            checks.relay_claims += 1;
+            for b in claims[i + 1..].iter().filter(|b| b.owner != a.owner) {
+                let (from, until) = (a.from.max(b.from), a.until.min(b.until));
+                if from < until {
+                    failures.push(format!(
+                        "relays: {} and {} both held a claim on the row of seq {seq}, for {} ms \
+                         at once (claims of two owners overlapped)",
+                        a.owner,
+                        b.owner,
+                        (until - from) / 1000
+                    ));
+                }
+            }
+        }
+    }
+    let mut owners: BTreeMap<u64, BTreeSet<&str>> = BTreeMap::new();
+    for p in &log.publishes {
+        owners.entry(p.seq).or_default().insert(&p.owner);
+        let claims = held.get(&p.seq).map_or(&[][..], Vec::as_slice);
+        let own = claims
+            .iter()
+            .filter(|h| h.owner == p.owner && h.from <= p.at_us)
+            .max_by_key(|h| h.from);
+        match own {
+            None => failures.push(format!(
+                "relays: {} published the row of seq {} without having claimed it",
+                p.owner, p.seq
+            )),
+            Some(h) if h.until < p.at_us && h.until < h.lease_end => failures.push(format!(
+                "relays: {} published the row of seq {} {} ms after it completed the row \
+                 (its claim released) and before claiming it again",
+                p.owner,
+                p.seq,
+                (p.at_us - h.until) / 1000
+            )),
+            Some(h) if p.at_us > h.lease_end => checks.relay_late += 1,
+            Some(_) => checks.relay_publishes += 1,
+        }
+        let other = claims
+            .iter()
+            .find(|h| h.owner != p.owner && h.from <= p.at_us && p.at_us < h.until);
+        if let Some(other) = other {
+            failures.push(format!(
+                "relays: {} began publishing the row of seq {} while {} held its claim",
+                p.owner, p.seq, other.owner
+            ));
+        }
+    }
+    checks.relay_republished += owners.values().filter(|o| o.len() > 1).count() as u64;
+    if pending > 0 {
+        failures.push(format!(
+            "relays: {pending} outbox row(s) still pending {within:?} after healing (every \
+             row ends published)"
+        ));
+    }
+    for seq in written {
+        match stream.get(seq) {
+            None => failures.push(format!(
+                "relays: the row of seq {seq} is not in the relayed stream {within:?} after \
+                 healing (every row ends published)"
+            )),
+            Some(n) => {
+                checks.relay_rows += 1;
+                checks.relay_duplicates += u64::from(*n > 1);
+            }
+        }
+    }
+    for seq in stream.keys().filter(|s| !written.contains(s)) {
+        failures.push(format!(
+            "relays: the relayed stream holds an event of seq {seq}, which no write of the \
+             registry made"
+        ));
+    }
+    truncated(failures, "relays")
 }
 
 /// The checker must catch what it is there to catch: judged on a small made-up history,
@@ -678,4 +984,167 @@ pub fn self_check() {
         failures.is_empty() && watcher.old_after_new == 2,
         "old announcements under the new history are counted, not judged: {failures:?}"
     );
+    self_check_drivers(&remade, &expect);
+}
+
+/// The drivers' checks, each fed a made-up history it must pass and ones it must report:
+/// the worker's handlers sampled mid-batch, the jobs' ends, the relays' claims.
+fn self_check_drivers(remade: &Ledger, expect: &dyn Fn(&str, Vec<String>, &str)) {
+    let shown = |key: &str, seq: u64, token: &str| (key.to_owned(), seq, token.to_owned());
+    // A new history's snapshot half applied by a worker's handlers is no violation; an
+    // older value after a newer one still is.
+    let mut worker = Watcher::of_handlers("made-up worker");
+    worker.observe(None, &[shown("a", 3, "a#0.2"), shown("b", 2, "b#0.1")]);
+    worker.observe(None, &[shown("a", 3, "a#0.2"), shown("b", 1, "b#1.3")]);
+    worker.observe(None, &[shown("b", 1, "b#1.3")]);
+    let failures = judge(remade, &worker, &mut Checks::default());
+    assert!(
+        failures.is_empty(),
+        "a worker taking a new history key by key must pass: {failures:?}"
+    );
+    worker.observe(None, &[shown("b", 2, "b#0.1")]);
+    let failures = judge(remade, &worker, &mut Checks::default());
+    expect("a worker's older value", failures, "never-older");
+
+    let within = Duration::from_secs(30);
+    let ends = |list: &[(u64, JobEnd)]| -> BTreeMap<u64, (String, JobEnd)> {
+        list.iter()
+            .map(|(id, end)| (*id, ("made-up".to_owned(), *end)))
+            .collect()
+    };
+    let runs = [JobRun { id: 1, ok: false }, JobRun { id: 1, ok: true }];
+    let mut checks = Checks::default();
+    let ended = ends(&[(1, JobEnd::Acked), (2, JobEnd::DeadLettered)]);
+    let (fine, unrecorded) = judge_jobs(&ended, &runs, within, &mut checks);
+    assert!(
+        fine.is_empty() && unrecorded.is_empty() && checks.jobs_acked == 1 && checks.jobs_dead == 1,
+        "jobs acked after a successful run or dead-lettered must pass: {fine:?}"
+    );
+    for (end, needle) in [
+        (JobEnd::Leased { in_stream: true }, "left leased forever"),
+        (JobEnd::Waiting, "still waiting"),
+        (JobEnd::Lost, "lost"),
+        (JobEnd::Acked, "no run of its handler succeeded"),
+    ] {
+        let ended = ends(&[(1, JobEnd::Acked), (3, end)]);
+        let (failures, _) = judge_jobs(&ended, &runs, within, &mut Checks::default());
+        expect(
+            "a job that did not end acked or dead-lettered",
+            failures,
+            needle,
+        );
+    }
+    let ended = ends(&[(1, JobEnd::Acked), (3, JobEnd::Leased { in_stream: false })]);
+    let (_, unrecorded) = judge_jobs(&ended, &runs, within, &mut Checks::default());
+    expect(
+        "a job whose message the server dropped before its end was recorded",
+        unrecorded,
+        "its end never recorded",
+    );
+
+    let claim = |owner: &str, seqs: &[u64], asked_us: u64| ClaimRec {
+        owner: owner.to_owned(),
+        seqs: seqs.to_vec(),
+        asked_us,
+        got_us: asked_us + 10,
+        lease_us: 1_000_000,
+    };
+    let release = |owner: &str, seqs: &[u64], asked_us: u64| ReleaseRec {
+        owner: owner.to_owned(),
+        seqs: seqs.to_vec(),
+        asked_us,
+    };
+    let publish = |owner: &str, seq: u64, at_us: u64| PublishRec {
+        owner: owner.to_owned(),
+        seq,
+        at_us,
+        ok: Some(true),
+    };
+    let relayed = |claims: Vec<ClaimRec>,
+                   releases: Vec<ReleaseRec>,
+                   publishes: Vec<PublishRec>,
+                   stream: &[(u64, u64)],
+                   pending: u64| {
+        let log = RelayLog {
+            claims,
+            releases,
+            publishes,
+            id_seq: HashMap::new(),
+        };
+        let mut checks = Checks::default();
+        let stream = stream.iter().copied().collect();
+        let written = BTreeSet::from([1, 2]);
+        let failures = judge_relays(&log, &written, &stream, pending, within, &mut checks);
+        (failures, checks)
+    };
+    // Relay a's publish of row 2 outlives its lease (it lands late); b claims the row once
+    // the lease ran out and publishes it again: twice, under claims that did not overlap.
+    let claims = || vec![claim("a", &[1, 2], 0), claim("b", &[2], 2_000_000)];
+    let releases = || {
+        vec![
+            release("a", &[1, 2], 1_500_000),
+            release("b", &[2], 2_000_100),
+        ]
+    };
+    let publishes = || {
+        vec![
+            publish("a", 1, 20),
+            publish("a", 2, 20),
+            publish("b", 2, 2_000_020),
+        ]
+    };
+    let (fine, checks) = relayed(claims(), releases(), publishes(), &[(1, 1), (2, 2)], 0);
+    assert!(
+        fine.is_empty() && checks.relay_republished == 1 && checks.relay_duplicates == 1,
+        "a row published again after its first claim ran out must pass: {fine:?}"
+    );
+    let overlapping = vec![claim("a", &[1, 2], 0), claim("b", &[2], 400_000)];
+    let mut early = publishes();
+    early[2].at_us = 400_020;
+    let (failures, _) = relayed(overlapping, releases(), early, &[(1, 1), (2, 2)], 0);
+    expect(
+        "claims of two owners at once",
+        failures.clone(),
+        "overlapped",
+    );
+    expect("a publish under another's claim", failures, "while a held");
+    let mut unclaimed = publishes();
+    unclaimed.push(publish("c", 1, 30));
+    let (failures, _) = relayed(claims(), releases(), unclaimed, &[(1, 1), (2, 2)], 0);
+    expect(
+        "a publish without a claim",
+        failures,
+        "without having claimed",
+    );
+    let released = vec![
+        release("a", &[1, 2], 500_000),
+        release("b", &[2], 2_000_100),
+    ];
+    let mut after = publishes();
+    after.push(publish("a", 1, 600_000));
+    let (failures, _) = relayed(claims(), released, after, &[(1, 1), (2, 2)], 0);
+    expect(
+        "a publish after its row was completed",
+        failures,
+        "after it completed",
+    );
+    let (failures, _) = relayed(claims(), releases(), publishes(), &[(1, 1)], 0);
+    expect(
+        "a row missing from the stream",
+        failures,
+        "is not in the relayed",
+    );
+    let (failures, _) = relayed(
+        claims(),
+        releases(),
+        publishes(),
+        &[(1, 1), (2, 1), (3, 1)],
+        1,
+    );
+    expect(
+        "an event no write made",
+        failures.clone(),
+        "no write of the registry",
+    );
+    expect("a row left pending", failures, "still pending");
 }

@@ -11,6 +11,13 @@
 //! new history; a follower's sink paused 6-8 s (or a cold start's first commit) and the
 //! mirror stopped with SIGSTOP, the writers flooding it with values near the limit and
 //! no server or proxy fault meanwhile, so the server waits on flow control.
+//! Beside the followers run the drivers (`drivers.rs`), through the same proxy: a worker
+//! under the runtime's `Supervisor` following the bucket (its handler made to fail, so
+//! the supervisor restarts it), a `JobRunner` over a NATS job queue (crashed and started
+//! again) fed by an enqueuer and by the relays' housekeeping jobs, and two outbox
+//! `Relay`s of a SQLite registry into a NATS stream of their own (crashed and started
+//! again under new owners); their faults are a fourth lane, drawn apart so a seed's
+//! other lanes are what they were before.
 //! Then everything heals and the checker judges (see `checker.rs`).
 //!
 //! With `--cluster` a round runs a 3-node JetStream cluster instead, the bucket and the
@@ -26,7 +33,7 @@
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
 //!     [--seed N | --start-seed N] [--cluster | --cluster-share P] [--phase-secs S]
-//!     [--no-markers] [--verbose]
+//!     [--no-markers] [--strict] [--verbose]
 //! ```
 //!
 //! The fault phase is 6 s on one node and 12 s on a cluster unless `--phase-secs` says.
@@ -38,9 +45,14 @@
 //! of its key (the defect that showed is fixed: CHANGELOG); `--no-markers` (or
 //! `TIDEMARK_CAMPAIGN_MARKERS=0`) announces every put with its value, as the campaign did
 //! before markers were on by default (`--markers` is accepted and is the default). `RUST_LOG`
-//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
+//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr. A known
+//! library defect the campaign finds (the NATS job queue leaving a job leased forever once
+//! the server took its ack: `checker::judge_jobs`) is listed with its replay but fails a
+//! round only with `--strict` (or `TIDEMARK_CAMPAIGN_STRICT=1`), so the default run stays
+//! a test of what is not known to be broken.
 
 mod checker;
+mod drivers;
 mod followers;
 mod ledger;
 mod round;
@@ -53,6 +65,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use checker::Checks;
+use drivers::DriverCounts;
 use round::{RoundConfig, RoundReport};
 use schedule::{CLUSTER_KINDS, KINDS, Schedule};
 use tidemark::tidemark_core::Rng;
@@ -78,6 +91,8 @@ struct Args {
     /// The share of rounds drawn as cluster rounds, in [0, 1].
     cluster_share: f64,
     markers: bool,
+    /// Known defects fail their rounds.
+    strict: bool,
     verbose: bool,
     /// libtest's `--list`, or a name filter this test does not match: run nothing.
     nothing: bool,
@@ -101,6 +116,7 @@ fn parse() -> Result<Args, String> {
         cluster_share: share("TIDEMARK_CAMPAIGN_CLUSTER_SHARE", env("CLUSTER_SHARE"))?
             .unwrap_or(0.0),
         markers: env("MARKERS").is_none_or(|v| v != "0"),
+        strict: env("STRICT").is_some_and(|v| v != "0"),
         verbose: false,
         nothing: false,
     };
@@ -127,6 +143,7 @@ fn parse() -> Result<Args, String> {
                     .ok_or("--cluster-share takes a value".to_owned())?;
             }
             "--verbose" => args.verbose = true,
+            "--strict" => args.strict = true,
             "--markers" => args.markers = true,
             "--no-markers" => args.markers = false,
             "--list" | "--ignored" => args.nothing = true,
@@ -150,6 +167,7 @@ struct Totals {
     mirror_restarts: u64,
     mirror_exits: u64,
     restarts: [u64; 3],
+    drivers: DriverCounts,
     checks: Checks,
     /// Rounds on a cluster, and the stream leader changes seen in them (bucket, events).
     cluster_rounds: u64,
@@ -168,6 +186,8 @@ struct Totals {
     slowest_settle: Duration,
     slow: Vec<(u64, u128)>,
     failed: Vec<u64>,
+    /// Rounds where a known defect showed (not failed without `--strict`).
+    known: Vec<u64>,
 }
 
 fn main() -> ExitCode {
@@ -223,6 +243,7 @@ async fn campaign(args: Args) -> ExitCode {
         phase: Duration::ZERO,
         markers: args.markers,
         cluster: false,
+        strict: args.strict,
         tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
     };
     let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
@@ -299,6 +320,7 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
         *sum += n;
     }
     t.checks.add(&r.checks);
+    t.drivers.add(&r.drivers);
     let on = usize::from(r.schedule.cluster);
     t.cluster_rounds += on as u64;
     for (sum, n) in t.leader_changes.iter_mut().zip(r.leader_changes) {
@@ -326,6 +348,9 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     if !r.failures.is_empty() {
         t.failed.push(seed);
     }
+    if !r.known.is_empty() {
+        t.known.push(seed);
+    }
 }
 
 fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
@@ -352,10 +377,10 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let verdict = if r.failures.is_empty() {
-        "ok"
-    } else {
-        "FAILED"
+    let verdict = match (r.failures.is_empty(), r.known.is_empty()) {
+        (false, _) => "FAILED",
+        (true, true) => "ok",
+        (true, false) => "ok but for a known defect",
     };
     let cluster = match r.schedule.cluster {
         true => format!(
@@ -372,27 +397,36 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         r.mirror_restarts,
         r.restarts.iter().sum::<u64>(),
     );
-    if verbose || !r.failures.is_empty() {
+    let shown = !r.failures.is_empty() || !r.known.is_empty();
+    if verbose || shown {
         print!("{}", r.schedule);
         for exit in &r.mirror_exits {
             println!("  the mirror exited on its own: {exit}");
         }
     }
-    if verbose || !r.failures.is_empty() {
+    if verbose || shown {
         for f in &r.failures {
             println!("  FAILED: {f}");
+        }
+        for k in &r.known {
+            println!("  KNOWN DEFECT (a failure with --strict): {k}");
         }
         println!("  the mirror's last lines:");
         for line in r.mirror_log.iter().rev().take(15).rev() {
             println!("    {line}");
         }
     }
-    if !r.failures.is_empty() {
+    if shown {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
-             --phase-secs {phase_secs}{}{}",
+             --phase-secs {phase_secs}{}{}{}",
             if r.schedule.cluster { " --cluster" } else { "" },
-            if markers { "" } else { " --no-markers" }
+            if markers { "" } else { " --no-markers" },
+            if r.failures.is_empty() {
+                " --strict"
+            } else {
+                ""
+            }
         );
     }
 }
@@ -477,6 +511,47 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         t.slowest_settle.as_millis(),
         c.cursors
     );
+    let d = &t.drivers;
+    println!(
+        "  drivers: the worker restarted by its supervisor {} times; the job runner crashed \
+         {} times, the relays {} times; {} jobs enqueued ({} enqueues failed), {} registry \
+         writes; the runners leased {}, acked {}, failed {} (retried), dead-lettered {}, \
+         lost {} leases; the relays finished {} rows, published {} events, enqueued {} \
+         jobs, lost {} claims",
+        d.worker_restarts,
+        d.runner_restarts,
+        d.relay_restarts,
+        d.enqueued,
+        d.enqueue_failed,
+        d.registry_writes,
+        d.leased,
+        d.acked,
+        d.failed,
+        d.dead_lettered,
+        d.lost,
+        d.relayed,
+        d.relay_published,
+        d.relay_enqueued,
+        d.relay_lost
+    );
+    println!(
+        "  drivers' checks passed: {} jobs acked (each after a handler run that succeeded) \
+         and {} dead-lettered of every job the queue held, no other job lost, waiting or \
+         left leased ({} handler runs); {} outbox rows found in the relayed stream, {} claims on rows held \
+         by no other owner at once, {} publishes made under their relay's own claim; not \
+         failures: {} rows published by both relays under claims that did not overlap, {} \
+         rows in the stream more than once, {} publishes begun after their claim ran out \
+         while no other relay held the row",
+        c.jobs_acked,
+        c.jobs_dead,
+        c.job_runs,
+        c.relay_rows,
+        c.relay_claims,
+        c.relay_publishes,
+        c.relay_republished,
+        c.relay_duplicates,
+        c.relay_late
+    );
     for (on, settles) in t.settles.iter().enumerate() {
         let mut settles = settles.clone();
         settles.sort();
@@ -524,6 +599,14 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
             "  slow recoveries (a follower equal to the bucket only > {SLOW_RECOVERY:?} after \
              healing), seed and ms: {:?}",
             t.slow
+        );
+    }
+    if !t.known.is_empty() {
+        println!(
+            "  known defect, not failed without --strict: the NATS job queue left {} job(s) \
+             leased forever once the server had taken their ack or termination (it settles a \
+             job's message before it records the job's end), in seeds {:?}",
+            c.jobs_unrecorded, t.known
         );
     }
     match t.failed.as_slice() {

@@ -8,6 +8,11 @@
 //! clients are given all three (they fail over when a node dies, as a client of a
 //! replicated bucket is deployed); a proxy fault acts on all three at once, the client's
 //! own network. Writers and the operator connect straight to every node.
+//!
+//! Beside the followers run the drivers (`drivers.rs`): a supervised worker following the
+//! bucket (judged as a follower: sampled, converged, live), a job runner and two outbox
+//! relays, judged once the round healed (every job acked or dead-lettered; no row
+//! published under two owners' claims at once, every row published).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -27,7 +32,8 @@ use tokio::sync::{Mutex as AsyncMutex, RwLock, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep, sleep_until, timeout};
 
-use crate::checker::{Checks, ReadyView, Watcher, judge, judge_ready};
+use crate::checker::{Checks, ReadyView, Watcher, judge, judge_jobs, judge_ready, judge_relays};
+use crate::drivers::{Clients, DriverCounts, Drivers, WORKER};
 use crate::followers::{
     CAPTURED, CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file,
     ready_view, shown,
@@ -44,12 +50,17 @@ pub const EVENTS_STREAM: &str = "CAMP_EVENTS";
 pub const EVENTS_PREFIX: &str = "camp.events";
 const CONSUMER_CURSOR: &str = "camp-consumer";
 /// The followers in the order reports give them: the in-process ones (as
-/// [`InProcess`](crate::schedule::InProcess) numbers them), then the mirror.
-pub const FOLLOWERS: [&str; 4] = ["cache", "events cache", "consumer", "mirror"];
+/// [`InProcess`](crate::schedule::InProcess) numbers them), the mirror, then the
+/// supervised worker (its handlers' map).
+pub const FOLLOWERS: [&str; 5] = ["cache", "events cache", "consumer", "mirror", WORKER];
 /// The mirror's watcher: one across its starts (its file is one).
 const MIRROR_WATCHER: &str = "mirror file";
 /// After healing, how long the followers have to equal the bucket.
 const CONVERGE_WITHIN: Duration = Duration::from_secs(60);
+/// After healing, how long every job has to end acked or dead-lettered, and the outbox
+/// to be relayed: far past the runner's leases (1.5 s), its retries (up to 1 s, three
+/// attempts) and the slowest job (2 s), and the relays' lease and backoff (5 s at most).
+const DRIVERS_SETTLE_WITHIN: Duration = Duration::from_secs(30);
 /// The liveness bound: how long after the round healed (or after the last write that
 /// landed was sent, if later; for a follower of announcements, after its reconcile was
 /// asked) each follower may take to come to hold what it ends with. Every fault is healed
@@ -88,6 +99,8 @@ pub struct RoundConfig {
     pub markers: bool,
     /// A 3-node cluster, not one node.
     pub cluster: bool,
+    /// Known defects fail the round (otherwise they are listed in [`RoundReport::known`]).
+    pub strict: bool,
     pub tidemark_bin: PathBuf,
 }
 
@@ -105,16 +118,23 @@ pub struct RoundReport {
     pub counters: Counters,
     /// From healing to the first read equal to the bucket, per follower of
     /// [`FOLLOWERS`].
-    pub converged_after: [Option<Duration>; 4],
+    pub converged_after: [Option<Duration>; FOLLOWERS.len()],
     /// From healing (or the last landed write's send, if later) to when each came to
     /// hold what it ends with, as sampled: what [`LIVENESS`] bounds.
-    pub settled_after: [Option<Duration>; 4],
+    pub settled_after: [Option<Duration>; FOLLOWERS.len()],
+    /// What the drivers did.
+    pub drivers: DriverCounts,
+    /// The seqs of the registry's writes (each an outbox row the relays must publish).
+    pub registry_written: BTreeSet<u64>,
     /// When the followers of announcements were asked for their reconcile after healing:
     /// what their liveness is measured from (nothing tells them of a lost announcement
     /// before it).
     pub reconciled_at: Option<Instant>,
     pub took: Duration,
     pub failures: Vec<String>,
+    /// What a known library defect did (a failure under `--strict`): jobs the NATS queue
+    /// left leased forever after the server took their ack (`checker::judge_jobs`).
+    pub known: Vec<String>,
     pub mirror_log: Vec<String>,
     /// Times the bucket was deleted and made again.
     pub recreations: u32,
@@ -198,6 +218,8 @@ struct Targets {
     /// The same followers as the sampler reads them.
     current: [Current; 3],
     mirror: AsyncMutex<Mirror>,
+    /// The supervised worker, the job runner and the relays.
+    drivers: Drivers,
     /// A client straight to the server, for the operator's recreation of the bucket.
     admin: async_nats::Client,
     /// The bucket's history: every write holds it (read), a recreation takes it whole.
@@ -263,11 +285,14 @@ impl RoundReport {
             restarts: [0; 3],
             checks: Checks::default(),
             counters: Counters::default(),
-            converged_after: [None; 4],
-            settled_after: [None; 4],
+            converged_after: [None; FOLLOWERS.len()],
+            settled_after: [None; FOLLOWERS.len()],
+            drivers: DriverCounts::default(),
+            registry_written: BTreeSet::new(),
             reconciled_at: None,
             took: Duration::ZERO,
             failures: Vec::new(),
+            known: Vec::new(),
             mirror_log: Vec::new(),
             recreations: 0,
             mirror_new_histories: 0,
@@ -368,6 +393,8 @@ struct Round {
     watching: [JoinHandle<()>; 2],
     /// On a cluster, the stream leaders' watcher: its counts of leader changes.
     leaders: Option<JoinHandle<[u64; 2]>>,
+    /// Known defects fail the round.
+    strict: bool,
     /// Holds the mirror's file until the round ends.
     _dir: tempfile::TempDir,
 }
@@ -432,6 +459,22 @@ impl Round {
             .unwrap_or_else(|e| panic!("{e}"));
         let mut mirror = Mirror::new(config.tidemark_bin.clone(), source, file.clone());
         mirror.start().unwrap_or_else(|e| panic!("{e}"));
+        let clients = Clients {
+            worker: connect(&proxied, "campaign-worker").await,
+            runner: connect(&proxied, "campaign-runner").await,
+            relays: connect(&proxied, "campaign-relays").await,
+            straight: admin.clone(),
+        };
+        let replicas = server.nodes().len();
+        let drivers = Drivers::start(
+            clients,
+            BUCKET,
+            dir.path(),
+            replicas,
+            schedule.follower_seed,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
         let current =
             [&cache, &events_cache, &consumer].map(|f| (Arc::clone(&f.current), f.replays()));
         let cluster = server.cluster().is_some();
@@ -445,6 +488,7 @@ impl Round {
                 AsyncMutex::new(consumer),
             ],
             mirror: AsyncMutex::new(mirror),
+            drivers,
             admin: admin.clone(),
             gate,
             flood,
@@ -454,7 +498,10 @@ impl Round {
             created: Mutex::new(vec![created_at(&admin).await]),
             failures: Mutex::new(Vec::new()),
         });
-        let watchers = Arc::new(Mutex::new(vec![Watcher::new(MIRROR_WATCHER, true)]));
+        let watchers = Arc::new(Mutex::new(vec![
+            Watcher::new(MIRROR_WATCHER, true),
+            Watcher::of_handlers(WORKER),
+        ]));
         let (done, until) = watch::channel(false);
         let sampler = sample(
             Arc::clone(&targets),
@@ -473,6 +520,7 @@ impl Round {
             done,
             watching: [tokio::spawn(sampler), tokio::spawn(keeper)],
             leaders,
+            strict: config.strict,
             _dir: dir,
         }
     }
@@ -492,13 +540,15 @@ impl Round {
             .into_iter()
             .map(|w| tokio::spawn(w.run(stop.clone())))
             .collect();
-        let lanes: Vec<JoinHandle<()>> = [Lane::Server, Lane::Proxy, Lane::Followers]
-            .into_iter()
-            .map(|lane| {
-                let faults = schedule.lane(lane);
-                tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
-            })
-            .collect();
+        let driven = self.targets.drivers.write(stop.clone());
+        let lanes: Vec<JoinHandle<()>> =
+            [Lane::Server, Lane::Proxy, Lane::Followers, Lane::Drivers]
+                .into_iter()
+                .map(|lane| {
+                    let faults = schedule.lane(lane);
+                    tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
+                })
+                .collect();
         sleep_until(phase_start + schedule.phase).await;
         let _ = stop_tx.send(true);
         for lane in lanes {
@@ -524,6 +574,19 @@ impl Round {
                 Ok(Err(e)) => report.failures.push(format!("a writer panicked: {e}")),
                 Err(_) => report.failures.push("a writer did not finish".to_owned()),
             }
+        }
+        match timeout(Duration::from_secs(30), driven).await {
+            Ok(Ok(Ok((written, counts)))) => {
+                report.registry_written = written;
+                report.drivers.add(&counts);
+            }
+            Ok(Ok(Err(e))) => report.failures.push(e),
+            Ok(Err(e)) => report
+                .failures
+                .push(format!("the drivers' writers panicked: {e}")),
+            Err(_) => report
+                .failures
+                .push("the drivers' writers did not finish".to_owned()),
         }
         (ledger, healed)
     }
@@ -579,7 +642,7 @@ impl Round {
             }
         }
         let converge_start = Instant::now();
-        let mut equal = [false; 4];
+        let mut equal = [false; FOLLOWERS.len()];
         loop {
             let mut diffs = Vec::new();
             for follower in &self.targets.caches {
@@ -600,6 +663,8 @@ impl Round {
                 Some((_, entries)) => diff("mirror file", entries.into_iter(), now),
                 None => Some("mirror file: unreadable".to_owned()),
             });
+            let worker = self.targets.drivers.worker_entries();
+            diffs.push(diff(WORKER, worker.into_iter(), now));
             for (i, d) in diffs.iter().enumerate() {
                 equal[i] = d.is_none();
                 if equal[i] && report.converged_after[i].is_none() {
@@ -644,6 +709,7 @@ impl Round {
                 .extend(judge(ledger, watcher, &mut report.checks));
         }
         self.judge_liveness(ledger, healed, report).await;
+        self.judge_drivers(report).await;
         if let Err(e) = self.cursor_at_the_end(healed, report).await {
             report.failures.push(e);
         }
@@ -678,6 +744,7 @@ impl Round {
             names.push(follower.lock().await.name());
         }
         names.push(MIRROR_WATCHER.to_owned());
+        names.push(WORKER.to_owned());
         let watchers = lock(&self.watchers);
         for (i, name) in names.iter().enumerate() {
             let watcher = watchers.iter().find(|w| &w.name == name);
@@ -709,6 +776,40 @@ impl Round {
                     report.liveness,
                 ));
             }
+        }
+    }
+
+    /// Every job of the queue ends acked or dead-lettered once healed; the relays drained
+    /// the outbox into their stream, never both holding a row's claim (`checker.rs`).
+    async fn judge_drivers(&self, report: &mut RoundReport) {
+        let drivers = &self.targets.drivers;
+        match drivers.job_ends(&self.admin, DRIVERS_SETTLE_WITHIN).await {
+            Ok(ends) => {
+                let runs = lock(&drivers.runs).clone();
+                let (failures, unrecorded) =
+                    judge_jobs(&ends, &runs, DRIVERS_SETTLE_WITHIN, &mut report.checks);
+                report.failures.extend(failures);
+                match self.strict {
+                    true => report.failures.extend(unrecorded),
+                    false => report.known.extend(unrecorded),
+                }
+            }
+            Err(e) => report.failures.push(e),
+        }
+        match drivers.relayed(&self.admin, DRIVERS_SETTLE_WITHIN).await {
+            Ok((pending, stream)) => {
+                let log = lock(&drivers.relay_log);
+                let failures = judge_relays(
+                    &log,
+                    &report.registry_written,
+                    &stream,
+                    pending,
+                    DRIVERS_SETTLE_WITHIN,
+                    &mut report.checks,
+                );
+                report.failures.extend(failures);
+            }
+            Err(e) => report.failures.push(e),
         }
     }
 
@@ -798,6 +899,7 @@ impl Round {
                 ));
             }
         }
+        report.drivers.add(&self.targets.drivers.stop().await);
         let mut mirror = self.targets.mirror.lock().await;
         if let Some(line) = mirror.panicked() {
             report.failures.push(format!("the mirror panicked: {line}"));
@@ -860,7 +962,7 @@ async fn run_lane(targets: Arc<Targets>, faults: Vec<Planned>, phase_start: Inst
         sleep_until(phase_start + at).await;
         let _calm = match lane {
             Lane::Server | Lane::Proxy => Some(targets.calm.read().await),
-            Lane::Followers => None,
+            Lane::Followers | Lane::Drivers => None,
         };
         *lock(&targets.applied).entry(fault.kind()).or_default() += 1;
         let node_fault = targets.node_fault.as_ref().filter(|_| lane == Lane::Server);
@@ -973,6 +1075,9 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             flood(t, *paused).await;
             drop(held);
         }
+        Fault::WorkerFails => t.drivers.fail_worker(),
+        Fault::RunnerCrash { down } => t.drivers.crash_runner(*down).await,
+        Fault::RelayCrash { relay, down } => t.drivers.crash_relay(*relay, *down).await,
         Fault::MirrorPause { paused } => {
             let _calm = t.calm.write().await;
             t.mirror.lock().await.signal(true)?;
@@ -1267,9 +1372,8 @@ async fn keep_mirror_running(t: Arc<Targets>, mut stop: watch::Receiver<bool>) {
     }
 }
 
-/// Samples the in-process followers every 20 ms and the mirror's file every 100 ms into
-/// their watchers,
-/// from the followers' start until the round has converged (`stop`), and once more then.
+/// Samples the in-process followers and the supervised worker every 20 ms and the
+/// mirror's file every 100 ms into their watchers, from the followers' start until the round has converged (`stop`), and once more then.
 async fn sample(
     t: Arc<Targets>,
     watchers: Arc<Mutex<Vec<Watcher>>>,
@@ -1311,6 +1415,10 @@ async fn sample(
             };
             watchers[i].follows(follows, epoch);
             watchers[i].observe(at.map(|(w, i)| (w, i.into_std())), &entries);
+        }
+        let worker = t.drivers.worker_shown();
+        if let Some(w) = lock(&watchers).iter_mut().find(|w| w.name == WORKER) {
+            w.observe(None, &worker);
         }
         if tick % 5 == 0 || stopping {
             let path = file.clone();

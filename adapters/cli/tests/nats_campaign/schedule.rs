@@ -1,7 +1,10 @@
-//! A round's faults, drawn from its seed: three lanes (the server, the proxy, the
-//! followers) that each run one fault at a time, concurrently with the others. On a
-//! cluster the server lane acts on one node at a time: kill -9, SIGSTOP, or its routes to
-//! the others cut, any node or the leader of a stream as it is when the fault begins.
+//! A round's faults, drawn from its seed: four lanes (the server, the proxy, the
+//! followers, the drivers) that each run one fault at a time, concurrently with the
+//! others. On a cluster the server lane acts on one node at a time: kill -9, SIGSTOP, or
+//! its routes to the others cut, any node or the leader of a stream as it is when the
+//! fault begins. The drivers' lane (the supervised worker, the job runner, the relays) is
+//! drawn from a generator of its own, after the others, so a seed's first three lanes
+//! are what they were before the drivers came.
 
 use std::fmt;
 use std::time::Duration;
@@ -15,6 +18,8 @@ pub enum Lane {
     Server,
     Proxy,
     Followers,
+    /// The supervised worker, the job runner and the outbox relays (`drivers.rs`).
+    Drivers,
 }
 
 /// One fault, with how long it holds before it is undone.
@@ -64,6 +69,16 @@ pub enum Fault {
     /// SIGSTOP of the `tidemark mirror` process, the writers flooding as for a sink pause;
     /// SIGCONT after `paused`.
     MirrorPause { paused: Duration },
+    /// The supervised worker's next handler call fails: its run ends and the supervisor
+    /// restarts it (keeping what it applied; the failed batch is delivered again).
+    WorkerFails,
+    /// The job runner's task ended at once, as a crash ends it (its handlers dropped, their
+    /// jobs neither acked nor failed: delivered again when their leases run out); a new
+    /// runner on the queue after `down`.
+    RunnerCrash { down: Duration },
+    /// Outbox relay `relay` (0 or 1) ended at once, its claims left to run out; a new
+    /// relay under a new owner name after `down`, as a restarted process starts one.
+    RelayCrash { relay: usize, down: Duration },
     /// kill -9 of one cluster node; restarted on its ports and storage after `down`.
     NodeKill { node: Node, down: Duration },
     /// SIGSTOP of one cluster node; SIGCONT after `paused`.
@@ -124,7 +139,7 @@ pub enum InProcess {
 
 /// Every fault kind, in the order the summary prints them: those of a one-node round, then
 /// a cluster round's own ([`CLUSTER_KINDS`]).
-pub const KINDS: [&str; 26] = [
+pub const KINDS: [&str; 29] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -143,6 +158,9 @@ pub const KINDS: [&str; 26] = [
     "sink paused (in-process)",
     "cold start, sink paused",
     "mirror SIGSTOP",
+    "worker handler error",
+    "job runner crash",
+    "relay crash",
     "node kill -9",
     "node kill -9, stream leader",
     "node SIGSTOP",
@@ -191,19 +209,25 @@ impl Fault {
             Fault::SinkPause { cold: false, .. } => KINDS[15],
             Fault::SinkPause { cold: true, .. } => KINDS[16],
             Fault::MirrorPause { .. } => KINDS[17],
-            Fault::NodeKill { node, .. } => KINDS[18 + node.led()],
-            Fault::NodePause { node, .. } => KINDS[20 + node.led()],
+            Fault::WorkerFails => KINDS[18],
+            Fault::RunnerCrash { .. } => KINDS[19],
+            Fault::RelayCrash { .. } => KINDS[20],
+            Fault::NodeKill { node, .. } => KINDS[21 + node.led()],
+            Fault::NodePause { node, .. } => KINDS[23 + node.led()],
             Fault::Partition {
                 node, reset: false, ..
-            } => KINDS[22 + node.led()],
-            Fault::Partition { node, .. } => KINDS[24 + node.led()],
+            } => KINDS[25 + node.led()],
+            Fault::Partition { node, .. } => KINDS[27 + node.led()],
         }
     }
 
     /// How long it holds.
     pub fn lasting(&self) -> Duration {
         match self {
-            Fault::ServerKill { down } | Fault::MirrorKill { down } => *down,
+            Fault::ServerKill { down }
+            | Fault::MirrorKill { down }
+            | Fault::RunnerCrash { down }
+            | Fault::RelayCrash { down, .. } => *down,
             Fault::ServerPause { paused }
             | Fault::SinkPause { paused, .. }
             | Fault::MirrorPause { paused }
@@ -214,7 +238,7 @@ impl Fault {
             | Fault::Stall { lasting, .. }
             | Fault::HalfOpen { lasting, .. }
             | Fault::Partition { lasting, .. } => *lasting,
-            Fault::Reset | Fault::Restart(_) => Duration::ZERO,
+            Fault::Reset | Fault::Restart(_) | Fault::WorkerFails => Duration::ZERO,
         }
     }
 }
@@ -226,6 +250,7 @@ impl fmt::Display for Fault {
                 latency, jitter, ..
             } => write!(f, "{} {latency:?}+{jitter:?}", self.kind())?,
             Fault::SinkPause { which, .. } => write!(f, "{} ({which:?})", self.kind())?,
+            Fault::RelayCrash { relay, .. } => write!(f, "{} (relay {relay})", self.kind())?,
             Fault::NodeKill { node, .. }
             | Fault::NodePause { node, .. }
             | Fault::Partition { node, .. } => write!(f, "{} ({node})", self.kind())?,
@@ -317,6 +342,20 @@ impl Schedule {
                 at = next;
             }
         }
+        // Drawn apart: the lanes above draw what they drew before the drivers came.
+        let mut rng = Rng::new(seed ^ 0x6472_6976_6572_7321);
+        let mut at = between(&mut rng, 100, 1000);
+        while at < phase {
+            let fault = draw_driver_fault(&mut rng);
+            let gap = between(&mut rng, 300, 2000);
+            let next = at + fault.lasting() + gap;
+            faults.push(Planned {
+                at,
+                lane: Lane::Drivers,
+                fault,
+            });
+            at = next;
+        }
         faults.sort_by_key(|p| (p.at, p.lane));
         Schedule {
             seed,
@@ -393,6 +432,7 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
                 paused: between(rng, 1000, 6000),
             },
         },
+        Lane::Drivers => draw_driver_fault(rng),
     }
 }
 
@@ -423,6 +463,21 @@ fn draw_node_fault(rng: &mut Rng) -> Fault {
             node,
             lasting: between(rng, 300, 8000),
             reset: one_in(rng, 2),
+        },
+    }
+}
+
+/// A fault of the drivers' lane: the worker's handler failing, the job runner or a relay
+/// crashing and started again.
+fn draw_driver_fault(rng: &mut Rng) -> Fault {
+    match rng.next_u64() % 3 {
+        0 => Fault::WorkerFails,
+        1 => Fault::RunnerCrash {
+            down: between(rng, 0, 1500),
+        },
+        _ => Fault::RelayCrash {
+            relay: (rng.next_u64() % 2) as usize,
+            down: between(rng, 0, 1500),
         },
     }
 }
