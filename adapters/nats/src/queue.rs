@@ -23,7 +23,7 @@ use tidemark_jetstream::{
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::error::{check_name, unavailable};
 
@@ -805,7 +805,7 @@ impl Queue for NatsQueue {
                 continue;
             }
             if attempt > self.inner.max_attempts {
-                let _ = message.ack_with(AckKind::Term).await;
+                // The end recorded first (see `ack`).
                 let dead = Stored {
                     job,
                     state: Stage::Dead,
@@ -814,6 +814,7 @@ impl Queue for NatsQueue {
                     finished_ms: Some(now_ms()),
                 };
                 self.store(id, &dead).await?;
+                let _ = message.ack_with(AckKind::Term).await;
                 continue;
             }
             // A tick's second message (its scheduler died between the publish and the
@@ -867,12 +868,16 @@ impl Queue for NatsQueue {
         }
     }
 
+    /// The job's end is recorded in the state bucket before its message is acked: the
+    /// other order lost jobs for good (the NATS campaign, seeds 40000, 40004, 40014): an
+    /// ack the server took whose confirmation was lost, or a runner that died between the
+    /// two, left the message gone and the state leased, so no runner could ever lease the
+    /// job again and it never ended. Recorded first, an ack that is lost or never sent
+    /// leaves the message to be delivered again, and [`lease`](Queue::lease) terminates a
+    /// message whose job has ended; a record that fails leaves the message unacked, and
+    /// the job runs again (at least once).
     async fn ack(&self, lease: &Leased) -> Result<()> {
         let message = self.held(lease).await?;
-        message
-            .double_ack()
-            .await
-            .map_err(|e| unavailable("queue", e))?;
         let done = Stored {
             job: lease.job.clone(),
             state: Stage::Done,
@@ -880,7 +885,9 @@ impl Queue for NatsQueue {
             last_error: None,
             finished_ms: Some(now_ms()),
         };
-        self.store(lease.id.0, &done).await
+        self.store(lease.id.0, &done).await?;
+        settle(&message, AckKind::Ack, lease).await;
+        Ok(())
     }
 
     async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
@@ -893,10 +900,9 @@ impl Queue for NatsQueue {
         } else {
             AckKind::Nak(Some(retry_after))
         };
-        message
-            .ack_with(kind)
-            .await
-            .map_err(|e| unavailable("queue", e))?;
+        // Recorded first, as in `ack`: a dead letter's Term lost or never sent leaves a
+        // message the next lease terminates; a retry's Nak lost leaves the message to come
+        // back after its ack wait, ready.
         let stored = Stored {
             job: lease.job.clone(),
             state: if dead { Stage::Dead } else { Stage::Ready },
@@ -905,6 +911,7 @@ impl Queue for NatsQueue {
             finished_ms: dead.then(now_ms),
         };
         self.store(lease.id.0, &stored).await?;
+        settle(&message, kind, lease).await;
         Ok(if dead {
             JobState::DeadLettered
         } else {
@@ -936,10 +943,7 @@ impl Queue for NatsQueue {
 
     async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
         let message = self.held(lease).await?;
-        message
-            .ack_with(AckKind::Term)
-            .await
-            .map_err(|e| unavailable("queue", e))?;
+        // Recorded first, as in `ack`.
         let dead = Stored {
             job: lease.job.clone(),
             state: Stage::Dead,
@@ -947,7 +951,9 @@ impl Queue for NatsQueue {
             last_error: Some(error.to_owned()),
             finished_ms: Some(now_ms()),
         };
-        self.store(lease.id.0, &dead).await
+        self.store(lease.id.0, &dead).await?;
+        settle(&message, AckKind::Term, lease).await;
+        Ok(())
     }
 
     async fn dead_letters(&self, after: Option<JobId>, limit: usize) -> Result<Vec<JobRecord>> {
@@ -1028,6 +1034,21 @@ impl Queue for NatsQueue {
 
 fn decode_state(id: u64, bytes: &[u8]) -> Result<Stored> {
     serde_json::from_slice(bytes).map_err(|e| unavailable("queue", format!("job {id} state: {e}")))
+}
+
+/// Tells the server what became of a leased job's message whose state is already
+/// recorded: `kind` (a double ack for [`AckKind::Ack`], which waits for the server's
+/// confirmation). A failure is logged and otherwise ignored: the state says what became
+/// of the job, and the message, delivered again, is terminated by the next lease (an end)
+/// or leased again (a retry).
+async fn settle(message: &jetstream::Message, kind: AckKind, lease: &Leased) {
+    let sent = match kind {
+        AckKind::Ack => message.double_ack().await,
+        kind => message.ack_with(kind).await,
+    };
+    if let Err(e) = sent {
+        debug!(id = %lease.id, attempt = lease.attempt, ?kind, error = %e, "the job's state is recorded; its message will be settled when delivered again");
+    }
 }
 
 fn record(id: JobId, s: Stored) -> JobRecord {
