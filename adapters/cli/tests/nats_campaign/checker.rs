@@ -336,7 +336,7 @@ pub struct Checks {
     pub jobs_acked: u64,
     pub jobs_dead: u64,
     pub job_runs: u64,
-    /// Not a check passed: jobs the known defect left leased (see [`judge_jobs`]).
+    /// Not a check passed: jobs left leased with their message gone (see [`judge_jobs`]).
     pub jobs_unrecorded: u64,
     /// Outbox rows found in the relayed stream after healing; rows of claims checked
     /// against every other owner's; publishes found under their own relay's claim.
@@ -550,11 +550,10 @@ pub struct JobRun {
 /// Every job of the queue (by id, with its kind) must end acked or dead-lettered once the
 /// round healed: none lost, none left leased or waiting; and one acked had a handler run
 /// that succeeded (an ack follows a success, at least once). Returns what broke, and apart
-/// from it the jobs left leased whose message the server no longer holds: the NATS queue
-/// settles a job's message before it records the job's end (`NatsQueue::ack`, `fail`,
-/// `dead_letter`), so a lost confirmation or a crash between the two leaves the job
-/// leased forever. A known defect, reported apart so the round's caller can list it
-/// without failing (`--strict` fails it).
+/// from it the jobs left leased whose message the server no longer holds: what the NATS
+/// queue did when it settled a job's message before it recorded the job's end (a lost
+/// confirmation or a crash between the two left the job leased forever; fixed, the end is
+/// recorded first), told apart because its cause is known.
 pub fn judge_jobs(
     ends: &BTreeMap<u64, (String, JobEnd)>,
     runs: &[JobRun],

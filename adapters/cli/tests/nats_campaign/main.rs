@@ -33,7 +33,7 @@
 //! ```text
 //! cargo test -p tidemark-cli --test nats_campaign -- [--rounds N | --minutes M]
 //!     [--seed N | --start-seed N] [--cluster | --cluster-share P] [--phase-secs S]
-//!     [--no-markers] [--strict] [--verbose]
+//!     [--no-markers] [--verbose]
 //! ```
 //!
 //! The fault phase is 6 s on one node and 12 s on a cluster unless `--phase-secs` says.
@@ -45,11 +45,7 @@
 //! of its key (the defect that showed is fixed: CHANGELOG); `--no-markers` (or
 //! `TIDEMARK_CAMPAIGN_MARKERS=0`) announces every put with its value, as the campaign did
 //! before markers were on by default (`--markers` is accepted and is the default). `RUST_LOG`
-//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr. A known
-//! library defect the campaign finds (the NATS job queue leaving a job leased forever once
-//! the server took its ack: `checker::judge_jobs`) is listed with its replay but fails a
-//! round only with `--strict` (or `TIDEMARK_CAMPAIGN_STRICT=1`), so the default run stays
-//! a test of what is not known to be broken.
+//! (`tidemark=debug`, say) logs what the in-process follower does, to stderr.
 
 mod checker;
 mod drivers;
@@ -92,7 +88,6 @@ struct Args {
     cluster_share: f64,
     markers: bool,
     /// Known defects fail their rounds.
-    strict: bool,
     verbose: bool,
     /// libtest's `--list`, or a name filter this test does not match: run nothing.
     nothing: bool,
@@ -116,7 +111,6 @@ fn parse() -> Result<Args, String> {
         cluster_share: share("TIDEMARK_CAMPAIGN_CLUSTER_SHARE", env("CLUSTER_SHARE"))?
             .unwrap_or(0.0),
         markers: env("MARKERS").is_none_or(|v| v != "0"),
-        strict: env("STRICT").is_some_and(|v| v != "0"),
         verbose: false,
         nothing: false,
     };
@@ -143,7 +137,6 @@ fn parse() -> Result<Args, String> {
                     .ok_or("--cluster-share takes a value".to_owned())?;
             }
             "--verbose" => args.verbose = true,
-            "--strict" => args.strict = true,
             "--markers" => args.markers = true,
             "--no-markers" => args.markers = false,
             "--list" | "--ignored" => args.nothing = true,
@@ -186,8 +179,6 @@ struct Totals {
     slowest_settle: Duration,
     slow: Vec<(u64, u128)>,
     failed: Vec<u64>,
-    /// Rounds where a known defect showed (not failed without `--strict`).
-    known: Vec<u64>,
 }
 
 fn main() -> ExitCode {
@@ -243,7 +234,6 @@ async fn campaign(args: Args) -> ExitCode {
         phase: Duration::ZERO,
         markers: args.markers,
         cluster: false,
-        strict: args.strict,
         tidemark_bin: PathBuf::from(env!("CARGO_BIN_EXE_tidemark")),
     };
     let (first, rounds) = match (args.seed, args.rounds, args.minutes) {
@@ -348,9 +338,6 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     if !r.failures.is_empty() {
         t.failed.push(seed);
     }
-    if !r.known.is_empty() {
-        t.known.push(seed);
-    }
 }
 
 fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, markers: bool) {
@@ -377,10 +364,9 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         })
         .collect::<Vec<_>>()
         .join(", ");
-    let verdict = match (r.failures.is_empty(), r.known.is_empty()) {
-        (false, _) => "FAILED",
-        (true, true) => "ok",
-        (true, false) => "ok but for a known defect",
+    let verdict = match r.failures.is_empty() {
+        false => "FAILED",
+        true => "ok",
     };
     let cluster = match r.schedule.cluster {
         true => format!(
@@ -397,7 +383,7 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         r.mirror_restarts,
         r.restarts.iter().sum::<u64>(),
     );
-    let shown = !r.failures.is_empty() || !r.known.is_empty();
+    let shown = !r.failures.is_empty();
     if verbose || shown {
         print!("{}", r.schedule);
         for exit in &r.mirror_exits {
@@ -408,9 +394,6 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
         for f in &r.failures {
             println!("  FAILED: {f}");
         }
-        for k in &r.known {
-            println!("  KNOWN DEFECT (a failure with --strict): {k}");
-        }
         println!("  the mirror's last lines:");
         for line in r.mirror_log.iter().rev().take(15).rev() {
             println!("    {line}");
@@ -419,14 +402,9 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
     if shown {
         println!(
             "  replay: cargo test -p tidemark-cli --test nats_campaign -- --seed {seed} \
-             --phase-secs {phase_secs}{}{}{}",
+             --phase-secs {phase_secs}{}{}",
             if r.schedule.cluster { " --cluster" } else { "" },
             if markers { "" } else { " --no-markers" },
-            if r.failures.is_empty() {
-                " --strict"
-            } else {
-                ""
-            }
         );
     }
 }
@@ -599,14 +577,6 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
             "  slow recoveries (a follower equal to the bucket only > {SLOW_RECOVERY:?} after \
              healing), seed and ms: {:?}",
             t.slow
-        );
-    }
-    if !t.known.is_empty() {
-        println!(
-            "  known defect, not failed without --strict: the NATS job queue left {} job(s) \
-             leased forever once the server had taken their ack or termination (it settles a \
-             job's message before it records the job's end), in seeds {:?}",
-            c.jobs_unrecorded, t.known
         );
     }
     match t.failed.as_slice() {

@@ -99,8 +99,6 @@ pub struct RoundConfig {
     pub markers: bool,
     /// A 3-node cluster, not one node.
     pub cluster: bool,
-    /// Known defects fail the round (otherwise they are listed in [`RoundReport::known`]).
-    pub strict: bool,
     pub tidemark_bin: PathBuf,
 }
 
@@ -132,9 +130,6 @@ pub struct RoundReport {
     pub reconciled_at: Option<Instant>,
     pub took: Duration,
     pub failures: Vec<String>,
-    /// What a known library defect did (a failure under `--strict`): jobs the NATS queue
-    /// left leased forever after the server took their ack (`checker::judge_jobs`).
-    pub known: Vec<String>,
     pub mirror_log: Vec<String>,
     /// Times the bucket was deleted and made again.
     pub recreations: u32,
@@ -292,7 +287,6 @@ impl RoundReport {
             reconciled_at: None,
             took: Duration::ZERO,
             failures: Vec::new(),
-            known: Vec::new(),
             mirror_log: Vec::new(),
             recreations: 0,
             mirror_new_histories: 0,
@@ -393,8 +387,6 @@ struct Round {
     watching: [JoinHandle<()>; 2],
     /// On a cluster, the stream leaders' watcher: its counts of leader changes.
     leaders: Option<JoinHandle<[u64; 2]>>,
-    /// Known defects fail the round.
-    strict: bool,
     /// Holds the mirror's file until the round ends.
     _dir: tempfile::TempDir,
 }
@@ -520,7 +512,6 @@ impl Round {
             done,
             watching: [tokio::spawn(sampler), tokio::spawn(keeper)],
             leaders,
-            strict: config.strict,
             _dir: dir,
         }
     }
@@ -789,10 +780,7 @@ impl Round {
                 let (failures, unrecorded) =
                     judge_jobs(&ends, &runs, DRIVERS_SETTLE_WITHIN, &mut report.checks);
                 report.failures.extend(failures);
-                match self.strict {
-                    true => report.failures.extend(unrecorded),
-                    false => report.known.extend(unrecorded),
-                }
+                report.failures.extend(unrecorded);
             }
             Err(e) => report.failures.push(e),
         }
