@@ -183,11 +183,15 @@ impl History {
     /// the watermark hides the only replaced change), the cache does not show which of
     /// them the follower is reading. A revision `skipped` says the follower's sparse feed
     /// never delivered (an overwrite removed it first) may be missing: see
-    /// [`FeedSkips`].
+    /// [`FeedSkips`]. A key `removed` past the watermark (an announced removal applied
+    /// ahead of it) may be missing too: an announcement is a claim held unconfirmed until
+    /// a read of the source, whichever history made it, or none (a foreign one), as a put
+    /// ahead of the watermark is.
     #[must_use]
     pub fn inconsistencies_since(
         &self,
         cache: &BTreeMap<String, (u64, String)>,
+        removed: &BTreeMap<String, u64>,
         watermark: u64,
         since: usize,
         cursors: &mut StateCursors,
@@ -209,7 +213,7 @@ impl History {
                 .entry(epoch)
                 .or_default()
                 .seek((epoch, 0), history, watermark);
-            if inconsistencies_in(&all, state, cache, watermark, skipped).is_empty() {
+            if inconsistencies_in(&all, state, (cache, removed), watermark, skipped).is_empty() {
                 return (Vec::new(), epoch);
             }
         }
@@ -220,7 +224,7 @@ impl History {
             watermark,
         );
         (
-            inconsistencies_in(&all, state, cache, watermark, skipped),
+            inconsistencies_in(&all, state, (cache, removed), watermark, skipped),
             epoch,
         )
     }
@@ -318,7 +322,7 @@ impl History {
             .iter()
             .chain(std::iter::once(&current.commits))
             .collect();
-        inconsistencies_in(&all, &state, cache, watermark, skipped)
+        inconsistencies_in(&all, &state, (cache, &BTreeMap::new()), watermark, skipped)
     }
 }
 
@@ -379,7 +383,7 @@ impl FeedSkips {
 fn inconsistencies_in(
     all: &[&BTreeMap<u64, Commit>],
     state: &State,
-    cache: &BTreeMap<String, (u64, String)>,
+    (cache, removed): (&BTreeMap<String, (u64, String)>, &BTreeMap<String, u64>),
     watermark: u64,
     skipped: Skipped<'_>,
 ) -> Vec<String> {
@@ -417,6 +421,10 @@ fn inconsistencies_in(
     for (key, (seq, value)) in state {
         let Some(bytes) = value else { continue };
         if cache.contains_key(key) || std::str::from_utf8(bytes).is_err() || skipped(*seq) {
+            continue;
+        }
+        // A removal applied ahead of the watermark: a claim, like a put ahead (above).
+        if removed.get(key).is_some_and(|&at| at > watermark) {
             continue;
         }
         // Absent: fine only if a newer removal (or a newer poison put) explains it.
@@ -697,6 +705,7 @@ impl Probe {
             let mut cursors = StateCursors::default();
             self.history.inconsistencies_since(
                 &cache,
+                &s.removed,
                 watermark,
                 s.epoch + 1,
                 &mut cursors,
@@ -780,6 +789,7 @@ impl Probe {
         let skipped = |seq| skips == Skips::Excused && self.skipped(seq);
         let (diff, epoch) = self.history.inconsistencies_since(
             &s.cache,
+            &s.removed,
             watermark,
             s.epoch,
             &mut s.cursors,
