@@ -213,7 +213,7 @@ impl History {
                 .entry(epoch)
                 .or_default()
                 .seek((epoch, 0), history, watermark);
-            if inconsistencies_in(&all, state, (cache, removed), watermark, skipped).is_empty() {
+            if inconsistencies_in(&all, state, cache, removed, watermark, skipped).is_empty() {
                 return (Vec::new(), epoch);
             }
         }
@@ -224,7 +224,7 @@ impl History {
             watermark,
         );
         (
-            inconsistencies_in(&all, state, (cache, removed), watermark, skipped),
+            inconsistencies_in(&all, state, cache, removed, watermark, skipped),
             epoch,
         )
     }
@@ -322,7 +322,7 @@ impl History {
             .iter()
             .chain(std::iter::once(&current.commits))
             .collect();
-        inconsistencies_in(&all, &state, (cache, &BTreeMap::new()), watermark, skipped)
+        inconsistencies_in(&all, &state, cache, &BTreeMap::new(), watermark, skipped)
     }
 }
 
@@ -383,7 +383,8 @@ impl FeedSkips {
 fn inconsistencies_in(
     all: &[&BTreeMap<u64, Commit>],
     state: &State,
-    (cache, removed): (&BTreeMap<String, (u64, String)>, &BTreeMap<String, u64>),
+    cache: &BTreeMap<String, (u64, String)>,
+    removed: &BTreeMap<String, u64>,
     watermark: u64,
     skipped: Skipped<'_>,
 ) -> Vec<String> {
