@@ -1053,6 +1053,42 @@ fn a_minute_backoff() -> BackoffPolicy {
     .unwrap()
 }
 
+/// A bucket `name` holding `before`, and a ready follower of it on a client from
+/// `NatsOptions::connect` whose failure and end backoffs are [`a_minute_backoff`]: what a
+/// reconnect or a resume must cut short. Returns the admin's store, the cache, its handle
+/// and the client's reconnect counter.
+async fn ready_with_a_minute_backoff(
+    server: &tidemark_tests::NatsServer,
+    admin: &async_nats::Client,
+    name: &str,
+) -> (
+    async_nats::jetstream::kv::Store,
+    tidemark::Cache<String>,
+    tidemark::FollowerHandle,
+    tokio::sync::watch::Receiver<u64>,
+) {
+    let store = create_bucket(admin, name, 1, 1).await;
+    store.put("before", Bytes::from_static(b"1")).await.unwrap();
+    let minute = a_minute_backoff();
+    let config = FollowerConfig::builder(name)
+        .failure_backoff(minute)
+        .end_backoff(minute)
+        .build()
+        .unwrap();
+    let bucket = KvBucket::new(
+        NatsOptions::new([server.url()]).connect().await.unwrap(),
+        name,
+    )
+    .unwrap();
+    let reconnects = Source::reconnects(&bucket).expect("a client that counts reconnects");
+    let (cache, handle) = spawn_cache(config, Utf8, bucket.clone(), bucket);
+    tokio::time::timeout(WAIT, cache.wait_ready())
+        .await
+        .unwrap()
+        .unwrap();
+    (store, cache, handle, reconnects)
+}
+
 /// After a server restart the client reconnects, and a follower on a client from
 /// `NatsOptions::connect` hears it: it reopens its feed at once, although its feed backoff
 /// (one minute here, as after many failures) has far to run. A follower on a client without
@@ -1136,25 +1172,8 @@ async fn a_client_reconnect_ends_the_feed_backoff_at_once() {
 async fn a_server_paused_and_continued_ends_the_feed_backoff_without_a_reconnect() {
     let mut server = server().await;
     let admin = client(&server).await;
-    let store = create_bucket(&admin, "paused", 1, 1).await;
-    store.put("before", Bytes::from_static(b"1")).await.unwrap();
-    let minute = a_minute_backoff();
-    let config = FollowerConfig::builder("paused")
-        .failure_backoff(minute)
-        .end_backoff(minute)
-        .build()
-        .unwrap();
-    let bucket = KvBucket::new(
-        NatsOptions::new([server.url()]).connect().await.unwrap(),
-        "paused",
-    )
-    .unwrap();
-    let reconnects = Source::reconnects(&bucket).expect("a client that counts reconnects");
-    let (cache, handle) = spawn_cache(config, Utf8, bucket.clone(), bucket);
-    tokio::time::timeout(WAIT, cache.wait_ready())
-        .await
-        .unwrap()
-        .unwrap();
+    let (store, cache, handle, reconnects) =
+        ready_with_a_minute_backoff(&server, &admin, "paused").await;
 
     server.pause().unwrap();
     // The feed's heartbeats stop: it fails and the follower backs off for a minute; its
@@ -1202,25 +1221,8 @@ async fn a_server_paused_and_continued_ends_the_feed_backoff_without_a_reconnect
 async fn a_bucket_made_again_ends_the_backoff_its_absence_grew() {
     let server = server().await;
     let admin = client(&server).await;
-    let store = create_bucket(&admin, "remade", 1, 1).await;
-    store.put("before", Bytes::from_static(b"1")).await.unwrap();
-    let minute = a_minute_backoff();
-    let config = FollowerConfig::builder("remade")
-        .failure_backoff(minute)
-        .end_backoff(minute)
-        .build()
-        .unwrap();
-    let bucket = KvBucket::new(
-        NatsOptions::new([server.url()]).connect().await.unwrap(),
-        "remade",
-    )
-    .unwrap();
-    let reconnects = Source::reconnects(&bucket).expect("a client that counts reconnects");
-    let (cache, handle) = spawn_cache(config, Utf8, bucket.clone(), bucket);
-    tokio::time::timeout(WAIT, cache.wait_ready())
-        .await
-        .unwrap()
-        .unwrap();
+    let (_, cache, handle, reconnects) =
+        ready_with_a_minute_backoff(&server, &admin, "remade").await;
 
     let js = async_nats::jetstream::new(admin.clone());
     js.delete_key_value("remade").await.unwrap();
