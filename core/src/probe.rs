@@ -245,12 +245,6 @@ impl Asking {
         }
     }
 
-    /// The probes' state.
-    #[must_use]
-    pub fn probes(&self) -> &Probes {
-        &self.probes
-    }
-
     /// When the path came back with the request still out, if it did.
     #[must_use]
     pub fn back_at(&self) -> Option<Time> {
@@ -290,19 +284,14 @@ impl Asking {
 
     /// The probe out was answered at `now` and the source is there.
     pub fn handle_answer(&mut self, now: Time) {
-        let probed = self.probes.handle_answer(now);
-        self.judge(now, probed);
+        if self.probes.handle_answer(now) == Probed::Resumed && self.back_at.is_none() {
+            self.back_at = Some(now);
+        }
     }
 
     /// The probe out failed at `now`, or reached its deadline unanswered.
     pub fn handle_missed(&mut self, now: Time) {
         self.probes.handle_missed(now);
-    }
-
-    fn judge(&mut self, now: Time, probed: Probed) {
-        if probed == Probed::Resumed && self.back_at.is_none() {
-            self.back_at = Some(now);
-        }
     }
 
     fn first_probe(&self) -> Time {

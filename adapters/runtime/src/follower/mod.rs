@@ -113,9 +113,6 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// Probes of the source while the follower backs off: an answer after a stall is a
     /// reason to retry at once where no reconnect comes.
     prober: Prober,
-    /// A request was cut because the path to the source came back while it was out: the
-    /// core is told so once it has the failure.
-    resumed: bool,
     sink: K,
     clock: Clock,
     stream: Option<(Token, F::Stream)>,
@@ -189,7 +186,6 @@ where
             rng: Rng::new(seed ^ 0x5741_4b45),
             reconnects,
             prober,
-            resumed: false,
             sink,
             clock: Clock::new(),
             stream: None,
@@ -254,7 +250,6 @@ where
             rng: self.rng,
             reconnects: self.reconnects,
             prober: self.prober,
-            resumed: self.resumed,
             sink: self.sink,
             clock: self.clock,
             stream: self.stream,
@@ -519,6 +514,9 @@ where
 enum Asked {
     /// Its answer, for the core.
     Answer(Input),
+    /// The path to the source came back while it was out, and it was cut: its failure
+    /// for the core, then [`Input::Resumed`] (paced as a reconnect is).
+    Resumed(Input),
     /// A stop came first: the core is told to stop. (A reconnect that cuts a request
     /// answers it as failed.)
     Abandoned,

@@ -267,17 +267,19 @@ where
             }
             let answer = match self.ask(request, stop).await? {
                 Asked::Answer(input) => input,
+                Asked::Resumed(failure) => {
+                    self.core.handle_input(failure, self.clock.now());
+                    if !self.reconnects.arrived(Instant::now()) {
+                        continue;
+                    }
+                    Input::Resumed
+                }
                 // A stop abandoned it.
                 Asked::Abandoned => Input::Stop,
                 // The sink failed before the answer could be used: the core rewound.
                 Asked::Dropped => continue,
             };
             self.core.handle_input(answer, self.clock.now());
-            // A request cut because the path came back: retried now, paced as a
-            // reconnect is.
-            if std::mem::take(&mut self.resumed) && self.reconnects.arrived(Instant::now()) {
-                self.core.handle_input(Input::Resumed, self.clock.now());
-            }
         }
         Ok(())
     }
@@ -316,7 +318,7 @@ where
     /// connection), and the reconnect, which the task hears next, retries it. So does the
     /// path to the source coming back while the request is out, as probes beside one
     /// that takes long tell ([`Asking`](tidemark_core::Asking)): it was sent while the
-    /// path was cut, and its reply may never come; `self.resumed` asks the retry.
+    /// path was cut, and its reply may never come ([`Asked::Resumed`]).
     pub(super) async fn ask(&mut self, request: Request, stop: &mut StopSignal) -> Result<Asked> {
         let token = request.token();
         let opening = matches!(request, Request::OpenFeed { .. });
@@ -331,14 +333,17 @@ where
                     "the client reconnected while the request was out"
                 } else {
                     debug!(worker = %self.core.config().name(), source = %self.source_name, "the source answers again while a request sent before is still out; abandoning it");
-                    self.resumed = true;
                     "the source answered again while the request, sent before, was still out"
                 };
                 let error = error.to_owned();
-                Asked::Answer(match opening {
+                let failure = match opening {
                     true => Input::FeedFailed { token, error },
                     false => Input::RequestFailed { token, error },
-                })
+                };
+                match by_reconnect {
+                    true => Asked::Answer(failure),
+                    false => Asked::Resumed(failure),
+                }
             }
             (asked, _) => asked,
         })
