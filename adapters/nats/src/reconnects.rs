@@ -14,8 +14,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
+use async_nats::jetstream::ErrorCode;
 use async_nats::jetstream::context::GetStreamErrorKind;
-use async_nats::jetstream::{ErrorCode, response::Response};
 use async_nats::{Client, ConnectOptions, Event, Statistics, jetstream};
 use tidemark::{Error, Result};
 use tokio::sync::watch;
@@ -58,58 +58,41 @@ pub(crate) fn of(client: &Client) -> Option<watch::Receiver<u64>> {
 }
 
 /// A probe of `stream` through the JetStream API behind `context`: a stream-info request
-/// (its state only, no subjects), which changes nothing on the server and costs it
-/// little. On a cluster only the stream's leader answers it, so an answer means the
-/// stream is served, not only that some server is up. `Ok` when the stream answered; a
-/// failure when it was not answered, or answered that there is no such stream (a bucket
-/// deleted: the follower's retries fail alike until it is made again, and the first probe
-/// that finds it ends the backoff they grew) ([`answer`]). It takes no timeout of its
-/// own: the follower gives it up at its probe deadline.
+/// (`Context::get_stream`), which changes nothing on the server and costs it little. On a
+/// cluster only the stream's leader answers it, so an answer means the stream is served,
+/// not only that some server is up. `Ok` when the stream answered; a failure when it was
+/// not answered, or answered that there is no such stream (a bucket deleted: the
+/// follower's retries fail alike until it is made again, and the first probe that finds
+/// it ends the backoff they grew) ([`answered`]). It takes no timeout of its own: the
+/// follower gives it up at its probe deadline.
 pub(crate) fn probe(
     context: &jetstream::Context,
     stream: String,
 ) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
     let context = context.clone();
     async move {
-        let asked: std::result::Result<Response<serde_json::Value>, _> = context
-            .request(format!("STREAM.INFO.{stream}"), &serde_json::json!({}))
-            .await;
-        let kind = match asked {
-            Ok(Response::Ok(_)) => return Ok(()),
-            Ok(Response::Err { error }) => GetStreamErrorKind::JetStream(error),
-            Err(_) => GetStreamErrorKind::Request,
-        };
-        answer(&kind).map_err(|e| match e {
-            Unanswered::Missing => {
-                Error::unavailable("source", format!("stream {stream} not found"))
-            }
-            Unanswered::No(why) => Error::unavailable("source", format!("stream {stream}: {why}")),
-        })
+        match context.get_stream(&stream).await {
+            Ok(_) => Ok(()),
+            Err(e) if answered(&e.kind()) => Ok(()),
+            Err(e) => Err(Error::unavailable(
+                "source",
+                format!("stream {stream}: {e}"),
+            )),
+        }
     }
 }
 
-/// Why a probe's stream-info request that failed with `kind` proves nothing about the path.
-#[derive(Debug, PartialEq, Eq)]
-enum Unanswered {
-    /// JetStream answered: no such stream.
-    Missing,
-    /// Nobody with the stream answered.
-    No(String),
-}
-
-/// What a stream-info request that failed with `kind` says: answered (`Ok`, the path to
-/// the stream works, even if the request was refused), answered that the stream is
-/// missing, or not answered. A timeout, no responders (JetStream not up yet after a
-/// restart) or a client that could not send is no answer; nor is a 503 (a cluster with
-/// no leader to answer, JetStream not enabled): the stream is not served.
-fn answer(kind: &GetStreamErrorKind) -> std::result::Result<(), Unanswered> {
+/// Whether a stream-info request that failed with `kind` was answered by the stream: a
+/// refusal is (the path to the stream works). "Stream not found" is not: the follower
+/// cannot read it any more than when nobody answers. Nor is a timeout, no responders
+/// (JetStream not up yet after a restart), a client that could not send, or a 503 (a
+/// cluster with no leader to answer, JetStream not enabled): the stream is not served.
+fn answered(kind: &GetStreamErrorKind) -> bool {
     match kind {
-        GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND => {
-            Err(Unanswered::Missing)
+        GetStreamErrorKind::JetStream(e) => {
+            e.error_code() != ErrorCode::STREAM_NOT_FOUND && e.code() != 503
         }
-        GetStreamErrorKind::JetStream(e) if e.code() == 503 => Err(Unanswered::No(e.to_string())),
-        GetStreamErrorKind::JetStream(_) => Ok(()),
-        other => Err(Unanswered::No(other.to_string())),
+        _ => false,
     }
 }
 
@@ -144,20 +127,18 @@ mod tests {
     }
 
     #[test]
-    fn a_refusal_is_an_answer_and_a_missing_stream_is_one_that_says_so() {
-        assert_eq!(
-            answer(&api_error(
+    fn a_refusal_is_an_answer_and_a_missing_stream_is_none() {
+        assert!(
+            answered(&api_error(
                 r#"{"code":400,"err_code":10025,"description":"bad request"}"#
             )),
-            Ok(()),
             "an API error other than a 503 is an answer: the path to the stream works"
         );
-        assert_eq!(
-            answer(&api_error(
+        assert!(
+            !answered(&api_error(
                 r#"{"code":404,"err_code":10059,"description":"stream not found"}"#
             )),
-            Err(Unanswered::Missing),
-            "a deleted bucket: answered, and found missing"
+            "a deleted bucket: found missing, no stream a retry could read"
         );
     }
 
@@ -174,7 +155,7 @@ mod tests {
             GetStreamErrorKind::Request,
         ] {
             assert!(
-                matches!(answer(&none), Err(Unanswered::No(_))),
+                !answered(&none),
                 "{none:?} is no answer: a follower must not take it for a stream that is back"
             );
         }
