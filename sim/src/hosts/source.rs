@@ -101,6 +101,14 @@ impl Silence {
     pub fn is_on(&self) -> bool {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// What a read that reaches the source now waits for: nothing, or (reads left
+    /// unanswered) forever, its connection held open by the caller until the host goes.
+    async fn unanswered(&self) {
+        if self.is_on() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// What the source host serves and records, all of it outside the host (it survives the
@@ -220,11 +228,6 @@ async fn connection(
         Admit::Refuse(refused) => return wire::write(&mut stream, &refused).await,
         Admit::Reset => return Ok(()),
     }
-    if host.silence.is_on() && reads_the_source(&request) {
-        // Never answered; the connection stays open until the host goes.
-        let _stream = stream;
-        return std::future::pending().await;
-    }
     let memory = &host.memory;
     let response = match request {
         // The calls that turn the connection into a stream.
@@ -232,6 +235,7 @@ async fn connection(
         // the call it serves, not room for the largest of them, and spawning one copies
         // less (about 1% of a seed's CPU went to those copies).
         Request::OpenFeed { from } => {
+            host.silence.unanswered().await;
             let opened = memory.source.open(from, None).await;
             return Box::pin(stream_feed(stream, opened)).await;
         }
@@ -243,7 +247,10 @@ async fn connection(
             return Box::pin(stream_wakes(memory, stream, &channel)).await;
         }
         Request::WatchOutbox => return Box::pin(stream_outbox(memory, stream)).await,
-        Request::JetStream(call) => return Box::pin(host.jetstream.serve(call, stream)).await,
+        Request::JetStream(call) => {
+            host.silence.unanswered().await;
+            return Box::pin(host.jetstream.serve(call, stream)).await;
+        }
         // The other services.
         Request::Queue(call) => Box::pin(serve_queue(memory, &host.jobs, &host.sweeps, call)).await,
         Request::Sweeps(call) => Box::pin(host.sweeps.serve(memory, call)).await,
@@ -257,33 +264,12 @@ async fn connection(
         | Request::Claim { .. }
         | Request::Complete { .. }
         | Request::PendingRows) => Box::pin(serve_announcements(&host, request)).await,
-        request => Box::pin(read_source(memory, request)).await,
+        request => {
+            host.silence.unanswered().await;
+            Box::pin(read_source(memory, request)).await
+        }
     };
     wire::write(&mut stream, &response).await
-}
-
-/// Whether `request` reads the source or its JetStream bucket (what [`Silence`] leaves
-/// unanswered): every request but writes, announcements, wakes, the outbox, the queue and
-/// the sweeps.
-fn reads_the_source(request: &Request) -> bool {
-    !matches!(
-        request,
-        Request::Put { .. }
-            | Request::Update { .. }
-            | Request::Remove { .. }
-            | Request::OpenEvents { .. }
-            | Request::Listen { .. }
-            | Request::WatchOutbox
-            | Request::Queue(_)
-            | Request::Sweeps(_)
-            | Request::Publish { .. }
-            | Request::Notify { .. }
-            | Request::LoadCursor { .. }
-            | Request::SaveCursor { .. }
-            | Request::Claim { .. }
-            | Request::Complete { .. }
-            | Request::PendingRows
-    )
 }
 
 /// A write to the source (through the announcing source if the writer announces through
