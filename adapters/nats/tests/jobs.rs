@@ -349,3 +349,50 @@ async fn a_job_acked_while_the_server_is_stopped_still_ends() {
         );
     }
 }
+
+/// SPEC §9, "ack completes it": a job's end is recorded before its message is settled.
+/// Here the record fails (the state bucket refuses writes: at its byte limit, discarding new
+/// ones), so the ack fails, and the job, its message never acked, is delivered again
+/// and completed once the bucket takes writes. Settled first, as the queue did, the
+/// server took the ack and the failed record left the job "leased" with its message gone:
+/// never completed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ack_whose_record_fails_leaves_the_job_to_be_delivered_again() {
+    let server = server().await;
+    let client = client(&server).await;
+    let q = NatsQueue::open(client.clone(), "RECORD_FAILS", 3)
+        .await
+        .unwrap();
+    let id = q.enqueue(Job::Sweep).await.unwrap();
+    let lease = q.lease(VISIBILITY).await.unwrap().unwrap();
+    assert_eq!(lease.id, id);
+
+    let js = jetstream::new(client.clone());
+    let mut state = js.get_stream("KV_RECORD_FAILS_state").await.unwrap();
+    let open = state.info().await.unwrap().config.clone();
+    let mut full = open.clone();
+    full.max_bytes = i64::try_from(state.info().await.unwrap().state.bytes).unwrap();
+    full.discard = jetstream::stream::DiscardPolicy::New;
+    js.update_stream(full).await.unwrap();
+    assert!(
+        q.ack(&lease).await.is_err(),
+        "the job's end could not be recorded: the ack fails"
+    );
+    js.update_stream(open).await.unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(again) = q.lease(VISIBILITY).await.unwrap() {
+            assert_eq!(again.id, id, "the same job, delivered again");
+            q.ack(&again).await.unwrap();
+        }
+        let counts = q.counts().await.unwrap();
+        if counts.done == 1 && counts.leased == 0 && counts.ready == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job never completed: {counts:?} (its message acked, its end never recorded)"
+        );
+    }
+}
