@@ -131,6 +131,8 @@ struct Observed {
     watermark: u64,
     ready: u32,
     checkpoint: Option<u64>,
+    /// The last checkpoint reported failed: the one position that may be asked again.
+    failed: Option<u64>,
     feed: Option<Token>,
     request: Option<Token>,
     stopped: bool,
@@ -154,11 +156,12 @@ impl Observed {
                     );
                 }
                 Output::Request(Request::Checkpoint { position }) => {
+                    let again = self.failed == Some(position);
                     assert!(
-                        self.checkpoint.is_none_or(|c| position > c),
-                        "checkpoint went back"
+                        self.checkpoint.is_none_or(|c| position > c || again),
+                        "checkpoint went back (or was asked again with no failure)"
                     );
-                    self.checkpoint = Some(position);
+                    self.checkpoint = self.checkpoint.max(Some(position));
                 }
                 Output::Notice(Notice::Ready { .. }) => self.ready += 1,
                 Output::Request(Request::OpenFeed { token, from, .. }) => {
@@ -261,7 +264,11 @@ pub fn follower_inputs(data: &[u8]) {
             now = now.saturating_add(std::time::Duration::from_millis(b.small(255) * 200));
             f.handle_timeout(now);
         } else {
-            let input = fuzzed_input(&mut b, op, follow, feed, req);
+            let asked = seen.checkpoint.unwrap_or(0);
+            let input = fuzzed_input(&mut b, op, follow, (feed, req), asked);
+            if let Input::CheckpointFailed { position, .. } = &input {
+                seen.failed = Some(*position);
+            }
             f.handle_input(input, now);
         }
         seen.check(&mut f);
@@ -287,8 +294,14 @@ fn fuzzed_follower(b: &mut Bytes<'_>) -> Option<(Follower<Utf8>, Follow)> {
 }
 
 /// The input `op` draws (any but 15, a timeout), answering the feed `feed` or the request
-/// `req`.
-fn fuzzed_input(b: &mut Bytes<'_>, op: u8, follow: Follow, feed: Token, req: Token) -> Input {
+/// `req`; `asked` is the last checkpoint the follower asked for.
+fn fuzzed_input(
+    b: &mut Bytes<'_>,
+    op: u8,
+    follow: Follow,
+    (feed, req): (Token, Token),
+    asked: u64,
+) -> Input {
     match op % 17 {
         0 => Input::SourceFound { token: req },
         1 => Input::FeedOpened {
@@ -327,6 +340,11 @@ fn fuzzed_input(b: &mut Bytes<'_>, op: u8, follow: Follow, feed: Token, req: Tok
             source_watermark: b.seq(48),
         },
         _ if b.small(2) == 0 => Input::Reconnected,
+        // Mostly the save of the last checkpoint asked, as a driver reports it.
+        _ if b.small(2) == 0 => Input::CheckpointFailed {
+            position: if b.small(4) == 0 { b.seq(48) } else { asked },
+            error: "cursor store away".into(),
+        },
         _ => Input::Wake,
     }
 }

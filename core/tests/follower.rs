@@ -520,6 +520,92 @@ fn checkpoints_are_monotone() {
     );
 }
 
+fn checkpoint_asked(outs: &[Output<String>]) -> Option<u64> {
+    outs.iter().find_map(|o| match o {
+        Output::Request(Request::Checkpoint { position }) => Some(*position),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_checkpoint_whose_save_failed_is_asked_for_again_after_a_backoff() {
+    let mut h = H::new();
+    h.open(gapless(9));
+    let outs = h.entry(Entry::new(5, 1, "a", Op::Put, b"1".to_vec()));
+    assert_eq!(checkpoint_asked(&outs), Some(5));
+    let outs = h.input(Input::CheckpointFailed {
+        position: 5,
+        error: "timed out".into(),
+    });
+    assert!(
+        diagnostics(&outs).iter().any(|d| matches!(
+            d,
+            Diagnostic::BackingOff {
+                cause: Cause::Checkpoint,
+                ..
+            }
+        )),
+        "the retry is logged: {outs:?}"
+    );
+    assert_eq!(h.f.timeout_cause(), Some(Cause::Checkpoint));
+    assert_ne!(
+        h.f.phase(),
+        Phase::BackingOff,
+        "a cursor store away is not the source's path: the follower is not backing off"
+    );
+    // Nothing else is coming: the quiet stream's last entry is saved all the same.
+    assert_eq!(checkpoint_asked(&h.run_to_timeout()), Some(5));
+    assert_eq!(h.f.poll_timeout(), None, "one save asked again, once");
+}
+
+#[test]
+fn a_later_checkpoint_stands_for_one_whose_save_failed() {
+    let mut h = H::new();
+    h.open(gapless(9));
+    h.entry(Entry::new(5, 1, "a", Op::Put, b"1".to_vec()));
+    h.input(Input::CheckpointFailed {
+        position: 5,
+        error: "timed out".into(),
+    });
+    let outs = h.entry(Entry::new(6, 2, "a", Op::Put, b"2".to_vec()));
+    assert_eq!(checkpoint_asked(&outs), Some(6));
+    assert_eq!(
+        h.f.poll_timeout(),
+        None,
+        "saves are monotone: 6 saved stands for 5, so 5 is not asked again"
+    );
+    // A failure reported late, of a position a later checkpoint covers, changes nothing.
+    h.input(Input::CheckpointFailed {
+        position: 5,
+        error: "timed out".into(),
+    });
+    assert_eq!(h.f.poll_timeout(), None);
+}
+
+#[test]
+fn a_checkpoint_whose_save_failed_is_asked_for_at_once_when_the_path_is_back() {
+    let mut h = H::new();
+    h.open(gapless(9));
+    h.entry(Entry::new(5, 1, "a", Op::Put, b"1".to_vec()));
+    for _ in 0..6 {
+        // An outage grows its backoff.
+        h.input(Input::CheckpointFailed {
+            position: 5,
+            error: "timed out".into(),
+        });
+        assert_eq!(checkpoint_asked(&h.run_to_timeout()), Some(5));
+    }
+    h.input(Input::CheckpointFailed {
+        position: 5,
+        error: "timed out".into(),
+    });
+    assert_eq!(
+        checkpoint_asked(&h.input(Input::Reconnected)),
+        Some(5),
+        "the path is back: the owed save is asked for at once, not after the backoff"
+    );
+}
+
 #[test]
 fn the_watermark_only_grows_and_regressions_are_reported() {
     let mut h = H::new();

@@ -385,14 +385,16 @@ async fn a_restarted_consumer_resumes_after_its_cursor() {
 /// A cursor save that failed is not dropped on the promise of a later checkpoint: the
 /// stream may stay quiet (or the consumer catch up only through resyncs) for good, and a
 /// restart would then replay what was observed. Simulator seed 3118: the save failed
-/// while the source host was down and the consumer never saved a cursor.
+/// while the source host was down and the consumer never saved a cursor. (Here the read
+/// confirming the announcement commits too; reconnect.rs's
+/// `a_cursor_save_that_failed_is_made_again_though_no_event_follows` has nothing commit.)
 #[tokio::test(start_paused = true)]
-async fn a_checkpoint_that_failed_to_save_is_saved_at_the_next_commit() {
+async fn a_checkpoint_that_failed_to_save_is_saved_once_the_store_answers() {
     let m = Memory::new();
     let r = registry(&m);
     r.put("a", b"1".to_vec()).await.unwrap();
     let (writer, cache) = cache();
-    let h = durable(&m, config("retry"), "retry", writer);
+    let _h = durable(&m, config("retry"), "retry", writer);
     cache.wait_ready().await.unwrap();
     until("the first entry is checkpointed", || {
         poll_saved(&m.events, "retry") == Some(1)
@@ -408,19 +410,13 @@ async fn a_checkpoint_that_failed_to_save_is_saved_at_the_next_commit() {
         Some(1),
         "the save of position 2 failed"
     );
-    // Nothing more comes on the stream: a write it does not announce, caught up by a
-    // reconcile, is the next commit, and it saves the position.
-    m.source.put("c", b"3".to_vec()).await.unwrap();
-    h.reconcile().await.unwrap();
-    assert_eq!(
-        cache.len(),
-        3,
-        "the reconcile committed the unannounced write"
-    );
+    // Nothing more comes on the stream, and nothing commits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         m.events.load("retry").await.unwrap(),
         Some(2),
-        "the observed position is saved once the cursor store answers again"
+        "the observed position is saved again once the cursor store answers, with nothing \
+         more observed"
     );
 }
 

@@ -371,12 +371,13 @@ async fn a_reconcile_whose_reply_a_reconnect_lost_is_retried_at_once() {
     assert_eq!(lossy.waiting(), 0, "the lost request was dropped");
 }
 
-/// The memory events stream's cursors, losing the reply to the next save the test arms:
-/// it waits out [`REQUEST_TIMEOUT`] and fails, as a save out across a reconnect does.
+/// The memory events stream's cursors, losing the replies to the next saves the test arms
+/// (`lose` counts them): each waits out [`REQUEST_TIMEOUT`] and fails, as a save out
+/// across a reconnect does.
 #[derive(Clone)]
 struct LosingSaves {
     inner: tidemark_memory::MemoryEvents,
-    lose: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    lose: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
@@ -387,7 +388,11 @@ impl tidemark::Cursors for LosingSaves {
 
     async fn save(&self, name: &str, position: u64) -> tidemark::Result<u64> {
         use std::sync::atomic::Ordering::SeqCst;
-        if self.lose.swap(false, SeqCst) {
+        if self
+            .lose
+            .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
             self.waiting.fetch_add(1, SeqCst);
             tokio::time::sleep(REQUEST_TIMEOUT).await;
             self.waiting.fetch_sub(1, SeqCst);
@@ -414,7 +419,7 @@ async fn a_cursor_save_whose_reply_a_reconnect_lost_does_not_hold_the_consumer()
         .with_cursor(cursors.clone(), "consumer")
         .spawn();
     cache.wait_ready().await.unwrap();
-    cursors.lose.store(true, SeqCst);
+    cursors.lose.store(1, SeqCst);
     registry.put("a", b"1".to_vec()).await.unwrap();
     until("the cursor save waits on its lost reply", || {
         cursors.waiting.load(SeqCst) == 1
@@ -434,5 +439,47 @@ async fn a_cursor_save_whose_reply_a_reconnect_lost_does_not_hold_the_consumer()
         futures::executor::block_on(m.events.load("consumer")).unwrap() == Some(2)
     })
     .await;
+    drop(h);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cursor_save_that_failed_is_made_again_though_no_event_follows() {
+    use std::sync::atomic::Ordering::SeqCst;
+    use tidemark::Cursors as _;
+    let m = Memory::new();
+    let registry = common::registry(&m);
+    let cursors = LosingSaves {
+        inner: m.events.clone(),
+        lose: std::sync::Arc::default(),
+        waiting: std::sync::Arc::default(),
+    };
+    let (sink, cache) = tidemark::cache();
+    let h = tidemark::FollowerTask::new(
+        config("consumer"),
+        Utf8,
+        m.source.clone(),
+        m.events.clone(),
+        sink,
+    )
+    .with_cursor(cursors.clone(), "consumer")
+    .spawn();
+    cache.wait_ready().await.unwrap();
+    // The save of the event and the one tried again with the commit of the read that
+    // confirms it both fail (a server away for both): on a quiet stream nothing later
+    // commits or checkpoints.
+    cursors.lose.store(2, SeqCst);
+    registry.put("a", b"1".to_vec()).await.unwrap();
+    until("both saves failed", || {
+        cursors.lose.load(SeqCst) == 0 && cursors.waiting.load(SeqCst) == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        m.events.load("consumer").await.unwrap(),
+        Some(1),
+        "a failed save of the last event observed must be made again after a backoff \
+         (SPEC: every observed entry is checkpointed), not wait for an event that may \
+         never come"
+    );
     drop(h);
 }

@@ -4,7 +4,7 @@
 use super::{FeedState, Follower, Held, MAX_HELD, Pending, Stage};
 use crate::decode::Decode;
 use crate::follower::io::{Continuity, FeedInfo, Follow, Notice, Request, Token};
-use crate::follower::status::Diagnostic;
+use crate::follower::status::{Cause, Diagnostic};
 use crate::time::Time;
 
 impl<D: Decode> Follower<D> {
@@ -215,6 +215,37 @@ impl<D: Decode> Follower<D> {
             .is_some_and(|i| i.checkpoints);
         if wants && self.last_checkpoint.is_none_or(|last| position > last) {
             self.last_checkpoint = Some(position);
+            // Saves are monotone: this one stands for any that failed before it.
+            self.unsaved_checkpoint = None;
+            self.timers.checkpoint_at(None);
+            self.backoffs.checkpoint.healthy(self.now);
+            self.request_out(Request::Checkpoint { position });
+        }
+    }
+
+    /// The save of `position` failed: ask for it again after the checkpoint backoff,
+    /// unless a later checkpoint was asked for since (it stands for this one). A position
+    /// never asked for is not one to save.
+    pub(super) fn on_checkpoint_failed(&mut self, position: u64, error: String, now: Time) {
+        if self.last_checkpoint != Some(position) {
+            return;
+        }
+        self.unsaved_checkpoint = Some(position);
+        let delay = self.backoffs.checkpoint.next_delay(now, &mut self.rng);
+        let attempt = self.backoffs.checkpoint.attempt();
+        self.timers.checkpoint_at(Some(now.saturating_add(delay)));
+        self.diag(Diagnostic::BackingOff {
+            cause: Cause::Checkpoint,
+            attempt,
+            delay,
+            error,
+        });
+    }
+
+    /// The owed cursor save, asked for again.
+    pub(super) fn save_owed_checkpoint(&mut self) {
+        if let Some(position) = self.unsaved_checkpoint.take() {
+            self.backoffs.checkpoint.healthy(self.now);
             self.request_out(Request::Checkpoint { position });
         }
     }

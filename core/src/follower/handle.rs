@@ -26,6 +26,9 @@ impl<D: Decode> Follower<D> {
         if self.timers.take_due_confirm(now) {
             self.confirm_now();
         }
+        if self.timers.take_due_checkpoint(now) {
+            self.save_owed_checkpoint();
+        }
         // One request at a time: a retry waits for an answer still outstanding.
         if self.request.is_none()
             && let Some(request) = self.timers.take_due_retry(now)
@@ -147,6 +150,9 @@ impl<D: Decode> Follower<D> {
                 self.on_path_back(now);
             }
             Input::SinkFailed { error } => self.rewind(error, now),
+            Input::CheckpointFailed { position, error } => {
+                self.on_checkpoint_failed(position, error, now);
+            }
             Input::Stop => self.on_stop(),
         }
     }
@@ -157,6 +163,7 @@ impl<D: Decode> Follower<D> {
     fn on_path_back(&mut self, now: Time) {
         self.backoffs.failure.outage_over();
         self.backoffs.end.outage_over();
+        self.backoffs.checkpoint.outage_over();
         self.timers.expedite(now);
         self.handle_timeout(now);
     }

@@ -522,6 +522,17 @@ pub enum Input {
         /// The failure, for the log.
         error: String,
     },
+    /// The save of a [`Request::Checkpoint`] failed (the store was away, or a reconnect
+    /// cut it): the follower asks for it again after the failure backoff, and at once
+    /// when the path is back, unless a later checkpoint asked for meanwhile supersedes it.
+    /// Without this an entry observed last before an outage stayed unsaved until the next
+    /// one arrived, however long that took.
+    CheckpointFailed {
+        /// The position whose save failed.
+        position: u64,
+        /// The failure, for the log.
+        error: String,
+    },
     /// Stop: close the feed and decide nothing more.
     Stop,
 }

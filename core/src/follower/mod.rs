@@ -108,6 +108,9 @@ struct Backoffs {
     /// catching up, or a marker no history of this source made. Its own count, so that
     /// the few reads that tell which are not spaced by a backoff an outage grew.
     stale: Backoff,
+    /// A durable cursor's saves that failed: their own count, so that a cursor store
+    /// away does not space the source's retries, nor they its saves.
+    checkpoint: Backoff,
 }
 
 /// The sans-IO follower state machine.
@@ -151,6 +154,9 @@ pub struct Follower<D: Decode> {
     /// A wake came while a read of the source was underway: read again after it.
     rewake: bool,
     last_checkpoint: Option<u64>,
+    /// A checkpoint whose save failed and that no later one superseded: asked for again
+    /// when its timer ends or the path is back.
+    unsaved_checkpoint: Option<u64>,
     opened_once: bool,
     backoffs: Backoffs,
     /// The highest watermark the source itself reported (a reconcile, a snapshot).
@@ -225,6 +231,7 @@ impl<D: Decode> Follower<D> {
                 failure: Backoff::new(config.failure_backoff),
                 end: Backoff::new(config.end_backoff),
                 stale: Backoff::new(config.failure_backoff),
+                checkpoint: Backoff::new(config.failure_backoff),
             },
             config,
             decoder,
@@ -249,6 +256,7 @@ impl<D: Decode> Follower<D> {
             listed_at: None,
             list_before_feed: false,
             last_checkpoint: None,
+            unsaved_checkpoint: None,
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),

@@ -142,6 +142,10 @@ pub enum Cause {
     /// Not a backoff: announcements applied to the cache await a read of the source that
     /// confirms them ([`FollowerConfigBuilder::confirm_after`](crate::FollowerConfigBuilder::confirm_after)).
     Confirm,
+    /// A durable cursor's save failed: it is asked for again
+    /// ([`Input::CheckpointFailed`](crate::Input::CheckpointFailed)). Not a backoff of the
+    /// source's path: the follower is not backing off while it waits.
+    Checkpoint,
 }
 
 /// Something a driver should log. None of these stop the follower, and nothing but a log

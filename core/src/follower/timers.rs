@@ -34,6 +34,8 @@ pub(super) struct Timers {
     presence: Option<Time>,
     /// When a read of the source must confirm the announcements applied since the last.
     confirm: Option<Time>,
+    /// When to ask again for a cursor save that failed.
+    checkpoint: Option<Time>,
 }
 
 impl Timers {
@@ -50,7 +52,8 @@ impl Timers {
         let retry = self.retry.as_ref().map(|(at, _, cause)| (*at, *cause));
         let presence = self.presence.map(|at| (at, Cause::PresenceCheck));
         let confirm = self.confirm.map(|at| (at, Cause::Confirm));
-        [self.reopen, retry, presence, confirm]
+        let checkpoint = self.checkpoint.map(|at| (at, Cause::Checkpoint));
+        [self.reopen, retry, presence, confirm, checkpoint]
             .into_iter()
             .flatten()
             .min_by_key(|(at, _)| *at)
@@ -94,7 +97,23 @@ impl Timers {
         }
     }
 
-    /// Whether a backoff is pending (the periodic listing is not one).
+    /// Asks again for a cursor save at `at` (`None`: no save is owed).
+    pub(super) fn checkpoint_at(&mut self, at: Option<Time>) {
+        self.checkpoint = at;
+    }
+
+    /// Whether the owed cursor save is due at `now` (and clears it).
+    pub(super) fn take_due_checkpoint(&mut self, now: Time) -> bool {
+        if self.checkpoint.is_some_and(|at| at <= now) {
+            self.checkpoint = None;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether a backoff is pending (the periodic listing is not one, nor a cursor save
+    /// asked again).
     pub(super) fn any(&self) -> bool {
         self.reopen.is_some() || self.retry.is_some()
     }
@@ -134,9 +153,13 @@ impl Timers {
         if let Some((at, _, _)) = &mut self.retry {
             *at = (*at).min(now);
         }
+        if let Some(at) = &mut self.checkpoint {
+            *at = (*at).min(now);
+        }
     }
 
-    /// Clears the backoffs; the periodic listing and the confirming read stay scheduled.
+    /// Clears the backoffs; the periodic listing, the confirming read and an owed cursor
+    /// save (of entries the sink committed) stay scheduled.
     pub(super) fn clear(&mut self) {
         self.reopen = None;
         self.retry = None;

@@ -100,9 +100,6 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     cursors: C,
     cursor_name: Option<String>,
     cursor_loaded: Option<Option<u64>>,
-    /// A checkpoint the sink committed whose save failed: saved with the next commit,
-    /// since no later checkpoint may come (a quiet stream, or catch-ups by resync only).
-    unsaved_checkpoint: Option<u64>,
     wake: Option<W>,
     /// Paces a wake listener that failed (a transient error): wakes resume after this.
     wake_paused_until: Option<Instant>,
@@ -179,7 +176,6 @@ where
             cursors: NoCursors,
             cursor_name: None,
             cursor_loaded: None,
-            unsaved_checkpoint: None,
             wake: None,
             wake_paused_until: None,
             wake_backoff: Backoff::new(BackoffPolicy::default()),
@@ -243,7 +239,6 @@ where
             cursors,
             cursor_name,
             cursor_loaded: None,
-            unsaved_checkpoint: None,
             wake,
             wake_paused_until: None,
             wake_backoff: self.wake_backoff,

@@ -177,6 +177,8 @@ where
         loop {
             self.perform_outputs(stop).await?;
             match self.end_batch().await {
+                // A failed cursor save is reported to the core, which may say more.
+                Ok(()) if self.core.peek_output().is_some() => {}
                 Ok(()) => return Ok(()),
                 // The rewind's own decisions (close the feed, back off) come next.
                 Err(e) => self.sink_failed(e).await?,
@@ -213,19 +215,14 @@ where
         if let Some(caught_up) = self.batch.caught_up.take() {
             self.answer(caught_up.into());
         }
-        // A save that failed before is tried again with the next commit or checkpoint (not
-        // before every request, which would wait out a cursor store that is down each
-        // time); saves are monotone, so the higher position is the one to save.
-        let mut checkpoint = self.batch.checkpoint.take();
-        if checkpoint.is_some() || committing {
-            checkpoint = checkpoint.max(self.unsaved_checkpoint.take());
-        }
-        if let Some(position) = checkpoint
+        // A save that failed is asked for again by the core, after its backoff or once
+        // the path is back ([`Input::CheckpointFailed`]), unless a later one stands for it.
+        if let Some(position) = self.batch.checkpoint.take()
             && let Some(name) = &self.cursor_name
         {
             // A reconnect while the save is out cuts it, as it does a request: its reply
             // may have gone with the old connection. Saves are monotone, so one that
-            // landed anyway does no harm, and the position is saved with the next commit.
+            // landed anyway does no harm.
             let saved = match self
                 .reconnects
                 .listen_from_now()
@@ -239,9 +236,13 @@ where
                 )),
             };
             if let Err(e) = saved {
-                // Fail-soft: the position is kept and saved with the next commit.
-                warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it with the next commit");
-                self.unsaved_checkpoint = Some(position);
+                // Fail-soft: the core asks for the save again.
+                warn!(worker = %self.core.config().name(), source = %self.source_name, position, error = %e, "checkpoint failed; saving it again");
+                let failed = Input::CheckpointFailed {
+                    position,
+                    error: e.to_string(),
+                };
+                self.core.handle_input(failed, self.clock.now());
             }
         }
         Ok(())
