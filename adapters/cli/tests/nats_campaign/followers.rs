@@ -351,6 +351,64 @@ pub fn ready_view(file: &Path, start: u32, watermark: u64) -> Result<Vec<Shown>,
     view
 }
 
+/// Where `key` stood in each commit of the mirror's file that moved it, with the starts
+/// between them, from the commit log: how a failure that names the mirror's key came to
+/// be (which commit dropped it, at what watermark, after which start).
+pub fn key_trail(file: &Path, key: &str) -> Result<String, String> {
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = Connection::open_with_flags(file, flags).map_err(|e| e.to_string())?;
+    db.busy_timeout(Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    let mut starts: VecDeque<(i64, i64)> = db
+        .prepare("SELECT start, after_commit FROM camp_starts ORDER BY after_commit, start")
+        .and_then(|mut s| {
+            s.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                .collect::<Result<_, _>>()
+        })
+        .map_err(|e| e.to_string())?;
+    let mut stmt = db
+        .prepare(
+            "SELECT c.id, c.watermark, r.seq FROM camp_commits c
+             LEFT JOIN camp_rows r ON r.commit_id = c.id AND r.key = ?1 ORDER BY c.id",
+        )
+        .map_err(|e| e.to_string())?;
+    let commits = stmt
+        .query_map([key], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<i64>>(2)?,
+            ))
+        })
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let mut trail = Vec::new();
+    let mut was: Option<Option<i64>> = None;
+    for (id, watermark, seq) in commits {
+        while starts.front().is_some_and(|&(_, after)| after < id) {
+            let (start, _) = starts.pop_front().unwrap_or_default();
+            trail.push(format!("start {start}"));
+        }
+        if was != Some(seq) {
+            trail.push(match seq {
+                Some(seq) => format!("commit {id} (w {watermark}): at {seq}"),
+                None => format!("commit {id} (w {watermark}): absent"),
+            });
+            was = Some(seq);
+        }
+    }
+    trail.extend(
+        starts
+            .into_iter()
+            .map(|(start, _)| format!("start {start}")),
+    );
+    Ok(trail.join("; "))
+}
+
+/// How many of the mirror's last lines a failure report can show.
+const KEPT_LINES: usize = 300;
+
 /// The `tidemark mirror` process: started, killed with SIGKILL by its PID, started again;
 /// the last lines it printed kept for a failure report, and the watermark each start said
 /// it was ready at.
@@ -441,7 +499,7 @@ impl Mirror {
                         histories.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
                     let mut kept = lock(&lines);
-                    if kept.len() == 60 {
+                    if kept.len() == KEPT_LINES {
                         kept.pop_front();
                     }
                     kept.push_back(format!("[start {start}] {line}"));

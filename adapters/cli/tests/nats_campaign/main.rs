@@ -395,7 +395,10 @@ fn print_round(seed: u64, r: &RoundReport, verbose: bool, phase_secs: u64, marke
             println!("  FAILED: {f}");
         }
         println!("  the mirror's last lines:");
-        for line in r.mirror_log.iter().rev().take(15).rev() {
+        // All it kept when the mirror's own file failed a check, else its last few.
+        let mirrored = r.failures.iter().any(|f| f.starts_with("mirror"));
+        let last = if mirrored { r.mirror_log.len() } else { 15 };
+        for line in r.mirror_log.iter().rev().take(last).rev() {
             println!("    {line}");
         }
     }

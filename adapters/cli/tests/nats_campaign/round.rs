@@ -35,8 +35,8 @@ use tokio::time::{Instant, sleep, sleep_until, timeout};
 use crate::checker::{Checks, ReadyView, Watcher, judge, judge_jobs, judge_ready, judge_relays};
 use crate::drivers::{Clients, DriverCounts, Drivers, WORKER};
 use crate::followers::{
-    CAPTURED, CacheFollower, Follows, Mirror, add_counters, lock, prepare_mirror_file, read_file,
-    ready_view, shown,
+    CAPTURED, CacheFollower, Follows, Mirror, add_counters, key_trail, lock, prepare_mirror_file,
+    read_file, ready_view, shown,
 };
 use crate::ledger::{Kind, Ledger, token};
 use crate::schedule::{Cut, Fault, Lane, Led, NODES, Node, Planned, Schedule};
@@ -695,9 +695,11 @@ impl Round {
             }
         }
         for watcher in lock(&self.watchers).iter() {
-            report
-                .failures
-                .extend(judge(ledger, watcher, &mut report.checks));
+            let mut failures = judge(ledger, watcher, &mut report.checks);
+            if watcher.name == MIRROR_WATCHER {
+                self.trail_keys(&mut failures);
+            }
+            report.failures.extend(failures);
         }
         self.judge_liveness(ledger, healed, report).await;
         self.judge_drivers(report).await;
@@ -838,6 +840,22 @@ impl Round {
                 ));
             }
             sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Adds to each failure that names a key of the mirror's file how that key moved
+    /// through the file's commits ([`key_trail`]).
+    fn trail_keys(&self, failures: &mut [String]) {
+        for failure in failures {
+            let rest = failure.strip_prefix(MIRROR_WATCHER).unwrap_or_default();
+            let key = ["showed ", "dropped "]
+                .iter()
+                .find_map(|word| rest.strip_prefix(&format!(": {word}")))
+                .and_then(|r| r.split(' ').next());
+            if let Some(key) = key {
+                let trail = key_trail(&self.file, key).unwrap_or_else(|e| format!("unread: {e}"));
+                failure.push_str(&format!("\n      its commits of {key}: {trail}"));
+            }
         }
     }
 
