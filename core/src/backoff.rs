@@ -200,8 +200,15 @@ impl Backoff {
     /// The outage that grew the count is over (the client reconnected, the source answers
     /// again): the next success ([`healthy`](Self::healthy)) forgets the failures before
     /// it at once, not after the reset period, so a failure soon after the source came
-    /// back is not spaced by a backoff the outage grew. Failures before that success
-    /// still count: a source that is still away is not hammered.
+    /// back is not spaced by a backoff the outage grew.
+    ///
+    /// The next failure, of the attempt the return hastened, waits what the last one did
+    /// and does not grow the count: a source that flaps (a cluster electing a leader, a
+    /// link going up and down) is retried at each return, which its caller paces, and
+    /// once it holds the backoff is the one the outage grew, not one grown by each
+    /// return's failed attempt (a 3-node cluster's election left a follower 28 s of
+    /// backoff from eight such attempts in 2 s). The failures after that one count: a
+    /// source that is still away is not hammered.
     pub fn outage_over(&mut self) {
         if self.attempt > 0 {
             self.outage_over = true;
@@ -214,6 +221,10 @@ impl Backoff {
             && now.saturating_since(since) >= self.policy.reset_after
         {
             self.attempt = 0;
+        }
+        if std::mem::take(&mut self.outage_over) && self.attempt > 0 {
+            // The attempt the return hastened failed: wait what the last failure did.
+            return self.policy.delay(self.attempt - 1, rng);
         }
         let delay = self.policy.delay(self.attempt, rng);
         self.attempt = self.attempt.saturating_add(1);
@@ -241,7 +252,18 @@ mod tests {
         }
         b.outage_over();
         let _ = b.next_delay(Time::ZERO, &mut rng);
-        assert_eq!(b.attempt(), 6, "a failure before any success still counts");
+        assert_eq!(
+            b.attempt(),
+            5,
+            "the attempt the return hastened does not grow the count"
+        );
+        let _ = b.next_delay(Time::ZERO, &mut rng);
+        assert_eq!(
+            b.attempt(),
+            6,
+            "a failure after it, before any success, counts"
+        );
+        b.outage_over();
         b.healthy(Time::ZERO);
         assert_eq!(b.attempt(), 0, "the first success forgets the outage");
         let _ = b.next_delay(Time::ZERO, &mut rng);
@@ -256,6 +278,31 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn a_source_that_flaps_leaves_the_backoff_its_outage_grew_not_one_per_return() {
+        let p = BackoffPolicy::new(secs(1), 2.0, secs(30), secs(120), 0.0).unwrap();
+        let mut b = Backoff::new(p);
+        let mut rng = Rng::new(0);
+        for _ in 0..3 {
+            let _ = b.next_delay(Time::ZERO, &mut rng);
+        }
+        // Eight returns in a row, each hastening an attempt that fails (an election).
+        for _ in 0..8 {
+            b.outage_over();
+            assert_eq!(
+                b.next_delay(Time::ZERO, &mut rng),
+                secs(4),
+                "each waits what the last failure before the returns did"
+            );
+        }
+        assert_eq!(b.attempt(), 3);
+        assert_eq!(
+            b.next_delay(Time::ZERO, &mut rng),
+            secs(8),
+            "a failure with no return before it grows the count again"
+        );
     }
 
     #[test]

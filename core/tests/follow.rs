@@ -236,10 +236,38 @@ fn a_reconnect_ends_the_backoff_at_once_and_keeps_its_attempt_count() {
         token,
         error: "still down".into(),
     });
-    let Some(Diagnostic::BackingOff { attempt: next, .. }) = diagnostics(&outs).pop() else {
+    let Some(Diagnostic::BackingOff {
+        attempt: next,
+        delay: again,
+        ..
+    }) = diagnostics(&outs).pop()
+    else {
         panic!("backs off again: {outs:?}");
     };
-    assert_eq!(next, attempt + 1, "a source still away is not hammered");
+    assert!(
+        again >= Duration::from_secs(10),
+        "a source still away is not hammered: the attempt the reconnect hastened failed, \
+         and the next waits the backoff the outage grew ({again:?})"
+    );
+    assert_eq!(
+        next, attempt,
+        "but that one failure does not grow it: a source that flaps (an election) is not \
+         left a backoff grown by each return"
+    );
+    h.run_to_timeout();
+    let token = h.feed.unwrap();
+    let outs = h.input(Input::FeedFailed {
+        token,
+        error: "still down".into(),
+    });
+    let Some(Diagnostic::BackingOff { attempt: grown, .. }) = diagnostics(&outs).pop() else {
+        panic!("backs off again: {outs:?}");
+    };
+    assert_eq!(
+        grown,
+        attempt + 1,
+        "a failure with no return before it counts"
+    );
 }
 
 /// Campaign seed 9063: a follower whose backoff grew over two server kills reopened
