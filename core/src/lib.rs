@@ -105,7 +105,7 @@ pub use limits::{
 };
 pub use lineage::Lineage;
 pub use prefix::KeyPrefix;
-pub use probe::{Asking, ProbePolicy, Probed, Probes};
+pub use probe::{Asking, ProbePolicy, Probed, Probes, SINGLE_ANSWERS};
 pub use restart::RestartPolicy;
 pub use retention::{Mark, RetentionPolicy};
 pub use rng::Rng;

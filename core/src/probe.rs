@@ -224,7 +224,15 @@ impl Probes {
 /// ([`Probed::Resumed`]), and a request still out a grace of one more probe interval
 /// later is given up ([`cut_due`](Self::cut_due)): its reply, if one was ever coming,
 /// would have come with the answers. A request that is only slow, with the source
-/// answering probes throughout, is never cut.
+/// answering probes throughout, is never cut — unless it is [`single`](Self::single).
+///
+/// A request of one round trip (a lookup, a feed's open, a read of one key) can be lost
+/// with the path answering throughout: sent to a cluster node that died or lost its
+/// lead a moment later, while the new leader answers the probes. Such a request still
+/// out after [`SINGLE_ANSWERS`] probes were answered beside it, each a round trip of its
+/// own, is given up the same grace later. A request whose reply is a long read (a
+/// reconcile, a snapshot, a listing) is never cut that way: it may be slow for good
+/// reasons, and cutting it would read it again from the start.
 #[derive(Clone, Debug)]
 pub struct Asking {
     probes: Probes,
@@ -232,7 +240,17 @@ pub struct Asking {
     asked_at: Time,
     /// When the path came back with the request still out.
     back_at: Option<Time>,
+    /// A request of one round trip: cut once enough probes were answered beside it.
+    single: bool,
+    /// Probes answered while the request was out.
+    answered: u32,
 }
+
+/// How many probes answered beside a request of one round trip ([`Asking::single`])
+/// show its reply is not coming: with the default policy, about 2 s after it was sent
+/// (probes from 500 ms, one each 500 ms, and the grace), where the client's own timeout
+/// is 10 s.
+pub const SINGLE_ANSWERS: u32 = 3;
 
 impl Asking {
     /// A request sent at `now`, probed by `policy`.
@@ -242,6 +260,18 @@ impl Asking {
             probes: Probes::new(policy),
             asked_at: now,
             back_at: None,
+            single: false,
+            answered: 0,
+        }
+    }
+
+    /// A request of one round trip sent at `now`, probed by `policy`: also given up once
+    /// [`SINGLE_ANSWERS`] probes were answered beside it.
+    #[must_use]
+    pub fn single(policy: ProbePolicy, now: Time) -> Self {
+        Asking {
+            single: true,
+            ..Asking::new(policy, now)
         }
     }
 
@@ -284,7 +314,13 @@ impl Asking {
 
     /// The probe out was answered at `now` and the source is there.
     pub fn handle_answer(&mut self, now: Time) {
-        if self.probes.handle_answer(now) == Probed::Resumed && self.back_at.is_none() {
+        let was_out = self.probes.out().is_some();
+        let resumed = self.probes.handle_answer(now) == Probed::Resumed;
+        if was_out {
+            self.answered = self.answered.saturating_add(1);
+        }
+        let lost = self.single && self.answered >= SINGLE_ANSWERS;
+        if (resumed || lost) && self.back_at.is_none() {
             self.back_at = Some(now);
         }
     }
@@ -444,6 +480,35 @@ mod tests {
             assert!(!a.cut_due(now));
         }
         assert_eq!(a.back_at(), None);
+    }
+
+    #[test]
+    fn a_request_of_one_round_trip_is_cut_once_probes_answered_beside_it() {
+        // Sent to a node that lost its lead a moment later; the new leader answers.
+        let mut a = Asking::single(ProbePolicy::default(), at(0));
+        let mut now = at(0);
+        for n in 1..=SINGLE_ANSWERS {
+            now = a.poll_timeout(now).expect("probed while out");
+            assert!(a.poll_probe(now).is_some());
+            a.handle_answer(now.saturating_add(MS));
+            assert_eq!(
+                a.back_at().is_some(),
+                n == SINGLE_ANSWERS,
+                "given up after {SINGLE_ANSWERS} answers, not {n}"
+            );
+        }
+        assert_eq!(a.back_at(), Some(at(1_501)));
+        assert!(!a.cut_due(at(1_600)), "the grace");
+        assert!(a.cut_due(at(2_001)), "about 2 s after it was sent");
+    }
+
+    #[test]
+    fn a_late_answer_to_a_probe_given_up_does_not_count_towards_a_single_requests_cut() {
+        let mut a = Asking::single(ProbePolicy::default(), at(0));
+        for _ in 0..5 {
+            a.handle_answer(at(600));
+        }
+        assert_eq!(a.back_at(), None, "no probe was out: nothing was answered");
     }
 
     proptest! {

@@ -448,3 +448,32 @@ async fn a_request_held_up_by_a_pause_gets_its_answer_and_is_not_cut() {
         "one reconcile, not a retry: {status:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_lookup_lost_while_the_source_answers_probes_is_given_up_and_sent_again() {
+    // Sent to a cluster node that lost its lead a moment later: no reply ever, while the
+    // new leader answers every probe, so no probe went unanswered to say the path was
+    // cut. A request of one round trip outliving several answered probes is lost.
+    let m = Memory::new();
+    m.source.put("a", b"1".to_vec()).await.unwrap();
+    let (pausable, _paused) = Pausable::new(m.source.clone(), true);
+    pausable.cut_off(true);
+    let (cache, h) = spawn_cache(
+        config("lost-lookup"),
+        Utf8,
+        pausable.clone(),
+        pausable.clone(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    pausable.cut_off(false);
+    tokio::time::timeout(SOON, cache.wait_ready())
+        .await
+        .expect(
+            "a lookup whose reply never comes, with the source answering probes beside it, \
+             must be given up and sent again within a few probes, not wait out a request \
+             timeout (10 s on NATS; for good on this source)",
+        )
+        .unwrap();
+    assert_eq!(cache.get("a").as_deref().map(String::as_str), Some("1"));
+    assert_eq!(h.status().counters.resumes, 1, "one request given up");
+}

@@ -613,7 +613,23 @@ impl<'a, S: Source> Cut<'a, S> {
     /// `request`'s result, or `None` if a stop, a reconnect or the path's return comes
     /// first (the request is dropped).
     async fn or_cut<T>(&mut self, request: impl Future<Output = T>) -> Option<T> {
-        let mut asking = Asking::new(ProbePolicy::default(), self.clock.now());
+        let asking = Asking::new(ProbePolicy::default(), self.clock.now());
+        self.or_cut_asking(request, asking).await
+    }
+
+    /// [`or_cut`](Self::or_cut) for a request of one round trip (a lookup, an open, a
+    /// read of one key), which is also given up once probes answered beside it show
+    /// its reply is not coming ([`Asking::single`]).
+    async fn or_cut_single<T>(&mut self, request: impl Future<Output = T>) -> Option<T> {
+        let asking = Asking::single(ProbePolicy::default(), self.clock.now());
+        self.or_cut_asking(request, asking).await
+    }
+
+    async fn or_cut_asking<T>(
+        &mut self,
+        request: impl Future<Output = T>,
+        mut asking: Asking,
+    ) -> Option<T> {
         let mut out = ProbeOut::default();
         let watching = self.reconnects.watching();
         tokio::pin!(request);

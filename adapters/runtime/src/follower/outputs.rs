@@ -354,7 +354,7 @@ where
     async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_, S>) -> Result<Asked> {
         let answer = match request {
             Request::LookupSource { token } => {
-                cut.or_cut(self.source.watermark())
+                cut.or_cut_single(self.source.watermark())
                     .await
                     .map(|found| match found {
                         Ok(head) => {
@@ -372,7 +372,7 @@ where
                 token,
                 from,
                 after_position,
-            } => match cut.or_cut(self.open(from, after_position)).await {
+            } => match cut.or_cut_single(self.open(from, after_position)).await {
                 None => None,
                 Some(Ok(mut opened)) => {
                     // The feed is the source's own history: what the source says of it at
@@ -382,7 +382,7 @@ where
                         && opened.info.lineage == tidemark_core::Lineage::default()
                     {
                         match cut
-                            .or_cut(self.source.lineage_at(from.saturating_sub(1)))
+                            .or_cut_single(self.source.lineage_at(from.saturating_sub(1)))
                             .await
                         {
                             None => return Ok(Asked::Abandoned),
@@ -424,21 +424,23 @@ where
                 self.read_snapshot(token, cut).await
             }
             Request::ListKeys { token } => return self.list_keys(token, cut).await,
-            Request::Fetch { token, key, .. } => match cut.or_cut(self.source.get_at(&key)).await {
-                None => None,
-                Some(Ok(read)) => {
-                    if let Err(e) = self.learn(vec![key]).await {
-                        self.sink_failed(e).await?;
-                        return Ok(Asked::Dropped);
+            Request::Fetch { token, key, .. } => {
+                match cut.or_cut_single(self.source.get_at(&key)).await {
+                    None => None,
+                    Some(Ok(read)) => {
+                        if let Err(e) = self.learn(vec![key]).await {
+                            self.sink_failed(e).await?;
+                            return Ok(Asked::Dropped);
+                        }
+                        Some(Input::Fetched {
+                            token,
+                            value: read.value.map(|v| (v.seq, v.value)),
+                            source_watermark: Some(read.watermark),
+                        })
                     }
-                    Some(Input::Fetched {
-                        token,
-                        value: read.value.map(|v| (v.seq, v.value)),
-                        source_watermark: Some(read.watermark),
-                    })
+                    Some(Err(e)) => Some(failed(token, &e)),
                 }
-                Some(Err(e)) => Some(failed(token, &e)),
-            },
+            }
             _ => return Ok(Asked::Dropped),
         };
         Ok(answer.map_or(Asked::Abandoned, Asked::Answer))
