@@ -349,6 +349,17 @@ impl Feed for NatsEvents {
     fn reconnects(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         crate::reconnects::of(&self.inner.client)
     }
+
+    /// A stream-info request for the events stream, as [`KvBucket`](crate::KvBucket)'s
+    /// probe is for the bucket's: on a cluster the events stream elects its leader apart
+    /// from the bucket's, and a follower of announcements whose feed failed while it had
+    /// none learns it has one again from this answer.
+    fn probe(&self) -> Option<impl std::future::Future<Output = Result<()>> + Send + 'static> {
+        Some(crate::reconnects::probe(
+            &self.inner.context,
+            self.inner.stream.clone(),
+        ))
+    }
 }
 
 /// A cursor is a durable pull consumer whose ack floor is the saved position. Saves are

@@ -16,20 +16,35 @@ use tokio::time::Instant;
 
 use crate::clock::Clock;
 use crate::error::Result;
-use crate::ports::Source;
+use crate::ports::{Feed, Source};
 
-type Probe = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+pub(crate) type Probe = Pin<Box<dyn Future<Output = Result<()>> + Send>>;
+
+/// The probe of a follower's path: its source's ([`Source::probe`]) and its feed's
+/// ([`Feed::probe`]), answered when both are. A follower of announcements reads the source
+/// and opens the feed on two streams, which on a cluster elect their leaders apart: a
+/// backoff that the events stream's election grew must end when that stream answers,
+/// though the bucket's answered all along.
+pub(crate) fn probe_of<S: Source, F: Feed>(source: &S, feed: &F) -> Option<Probe> {
+    match (source.probe(), feed.probe()) {
+        (Some(s), Some(f)) => Some(Box::pin(async move {
+            let (s, f) = tokio::join!(s, f);
+            s.and(f)
+        })),
+        (Some(s), None) => Some(Box::pin(s)),
+        (None, Some(f)) => Some(Box::pin(f)),
+        (None, None) => None,
+    }
+}
 
 /// A probe out and its deadline, if one is.
 #[derive(Default)]
 pub(crate) struct ProbeOut(Option<(Probe, Instant)>);
 
 impl ProbeOut {
-    /// Sends a probe to `source`, given up at `deadline`; `false` if `source` gave none.
-    pub(crate) fn send(&mut self, source: &impl Source, deadline: Instant) -> bool {
-        self.0 = source
-            .probe()
-            .map(|probe| (Box::pin(probe) as Probe, deadline));
+    /// Sends `probe`, given up at `deadline`; `false` if there is none.
+    pub(crate) fn send(&mut self, probe: Option<Probe>, deadline: Instant) -> bool {
+        self.0 = probe.map(|probe| (probe, deadline));
         self.0.is_some()
     }
 
@@ -78,20 +93,22 @@ impl std::fmt::Debug for Prober {
 }
 
 impl Prober {
-    /// Probes of `source`, if it can be probed ([`Source::probe`]).
-    pub(crate) fn new(source: &impl Source, policy: ProbePolicy) -> Self {
+    /// Probes of the path of a follower of `source` and `feed`, if it can be probed
+    /// ([`probe_of`]).
+    pub(crate) fn new<S: Source, F: Feed>(source: &S, feed: &F, policy: ProbePolicy) -> Self {
         Prober {
             probes: Probes::new(policy),
-            probing: source.probe().is_some(),
+            probing: probe_of(source, feed).is_some(),
             out: ProbeOut::default(),
         }
     }
 
-    /// Sends a probe to `source` if one is due at `now` for a follower that waits until
-    /// `retry_at` (`None`: it is not backing off); drops the one out if the core forgot it.
+    /// Sends a probe (made by `probe`) if one is due at `now` for a follower that waits
+    /// until `retry_at` (`None`: it is not backing off); drops the one out if the core
+    /// forgot it.
     pub(crate) fn poll(
         &mut self,
-        source: &impl Source,
+        probe: impl FnOnce() -> Option<Probe>,
         clock: &Clock,
         now: Time,
         retry_at: Option<Time>,
@@ -100,7 +117,7 @@ impl Prober {
             return;
         }
         if let Some(deadline) = self.probes.poll_probe(now, retry_at)
-            && !self.out.send(source, clock.instant(deadline))
+            && !self.out.send(probe(), clock.instant(deadline))
         {
             self.probes.handle_missed(now);
         }

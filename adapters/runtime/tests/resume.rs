@@ -477,3 +477,97 @@ async fn a_lookup_lost_while_the_source_answers_probes_is_given_up_and_sent_agai
     assert_eq!(cache.get("a").as_deref().map(String::as_str), Some("1"));
     assert_eq!(h.status().counters.resumes, 1, "one request given up");
 }
+
+/// The memory events stream, which the test can leave without a leader (`away`: opening
+/// it fails, and its probe, where it has one, finds it missing), as a cluster's events
+/// stream electing a leader while the bucket's stream answers all along.
+#[derive(Clone)]
+struct AwayEvents {
+    inner: tidemark_memory::MemoryEvents,
+    away: Arc<AtomicBool>,
+    /// Whether it can be probed (the control has no probe of its own).
+    probes: bool,
+}
+
+impl Feed for AwayEvents {
+    const FOLLOW: Follow = Follow::Announcements;
+    type Stream = tidemark_memory::EventStream;
+
+    async fn open(&self, from: u64, after: Option<u64>) -> tidemark::Result<Opened<Self::Stream>> {
+        if self.away.load(Ordering::SeqCst) {
+            return Err(tidemark::Error::unavailable(
+                "events",
+                "stream has no leader",
+            ));
+        }
+        self.inner.open(from, after).await
+    }
+
+    fn probe(
+        &self,
+    ) -> Option<impl std::future::Future<Output = tidemark::Result<()>> + Send + 'static> {
+        let away = self.away.load(Ordering::SeqCst);
+        self.probes.then_some(async move {
+            match away {
+                true => Err(tidemark::Error::unavailable(
+                    "events",
+                    "stream has no leader",
+                )),
+                false => Ok(()),
+            }
+        })
+    }
+}
+
+/// A ready follower of announcements whose bucket answers probes all along, and whose
+/// events stream fails and stays away for 5 s while it backs off for [`BACKOFF`]; then
+/// the stream is back, with an event it announced meanwhile to read.
+async fn events_away_while_backing_off(
+    probes: bool,
+    name: &str,
+) -> (tidemark::Cache<String>, tidemark::FollowerHandle) {
+    let m = Memory::new();
+    let registry = common::registry(&m);
+    let (source, _paused) = Pausable::new(m.source.clone(), true);
+    let events = AwayEvents {
+        inner: m.events.clone(),
+        away: Arc::default(),
+        probes,
+    };
+    let (cache, h) = spawn_cache(config(name), Utf8, source, events.clone());
+    cache.wait_ready().await.unwrap();
+    events.away.store(true, Ordering::SeqCst);
+    m.faults.set_failing(Port::Events, true);
+    registry.put("during", b"x".to_vec()).await.unwrap();
+    until("the feed fails and the follower backs off", || {
+        h.status().phase == Phase::BackingOff
+    })
+    .await;
+    m.faults.set_failing(Port::Events, false);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    events.away.store(false, Ordering::SeqCst);
+    tokio::time::sleep(SOON).await;
+    (cache, h)
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_events_stream_back_ends_the_backoff_though_the_bucket_answered_all_along() {
+    let (cache, h) = events_away_while_backing_off(true, "events-back").await;
+    assert_eq!(
+        cache.get("during").as_deref().map(String::as_str),
+        Some("x"),
+        "the feed's own probe finds its stream back: the backoff ends then, though the \
+         source's probe was answered throughout ({:?})",
+        h.status()
+    );
+    assert_eq!(h.status().counters.resumes, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_the_feeds_probe_the_events_streams_return_waits_out_the_backoff() {
+    // The control: the bucket's answers say nothing of the events stream.
+    let (cache, h) = events_away_while_backing_off(false, "events-unprobed").await;
+    assert_eq!(cache.get("during"), None);
+    assert_eq!(h.status().counters.resumes, 0);
+    assert_eq!(h.status().phase, Phase::BackingOff);
+}

@@ -23,7 +23,7 @@ use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::noop::{NoCursors, NoFeed, NoWake};
 use crate::ports::{Changes, Cursors, Feed, FeedItem, FeedStream, Received, Source, WakeListener};
-use crate::probe::{ProbeOut, Prober};
+use crate::probe::{ProbeOut, Prober, probe_of};
 use crate::reconnect::Reconnects;
 use crate::running::Running;
 use crate::shutdown::{Shutdown, StopSignal};
@@ -96,7 +96,8 @@ pub struct FollowerTask<S, F: Feed, C, W, D: Decode, K> {
     /// Shared with the probes beside a request that takes long.
     source: Arc<S>,
     source_name: String,
-    feed: F,
+    /// Shared with the probes beside a request, as the source is.
+    feed: Arc<F>,
     cursors: C,
     cursor_name: Option<String>,
     cursor_loaded: Option<Option<u64>>,
@@ -165,14 +166,14 @@ where
         let status = watch::channel(core.status()).0;
         let seed = core.status().seed;
         let reconnects = Reconnects::new(source.reconnects(), feed.reconnects());
-        let prober = Prober::new(&source, ProbePolicy::default());
+        let prober = Prober::new(&source, &feed, ProbePolicy::default());
         FollowerTask {
             source_name: core.config().name().to_owned(),
             committed: core.watermark(),
             committed_lineage: core.lineage(),
             core,
             source: Arc::new(source),
-            feed,
+            feed: Arc::new(feed),
             cursors: NoCursors,
             cursor_name: None,
             cursor_loaded: None,
@@ -317,8 +318,13 @@ where
                 _ => {}
             }
             let retry_at = self.retry_at();
-            self.prober
-                .poll(&*self.source, &self.clock, self.clock.now(), retry_at);
+            let (source, feed) = (&*self.source, &*self.feed);
+            self.prober.poll(
+                || probe_of(source, feed),
+                &self.clock,
+                self.clock.now(),
+                retry_at,
+            );
             let event = self.next_event(&mut stop, commands_open, retry_at).await;
             if matches!(event, Event::Command(None)) {
                 commands_open = false;
@@ -580,7 +586,7 @@ fn failed(token: Token, e: &Error) -> Input {
 /// connection up all along: either would wait out the client's whole request timeout
 /// (10 s on NATS) after the source came back. Abandoned, it fails at once and the
 /// follower retries it (paced as every reconnect is).
-struct Cut<'a, S> {
+struct Cut<'a, S, F> {
     stop: &'a mut StopSignal,
     /// The counters as of the request's start: only a reconnect after it cuts it.
     reconnects: Reconnects,
@@ -588,16 +594,17 @@ struct Cut<'a, S> {
     by_reconnect: bool,
     /// The path came back while a request was out, and it was cut.
     by_resume: bool,
-    /// What the probes beside a request ask; `None` when it cannot be probed.
-    source: Option<Arc<S>>,
+    /// What the probes beside a request ask (the source and the feed: [`probe_of`]);
+    /// `None` when the path cannot be probed.
+    path: Option<(Arc<S>, Arc<F>)>,
     clock: Clock,
 }
 
-impl<'a, S: Source> Cut<'a, S> {
+impl<'a, S: Source, F: Feed> Cut<'a, S, F> {
     fn new(
         stop: &'a mut StopSignal,
         reconnects: &Reconnects,
-        source: Option<Arc<S>>,
+        path: Option<(Arc<S>, Arc<F>)>,
         clock: Clock,
     ) -> Self {
         Cut {
@@ -605,7 +612,7 @@ impl<'a, S: Source> Cut<'a, S> {
             reconnects: reconnects.listen_from_now(),
             by_reconnect: false,
             by_resume: false,
-            source,
+            path,
             clock,
         }
     }
@@ -636,7 +643,7 @@ impl<'a, S: Source> Cut<'a, S> {
         loop {
             let now = self.clock.now();
             let mut wake = None;
-            if let Some(source) = &self.source
+            if let Some((source, feed)) = &self.path
                 && !out.is_out()
             {
                 if asking.cut_due(now) {
@@ -644,7 +651,7 @@ impl<'a, S: Source> Cut<'a, S> {
                     return None;
                 }
                 if let Some(deadline) = asking.poll_probe(now)
-                    && !out.send(&**source, self.clock.instant(deadline))
+                    && !out.send(probe_of(&**source, &**feed), self.clock.instant(deadline))
                 {
                     asking.handle_missed(now);
                 }

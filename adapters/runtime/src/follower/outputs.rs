@@ -323,7 +323,10 @@ where
     pub(super) async fn ask(&mut self, request: Request, stop: &mut StopSignal) -> Result<Asked> {
         let token = request.token();
         let opening = matches!(request, Request::OpenFeed { .. });
-        let probed = self.prober.probing().then(|| Arc::clone(&self.source));
+        let probed = self
+            .prober
+            .probing()
+            .then(|| (Arc::clone(&self.source), Arc::clone(&self.feed)));
         let mut cut = Cut::new(stop, &self.reconnects, probed, self.clock);
         let asked = self.ask_port(request, &mut cut).await?;
         let (by_reconnect, by_resume) = (cut.by_reconnect, cut.by_resume);
@@ -351,7 +354,7 @@ where
     }
 
     /// [`ask`](Self::ask) without the answer to a cut request.
-    async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_, S>) -> Result<Asked> {
+    async fn ask_port(&mut self, request: Request, cut: &mut Cut<'_, S, F>) -> Result<Asked> {
         let answer = match request {
             Request::LookupSource { token } => {
                 cut.or_cut_single(self.source.watermark())
@@ -451,7 +454,7 @@ where
         &mut self,
         token: Token,
         since: u64,
-        cut: &mut Cut<'_, S>,
+        cut: &mut Cut<'_, S, F>,
     ) -> Result<Asked> {
         let (changes, lineage) = match cut.or_cut(self.source.changes_and_lineage(since)).await {
             None => return Ok(Asked::Abandoned),
@@ -485,7 +488,11 @@ where
     }
 
     /// A listing of the source's keys; the core must know every cached key first.
-    pub(super) async fn list_keys(&mut self, token: Token, cut: &mut Cut<'_, S>) -> Result<Asked> {
+    pub(super) async fn list_keys(
+        &mut self,
+        token: Token,
+        cut: &mut Cut<'_, S, F>,
+    ) -> Result<Asked> {
         let answer = match cut.or_cut(self.source.present_keys()).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(Some(present))) => {
@@ -519,7 +526,7 @@ where
     pub(super) async fn read_snapshot(
         &mut self,
         token: Token,
-        cut: &mut Cut<'_, S>,
+        cut: &mut Cut<'_, S, F>,
     ) -> Option<Input> {
         let read = match cut
             .or_cut(self.source.snapshot_parts(self.snapshot_part_len))

@@ -118,4 +118,13 @@ pub trait Feed: Send + Sync {
     fn reconnects(&self) -> Option<watch::Receiver<u64>> {
         None
     }
+
+    /// A question about this feed's own path, as
+    /// [`Source::probe`](crate::Source::probe), for a feed that is not the source's
+    /// history (an events stream beside a bucket, which on a cluster elects its leader
+    /// apart from the bucket's): a follower's probe is answered when its source's and its
+    /// feed's are. `None` (the default): the source's probe speaks for the feed too.
+    fn probe(&self) -> Option<impl Future<Output = Result<()>> + Send + 'static> {
+        None::<std::future::Ready<Result<()>>>
+    }
 }
