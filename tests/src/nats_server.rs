@@ -392,7 +392,26 @@ impl NatsCluster {
         Self::start_inner(size, Some(seed)).await
     }
 
+    /// Route ports are chosen free by binding port 0 and let go before the nodes bind
+    /// them, so another process (or a route link's own listener) may take one meanwhile:
+    /// a node then exits with "address already in use", and the cluster is started again
+    /// on other ports, a few times at most.
     async fn start_inner(size: usize, linked: Option<u64>) -> Result<Self, HarnessError> {
+        const ATTEMPTS: usize = 4;
+        let mut attempt = 1;
+        loop {
+            match Self::start_once(size, linked).await {
+                Err(e)
+                    if attempt < ATTEMPTS && e.to_string().contains("address already in use") =>
+                {
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_once(size: usize, linked: Option<u64>) -> Result<Self, HarnessError> {
         static CLUSTERS: AtomicU64 = AtomicU64::new(0);
         let bin = NatsServerBin::find()?;
         let id = CLUSTERS.fetch_add(1, Ordering::Relaxed);
