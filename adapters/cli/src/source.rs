@@ -380,11 +380,19 @@ pub async fn open(
     }
 }
 
+/// How long one question about a bucket may go unanswered before it is asked again: on a
+/// cluster only the stream's leader answers, and a question sent to a leader that stopped
+/// gets no reply at all; the client's own 10 s timeout would spend the whole patience on
+/// it while another node takes the lead (campaign seed 30013: the mirror gave up 10 s
+/// after asking a paused leader, and started again 7.9 s after the cluster healed).
+const QUESTION_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Whether the server holds `bucket`: `false` only when JetStream says there is no such
 /// stream. A server that answers nothing else for `patience` (no JetStream, or one still
 /// starting) is an error. A question out when the client reconnects is asked again at
 /// once: its answer was due on the connection that dropped, and waiting for it would
-/// spend the request timeout (and most of the patience) on nothing.
+/// spend the request timeout (and most of the patience) on nothing; so is one unanswered
+/// for [`QUESTION_TIMEOUT`].
 async fn bucket_exists(
     client: &async_nats::Client,
     bucket: &str,
@@ -401,13 +409,14 @@ async fn bucket_exists(
         }
         let asked = tokio::select! {
             biased;
-            answer = js.get_stream(format!("KV_{bucket}")) => Some(answer),
+            answer = tokio::time::timeout(QUESTION_TIMEOUT, js.get_stream(format!("KV_{bucket}"))) => Some(answer),
             () = reconnected(&mut reconnects) => None,
         };
         let why = match asked {
             None => "the client reconnected while it was asked".to_owned(),
-            Some(Ok(_)) => return Ok(true),
-            Some(Err(e)) => match e.kind() {
+            Some(Err(_)) => format!("no answer within {}s", QUESTION_TIMEOUT.as_secs()),
+            Some(Ok(Ok(_))) => return Ok(true),
+            Some(Ok(Err(e))) => match e.kind() {
                 GetStreamErrorKind::JetStream(j)
                     if j.error_code() == ErrorCode::STREAM_NOT_FOUND =>
                 {
