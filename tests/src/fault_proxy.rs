@@ -1,6 +1,6 @@
 //! A TCP proxy on 127.0.0.1 that puts faults between a client and a server on command:
-//! latency with seeded jitter, one direction stalled, every connection reset, connections
-//! left half-open. tokio only; one task per connection.
+//! latency with seeded jitter, a bandwidth cap, one direction stalled, every connection
+//! reset, connections left half-open. tokio only; one task per connection.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -35,6 +35,8 @@ pub enum Direction {
 struct Faults {
     latency: Duration,
     jitter: Duration,
+    /// Bytes a second each direction of each connection forwards at most.
+    bandwidth: Option<u64>,
     stalled_to_server: bool,
     stalled_to_client: bool,
     /// Connections with an id below this forward nothing and stay open (half-open).
@@ -61,6 +63,9 @@ impl Faults {
 ///
 /// - [`set_latency`](Self::set_latency): each chunk of bytes is held `latency` plus a
 ///   jitter drawn from the proxy's seed, in order (a later chunk never overtakes);
+/// - [`cap_bandwidth`](Self::cap_bandwidth): each direction of each connection forwards
+///   at most so many bytes a second (a chunk, then a pause as long as the chunk takes at
+///   that rate), until [`uncap_bandwidth`](Self::uncap_bandwidth) or a heal;
 /// - [`stall`](Self::stall): one direction forwards nothing until [`heal`](Self::heal);
 ///   the sender's writes succeed until the buffers fill;
 /// - [`half_open`](Self::half_open): every connection open now forwards nothing either
@@ -139,6 +144,18 @@ impl FaultProxy {
         });
     }
 
+    /// Forwards at most `bytes_per_sec` each way on every connection, old and new, from
+    /// now on (at least one byte a second).
+    pub fn cap_bandwidth(&self, bytes_per_sec: u64) {
+        self.faults
+            .send_modify(|f| f.bandwidth = Some(bytes_per_sec.max(1)));
+    }
+
+    /// Takes the bandwidth cap off; a pause under way ends at once.
+    pub fn uncap_bandwidth(&self) {
+        self.faults.send_modify(|f| f.bandwidth = None);
+    }
+
     /// Stops forwarding in `direction` on every connection, old and new, until
     /// [`heal`](Self::heal). Nothing is lost: held bytes flow once healed.
     pub fn stall(&self, direction: Direction) {
@@ -160,11 +177,13 @@ impl FaultProxy {
         self.faults.send_modify(|f| f.resets += 1);
     }
 
-    /// Takes off latency, stalls and half-open connections; closes nothing.
+    /// Takes off latency, the bandwidth cap, stalls and half-open connections; closes
+    /// nothing.
     pub fn heal(&self) {
         self.faults.send_modify(|f| {
             f.latency = Duration::ZERO;
             f.jitter = Duration::ZERO;
+            f.bandwidth = None;
             f.stalled_to_server = false;
             f.stalled_to_client = false;
             f.frozen_below = 0;
@@ -292,10 +311,24 @@ async fn pump(
             last_due = due;
             let _ = control.wait_for(|f| !f.holds(direction, id)).await;
             to.write_all(&chunk).await?;
+            paced(&mut control, chunk.len()).await;
         }
         to.shutdown().await
     };
     tokio::try_join!(read, write).map(|_| ())
+}
+
+/// After `bytes` were forwarded under a bandwidth cap, waits as long as they take at its
+/// rate; the wait ends early when the cap is taken off (checked every 50 ms).
+async fn paced(control: &mut watch::Receiver<Faults>, bytes: usize) {
+    let Some(rate) = control.borrow().bandwidth else {
+        return;
+    };
+    let until = Instant::now() + Duration::from_secs_f64(bytes as f64 / rate as f64);
+    while Instant::now() < until && control.borrow().bandwidth.is_some() {
+        let step = (Instant::now() + Duration::from_millis(50)).min(until);
+        tokio::time::sleep_until(step).await;
+    }
 }
 
 /// SplitMix64, the jitter's generator: the same seed gives the same delays.
@@ -433,6 +466,38 @@ mod tests {
             Some(&b"held"[..]),
             "once healed, what was held arrives: a stall loses nothing"
         );
+    }
+
+    #[tokio::test]
+    async fn a_bandwidth_cap_holds_a_transfer_to_its_rate_and_loses_nothing() {
+        let (upstream, mut received) = sink_server().await;
+        let proxy = FaultProxy::start(upstream, 5).await.unwrap();
+        let mut stream = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.cap_bandwidth(256 * 1024);
+        let sent: Vec<u8> = (0..512 * 1024u32).map(|i| (i % 251) as u8).collect();
+        let started = Instant::now();
+        stream.write_all(&sent).await.unwrap();
+        let mut got = Vec::new();
+        while got.len() < sent.len() {
+            let part = tokio::time::timeout(Duration::from_secs(10), received.recv()).await;
+            got.extend(
+                part.ok()
+                    .flatten()
+                    .expect("the transfer goes on under the cap"),
+            );
+        }
+        let took = started.elapsed();
+        assert_eq!(
+            got, sent,
+            "a capped connection delivers every byte, in order"
+        );
+        // 512 KiB at 256 KiB/s: the first chunk goes at once, the rest are paced.
+        assert!(
+            took >= Duration::from_millis(1_500),
+            "512 KiB under a cap of 256 KiB/s must take about 2 s, took {took:?}"
+        );
+        proxy.uncap_bandwidth();
+        assert_eq!(proxy.faults.borrow().bandwidth, None);
     }
 
     #[tokio::test]

@@ -532,14 +532,19 @@ impl Round {
             .map(|w| tokio::spawn(w.run(stop.clone())))
             .collect();
         let driven = self.targets.drivers.write(stop.clone());
-        let lanes: Vec<JoinHandle<()>> =
-            [Lane::Server, Lane::Proxy, Lane::Followers, Lane::Drivers]
-                .into_iter()
-                .map(|lane| {
-                    let faults = schedule.lane(lane);
-                    tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
-                })
-                .collect();
+        let lanes: Vec<JoinHandle<()>> = [
+            Lane::Server,
+            Lane::Proxy,
+            Lane::Followers,
+            Lane::Drivers,
+            Lane::Bandwidth,
+        ]
+        .into_iter()
+        .map(|lane| {
+            let faults = schedule.lane(lane);
+            tokio::spawn(run_lane(Arc::clone(&self.targets), faults, phase_start))
+        })
+        .collect();
         sleep_until(phase_start + schedule.phase).await;
         let _ = stop_tx.send(true);
         for lane in lanes {
@@ -967,7 +972,7 @@ async fn run_lane(targets: Arc<Targets>, faults: Vec<Planned>, phase_start: Inst
     for Planned { at, fault, lane } in faults {
         sleep_until(phase_start + at).await;
         let _calm = match lane {
-            Lane::Server | Lane::Proxy => Some(targets.calm.read().await),
+            Lane::Server | Lane::Proxy | Lane::Bandwidth => Some(targets.calm.read().await),
             Lane::Followers | Lane::Drivers => None,
         };
         *lock(&targets.applied).entry(fault.kind()).or_default() += 1;
@@ -1012,6 +1017,14 @@ async fn apply(t: &Targets, fault: &Fault) -> Result<(), String> {
             proxies(&|p| p.set_latency(*latency, *jitter));
             sleep(*lasting).await;
             proxies(&FaultProxy::heal);
+        }
+        Fault::Bandwidth {
+            bytes_per_sec,
+            lasting,
+        } => {
+            proxies(&|p| p.cap_bandwidth(*bytes_per_sec));
+            sleep(*lasting).await;
+            proxies(&FaultProxy::uncap_bandwidth);
         }
         Fault::Stall { direction, lasting } => {
             proxies(&|p| p.stall(*direction));

@@ -20,6 +20,8 @@ pub enum Lane {
     Followers,
     /// The supervised worker, the job runner and the outbox relays (`drivers.rs`).
     Drivers,
+    /// Bandwidth caps on the proxies, beside the proxy lane's faults.
+    Bandwidth,
 }
 
 /// One fault, with how long it holds before it is undone.
@@ -45,6 +47,12 @@ pub enum Fault {
     HalfOpen { lasting: Duration, then_reset: bool },
     /// Every connection through the proxy reset.
     Reset,
+    /// Each direction of each connection through the proxy forwards at most
+    /// `bytes_per_sec` (a slow link: a catch-up or a snapshot trickles).
+    Bandwidth {
+        bytes_per_sec: u64,
+        lasting: Duration,
+    },
     /// kill -9 of the `tidemark mirror` process; started again after `down`.
     MirrorKill { down: Duration },
     /// An in-process follower stopped and a new one started (a cold start; a durable
@@ -139,7 +147,7 @@ pub enum InProcess {
 
 /// Every fault kind, in the order the summary prints them: those of a one-node round, then
 /// a cluster round's own ([`CLUSTER_KINDS`]).
-pub const KINDS: [&str; 29] = [
+pub const KINDS: [&str; 30] = [
     "server kill -9",
     "server SIGSTOP",
     "proxy latency",
@@ -161,6 +169,7 @@ pub const KINDS: [&str; 29] = [
     "worker handler error",
     "job runner crash",
     "relay crash",
+    "proxy bandwidth cap",
     "node kill -9",
     "node kill -9, stream leader",
     "node SIGSTOP",
@@ -212,12 +221,13 @@ impl Fault {
             Fault::WorkerFails => KINDS[18],
             Fault::RunnerCrash { .. } => KINDS[19],
             Fault::RelayCrash { .. } => KINDS[20],
-            Fault::NodeKill { node, .. } => KINDS[21 + node.led()],
-            Fault::NodePause { node, .. } => KINDS[23 + node.led()],
+            Fault::Bandwidth { .. } => KINDS[21],
+            Fault::NodeKill { node, .. } => KINDS[22 + node.led()],
+            Fault::NodePause { node, .. } => KINDS[24 + node.led()],
             Fault::Partition {
                 node, reset: false, ..
-            } => KINDS[25 + node.led()],
-            Fault::Partition { node, .. } => KINDS[27 + node.led()],
+            } => KINDS[26 + node.led()],
+            Fault::Partition { node, .. } => KINDS[28 + node.led()],
         }
     }
 
@@ -235,6 +245,7 @@ impl Fault {
             Fault::NodeKill { down, .. } => *down,
             Fault::Recreate { down, .. } => *down,
             Fault::Latency { lasting, .. }
+            | Fault::Bandwidth { lasting, .. }
             | Fault::Stall { lasting, .. }
             | Fault::HalfOpen { lasting, .. }
             | Fault::Partition { lasting, .. } => *lasting,
@@ -249,6 +260,9 @@ impl fmt::Display for Fault {
             Fault::Latency {
                 latency, jitter, ..
             } => write!(f, "{} {latency:?}+{jitter:?}", self.kind())?,
+            Fault::Bandwidth { bytes_per_sec, .. } => {
+                write!(f, "{} {} KiB/s", self.kind(), bytes_per_sec / 1024)?;
+            }
             Fault::SinkPause { which, .. } => write!(f, "{} ({which:?})", self.kind())?,
             Fault::RelayCrash { relay, .. } => write!(f, "{} (relay {relay})", self.kind())?,
             Fault::NodeKill { node, .. }
@@ -356,6 +370,20 @@ impl Schedule {
             });
             at = next;
         }
+        // Drawn apart too, for the same reason: the caps came after the drivers.
+        let mut rng = Rng::new(seed ^ 0x6261_6e64_7769_6474);
+        let mut at = between(&mut rng, 300, 3000);
+        while at < phase {
+            let fault = draw_cap(&mut rng);
+            let gap = between(&mut rng, 1000, 4000);
+            let next = at + fault.lasting() + gap;
+            faults.push(Planned {
+                at,
+                lane: Lane::Bandwidth,
+                fault,
+            });
+            at = next;
+        }
         faults.sort_by_key(|p| (p.at, p.lane));
         Schedule {
             seed,
@@ -433,6 +461,15 @@ fn draw_fault(rng: &mut Rng, lane: Lane) -> Fault {
             },
         },
         Lane::Drivers => draw_driver_fault(rng),
+        Lane::Bandwidth => draw_cap(rng),
+    }
+}
+
+/// A bandwidth cap of 8-256 KiB/s for 0.5-3 s.
+fn draw_cap(rng: &mut Rng) -> Fault {
+    Fault::Bandwidth {
+        bytes_per_sec: 1024 * (8 + rng.next_u64() % 249),
+        lasting: between(rng, 500, 3000),
     }
 }
 
