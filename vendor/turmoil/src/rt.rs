@@ -261,16 +261,9 @@ fn init(config: &mut Config) -> (Runtime, LocalSet) {
     #[cfg(tokio_unstable)]
     tokio_builder.unhandled_panic(tokio::runtime::UnhandledPanic::ShutdownRuntime);
 
-    // tidemark patch: the I/O driver only with the `tokio-io` feature (tokio's `net`).
-    #[cfg(feature = "tokio-io")]
     if config.enable_io {
         tokio_builder.enable_io();
     }
-    #[cfg(not(feature = "tokio-io"))]
-    assert!(
-        !config.enable_io,
-        "enable_tokio_io needs turmoil's `tokio-io` feature"
-    );
 
     #[cfg(tokio_unstable)]
     if let Some(rng) = &mut config.rng {
