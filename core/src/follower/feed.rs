@@ -216,7 +216,6 @@ impl<D: Decode> Follower<D> {
         if wants && self.last_checkpoint.is_none_or(|last| position > last) {
             self.last_checkpoint = Some(position);
             // Saves are monotone: this one stands for any that failed before it.
-            self.unsaved_checkpoint = None;
             self.timers.checkpoint_at(None);
             self.backoffs.checkpoint.healthy(self.now);
             self.request_out(Request::Checkpoint { position });
@@ -225,12 +224,12 @@ impl<D: Decode> Follower<D> {
 
     /// The save of `position` failed: ask for it again after the checkpoint backoff,
     /// unless a later checkpoint was asked for since (it stands for this one). A position
-    /// never asked for is not one to save.
+    /// never asked for is not one to save. The save owed is the last checkpoint asked for
+    /// while its timer runs: a later one clears the timer.
     pub(super) fn on_checkpoint_failed(&mut self, position: u64, error: String, now: Time) {
         if self.last_checkpoint != Some(position) {
             return;
         }
-        self.unsaved_checkpoint = Some(position);
         let delay = self.backoffs.checkpoint.next_delay(now, &mut self.rng);
         let attempt = self.backoffs.checkpoint.attempt();
         self.timers.checkpoint_at(Some(now.saturating_add(delay)));
@@ -242,9 +241,9 @@ impl<D: Decode> Follower<D> {
         });
     }
 
-    /// The owed cursor save, asked for again.
+    /// The owed cursor save (the last checkpoint asked for), asked for again.
     pub(super) fn save_owed_checkpoint(&mut self) {
-        if let Some(position) = self.unsaved_checkpoint.take() {
+        if let Some(position) = self.last_checkpoint {
             self.backoffs.checkpoint.healthy(self.now);
             self.request_out(Request::Checkpoint { position });
         }

@@ -154,9 +154,6 @@ pub struct Follower<D: Decode> {
     /// A wake came while a read of the source was underway: read again after it.
     rewake: bool,
     last_checkpoint: Option<u64>,
-    /// A checkpoint whose save failed and that no later one superseded: asked for again
-    /// when its timer ends or the path is back.
-    unsaved_checkpoint: Option<u64>,
     opened_once: bool,
     backoffs: Backoffs,
     /// The highest watermark the source itself reported (a reconcile, a snapshot).
@@ -256,7 +253,6 @@ impl<D: Decode> Follower<D> {
             listed_at: None,
             list_before_feed: false,
             last_checkpoint: None,
-            unsaved_checkpoint: None,
             opened_once: false,
             known_source: 0,
             ahead: std::collections::BTreeMap::new(),
