@@ -69,12 +69,7 @@ impl Timers {
 
     /// Whether the listing is due at `now` (and clears it).
     pub(super) fn take_due_presence(&mut self, now: Time) -> bool {
-        if self.presence.is_some_and(|at| at <= now) {
-            self.presence = None;
-            true
-        } else {
-            false
-        }
+        take_due(&mut self.presence, now)
     }
 
     /// Asks for a confirming read at `at`, unless one is asked for sooner.
@@ -89,12 +84,7 @@ impl Timers {
 
     /// Whether the confirming read is due at `now` (and clears it).
     pub(super) fn take_due_confirm(&mut self, now: Time) -> bool {
-        if self.confirm.is_some_and(|at| at <= now) {
-            self.confirm = None;
-            true
-        } else {
-            false
-        }
+        take_due(&mut self.confirm, now)
     }
 
     /// Asks again for a cursor save at `at` (`None`: no save is owed).
@@ -104,12 +94,7 @@ impl Timers {
 
     /// Whether the owed cursor save is due at `now` (and clears it).
     pub(super) fn take_due_checkpoint(&mut self, now: Time) -> bool {
-        if self.checkpoint.is_some_and(|at| at <= now) {
-            self.checkpoint = None;
-            true
-        } else {
-            false
-        }
+        take_due(&mut self.checkpoint, now)
     }
 
     /// Whether a backoff is pending (the periodic listing is not one, nor a cursor save
@@ -164,6 +149,11 @@ impl Timers {
         self.reopen = None;
         self.retry = None;
     }
+}
+
+/// Whether the deadline in `at` is due at `now` (and clears it).
+fn take_due(at: &mut Option<Time>, now: Time) -> bool {
+    at.take_if(|at| *at <= now).is_some()
 }
 
 impl<D: Decode> Follower<D> {
