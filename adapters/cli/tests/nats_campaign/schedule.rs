@@ -356,33 +356,31 @@ impl Schedule {
                 at = next;
             }
         }
-        // Drawn apart: the lanes above draw what they drew before the drivers came.
-        let mut rng = Rng::new(seed ^ 0x6472_6976_6572_7321);
-        let mut at = between(&mut rng, 100, 1000);
-        while at < phase {
-            let fault = draw_driver_fault(&mut rng);
-            let gap = between(&mut rng, 300, 2000);
-            let next = at + fault.lasting() + gap;
-            faults.push(Planned {
-                at,
-                lane: Lane::Drivers,
-                fault,
-            });
-            at = next;
-        }
-        // Drawn apart too, for the same reason: the caps came after the drivers.
-        let mut rng = Rng::new(seed ^ 0x6261_6e64_7769_6474);
-        let mut at = between(&mut rng, 300, 3000);
-        while at < phase {
-            let fault = draw_cap(&mut rng);
-            let gap = between(&mut rng, 1000, 4000);
-            let next = at + fault.lasting() + gap;
-            faults.push(Planned {
-                at,
-                lane: Lane::Bandwidth,
-                fault,
-            });
-            at = next;
+        // Drawn apart, each from a stream of its own: the lanes above draw what they drew
+        // before the drivers came, and the drivers what they drew before the caps.
+        let apart = [
+            (
+                Lane::Drivers,
+                0x6472_6976_6572_7321,
+                (100, 1000),
+                (300, 2000),
+            ),
+            (
+                Lane::Bandwidth,
+                0x6261_6e64_7769_6474,
+                (300, 3000),
+                (1000, 4000),
+            ),
+        ];
+        for (lane, stream, (first, first_max), (gap, gap_max)) in apart {
+            let mut rng = Rng::new(seed ^ stream);
+            let mut at = between(&mut rng, first, first_max);
+            while at < phase {
+                let fault = draw_fault(&mut rng, lane);
+                let next = at + fault.lasting() + between(&mut rng, gap, gap_max);
+                faults.push(Planned { at, lane, fault });
+                at = next;
+            }
         }
         faults.sort_by_key(|p| (p.at, p.lane));
         Schedule {
