@@ -381,6 +381,17 @@ struct LosingSaves {
     waiting: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
+impl LosingSaves {
+    /// `m`'s events stream's cursors, losing nothing until armed.
+    fn of(m: &Memory) -> Self {
+        LosingSaves {
+            inner: m.events.clone(),
+            lose: std::sync::Arc::default(),
+            waiting: std::sync::Arc::default(),
+        }
+    }
+}
+
 impl tidemark::Cursors for LosingSaves {
     async fn load(&self, name: &str) -> tidemark::Result<Option<u64>> {
         self.inner.load(name).await
@@ -409,11 +420,7 @@ async fn a_cursor_save_whose_reply_a_reconnect_lost_does_not_hold_the_consumer()
     let m = Memory::new();
     let registry = common::registry(&m);
     let (lossy, tx) = LosingReplies::new(m.source.clone());
-    let cursors = LosingSaves {
-        inner: m.events.clone(),
-        lose: std::sync::Arc::default(),
-        waiting: std::sync::Arc::default(),
-    };
+    let cursors = LosingSaves::of(&m);
     let (sink, cache) = tidemark::cache();
     let h = tidemark::FollowerTask::new(config("consumer"), Utf8, lossy, m.events.clone(), sink)
         .with_cursor(cursors.clone(), "consumer")
@@ -448,11 +455,7 @@ async fn a_cursor_save_that_failed_is_made_again_though_no_event_follows() {
     use tidemark::Cursors as _;
     let m = Memory::new();
     let registry = common::registry(&m);
-    let cursors = LosingSaves {
-        inner: m.events.clone(),
-        lose: std::sync::Arc::default(),
-        waiting: std::sync::Arc::default(),
-    };
+    let cursors = LosingSaves::of(&m);
     let (sink, cache) = tidemark::cache();
     let h = tidemark::FollowerTask::new(
         config("consumer"),
