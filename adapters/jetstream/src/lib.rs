@@ -64,6 +64,7 @@ pub use limits::{
 };
 
 pub mod coalesce;
+pub mod job_delivery;
 pub mod queue_scan;
 
 pub use coalesce::{Coalesce, Found, KeyWrite, Named, coalesce};

@@ -17,6 +17,7 @@ use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result, TickKey,
 };
+use tidemark_jetstream::job_delivery::{CLAIM_ATTEMPTS, Delivery, Recorded, StateWrite, delivery};
 use tidemark_jetstream::{
     Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, TickJob, TickRecord, coalesce, tick_job,
     tick_of_message_id,
@@ -85,6 +86,10 @@ struct Inner {
     state_prefix: String,
     max_attempts: u32,
     leases: Mutex<HashMap<u64, Held>>,
+    /// Holds a write of a job's state until the test lets it go: the unit tests' way to
+    /// put another runner's write between a decision and its write.
+    #[cfg(test)]
+    gate: tests::Gate,
 }
 
 /// A lease this process took: its attempt, its message, and until when it holds.
@@ -202,6 +207,8 @@ impl NatsQueue {
                 state_prefix: format!("$KV.{name}_state."),
                 max_attempts: max_attempts.max(1),
                 leases: Mutex::new(HashMap::new()),
+                #[cfg(test)]
+                gate: tests::Gate::default(),
             }),
         })
     }
@@ -284,8 +291,9 @@ impl NatsQueue {
         Ok(())
     }
 
-    /// The message of a lease this handle still holds, or [`Error::LeaseLost`].
-    async fn held(&self, lease: &Leased) -> Result<jetstream::Message> {
+    /// The message of a lease this handle still holds, with the write that records its
+    /// end only if no other runner's lease came first; or [`Error::LeaseLost`].
+    async fn held(&self, lease: &Leased) -> Result<(jetstream::Message, StateWrite)> {
         let mut leases = self.inner.leases.lock().await;
         Self::forget_expired(&mut leases, Instant::now());
         match leases.get(&lease.id.0) {
@@ -297,7 +305,7 @@ impl NatsQueue {
                 )));
             }
         }
-        let stored = self.load(lease.id.0).await?;
+        let (stored, write) = self.state_for_write(lease.id.0).await?;
         if !stored.is_some_and(|s| s.state == Stage::Leased && s.attempts == lease.attempt) {
             leases.remove(&lease.id.0);
             return Err(Error::LeaseLost(format!(
@@ -307,8 +315,23 @@ impl NatsQueue {
         }
         leases
             .remove(&lease.id.0)
-            .map(|held| held.message)
+            .map(|held| (held.message, write))
             .ok_or_else(|| Error::LeaseLost(lease.id.to_string()))
+    }
+
+    /// Records the end (or retry) of a lease held, by compare-and-set on the state
+    /// [`held`](Self::held) read: a runner that leased the job since (its lease expired
+    /// while this one finished) makes it [`Error::LeaseLost`], and the job is that
+    /// runner's.
+    async fn record_held(&self, lease: &Leased, write: StateWrite, stored: &Stored) -> Result<()> {
+        if self.write_state(lease.id.0, write, stored).await? {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost(format!(
+                "{} attempt {}: leased again meanwhile",
+                lease.id, lease.attempt
+            )))
+        }
     }
 
     /// Every job's state, in id order: one pass over the state bucket's stream (the last
@@ -496,6 +519,22 @@ struct Latest {
     stored_ns: u64,
 }
 
+/// What deciding a delivery needs of a job's state.
+fn recorded(stage: Stage) -> Recorded {
+    match stage {
+        Stage::Ready => Recorded::Ready,
+        Stage::Leased => Recorded::Leased,
+        Stage::Done | Stage::Dead => Recorded::Ended,
+    }
+}
+
+/// A job's state as the state stream's leader holds it: its bytes (`None`: no state, or a
+/// marker) and the revision a compare-and-set names (`None`: no message under its key).
+struct StateAt {
+    bytes: Option<Bytes>,
+    revision: Option<u64>,
+}
+
 /// What coalescing needs of a job's state.
 fn named(stored: &Stored) -> Named {
     match stored.state {
@@ -542,6 +581,12 @@ impl NatsQueue {
     /// A job's state bytes from the state stream's leader: a replica answering a direct
     /// get may not have the lease's "leased" yet, and coalescing rests on seeing it.
     async fn load_from_leader(&self, id: u64) -> Result<Option<Bytes>> {
+        Ok(self.state_from_leader(id).await?.bytes)
+    }
+
+    /// A job's state bytes and the revision they are at, from the state stream's leader
+    /// (a compare-and-set on a revision a lagging replica answered would only fail).
+    async fn state_from_leader(&self, id: u64) -> Result<StateAt> {
         match self
             .inner
             .state_stream
@@ -551,12 +596,50 @@ impl NatsQueue {
             .await
         {
             // State keys are put and purged, never deleted; a marker is no state.
-            Ok(message) if message.headers.get("KV-Operation").is_none() => {
-                Ok(Some(message.payload))
-            }
-            Ok(_) => Ok(None),
-            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Ok(message) if message.headers.get("KV-Operation").is_none() => Ok(StateAt {
+                bytes: Some(message.payload),
+                revision: Some(message.sequence),
+            }),
+            Ok(message) => Ok(StateAt {
+                bytes: None,
+                revision: Some(message.sequence),
+            }),
+            Err(e) if e.kind() == RawMessageErrorKind::NoMessageFound => Ok(StateAt {
+                bytes: None,
+                revision: None,
+            }),
             Err(e) => Err(unavailable("queue", e)),
+        }
+    }
+
+    /// Job `id`'s state, decoded, and the write that replaces it only if no other write
+    /// came first ([`tidemark_jetstream::job_delivery`]).
+    async fn state_for_write(&self, id: u64) -> Result<(Option<Stored>, StateWrite)> {
+        let at = self.state_from_leader(id).await?;
+        let stored = at.bytes.map(|bytes| decode_state(id, &bytes)).transpose()?;
+        Ok((stored, StateWrite::of(at.revision)))
+    }
+
+    /// Writes job `id`'s state by compare-and-set on the state its writer decided from:
+    /// `false` when another write (another runner's) came in between, and nothing was
+    /// written.
+    async fn write_state(&self, id: u64, write: StateWrite, stored: &Stored) -> Result<bool> {
+        #[cfg(test)]
+        self.inner.gate.pass(id).await;
+        let (key, value) = (id.to_string(), stored.encode()?);
+        match write {
+            StateWrite::Create => match self.inner.state.create(key, value).await {
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
+                Err(e) => Err(unavailable("queue", e)),
+            },
+            StateWrite::Replace { revision } => {
+                match self.inner.state.update(key, value, revision).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
+                    Err(e) => Err(unavailable("queue", e)),
+                }
+            }
         }
     }
 
@@ -794,61 +877,97 @@ impl Queue for NatsQueue {
                     continue;
                 }
             };
-            let previous = self.load(id).await?;
-            let last_error = match &previous {
-                Some(p) if p.state == Stage::Leased => Some("lease expired".to_owned()),
-                Some(p) => p.last_error.clone(),
-                None => None,
-            };
-            if matches!(&previous, Some(p) if matches!(p.state, Stage::Done | Stage::Dead)) {
-                let _ = message.ack_with(AckKind::Term).await;
-                continue;
-            }
-            if attempt > self.inner.max_attempts {
-                // The end recorded first (see `ack`).
-                let dead = Stored {
-                    job,
-                    state: Stage::Dead,
-                    attempts: attempt - 1,
-                    last_error,
-                    finished_ms: Some(now_ms()),
+            // Decided from the state read with its revision and written by compare-and-set
+            // on it: the runner whose lease expired may be recording the job's end right
+            // now, and "leased" written over it would leave the job leased with its
+            // message gone (tidemark_jetstream::job_delivery). A lost compare-and-set is
+            // decided again from the state read anew.
+            let mut claimed = None;
+            for _ in 0..CLAIM_ATTEMPTS {
+                let (previous, write) = self.state_for_write(id).await?;
+                let last_error = match &previous {
+                    Some(p) if p.state == Stage::Leased => Some("lease expired".to_owned()),
+                    Some(p) => p.last_error.clone(),
+                    None => None,
                 };
-                self.store(id, &dead).await?;
-                let _ = message.ack_with(AckKind::Term).await;
-                continue;
-            }
-            // A tick's second message (its scheduler died between the publish and the
-            // record, and published again after the duplicate window): the first leased is
-            // the tick's job, this one is finished without running.
-            if let Some(of) = self.tick_taken(&message, id).await? {
-                warn!(
-                    id,
-                    of, "a second job of one schedule tick; finished without running"
-                );
-                let done = Stored {
-                    job,
-                    state: Stage::Done,
+                match delivery(
+                    previous.as_ref().map(|p| recorded(p.state)),
+                    attempt,
+                    self.inner.max_attempts,
+                ) {
+                    Delivery::Terminate => {
+                        claimed = Some(false);
+                        break;
+                    }
+                    Delivery::DeadLetter => {
+                        // The end recorded first (see `ack`).
+                        let dead = Stored {
+                            job: job.clone(),
+                            state: Stage::Dead,
+                            attempts: attempt - 1,
+                            last_error,
+                            finished_ms: Some(now_ms()),
+                        };
+                        if self.write_state(id, write, &dead).await? {
+                            claimed = Some(false);
+                            break;
+                        }
+                        continue;
+                    }
+                    Delivery::Run => {}
+                }
+                // A tick's second message (its scheduler died between the publish and the
+                // record, and published again after the duplicate window): the first
+                // leased is the tick's job, this one is finished without running.
+                if let Some(of) = self.tick_taken(&message, id).await? {
+                    warn!(
+                        id,
+                        of, "a second job of one schedule tick; finished without running"
+                    );
+                    let done = Stored {
+                        job: job.clone(),
+                        state: Stage::Done,
+                        attempts: attempt,
+                        last_error: Some(format!(
+                            "a second job of one schedule tick (its job is {of}): not run"
+                        )),
+                        finished_ms: Some(now_ms()),
+                    };
+                    if self.write_state(id, write, &done).await? {
+                        claimed = Some(false);
+                        break;
+                    }
+                    continue;
+                }
+                // Before the handler can run: an enqueue that still finds the job pending
+                // is then covered by this run.
+                self.unpend(id, &job).await?;
+                let stored = Stored {
+                    job: job.clone(),
+                    state: Stage::Leased,
                     attempts: attempt,
-                    last_error: Some(format!(
-                        "a second job of one schedule tick (its job is {of}): not run"
-                    )),
-                    finished_ms: Some(now_ms()),
+                    last_error,
+                    finished_ms: None,
                 };
-                self.store(id, &done).await?;
-                let _ = message.ack_with(AckKind::Term).await;
-                continue;
+                if self.write_state(id, write, &stored).await? {
+                    claimed = Some(true);
+                    break;
+                }
             }
-            // Before the handler can run: an enqueue that still finds the job pending
-            // is then covered by this run.
-            self.unpend(id, &job).await?;
-            let stored = Stored {
-                job: job.clone(),
-                state: Stage::Leased,
-                attempts: attempt,
-                last_error,
-                finished_ms: None,
-            };
-            self.store(id, &stored).await?;
+            match claimed {
+                Some(true) => {}
+                Some(false) => {
+                    let _ = message.ack_with(AckKind::Term).await;
+                    continue;
+                }
+                None => {
+                    // Left unacked: the server delivers it again after its ack wait.
+                    return Err(unavailable(
+                        "queue",
+                        format!("job {id}'s state kept changing while this runner leased it"),
+                    ));
+                }
+            }
             let mut leases = self.inner.leases.lock().await;
             Self::forget_expired(&mut leases, Instant::now());
             leases.insert(
@@ -877,7 +996,7 @@ impl Queue for NatsQueue {
     /// message whose job has ended; a record that fails leaves the message unacked, and
     /// the job runs again (at least once).
     async fn ack(&self, lease: &Leased) -> Result<()> {
-        let message = self.held(lease).await?;
+        let (message, write) = self.held(lease).await?;
         let done = Stored {
             job: lease.job.clone(),
             state: Stage::Done,
@@ -885,13 +1004,13 @@ impl Queue for NatsQueue {
             last_error: None,
             finished_ms: Some(now_ms()),
         };
-        self.store(lease.id.0, &done).await?;
+        self.record_held(lease, write, &done).await?;
         settle(&message, AckKind::Ack, lease).await;
         Ok(())
     }
 
     async fn fail(&self, lease: &Leased, error: &str, retry_after: Duration) -> Result<JobState> {
-        let message = self.held(lease).await?;
+        let (message, write) = self.held(lease).await?;
         let dead = lease.attempt >= self.inner.max_attempts;
         let kind = if dead {
             AckKind::Term
@@ -910,7 +1029,7 @@ impl Queue for NatsQueue {
             last_error: Some(error.to_owned()),
             finished_ms: dead.then(now_ms),
         };
-        self.store(lease.id.0, &stored).await?;
+        self.record_held(lease, write, &stored).await?;
         settle(&message, kind, lease).await;
         Ok(if dead {
             JobState::DeadLettered
@@ -942,7 +1061,7 @@ impl Queue for NatsQueue {
     }
 
     async fn dead_letter(&self, lease: &Leased, error: &str) -> Result<()> {
-        let message = self.held(lease).await?;
+        let (message, write) = self.held(lease).await?;
         // Recorded first, as in `ack`.
         let dead = Stored {
             job: lease.job.clone(),
@@ -951,7 +1070,7 @@ impl Queue for NatsQueue {
             last_error: Some(error.to_owned()),
             finished_ms: Some(now_ms()),
         };
-        self.store(lease.id.0, &dead).await?;
+        self.record_held(lease, write, &dead).await?;
         settle(&message, AckKind::Term, lease).await;
         Ok(())
     }
@@ -1063,5 +1182,199 @@ fn record(id: JobId, s: Stored) -> JobRecord {
         },
         attempts: s.attempts,
         last_error: s.last_error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex as StdMutex, PoisonError};
+
+    use tokio::sync::oneshot;
+
+    use super::*;
+
+    /// Holds one write of a job's state, armed for that job, until the test lets it go.
+    #[derive(Default)]
+    pub(super) struct Gate {
+        armed: StdMutex<Option<Armed>>,
+        passed: AtomicBool,
+    }
+
+    struct Armed {
+        id: u64,
+        reached: oneshot::Sender<()>,
+        go: oneshot::Receiver<()>,
+    }
+
+    impl Gate {
+        /// The next write of job `id`'s state through this handle says so on the first
+        /// channel and waits for the second.
+        fn arm(&self, id: u64) -> (oneshot::Receiver<()>, oneshot::Sender<()>) {
+            let (reached, reached_rx) = oneshot::channel();
+            let (go_tx, go) = oneshot::channel();
+            *self.armed.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(Armed { id, reached, go });
+            (reached_rx, go_tx)
+        }
+
+        pub(super) async fn pass(&self, id: u64) {
+            let armed = {
+                let mut armed = self.armed.lock().unwrap_or_else(PoisonError::into_inner);
+                if armed.as_ref().is_some_and(|a| a.id == id) {
+                    armed.take()
+                } else {
+                    None
+                }
+            };
+            if let Some(armed) = armed {
+                let _ = armed.reached.send(());
+                let _ = armed.go.await;
+                self.passed.store(true, Ordering::SeqCst);
+            }
+        }
+
+        fn passed(&self) -> bool {
+            self.passed.load(Ordering::SeqCst)
+        }
+    }
+
+    const VISIBILITY: Duration = Duration::from_secs(1);
+
+    /// Two runners' handles (each its own connection) on queue `name` of one server, a
+    /// job enqueued and leased by the first, and the first's lease held on past the
+    /// server's ack wait, so the server delivers the job again while the first runner is
+    /// still recording its end (its check that it held the lease passed in time; the test
+    /// holds it on by hand).
+    async fn raced(
+        server: &tidemark_tests::NatsServer,
+        name: &str,
+    ) -> (NatsQueue, NatsQueue, Leased) {
+        let mut queues = Vec::new();
+        for _ in 0..2 {
+            let client = server.connect().await.expect("connect");
+            tidemark_tests::wait_jetstream_ready(&client)
+                .await
+                .expect("jetstream ready");
+            queues.push(NatsQueue::open(client, name, 5).await.expect("queue"));
+        }
+        let (first, second) = (queues.remove(0), queues.remove(0));
+        let id = first.enqueue(Job::Sweep).await.expect("enqueue");
+        let lease = first
+            .lease(VISIBILITY)
+            .await
+            .expect("lease")
+            .expect("the job");
+        assert_eq!((lease.id, lease.attempt), (id, 1));
+        first
+            .inner
+            .leases
+            .lock()
+            .await
+            .get_mut(&id.0)
+            .expect("held")
+            .until = Instant::now() + Duration::from_secs(60);
+        tokio::time::sleep(VISIBILITY + Duration::from_millis(200)).await;
+        (first, second, lease)
+    }
+
+    /// Leases on `queue` until it takes a job, or its gate was passed and a lease after
+    /// it found none (ten seconds at most).
+    async fn lease_through_gate(queue: NatsQueue) -> Result<Option<Leased>> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match queue.lease(VISIBILITY).await? {
+                Some(lease) => return Ok(Some(lease)),
+                None if queue.inner.gate.passed() || Instant::now() > deadline => {
+                    return Ok(None);
+                }
+                None => {}
+            }
+        }
+    }
+
+    async fn server_for_test() -> tidemark_tests::NatsServer {
+        tidemark_tests::NatsServer::start()
+            .await
+            .unwrap_or_else(|e| panic!("a real nats-server is required for this test: {e}"))
+    }
+
+    /// SPEC §9 "every job ends": a job's end recorded by the runner whose lease expired,
+    /// between another runner's read of the job's state ("leased") and its write, is not
+    /// overwritten: the other runner's write loses its compare-and-set, it reads the end
+    /// and terminates the delivery instead of running it. Written with a plain put, as the
+    /// queue did, "leased" went over "done" while the first runner's ack removed the
+    /// message: a crash of the second runner then left the job leased for good (the NATS
+    /// campaign's "job left leased", seeds 60104, 60113, 70028).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_whose_job_ended_meanwhile_terminates_the_delivery_not_leases_it() {
+        let server = server_for_test().await;
+        let (first, second, lease) = raced(&server, "RACED_LEASE").await;
+        let (reached, go) = second.inner.gate.arm(lease.id.0);
+        let leasing = tokio::spawn(lease_through_gate(second.clone()));
+        tokio::time::timeout(Duration::from_secs(10), reached)
+            .await
+            .expect("the job is delivered again to the second runner")
+            .expect("gate");
+        first
+            .ack(&lease)
+            .await
+            .expect("the first runner records the end before the second writes");
+        go.send(()).expect("the second runner waits");
+        let taken = leasing.await.expect("lease task").expect("lease");
+        assert!(
+            taken.is_none(),
+            "the job ended before the second runner's write: its delivery is terminated, \
+             not leased again: {taken:?}"
+        );
+        let record = second.get(lease.id).await.unwrap().expect("state");
+        assert_eq!(
+            (record.state, record.attempts),
+            (JobState::Done, 1),
+            "the end the first runner recorded stands"
+        );
+        assert!(
+            second.lease(VISIBILITY).await.unwrap().is_none(),
+            "the job's message is gone"
+        );
+    }
+
+    /// The other order: a runner whose lease expired finishes after another runner
+    /// leased the job again, between its check that it held the lease and its record of
+    /// the end. Its record loses the compare-and-set ([`Error::LeaseLost`]) instead of
+    /// writing "done" over the other runner's lease, and the job ends by the other
+    /// runner's ack, its second attempt. Written with a plain put, the other runner's ack
+    /// found "done" and was refused as a lost lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ack_raced_by_a_lease_of_the_job_delivered_again_leaves_it_to_that_lease() {
+        let server = server_for_test().await;
+        let (first, second, lease) = raced(&server, "RACED_ACK").await;
+        let (reached, go) = first.inner.gate.arm(lease.id.0);
+        let acking = tokio::spawn({
+            let first = first.clone();
+            let lease = lease.clone();
+            async move { first.ack(&lease).await }
+        });
+        tokio::time::timeout(Duration::from_secs(10), reached)
+            .await
+            .expect("the first runner's ack reaches its write")
+            .expect("gate");
+        let again = lease_through_gate(second.clone())
+            .await
+            .unwrap()
+            .expect("the job, delivered again to the second runner");
+        assert_eq!((again.id, again.attempt), (lease.id, 2));
+        go.send(()).expect("the first runner waits");
+        let acked = acking.await.expect("ack task");
+        assert!(
+            matches!(acked, Err(Error::LeaseLost(_))),
+            "the first runner's lease was taken over before its record: {acked:?}"
+        );
+        second
+            .ack(&again)
+            .await
+            .expect("the second runner's lease stands");
+        let record = first.get(lease.id).await.unwrap().expect("state");
+        assert_eq!((record.state, record.attempts), (JobState::Done, 2));
     }
 }
