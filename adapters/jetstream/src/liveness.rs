@@ -179,6 +179,8 @@ pub struct Liveness {
     /// made: a stalled heartbeat naming it that the server sent once it had the answer
     /// says the answer was lost.
     answered: Option<(String, u64)>,
+    /// The reader's own time (its ticks) since it last answered a flow-control request.
+    since_answer_ns: u64,
     cap: Option<u64>,
     ack_every: Option<u64>,
     /// The consumer sequence of the last message read, while it is not acknowledged.
@@ -210,6 +212,7 @@ impl Liveness {
             before: Sent::default(),
             sent: Sent::default(),
             answered: None,
+            since_answer_ns: heartbeat_ns,
             cap,
             ack_every: cap.map(|c| (c / 4).max(1)),
             unacked: None,
@@ -313,6 +316,17 @@ impl Liveness {
                     heard: Heard::Skip,
                 });
             }
+            // The server sends one stalled heartbeat an interval. Those read before half an
+            // interval of the reader's own time passed since it answered were sent before:
+            // read in one burst after the process stood still (SIGSTOP, a host swapped
+            // out), which the reader cannot see — one interval's evidence, not one each.
+            // The next, an interval on, is judged (the NATS campaign, seed 60105).
+            if self.since_answer_ns < self.heartbeat_ns / 2 {
+                return Ok(Heartbeat {
+                    ack: false,
+                    heard: Heard::Skip,
+                });
+            }
             // It missed the answer: answer again. If answers keep getting lost, give up.
             self.stalls += 1;
             if self.stalls > MAX_STALLS {
@@ -349,6 +363,7 @@ impl Liveness {
             Reply::Ack(seq) => self.sent.acked = self.sent.acked.max(seq),
             Reply::Answer(subject) => {
                 self.sent.answers += 1;
+                self.since_answer_ns = 0;
                 if self.answered.as_ref().is_none_or(|(s, _)| s != subject) {
                     self.answered = Some((subject.to_owned(), self.sent.answers));
                 }
@@ -363,6 +378,7 @@ impl Liveness {
     /// # Errors
     /// [`Failure::Silent`] after three heartbeat intervals of nothing at all.
     pub fn on_tick(&mut self, tick_ns: u64) -> Result<Tick, Failure> {
+        self.since_answer_ns = self.since_answer_ns.saturating_add(tick_ns);
         if std::mem::take(&mut self.traffic) {
             self.silent_ns = 0;
         } else {
@@ -472,8 +488,42 @@ mod tests {
         });
         let beat = l.on_heartbeat(None, Some("fc.1")).map(|h| h.heard);
         assert_eq!(beat, Ok(Heard::Skip), "judged by the batch before it");
+        assert_eq!(l.on_tick(500), Ok(Tick::Wait));
         let beat = l.on_heartbeat(None, Some("fc.1")).map(|h| h.heard);
         assert_eq!(beat, Ok(Heard::Answer("fc.1".into())), "lost: answer again");
+    }
+
+    #[test]
+    fn stalled_heartbeats_read_in_a_burst_after_the_answer_count_once_an_interval() {
+        let mut l = Liveness::new(1_000, None);
+        l.on_flow_control();
+        l.on_sent(Reply::Answer("fc.1"));
+        l.on_batch(Sent {
+            acked: 0,
+            answers: 1,
+        });
+        // Sent one an interval while the process stood still, read one after another.
+        assert_eq!(
+            l.on_heartbeat(None, Some("fc.1")).map(|h| h.heard),
+            Ok(Heard::Skip),
+            "judged by the batch before it"
+        );
+        for _ in 0..2 * MAX_STALLS {
+            assert_eq!(
+                l.on_heartbeat(None, Some("fc.1")).map(|h| h.heard),
+                Ok(Heard::Skip),
+                "read before half an interval of the reader's time passed since its answer"
+            );
+        }
+        // The server still stalled an interval on: it lost the answer.
+        for _ in 0..MAX_STALLS {
+            assert_eq!(l.on_tick(500), Ok(Tick::Wait));
+            let beat = l.on_heartbeat(None, Some("fc.1")).map(|h| h.heard);
+            assert_eq!(beat, Ok(Heard::Answer("fc.1".into())));
+            l.on_sent(Reply::Answer("fc.1"));
+        }
+        assert_eq!(l.on_tick(500), Ok(Tick::Wait));
+        assert_eq!(l.on_heartbeat(None, Some("fc.1")), Err(Failure::Stalled));
     }
 
     #[test]

@@ -651,6 +651,15 @@ impl PushServer {
         out
     }
 
+    /// Whether the cap holds back messages that exist to deliver: a heartbeat sent now
+    /// says the server waits on the reader, not that it has nothing to send.
+    #[must_use]
+    pub fn held_back(&self) -> bool {
+        !self.gone
+            && self.sent < self.available
+            && self.cap.is_some_and(|c| self.sent - self.acked >= c)
+    }
+
     /// The reader acknowledged everything up to `consumer_seq`.
     pub fn on_ack(&mut self, consumer_seq: u64) {
         self.acked = self.acked.max(consumer_seq.min(self.sent));
