@@ -384,8 +384,12 @@ pub fn judge(ledger: &Ledger, watcher: &Watcher, checks: &mut Checks) -> Vec<Str
     checks.samples += watcher.samples;
     checks.old_after_new += watcher.old_after_new;
     for (key, seq, token) in &watcher.shown {
-        match ledger.history(epoch(token)).and_then(|h| h.at(key, *seq)) {
+        let history = ledger.history(epoch(token));
+        match history.and_then(|h| h.at(key, *seq)) {
             Some(Kind::Put(t)) if t == token => checks.values += 1,
+            _ if history.is_some_and(|h| h.unplaced_at(key, token, *seq)) => {
+                checks.values += 1;
+            }
             found => failures.push(format!(
                 "{name}: showed {key} = {token:?} at revision {seq}, but what landed there \
                  is {found:?}"
@@ -433,6 +437,7 @@ pub fn judge(ledger: &Ledger, watcher: &Watcher, checks: &mut Checks) -> Vec<Str
             if history
                 .next_sent_after(key, w)
                 .is_some_and(|sent| sent < view.read)
+                || history.unplaced_around(key, w)
             {
                 continue;
             }
@@ -502,7 +507,7 @@ pub fn judge_ready(ledger: &Ledger, view: &ReadyView, checks: &mut Checks) -> Ve
         let at_w = ledger.state_at(key, w);
         let settled = !ledger.changed_after(key, w);
         match (at_w, held.get(key.as_str())) {
-            (Some((seq, _)), None) => failures.push(format!(
+            (Some((seq, _)), None) if !ledger.may_have_expired(key, seq) => failures.push(format!(
                 "{name}: ready at {w} (history {epoch}) without {key}, which the bucket held \
                  at {seq} then (first ready view holds every key present at its head)"
             )),

@@ -13,6 +13,8 @@ pub enum Kind {
     Put(String),
     Delete,
     Purge,
+    /// The server's marker of a put whose TTL ran out (limit markers).
+    Expired,
 }
 
 impl Kind {
@@ -49,6 +51,28 @@ pub struct Landed {
     pub sent: Instant,
 }
 
+/// A put with a TTL whose acknowledgement was lost and which expired before it was read
+/// back: it landed strictly between `after` and `before` (its expiry marker), at a
+/// revision no read can give any more.
+#[derive(Debug, Clone)]
+pub struct Unplaced {
+    pub epoch: u32,
+    pub key: String,
+    pub token: String,
+    pub after: u64,
+    pub before: u64,
+}
+
+/// A put with a TTL whose history was replaced (the bucket made again) before its writer
+/// read its expiry marker back: it may have expired, at a revision after `after` (its
+/// own) that no read can give any more.
+#[derive(Debug, Clone)]
+pub struct ExpiryUnread {
+    pub epoch: u32,
+    pub key: String,
+    pub after: u64,
+}
+
 /// Every landed mutation, by the history it landed in.
 #[derive(Debug, Default)]
 pub struct Ledger {
@@ -72,6 +96,26 @@ impl Ledger {
             self.histories.resize_with(epoch + 1, History::default);
         }
         self.histories[epoch].record(landed)
+    }
+
+    /// Records a put that landed at a revision known only within bounds.
+    pub fn record_unplaced(&mut self, unplaced: &Unplaced) {
+        let epoch = unplaced.epoch as usize;
+        if self.histories.len() <= epoch {
+            self.histories.resize_with(epoch + 1, History::default);
+        }
+        self.histories[epoch].unplaced.push(unplaced.clone());
+    }
+
+    /// Records a TTL'd put that may have expired unseen.
+    pub fn record_expiry_unread(&mut self, unread: &ExpiryUnread) {
+        let epoch = unread.epoch as usize;
+        if self.histories.len() <= epoch {
+            self.histories.resize_with(epoch + 1, History::default);
+        }
+        self.histories[epoch]
+            .unread
+            .push(unread.after_of(&unread.key));
     }
 
     /// The bucket's history `epoch`.
@@ -116,6 +160,8 @@ impl Ledger {
 static EMPTY: History = History {
     keys: BTreeMap::new(),
     by_seq: None,
+    unplaced: Vec::new(),
+    unread: Vec::new(),
 };
 
 /// Every landed mutation of one history of the bucket, by key and revision.
@@ -123,6 +169,15 @@ static EMPTY: History = History {
 pub struct History {
     keys: BTreeMap<String, BTreeMap<u64, (Kind, Instant)>>,
     by_seq: Option<HashMap<u64, String>>,
+    unplaced: Vec<Unplaced>,
+    /// TTL'd puts (key, revision) that may have expired at a revision after theirs.
+    unread: Vec<(String, u64)>,
+}
+
+impl ExpiryUnread {
+    fn after_of(&self, key: &str) -> (String, u64) {
+        (key.to_owned(), self.after)
+    }
 }
 
 impl History {
@@ -143,6 +198,30 @@ impl History {
         }
         self.keys.entry(key).or_default().insert(seq, (kind, sent));
         Ok(())
+    }
+
+    /// Whether `token` of `key` is a put that landed somewhere strictly between two
+    /// revisions around `seq` (its revision unknown): shown at `seq`, it may be there.
+    pub fn unplaced_at(&self, key: &str, token: &str, seq: u64) -> bool {
+        self.unplaced
+            .iter()
+            .any(|u| u.key == key && u.token == token && u.after < seq && seq < u.before)
+    }
+
+    /// Whether `key` at revision `w` may be other than the ledger says: a put of unknown
+    /// revision, or a TTL'd put that may have expired unseen before `w`.
+    pub fn unplaced_around(&self, key: &str, w: u64) -> bool {
+        self.unplaced
+            .iter()
+            .any(|u| u.key == key && u.after < w && w < u.before)
+            || self
+                .state_at(key, w)
+                .is_some_and(|(seq, _)| self.may_have_expired(key, seq))
+    }
+
+    /// Whether the put of `key` at `seq` had a TTL and may have expired unseen.
+    pub fn may_have_expired(&self, key: &str, seq: u64) -> bool {
+        self.unread.iter().any(|(k, s)| k == key && *s == seq)
     }
 
     /// Every key ever written.
@@ -184,7 +263,13 @@ impl History {
             return false;
         };
         let upper = before.unwrap_or(u64::MAX);
-        after < upper && m.range(after + 1..upper).any(|(_, (k, _))| k.removes())
+        after < upper
+            && (m.range(after + 1..upper).any(|(_, (k, _))| k.removes())
+                // An expiry unseen, at a revision above its put's.
+                || self
+                    .unread
+                    .iter()
+                    .any(|(k, s)| k == key && after <= *s && *s + 1 < upper))
     }
 
     /// When the last mutation that landed was sent.

@@ -164,6 +164,8 @@ struct Totals {
     checks: Checks,
     /// Rounds on a cluster, and the stream leader changes seen in them (bucket, events).
     cluster_rounds: u64,
+    /// Rounds whose bucket wrote limit markers, with puts given a TTL.
+    ttl_rounds: u64,
     leader_changes: [u64; 2],
     stalled_behind_node_fault: u64,
     /// Every follower's settle time (what the liveness bound bounds), on one node and on a
@@ -313,6 +315,7 @@ fn add(t: &mut Totals, seed: u64, r: &RoundReport) {
     t.drivers.add(&r.drivers);
     let on = usize::from(r.schedule.cluster);
     t.cluster_rounds += on as u64;
+    t.ttl_rounds += u64::from(r.schedule.ttl);
     for (sum, n) in t.leader_changes.iter_mut().zip(r.leader_changes) {
         *sum += n;
     }
@@ -447,6 +450,12 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         w.unacked_landed,
         w.unacked_lost,
         w.announced
+    );
+    println!(
+        "  rounds with TTLs (limit markers): {} ({} puts with a TTL, {} expiry markers read \
+         back, {} of them of a put that expired before its lost acknowledgement was read \
+         back; {} left unread as the bucket was made again)",
+        t.ttl_rounds, w.ttl_puts, w.expired, w.ttl_unplaced, w.expiry_unread
     );
     println!(
         "  follower restarts: mirror {} killed + {} exited on its own; cold restarts: cache \

@@ -40,7 +40,7 @@ use crate::followers::{
 };
 use crate::ledger::{Kind, Ledger, token};
 use crate::schedule::{Cut, Fault, Lane, Led, NODES, Node, Planned, Schedule};
-use crate::writers::{VALUE_LIMIT, WriteCounts, Writer, Writes, kind_of};
+use crate::writers::{MARKER_TTL, VALUE_LIMIT, WriteCounts, Writer, Writes, kind_of};
 
 const BUCKET: &str = "camp";
 const MIRROR_NAME: &str = "mirror-camp";
@@ -223,6 +223,8 @@ struct Targets {
     flood: Arc<AtomicBool>,
     /// On a cluster, set while a server-lane fault holds a node.
     node_fault: Option<Arc<AtomicBool>>,
+    /// The bucket writes limit markers (a round with TTLs), as made again too.
+    ttl: bool,
     /// Held (read) by each server and proxy fault, taken whole by a follower's pause: a
     /// server that waits on flow control is a healthy one, so no fault of theirs cuts a
     /// pause short (a killed server or a reset connection ends the consumer it waits
@@ -246,7 +248,7 @@ pub async fn run(seed: u64, config: &RoundConfig) -> RoundReport {
         true => CLUSTER_LIVENESS,
         false => LIVENESS,
     };
-    let (server, admin) = start_server(config.cluster, schedule.proxy_seed).await;
+    let (server, admin) = start_server(config.cluster, schedule.proxy_seed, schedule.ttl).await;
     let gate = Arc::new(RwLock::new(0));
     let flood = Arc::new(AtomicBool::new(false));
     let node_fault = config.cluster.then(|| Arc::new(AtomicBool::new(false)));
@@ -300,7 +302,7 @@ impl RoundReport {
 
 /// Fresh servers with the round's bucket and events stream (replicas 3 on a cluster), and
 /// a client straight to every node.
-async fn start_server(cluster: bool, seed: u64) -> (Servers, async_nats::Client) {
+async fn start_server(cluster: bool, seed: u64, ttl: bool) -> (Servers, async_nats::Client) {
     let servers = Servers::start(cluster, seed).await;
     let admin = match &servers {
         Servers::One(server) => server.connect().await,
@@ -314,7 +316,7 @@ async fn start_server(cluster: bool, seed: u64) -> (Servers, async_nats::Client)
     // A new cluster may still be placing its meta leader's first assignments.
     let js = jetstream::new(admin.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
-    while let Err(e) = js.create_key_value(bucket_config(replicas)).await {
+    while let Err(e) = js.create_key_value(bucket_config(replicas, ttl)).await {
         if Instant::now() > deadline {
             panic!("creating the bucket: {e}");
         }
@@ -332,12 +334,14 @@ async fn start_server(cluster: bool, seed: u64) -> (Servers, async_nats::Client)
 }
 
 /// The round's bucket, as first made and as made again: on every node of the round.
-fn bucket_config(replicas: usize) -> kv::Config {
+/// A round with TTLs has the bucket write limit markers (which allows a TTL per message).
+fn bucket_config(replicas: usize, ttl: bool) -> kv::Config {
     kv::Config {
         bucket: BUCKET.into(),
         history: 1,
         max_value_size: VALUE_LIMIT as i32,
         num_replicas: replicas,
+        limit_markers: ttl.then_some(MARKER_TTL),
         ..Default::default()
     }
 }
@@ -485,6 +489,7 @@ impl Round {
             gate,
             flood,
             node_fault,
+            ttl: schedule.ttl,
             calm: RwLock::new(()),
             applied: Mutex::new(BTreeMap::new()),
             created: Mutex::new(vec![created_at(&admin).await]),
@@ -527,9 +532,17 @@ impl Round {
     ) -> (Ledger, Instant) {
         let (stop_tx, stop) = watch::channel(false);
         let phase_start = Instant::now();
+        // Puts with a TTL (of 1 or 2 s) stop 3 s before the phase ends: their markers
+        // land within it.
+        let ttl_until = schedule
+            .ttl
+            .then(|| phase_start + schedule.phase.saturating_sub(Duration::from_secs(3)));
         let running: Vec<JoinHandle<Result<Writer, String>>> = writers
             .into_iter()
-            .map(|w| tokio::spawn(w.run(stop.clone())))
+            .map(|mut w| {
+                w.ttl_until(ttl_until);
+                tokio::spawn(w.run(stop.clone()))
+            })
             .collect();
         let driven = self.targets.drivers.write(stop.clone());
         let lanes: Vec<JoinHandle<()>> = [
@@ -564,6 +577,12 @@ impl Round {
                         if let Err(e) = ledger.record(landed) {
                             report.failures.push(e);
                         }
+                    }
+                    for unplaced in &w.unplaced {
+                        ledger.record_unplaced(unplaced);
+                    }
+                    for unread in &w.unread {
+                        ledger.record_expiry_unread(unread);
                     }
                 }
                 Ok(Ok(Err(e))) => report.failures.push(e),
@@ -1236,7 +1255,7 @@ async fn recreate(t: &Targets) -> Result<(), String> {
         let replicas = t.server.lock().await.nodes().len();
         let made = timeout(
             Duration::from_secs(3),
-            js.create_key_value(bucket_config(replicas)),
+            js.create_key_value(bucket_config(replicas, t.ttl)),
         );
         let made = made.await;
         if matches!(made, Ok(Ok(_))) {

@@ -320,6 +320,9 @@ pub struct Schedule {
     pub keys_per_writer: usize,
     pub proxy_seed: u64,
     pub follower_seed: u64,
+    /// The bucket writes limit markers and writers give some puts a TTL (one node only,
+    /// one round in three, drawn apart so the rest of the round draws what it did).
+    pub ttl: bool,
 }
 
 /// Writers per round: each owns its keys, so its acknowledgements order them.
@@ -383,6 +386,7 @@ impl Schedule {
             }
         }
         faults.sort_by_key(|p| (p.at, p.lane));
+        let ttl = !cluster && Rng::new(seed ^ 0x7474_6c73_2174_746c).next_u64() % 3 == 0;
         Schedule {
             seed,
             phase,
@@ -392,6 +396,7 @@ impl Schedule {
             keys_per_writer,
             proxy_seed,
             follower_seed,
+            ttl,
         }
     }
 
@@ -529,10 +534,15 @@ impl fmt::Display for Schedule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "schedule of seed {}{} (fault phase {:?}, {} writers x {} keys):",
+            "schedule of seed {}{}{} (fault phase {:?}, {} writers x {} keys):",
             self.seed,
             if self.cluster {
                 ", a 3-node cluster"
+            } else {
+                ""
+            },
+            if self.ttl {
+                ", puts with TTLs (limit markers)"
             } else {
                 ""
             },

@@ -9,6 +9,15 @@
 //! recreation of the bucket takes it whole, so every write lands in one known history and
 //! writers go on into the new one, their revisions starting again at 1.
 //!
+//! In a round with TTLs (one node only, one round in three: [`crate::schedule::Schedule`])
+//! the bucket writes limit markers and a writer gives some puts a TTL of one or two
+//! seconds. The server then writes the key's expiry marker, which no writer's
+//! acknowledgement tells of: the writer leaves such a key alone until the put's TTL has
+//! passed and it has read the marker back (two equal reads) and recorded it, so the
+//! ledger holds it at its revision. A TTL'd put whose acknowledgement was lost and which
+//! expired before it was read back is recorded as landed between the revision before it
+//! and its marker (its own revision is gone with it).
+//!
 //! On a cluster a lost acknowledgement is read back only once no node fault holds and the
 //! bucket's group has a leader that has heard every replica within the last 2 s, and then
 //! 1.5 s later: a leader cut from its peers answers reads of its own store while the
@@ -28,7 +37,7 @@ use tidemark::tidemark_core::{Event, Rng};
 use tokio::sync::{RwLock, watch};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::ledger::{Kind, Landed, make_token, token};
+use crate::ledger::{ExpiryUnread, Kind, Landed, Unplaced, make_token, token};
 
 /// The bucket's `max_value_size`; big writes land within 256 bytes of it.
 pub const VALUE_LIMIT: usize = 128 * 1024;
@@ -44,6 +53,11 @@ const RESOLVE_WITHIN: Duration = Duration::from_secs(90);
 
 /// The first draw of a write near the size limit.
 const BIG: u64 = 77;
+/// The first draw of a put with a TTL, in a round with TTLs (a pause in the others).
+const TTL: u64 = 85;
+/// How long the server's expiry markers live: past any round, so every marker a follower
+/// could see is there to read back.
+pub const MARKER_TTL: Duration = Duration::from_secs(300);
 
 /// What the writers did.
 #[derive(Debug, Default, Clone, Copy)]
@@ -58,6 +72,13 @@ pub struct WriteCounts {
     pub unacked_lost: u64,
     /// Announcements sent (puts with their value, removals, markers).
     pub announced: u64,
+    /// Puts with a TTL (counted in `puts` too), their expiry markers read back, and
+    /// those that expired before a lost acknowledgement was resolved.
+    pub ttl_puts: u64,
+    pub expired: u64,
+    pub ttl_unplaced: u64,
+    /// Puts with a TTL whose bucket was made again before their marker was read back.
+    pub expiry_unread: u64,
 }
 
 impl WriteCounts {
@@ -70,6 +91,10 @@ impl WriteCounts {
         self.unacked_landed += o.unacked_landed;
         self.unacked_lost += o.unacked_lost;
         self.announced += o.announced;
+        self.ttl_puts += o.ttl_puts;
+        self.expired += o.expired;
+        self.ttl_unplaced += o.ttl_unplaced;
+        self.expiry_unread += o.expiry_unread;
     }
 
     pub fn landed(&self) -> u64 {
@@ -114,9 +139,33 @@ pub struct Writer {
     node_fault: Option<Arc<AtomicBool>>,
     last: HashMap<String, u64>,
     tokens: u64,
+    /// Until when puts with a TTL are drawn (`None`: a round without TTLs).
+    ttl_until: Option<Instant>,
+    /// Keys whose last write is a put with a TTL: its revision, and when it was sent and
+    /// its TTL ran out at the earliest.
+    expiring: HashMap<String, Expiring>,
     /// What landed.
     pub landed: Vec<Landed>,
+    /// Puts with a TTL that landed at a revision no read can give any more.
+    pub unplaced: Vec<Unplaced>,
+    /// Puts with a TTL whose history was replaced before their marker was read back.
+    pub unread: Vec<ExpiryUnread>,
     pub counts: WriteCounts,
+}
+
+/// A put with a TTL whose expiry marker is not recorded yet.
+#[derive(Debug, Clone, Copy)]
+struct Expiring {
+    seq: u64,
+    ends: std::time::Instant,
+}
+
+/// How a write whose acknowledgement was lost turned out.
+enum Resolved {
+    Landed(u64),
+    Lost,
+    /// A put with a TTL that landed and expired: its marker's revision.
+    Expired(u64),
 }
 
 impl Writer {
@@ -150,9 +199,18 @@ impl Writer {
             epoch: 0,
             last: HashMap::new(),
             tokens: 0,
+            ttl_until: None,
+            expiring: HashMap::new(),
             landed: Vec::new(),
+            unplaced: Vec::new(),
+            unread: Vec::new(),
             counts: WriteCounts::default(),
         })
+    }
+
+    /// Draws puts with a TTL until `until` (the bucket writes limit markers).
+    pub fn ttl_until(&mut self, until: Option<Instant>) {
+        self.ttl_until = until;
     }
 
     /// Writes every key once and removes a few, so followers start on a bucket with
@@ -175,7 +233,27 @@ impl Writer {
     /// Writes until `stop` says so; returns itself with what landed.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> Result<Writer, String> {
         while !*stop.borrow_and_update() {
+            // A TTL'd put past its end has its marker read back at once: before the bucket
+            // may be made again (which leaves it unread).
+            let due = self
+                .expiring
+                .iter()
+                .filter(|(_, e)| e.ends <= std::time::Instant::now())
+                .map(|(k, e)| (e.ends, k.clone()))
+                .min();
+            if let Some((_, due)) = due {
+                self.settle_expiry(&due, false).await?;
+            }
             let key = self.keys[(self.rng.next_u64() % self.keys.len() as u64) as usize].clone();
+            // A key whose TTL'd put has not expired yet (or whose marker is not read back
+            // yet) is left alone: only so is its marker's revision certain.
+            if self.expiring.contains_key(&key) {
+                self.settle_expiry(&key, false).await?;
+                if self.expiring.contains_key(&key) {
+                    sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+            }
             let draw = match self.flood.load(Ordering::Relaxed) {
                 true if self.rng.next_u64() % 4 != 0 => BIG,
                 _ => self.rng.next_u64() % 100,
@@ -198,10 +276,15 @@ impl Writer {
                 }
                 57..69 => self.remove(&key, Kind::Delete).await?,
                 69..77 => self.remove(&key, Kind::Purge).await?,
-                BIG..85 => {
+                BIG..TTL => {
                     let len = VALUE_LIMIT - (self.rng.next_u64() % 256) as usize;
                     self.put(&key, len).await?;
                     self.counts.big += 1;
+                }
+                TTL..95 if self.ttl_until.is_some_and(|u| Instant::now() < u) => {
+                    let ttl = Duration::from_secs(1 + self.rng.next_u64() % 2);
+                    let len = self.small_len();
+                    self.put_with_ttl(&key, len, Some(ttl)).await?;
                 }
                 _ => {
                     let pause = Duration::from_millis(20 + self.rng.next_u64() % 130);
@@ -210,7 +293,85 @@ impl Writer {
             }
             sleep(Duration::from_millis(1 + self.rng.next_u64() % 5)).await;
         }
+        // Every TTL'd put's marker, read back once it is there.
+        let keys: Vec<String> = self.expiring.keys().cloned().collect();
+        for key in keys {
+            self.settle_expiry(&key, true).await?;
+        }
         Ok(self)
+    }
+
+    /// The bucket was made again: its TTL'd puts went with the old history, and their
+    /// markers (landed or not) with them; each may have expired unseen.
+    fn forget_expiring(&mut self) {
+        for (key, e) in self.expiring.drain() {
+            self.counts.expiry_unread += 1;
+            self.unread.push(ExpiryUnread {
+                epoch: self.epoch,
+                key,
+                after: e.seq,
+            });
+        }
+    }
+
+    /// Records the expiry marker of `key`'s TTL'd put once its TTL has passed and two
+    /// equal reads show the marker as the key's last message. Without `wait`, tries once
+    /// (the writer goes on with another key); with it, until the marker is there.
+    async fn settle_expiry(&mut self, key: &str, wait: bool) -> Result<(), String> {
+        let gate = Arc::clone(&self.gate);
+        let held = gate.read().await;
+        if *held != self.epoch {
+            self.forget_expiring();
+            return Ok(());
+        }
+        let started = Instant::now();
+        loop {
+            let Some(e) = self.expiring.get(key).copied() else {
+                return Ok(());
+            };
+            if started.elapsed() > RESOLVE_WITHIN {
+                return Err(format!(
+                    "writer {}: the TTL'd put of {key} at {} left no expiry marker within                      {RESOLVE_WITHIN:?} of its end",
+                    self.id, e.seq
+                ));
+            }
+            if std::time::Instant::now() < e.ends {
+                if !wait {
+                    return Ok(());
+                }
+                sleep(e.ends - std::time::Instant::now()).await;
+                continue;
+            }
+            match self.stable_last(key).await {
+                Some(Some((seq, Kind::Expired))) if seq > e.seq => {
+                    self.expiring.remove(key);
+                    self.last.insert(key.to_owned(), seq);
+                    self.counts.expired += 1;
+                    self.landed.push(Landed {
+                        epoch: self.epoch,
+                        key: key.to_owned(),
+                        seq,
+                        kind: Kind::Expired,
+                        // The server wrote it once the TTL had run from the put's store,
+                        // after it was sent.
+                        sent: e.ends,
+                    });
+                    return Ok(());
+                }
+                Some(Some((seq, Kind::Put(_)))) if seq == e.seq => {}
+                Some(other) => {
+                    return Err(format!(
+                        "writer {}: {key} holds {other:?}, neither its TTL'd put at {} nor                          that put's expiry marker, yet only this writer writes it",
+                        self.id, e.seq
+                    ));
+                }
+                None => {}
+            }
+            if !wait {
+                return Ok(());
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
     }
 
     fn small_len(&mut self) -> usize {
@@ -218,6 +379,15 @@ impl Writer {
     }
 
     async fn put(&mut self, key: &str, len: usize) -> Result<(), String> {
+        self.put_with_ttl(key, len, None).await
+    }
+
+    async fn put_with_ttl(
+        &mut self,
+        key: &str,
+        len: usize,
+        ttl: Option<Duration>,
+    ) -> Result<(), String> {
         let gate = Arc::clone(&self.gate);
         let held = gate.read().await;
         let epoch = self.enter(*held);
@@ -229,7 +399,12 @@ impl Writer {
             (value.len()..len.max(value.len())).map(|i| b'a' + ((i % 26) as u8 + fill) % 26),
         );
         self.counts.puts += 1;
-        self.write(key, HeaderMap::new(), value.into(), Kind::Put(token))
+        let mut headers = HeaderMap::new();
+        if let Some(ttl) = ttl {
+            headers.insert("Nats-TTL", ttl.as_secs().to_string().as_str());
+            self.counts.ttl_puts += 1;
+        }
+        self.write(key, headers, value.into(), Kind::Put(token), ttl)
             .await
     }
 
@@ -237,6 +412,7 @@ impl Writer {
     /// this writer's keys yet.
     fn enter(&mut self, epoch: u32) -> u32 {
         if epoch != self.epoch {
+            self.forget_expiring();
             self.epoch = epoch;
             self.last.clear();
         }
@@ -259,7 +435,7 @@ impl Writer {
                 self.counts.deletes += 1;
             }
         }
-        self.write(key, headers, Bytes::new(), kind).await
+        self.write(key, headers, Bytes::new(), kind, None).await
     }
 
     /// Publishes one mutation and records where it landed, reading the key back if the
@@ -270,6 +446,7 @@ impl Writer {
         headers: HeaderMap,
         value: Bytes,
         kind: Kind,
+        ttl: Option<Duration>,
     ) -> Result<(), String> {
         let subject = format!("$KV.{}.{key}", self.bucket);
         let sent = std::time::Instant::now();
@@ -286,20 +463,53 @@ impl Writer {
                 self.announce(ack.sequence, key, &kind, &written).await;
                 Some(ack.sequence)
             }
-            Ok(Err(_)) | Err(_) => {
-                let seq = self.resolve(key, &kind).await?;
-                match seq {
-                    Some(_) => self.counts.unacked_landed += 1,
-                    None => {
-                        self.counts.unacked_lost += 1;
-                        self.uncount(&kind);
-                    }
+            Ok(Err(_)) | Err(_) => match self.resolve(key, &kind, ttl.is_some()).await? {
+                Resolved::Landed(seq) => {
+                    self.counts.unacked_landed += 1;
+                    Some(seq)
                 }
-                seq
-            }
+                Resolved::Lost => {
+                    self.counts.unacked_lost += 1;
+                    self.uncount(&kind);
+                    None
+                }
+                Resolved::Expired(marker) => {
+                    self.counts.unacked_landed += 1;
+                    self.counts.ttl_unplaced += 1;
+                    self.counts.expired += 1;
+                    let after = self.last.get(key).copied().unwrap_or(0);
+                    if let Kind::Put(token) = &kind {
+                        self.unplaced.push(Unplaced {
+                            epoch: self.epoch,
+                            key: key.to_owned(),
+                            token: token.clone(),
+                            after,
+                            before: marker,
+                        });
+                    }
+                    self.last.insert(key.to_owned(), marker);
+                    self.landed.push(Landed {
+                        epoch: self.epoch,
+                        key: key.to_owned(),
+                        seq: marker,
+                        kind: Kind::Expired,
+                        sent: sent + ttl.unwrap_or_default(),
+                    });
+                    return Ok(());
+                }
+            },
         };
         if let Some(seq) = seq {
             self.last.insert(key.to_owned(), seq);
+            if let Some(ttl) = ttl {
+                self.expiring.insert(
+                    key.to_owned(),
+                    Expiring {
+                        seq,
+                        ends: sent + ttl,
+                    },
+                );
+            }
             self.landed.push(Landed {
                 epoch: self.epoch,
                 key: key.to_owned(),
@@ -320,7 +530,7 @@ impl Writer {
                 key: key.to_owned(),
             },
             Kind::Put(_) => Event::of_write(seq, key, Some(value)),
-            Kind::Delete | Kind::Purge => Event::of_write(seq, key, None),
+            Kind::Delete | Kind::Purge | Kind::Expired => Event::of_write(seq, key, None),
         };
         let Ok(payload) = event.encode() else {
             return;
@@ -336,6 +546,7 @@ impl Writer {
             Kind::Put(_) => self.counts.puts -= 1,
             Kind::Delete => self.counts.deletes -= 1,
             Kind::Purge => self.counts.purges -= 1,
+            Kind::Expired => {}
         }
     }
 
@@ -343,7 +554,11 @@ impl Writer {
     /// the connection is up and flushed (the publish has left the client), the key's last
     /// message read twice, 200 ms apart, the same (the server has stored what it took).
     /// Only this writer writes the key, so anything above what it knew is that write.
-    async fn resolve(&mut self, key: &str, kind: &Kind) -> Result<Option<u64>, String> {
+    ///
+    /// A put with a TTL (`ttl`) may have landed and expired since: an expiry marker above
+    /// what the writer knew can only be its own (the writer leaves a key with a TTL'd put
+    /// alone until its marker is recorded).
+    async fn resolve(&mut self, key: &str, kind: &Kind, ttl: bool) -> Result<Resolved, String> {
         let started = Instant::now();
         let known = self.last.get(key).copied().unwrap_or(0);
         loop {
@@ -379,15 +594,43 @@ impl Writer {
                 continue;
             }
             return match first {
-                Some((seq, got)) if seq > known && got == *kind => Ok(Some(seq)),
+                Some((seq, got)) if seq > known && got == *kind => Ok(Resolved::Landed(seq)),
+                Some((seq, Kind::Expired)) if seq > known && ttl => Ok(Resolved::Expired(seq)),
                 Some((seq, got)) if seq > known => Err(format!(
                     "writer {}: {key} holds {got:?} at {seq}, not the {kind:?} whose \
                      acknowledgement was lost, yet only this writer writes it",
                     self.id
                 )),
-                _ => Ok(None),
+                _ => Ok(Resolved::Lost),
             };
         }
+    }
+
+    /// `key`'s last message (its revision and mutation; `None` inside: none), once the
+    /// connection is up and the server answers; `None` when it is not (yet) to be had. On
+    /// a cluster only with no node fault and a leader that heard every replica, and read
+    /// twice, 200 ms apart, the same, as in [`resolve`](Self::resolve).
+    async fn stable_last(&self, key: &str) -> Option<Option<(u64, Kind)>> {
+        if self.client.connection_state() != State::Connected {
+            return None;
+        }
+        if !matches!(timeout(ACK_TIMEOUT, self.client.flush()).await, Ok(Ok(()))) {
+            return None;
+        }
+        if let Some(node_fault) = &self.node_fault {
+            if node_fault.load(Ordering::Relaxed) || !self.group_heard().await {
+                return None;
+            }
+            sleep(HELD_PROPOSAL).await;
+        }
+        let first = self.last_of(key).await.ok()?;
+        if self.node_fault.is_none() {
+            // One node answers with what it stored: a marker read is there to stay.
+            return Some(first);
+        }
+        sleep(Duration::from_millis(200)).await;
+        let second = self.last_of(key).await.ok()?;
+        (first == second).then_some(first)
     }
 
     /// Whether the bucket's group has a leader that has heard from every replica within
@@ -421,8 +664,12 @@ impl Writer {
     }
 }
 
-/// The mutation a KV message carries.
+/// The mutation a KV message carries; a marker the server wrote (no `KV-Operation`, a
+/// `Nats-Marker-Reason`) is an expiry.
 pub fn kind_of(headers: &HeaderMap, payload: &[u8]) -> Kind {
+    if headers.get("Nats-Marker-Reason").is_some() {
+        return Kind::Expired;
+    }
     match headers.get("KV-Operation").map(|v| v.as_str()) {
         Some("DEL") => Kind::Delete,
         Some("PURGE") => Kind::Purge,
