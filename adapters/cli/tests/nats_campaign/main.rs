@@ -11,6 +11,9 @@
 //! new history; a follower's sink paused 6-8 s (or a cold start's first commit) and the
 //! mirror stopped with SIGSTOP, the writers flooding it with values near the limit and
 //! no server or proxy fault meanwhile, so the server waits on flow control.
+//! One one-node round in three (drawn from the seed apart from the rest) makes its bucket
+//! with limit markers, and its writers give one draw in ten a put with a TTL of 1 or 2 s:
+//! the server's expiry markers are read back into the ledger (`writers.rs`).
 //! Beside the followers run the drivers (`drivers.rs`), through the same proxy: a worker
 //! under the runtime's `Supervisor` following the bucket (its handler made to fail, so
 //! the supervisor restarts it), a `JobRunner` over a NATS job queue (crashed and started
