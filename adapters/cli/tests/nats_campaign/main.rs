@@ -566,7 +566,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
             "  cluster rounds: {}; stream leader changes seen: {} of the bucket's, {} of the \
              events stream's; faults on a leader that fell back to a named node (no leader \
              known): {}; feeds that gave up on a consumer as stalled behind a node stopped \
-             or cut off for 3 s or more (not failures): {}; liveness bound on a cluster {:?}",
+             or cut off for 3 s or more (not failures): {}; replicas stuck behind their \
+             peers 20 s into healing, their node restarted: {}; liveness bound on a cluster {:?}",
             t.cluster_rounds,
             t.leader_changes[0],
             t.leader_changes[1],
@@ -575,6 +576,10 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
                 .copied()
                 .unwrap_or(0),
             t.stalled_behind_node_fault,
+            t.faults
+                .get("a replica stuck at healing: its node restarted")
+                .copied()
+                .unwrap_or(0),
             round::CLUSTER_LIVENESS
         );
     }

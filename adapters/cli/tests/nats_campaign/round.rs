@@ -1326,8 +1326,34 @@ async fn heal(t: &Targets, admin: &async_nats::Client) {
     }
     t.proxies.iter().for_each(FaultProxy::heal);
     if t.server.lock().await.cluster().is_some() {
-        if let Err(e) = wait_current(admin).await {
-            lock(&t.failures).push(format!("healing: {e}"));
+        // A replica still not current STUCK_REPLICA_AFTER into healing is restarted once,
+        // as an operator restarts a server stuck behind its peers (seed 30006: replica n2
+        // of CAMP_EVENTS not current 60 s after healing; the followers read the leader).
+        let waited = match wait_current(admin, STUCK_REPLICA_AFTER).await {
+            Err(NotCurrent {
+                replica: Some(name),
+                ..
+            }) => {
+                let mut server = t.server.lock().await;
+                let index = server.cluster().and_then(|c| c.index_of(&name));
+                if let Some(node) = index.and_then(|i| server.nodes_mut().get_mut(i)) {
+                    *lock(&t.applied)
+                        .entry("a replica stuck at healing: its node restarted")
+                        .or_default() += 1;
+                    if let Err(e) = node.restart().await {
+                        lock(&t.failures).push(format!("healing: restarting {name}: {e}"));
+                    }
+                }
+                drop(server);
+                wait_current(admin, CLUSTER_CURRENT_WITHIN).await
+            }
+            other => other,
+        };
+        if let Err(e) = waited {
+            lock(&t.failures).push(format!(
+                "healing: the cluster's groups not current {CLUSTER_CURRENT_WITHIN:?} after \
+                 healing: {e}"
+            ));
         }
     }
     let mut mirror = t.mirror.lock().await;
@@ -1339,11 +1365,35 @@ async fn heal(t: &Targets, admin: &async_nats::Client) {
     }
 }
 
+/// How long healing waits for a cluster's groups to be current before it restarts a
+/// replica that is not.
+const STUCK_REPLICA_AFTER: Duration = Duration::from_secs(20);
+
+/// Why a cluster's groups are not current: what says so, and the replica behind if one
+/// is named.
+#[derive(Debug)]
+struct NotCurrent {
+    why: String,
+    replica: Option<String>,
+}
+
+impl std::fmt::Display for NotCurrent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
+impl From<String> for NotCurrent {
+    fn from(why: String) -> Self {
+        NotCurrent { why, replica: None }
+    }
+}
+
 /// Waits until the bucket's stream and the events stream each have a leader and every
-/// replica is current, and so has every durable consumer of the events stream: reads from
-/// the leader then cannot race a replica behind it, and what is left of the followers'
-/// recovery is theirs.
-async fn wait_current(admin: &async_nats::Client) -> Result<(), String> {
+/// replica is current, and so has every durable consumer of the events stream, for up to
+/// `within`: reads from the leader then cannot race a replica behind it, and what is left
+/// of the followers' recovery is theirs.
+async fn wait_current(admin: &async_nats::Client, within: Duration) -> Result<(), NotCurrent> {
     let mut js = jetstream::new(admin.clone());
     js.set_timeout(Duration::from_secs(2));
     let started = Instant::now();
@@ -1352,23 +1402,24 @@ async fn wait_current(admin: &async_nats::Client) -> Result<(), String> {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
-        if started.elapsed() > CLUSTER_CURRENT_WITHIN {
-            return Err(format!(
-                "the cluster's groups not current {CLUSTER_CURRENT_WITHIN:?} after healing: {last}"
-            ));
+        if started.elapsed() > within {
+            return Err(last);
         }
         sleep(Duration::from_millis(100)).await;
     }
 }
 
-async fn groups_current(js: &jetstream::Context) -> Result<(), String> {
+async fn groups_current(js: &jetstream::Context) -> Result<(), NotCurrent> {
     let current = |what: &str, cluster: Option<&jetstream::stream::ClusterInfo>| {
         let cluster = cluster.ok_or(format!("{what}: no cluster info"))?;
         if cluster.leader.is_none() {
-            return Err(format!("{what}: no leader"));
+            return Err(NotCurrent::from(format!("{what}: no leader")));
         }
         match cluster.replicas.iter().find(|r| !r.current) {
-            Some(r) => Err(format!("{what}: replica {} not current", r.name)),
+            Some(r) => Err(NotCurrent {
+                why: format!("{what}: replica {} not current", r.name),
+                replica: Some(r.name.clone()),
+            }),
             None => Ok(()),
         }
     };
