@@ -890,6 +890,78 @@ pub fn self_check() {
     );
     expect("a ready view without a present key", lacking, "without a");
 
+    // Puts with a TTL: an expiry marker is a removal; a put whose revision is known only
+    // within bounds passes only there and only with its own token; a TTL'd put whose
+    // marker went unread (its bucket made again) may drop, one without may not.
+    let ttl_ledger = |unread: bool| {
+        let mut ledger = Ledger::new(1);
+        for (key, seq, kind) in [
+            ("c", 7, Kind::Put("c#0.1".into())),
+            ("c", 9, Kind::Expired),
+            ("d", 12, Kind::Expired),
+            ("e", 13, Kind::Put("e#0.1".into())),
+        ] {
+            let landed = Landed {
+                epoch: 0,
+                key: key.into(),
+                seq,
+                kind,
+                sent: early,
+            };
+            ledger.record(&landed).unwrap_or_else(|e| panic!("{e}"));
+        }
+        ledger.record_unplaced(&crate::ledger::Unplaced {
+            epoch: 0,
+            key: "d".into(),
+            token: "d#0.1".into(),
+            after: 10,
+            before: 12,
+        });
+        if unread {
+            ledger.record_expiry_unread(&crate::ledger::ExpiryUnread {
+                epoch: 0,
+                key: "e".into(),
+                after: 13,
+            });
+        }
+        ledger
+    };
+    let with_unread = ttl_ledger(true);
+    let expired = judged_in(
+        &with_unread,
+        &[
+            (None, vec![shown("c", 7, "c#0.1"), shown("d", 11, "d#0.1")]),
+            (None, vec![shown("e", 13, "e#0.1")]),
+            (None, vec![]),
+        ],
+    );
+    assert!(
+        expired.is_empty(),
+        "an expiry, a put placed within its bounds and an unread expiry must pass: \
+         {expired:?}"
+    );
+    let misplaced = judged_in(&with_unread, &[(None, vec![shown("d", 11, "d#0.9")])]);
+    expect(
+        "another value where an unplaced put may be",
+        misplaced,
+        "what landed there",
+    );
+    let outside = judged_in(&with_unread, &[(None, vec![shown("d", 12, "d#0.1")])]);
+    expect(
+        "an unplaced put outside its bounds",
+        outside,
+        "what landed there",
+    );
+    let unexplained = judged_in(
+        &ttl_ledger(false),
+        &[(None, vec![shown("e", 13, "e#0.1")]), (None, vec![])],
+    );
+    expect(
+        "a TTL'd put dropped with its marker read and none landed",
+        unexplained,
+        "no delete or purge",
+    );
+
     // The bucket deleted and made again: history 1 starts its revisions at 1 again.
     let mut remade = Ledger::new(2);
     for landed in [
