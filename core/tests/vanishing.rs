@@ -194,6 +194,91 @@ fn a_per_key_feed_past_a_moved_first_seq_lists_the_keys_and_resumes_instead_of_r
     assert_eq!(h.f.counters().resyncs, 0);
 }
 
+/// The bucket made again between a feed's open (of the history followed) and the listing
+/// it asked for: the listing, of the new history, lacks keys of the old one. Read with it,
+/// the source's lineage at the watermark names the new history: nothing is dropped, the
+/// held entries are not applied, and the follower takes the new history (a snapshot).
+/// Before, the listing dropped every key the new bucket had not written yet and the
+/// follower said ready at its old watermark (the NATS campaign: a warm-started mirror
+/// ready at 88 without 8 keys of its history, right after a recreation).
+#[test]
+fn a_listing_of_another_history_drops_nothing_and_the_follower_takes_that_history() {
+    let config = config().build().unwrap();
+    let keys = [
+        ("a".to_string(), 1),
+        ("b".to_string(), 2),
+        ("c".to_string(), 3),
+    ];
+    let mut follower = Follower::resume(config, Utf8, 3, keys);
+    follower.remember_lineage(Lineage::new(Some(10), None));
+    let mut h = H::with(follower);
+    let outs = h.open(FeedInfo::kv_per_key(5, 7).with_lineage(Lineage::new(Some(10), None)));
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::ListKeys { .. }))),
+        "{outs:?}"
+    );
+    assert!(
+        puts(&h.put(5, "c", "again")).is_empty(),
+        "held while listing"
+    );
+    let token = h.request.unwrap();
+    let outs = h.input(Input::Lineage {
+        token,
+        lineage: Lineage::new(Some(11), None),
+    });
+    assert!(outs.is_empty(), "{outs:?}");
+    let outs = h.input(Input::Keys {
+        token,
+        keys: vec!["c".into()],
+        source_watermark: 2,
+    });
+    assert!(
+        removes(&outs).is_empty(),
+        "no key of the followed history is dropped by another's listing: {outs:?}"
+    );
+    assert!(
+        puts(&outs).is_empty(),
+        "the held entries are not applied: {outs:?}"
+    );
+    assert!(
+        !is_ready(&outs),
+        "not ready on another history's listing: {outs:?}"
+    );
+    assert!(
+        diagnostics(&outs)
+            .iter()
+            .any(|d| matches!(d, Diagnostic::HistoryChanged { .. })),
+        "{outs:?}"
+    );
+    assert!(
+        outs.iter()
+            .any(|o| matches!(o, Output::Request(Request::Snapshot { .. }))),
+        "the new history is read whole: {outs:?}"
+    );
+}
+
+#[test]
+fn a_listing_of_the_same_history_drops_what_it_lacks() {
+    let config = config().build().unwrap();
+    let keys = [("a".to_string(), 1), ("b".to_string(), 2)];
+    let mut follower = Follower::resume(config, Utf8, 3, keys);
+    follower.remember_lineage(Lineage::new(Some(10), None));
+    let mut h = H::with(follower);
+    h.open(FeedInfo::kv_per_key(5, 7).with_lineage(Lineage::new(Some(10), None)));
+    let token = h.request.unwrap();
+    h.input(Input::Lineage {
+        token,
+        lineage: Lineage::new(Some(10), None),
+    });
+    let outs = h.input(Input::Keys {
+        token,
+        keys: vec!["a".into()],
+        source_watermark: 7,
+    });
+    assert_eq!(removes(&outs), [("b".into(), 7)]);
+}
+
 #[test]
 fn a_sparse_feed_past_a_moved_first_seq_still_resyncs() {
     let (_, outs) = resumed_past_a_moved_first(FeedInfo::kv(5, 7));

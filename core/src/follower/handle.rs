@@ -138,8 +138,18 @@ impl<D: Decode> Follower<D> {
                 keys,
                 source_watermark,
             } => {
+                let read = self.read_lineage(token);
                 if self.take_request(token, |r| matches!(r, Pending::ListKeys)) {
-                    self.on_keys(keys, source_watermark);
+                    // A listing of another history (the bucket made again between a
+                    // feed's open and the listing it asked for) names none of the keys
+                    // it would drop: the follower takes the new history instead (a NATS
+                    // campaign round whose mirror dropped keys of its own history).
+                    let watermark = self.watermark;
+                    if read.is_none_or(|read| self.same_history(read, watermark)) {
+                        self.on_keys(keys, source_watermark);
+                    } else {
+                        self.list_before_feed = false;
+                    }
                 }
             }
             Input::RequestFailed { token, error } => self.on_request_failed(token, error, now),

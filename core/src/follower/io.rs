@@ -394,7 +394,7 @@ pub enum Input {
         /// The feed's token.
         token: Token,
     },
-    /// What the read asked for under `token` (a reconcile, a snapshot) says of the
+    /// What the read asked for under `token` (a reconcile, a snapshot, a listing) says of the
     /// source's history: the history, and the stamp of the source's entry at the seq the
     /// read names — a reconcile's `since`, a snapshot's watermark ([`Lineage`]). Reported
     /// just before the read's result (before its first part); a driver whose source cannot
@@ -484,7 +484,9 @@ pub enum Input {
         source_watermark: Option<u64>,
     },
     /// The keys the source holds (a listing asked for by [`Request::ListKeys`]), and its
-    /// watermark read before the listing.
+    /// watermark read before the listing. Its [`Input::Lineage`], read after the listing
+    /// and reported before it, names the follower's watermark: a listing of another
+    /// history drops nothing, and the follower takes the new history.
     Keys {
         /// The request's token.
         token: Token,

@@ -496,6 +496,17 @@ where
         let answer = match cut.or_cut(self.source.present_keys()).await {
             None => return Ok(Asked::Abandoned),
             Some(Ok(Some(present))) => {
+                // What the source says of its history at the watermark, read after the
+                // listing: a bucket made again before the listing read it is seen, and
+                // the listing, of another history, drops nothing.
+                let at = self.core.watermark();
+                let lineage = match cut.or_cut_single(self.source.lineage_at(at)).await {
+                    None => return Ok(Asked::Abandoned),
+                    Some(Ok(lineage)) => lineage,
+                    Some(Err(e)) => return Ok(Asked::Answer(failed(token, &e))),
+                };
+                self.core
+                    .handle_input(Input::Lineage { token, lineage }, self.clock.now());
                 // The listing judges every cached key: a lazily resumed core must know
                 // them all first.
                 if let Err(e) = self.complete_index().await {
