@@ -61,6 +61,23 @@ struct Setup {
     stops: bool,
 }
 
+impl Setup {
+    /// A healthy run of `seed`: no loss, latency 1 each way, capped on even seeds, the
+    /// server's heartbeats on time, the consumer kept, the process never stopped.
+    fn healthy(seed: u64) -> Setup {
+        Setup {
+            seed,
+            capped: seed % 2 == 0,
+            latency: (1, 1),
+            drop: None,
+            stamp_at_take: false,
+            late_heartbeats: false,
+            vanish_at: None,
+            stops: false,
+        }
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 struct Ran {
     failure: Option<Failure>,
@@ -285,14 +302,8 @@ fn misjudged(stamp_at_take: bool) -> usize {
     (0..400u64)
         .filter(|&seed| {
             let setup = Setup {
-                seed,
-                capped: seed % 2 == 0,
-                latency: (1, 1),
-                drop: None,
                 stamp_at_take,
-                late_heartbeats: false,
-                vanish_at: None,
-                stops: false,
+                ..Setup::healthy(seed)
             };
             let r = run(setup);
             r.failure.is_some() || r.false_idles > 0
@@ -336,14 +347,8 @@ fn late_heartbeats_have_the_reader_ask_and_the_answer_keeps_it_reading() {
     let asked: u64 = (0..100u64)
         .map(|seed| {
             let setup = Setup {
-                seed,
-                capped: seed % 2 == 0,
-                latency: (1, 1),
-                drop: None,
-                stamp_at_take: false,
                 late_heartbeats: true,
-                vanish_at: None,
-                stops: false,
+                ..Setup::healthy(seed)
             };
             let r = run(setup);
             assert_eq!(r.failure, None, "seed {seed}: a consumer that is there");
@@ -366,14 +371,8 @@ fn a_process_stopped_for_intervals_is_not_given_up_as_stalled() {
     let failures: Vec<(u64, Failure)> = (0..400u64)
         .filter_map(|seed| {
             let setup = Setup {
-                seed,
-                capped: seed % 2 == 0,
-                latency: (1, 1),
-                drop: None,
-                stamp_at_take: false,
-                late_heartbeats: false,
-                vanish_at: None,
                 stops: true,
+                ..Setup::healthy(seed)
             };
             run(setup).failure.map(|f| (seed, f))
         })
