@@ -201,9 +201,15 @@ impl History {
     }
 
     /// Whether `token` of `key` is a put that landed somewhere strictly between two
-    /// revisions around `seq` (its revision unknown): shown at `seq`, it may be there.
+    /// revisions around `seq` (its revision unknown), and no other mutation landed at
+    /// `seq`: shown at `seq`, it may be there.
     pub fn unplaced_at(&self, key: &str, token: &str, seq: u64) -> bool {
-        self.unplaced
+        let free = self
+            .by_seq
+            .as_ref()
+            .is_none_or(|by_seq| !by_seq.contains_key(&seq));
+        free && self
+            .unplaced
             .iter()
             .any(|u| u.key == key && u.token == token && u.after < seq && seq < u.before)
     }

@@ -1329,30 +1329,38 @@ async fn heal(t: &Targets, admin: &async_nats::Client) {
         // A replica still not current STUCK_REPLICA_AFTER into healing is restarted once,
         // as an operator restarts a server stuck behind its peers (seed 30006: replica n2
         // of CAMP_EVENTS not current 60 s after healing; the followers read the leader).
-        let waited = match wait_current(admin, STUCK_REPLICA_AFTER).await {
-            Err(NotCurrent {
-                replica: Some(name),
-                ..
-            }) => {
-                let mut server = t.server.lock().await;
-                let index = server.cluster().and_then(|c| c.index_of(&name));
-                if let Some(node) = index.and_then(|i| server.nodes_mut().get_mut(i)) {
-                    *lock(&t.applied)
-                        .entry("a replica stuck at healing: its node restarted")
-                        .or_default() += 1;
-                    if let Err(e) = node.restart().await {
-                        lock(&t.failures).push(format!("healing: restarting {name}: {e}"));
-                    }
+        // Anything else (no leader yet, no answer) is waited out to the full bound.
+        let mut waited = wait_current(admin, STUCK_REPLICA_AFTER).await;
+        if let Err(NotCurrent {
+            replica: Some(name),
+            ..
+        }) = &waited
+        {
+            let mut server = t.server.lock().await;
+            let index = server.cluster().and_then(|c| c.index_of(name));
+            if let Some(node) = index.and_then(|i| server.nodes_mut().get_mut(i)) {
+                *lock(&t.applied)
+                    .entry("a replica stuck at healing: its node restarted")
+                    .or_default() += 1;
+                // A node fault while it restarts: the writers' read-backs wait it out.
+                if let Some(fault) = &t.node_fault {
+                    fault.store(true, Ordering::Relaxed);
                 }
-                drop(server);
-                wait_current(admin, CLUSTER_CURRENT_WITHIN).await
+                if let Err(e) = node.restart().await {
+                    lock(&t.failures).push(format!("healing: restarting {name}: {e}"));
+                }
+                if let Some(fault) = &t.node_fault {
+                    fault.store(false, Ordering::Relaxed);
+                }
             }
-            other => other,
-        };
+        }
+        if waited.is_err() {
+            waited = wait_current(admin, CLUSTER_CURRENT_WITHIN).await;
+        }
         if let Err(e) = waited {
             lock(&t.failures).push(format!(
-                "healing: the cluster's groups not current {CLUSTER_CURRENT_WITHIN:?} after \
-                 healing: {e}"
+                "healing: the cluster's groups not current {:?} after healing: {e}",
+                STUCK_REPLICA_AFTER + CLUSTER_CURRENT_WITHIN
             ));
         }
     }
@@ -1397,13 +1405,21 @@ async fn wait_current(admin: &async_nats::Client, within: Duration) -> Result<()
     let mut js = jetstream::new(admin.clone());
     js.set_timeout(Duration::from_secs(2));
     let started = Instant::now();
+    let mut named = None;
     loop {
         let last = match groups_current(&js).await {
             Ok(()) => return Ok(()),
             Err(e) => e,
         };
+        if let Some(replica) = &last.replica {
+            named = Some(replica.clone());
+        }
         if started.elapsed() > within {
-            return Err(last);
+            // The last replica named behind, though the last answer named none.
+            return Err(NotCurrent {
+                why: last.why,
+                replica: named,
+            });
         }
         sleep(Duration::from_millis(100)).await;
     }

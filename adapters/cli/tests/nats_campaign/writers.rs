@@ -331,7 +331,8 @@ impl Writer {
             };
             if started.elapsed() > RESOLVE_WITHIN {
                 return Err(format!(
-                    "writer {}: the TTL'd put of {key} at {} left no expiry marker within                      {RESOLVE_WITHIN:?} of its end",
+                    "writer {}: the TTL'd put of {key} at {} left no expiry marker within \
+                     {RESOLVE_WITHIN:?} of its end",
                     self.id, e.seq
                 ));
             }
@@ -361,7 +362,8 @@ impl Writer {
                 Some(Some((seq, Kind::Put(_)))) if seq == e.seq => {}
                 Some(other) => {
                     return Err(format!(
-                        "writer {}: {key} holds {other:?}, neither its TTL'd put at {} nor                          that put's expiry marker, yet only this writer writes it",
+                        "writer {}: {key} holds {other:?}, neither its TTL'd put at {} nor \
+                         that put's expiry marker, yet only this writer writes it",
                         self.id, e.seq
                     ));
                 }
