@@ -328,6 +328,8 @@ pub struct Checks {
     pub live: u64,
     /// Durable consumers whose saved cursor reached the stream's last event.
     pub cursors: u64,
+    /// Streams found within their configured limits after healing.
+    pub storage: u64,
     /// Not a check passed: values of an old history a follower of announcements showed
     /// after the key's value in a newer one (announcements carry no history).
     pub old_after_new: u64,
@@ -363,6 +365,7 @@ impl Checks {
         self.converged += o.converged;
         self.live += o.live;
         self.cursors += o.cursors;
+        self.storage += o.storage;
         self.old_after_new += o.old_after_new;
         self.jobs_acked += o.jobs_acked;
         self.jobs_dead += o.jobs_dead;
@@ -788,6 +791,139 @@ pub fn judge_relays(
     truncated(failures, "relays")
 }
 
+/// How far past its `max_age` a stream's oldest message may be: the server removes aged
+/// messages on a timer, not at the instant.
+const AGE_SLACK: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a stream holds, as its info says: messages, bytes, subjects, and when its oldest
+/// message was stored (nanoseconds since the Unix epoch).
+#[derive(Clone, Copy, Debug)]
+pub struct StreamHeld {
+    pub messages: u64,
+    pub bytes: u64,
+    pub subjects: u64,
+    pub first_ns: i128,
+}
+
+impl StreamHeld {
+    pub fn of(state: &async_nats::jetstream::stream::State) -> StreamHeld {
+        StreamHeld {
+            messages: state.messages,
+            bytes: state.bytes,
+            subjects: state.subjects_count,
+            first_ns: state.first_timestamp.unix_timestamp_nanos(),
+        }
+    }
+}
+
+/// What breaks a stream's configured limits, as its info says after healing (the time
+/// now in nanoseconds since the Unix epoch): more messages or bytes than `max_messages`
+/// and `max_bytes`, more messages than its per-subject limit allows for the subjects it
+/// holds, an oldest message past its `max_age` (and a little slack).
+pub fn stream_within_limits(
+    config: &async_nats::jetstream::stream::Config,
+    held: StreamHeld,
+    now_ns: i128,
+) -> Vec<String> {
+    let name = &config.name;
+    let mut failures = Vec::new();
+    if let Ok(max) = u64::try_from(config.max_messages)
+        && max > 0
+        && held.messages > max
+    {
+        failures.push(format!(
+            "storage: {name} holds {} messages, past its max_messages {max}",
+            held.messages
+        ));
+    }
+    if let Ok(max) = u64::try_from(config.max_bytes)
+        && max > 0
+        && held.bytes > max
+    {
+        failures.push(format!(
+            "storage: {name} holds {} bytes, past its max_bytes {max}",
+            held.bytes
+        ));
+    }
+    if let Ok(per) = u64::try_from(config.max_messages_per_subject)
+        && per > 0
+        && held.messages > per.saturating_mul(held.subjects)
+    {
+        failures.push(format!(
+            "storage: {name} holds {} messages on {} subjects, past {per} a subject",
+            held.messages, held.subjects
+        ));
+    }
+    if !config.max_age.is_zero() && held.messages > 0 {
+        let age_ns = now_ns - held.first_ns;
+        let age = std::time::Duration::from_nanos(u64::try_from(age_ns).unwrap_or(0));
+        if age > config.max_age + AGE_SLACK {
+            failures.push(format!(
+                "storage: {name}'s oldest message is {age:?} old, past its max_age {:?}",
+                config.max_age
+            ));
+        }
+    }
+    failures
+}
+
+/// The storage check, on made-up stream infos: within every limit passes; past each one
+/// is reported.
+fn self_check_storage() {
+    let config = async_nats::jetstream::stream::Config {
+        name: "S".into(),
+        max_messages: 10,
+        max_bytes: 1_000,
+        max_messages_per_subject: 1,
+        max_age: std::time::Duration::from_secs(60),
+        ..Default::default()
+    };
+    let within = StreamHeld {
+        messages: 3,
+        bytes: 300,
+        subjects: 3,
+        first_ns: 0,
+    };
+    let at = |secs: i128| secs * 1_000_000_000;
+    assert!(
+        stream_within_limits(&config, within, at(30)).is_empty(),
+        "a stream within its limits must pass"
+    );
+    let past = |held: StreamHeld, secs: i128, needle: &str| {
+        let failures = stream_within_limits(&config, held, at(secs));
+        assert!(
+            failures.iter().any(|f| f.contains(needle)),
+            "the storage check must report {needle:?}; it said {failures:?}"
+        );
+    };
+    past(
+        StreamHeld {
+            messages: 11,
+            subjects: 11,
+            ..within
+        },
+        30,
+        "max_messages",
+    );
+    past(
+        StreamHeld {
+            bytes: 1_001,
+            ..within
+        },
+        30,
+        "max_bytes",
+    );
+    past(
+        StreamHeld {
+            messages: 4,
+            ..within
+        },
+        30,
+        "a subject",
+    );
+    past(within, 71, "max_age");
+}
+
 /// The checker must catch what it is there to catch: judged on a small made-up history,
 /// each kind of violation is reported and a correct run is not. Run before every
 /// campaign (it takes microseconds), since a checker that cannot fail proves nothing.
@@ -1061,6 +1197,7 @@ pub fn self_check() {
         "old announcements under the new history are counted, not judged: {failures:?}"
     );
     self_check_drivers(&remade, &expect);
+    self_check_storage();
 }
 
 /// The drivers' checks, each fed a made-up history it must pass and ones it must report:

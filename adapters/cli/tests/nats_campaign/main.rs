@@ -488,7 +488,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
          starts ({} key checks), {} bucket reads equal to the ledger, {} followers equal \
          to the bucket (slowest {} ms after healing), {} holding it within the liveness \
          bound ({:?} on one node, {:?} on a cluster; slowest {} ms), {} durable cursors \
-         saved up to the stream's last event",
+         saved up to the stream's last event, {} streams within their configured limits \
+         (messages, bytes, per subject, age)",
         c.samples,
         c.values,
         c.flips,
@@ -502,7 +503,8 @@ fn print_totals(t: &Totals, took: Duration, load_at_start: &str) {
         round::LIVENESS,
         round::CLUSTER_LIVENESS,
         t.slowest_settle.as_millis(),
-        c.cursors
+        c.cursors,
+        c.storage
     );
     let d = &t.drivers;
     println!(

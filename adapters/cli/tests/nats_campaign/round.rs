@@ -730,6 +730,10 @@ impl Round {
         if let Err(e) = self.cursor_at_the_end(healed, report).await {
             report.failures.push(e);
         }
+        match storage_within_limits(&self.admin).await {
+            Ok(streams) => report.checks.storage += streams,
+            Err(e) => report.failures.extend(e),
+        }
         let mut views: Vec<ReadyView> = lock(&self.views).clone();
         match self.mirror_ready_views().await {
             Ok(mirror_views) => views.extend(mirror_views),
@@ -1276,6 +1280,36 @@ async fn recreate(t: &Targets) -> Result<(), String> {
     all.resize(*epoch as usize, None);
     all.push(created);
     Ok(())
+}
+
+/// Storage bounded by the configured limits, after healing: every stream the round made
+/// (the bucket's, the events stream, the job queue and its state bucket, the relayed
+/// stream) holds no more messages and bytes than its `max_messages` and `max_bytes`, no
+/// more messages than its per-subject limit allows for the subjects it holds, and no
+/// message older than its `max_age` (and a little slack). Returns the streams checked.
+async fn storage_within_limits(admin: &async_nats::Client) -> Result<u64, Vec<String>> {
+    let mut js = jetstream::new(admin.clone());
+    js.set_timeout(Duration::from_secs(5));
+    let mut failures = Vec::new();
+    let mut checked = 0;
+    let mut streams = js.streams();
+    while let Some(info) = streams.next().await {
+        let info = info.map_err(|e| vec![format!("listing the streams after healing: {e}")])?;
+        let now_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        failures.extend(crate::checker::stream_within_limits(
+            &info.config,
+            crate::checker::StreamHeld::of(&info.state),
+            now_ns,
+        ));
+        checked += 1;
+    }
+    if failures.is_empty() {
+        Ok(checked)
+    } else {
+        Err(failures)
+    }
 }
 
 /// The bucket stream's creation time (nanoseconds since the Unix epoch, as a follower's
