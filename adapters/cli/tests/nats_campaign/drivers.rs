@@ -40,6 +40,11 @@ pub const JOBS: &str = "CAMP_JOBS";
 pub const RELAYED_STREAM: &str = "CAMP_RELAYED";
 pub const RELAYED_PREFIX: &str = "camp.relayed";
 /// A job leased this many times is dead-lettered.
+/// How long the relays' check keeps reading the relayed stream through transient errors.
+/// How long a start-up step of the drivers is tried again on a new cluster.
+const START_WITHIN: Duration = Duration::from_secs(30);
+const RELAYED_READ_WITHIN: Duration = Duration::from_secs(30);
+
 const MAX_ATTEMPTS: u32 = 3;
 /// The runner's leases (the queue consumer's ack wait), renewed every third of it.
 const VISIBILITY: Duration = Duration::from_millis(1500);
@@ -434,17 +439,20 @@ impl Drivers {
         };
         let relayed = NatsEvents::new(clients.straight.clone(), RELAYED_STREAM, RELAYED_PREFIX)
             .map_err(e("the relayed stream"))?;
-        relayed
-            .ensure(replicas)
+        // A new cluster may answer these late (its meta leader still placing its first
+        // assignments: the relayed stream's creation timed out, seed 30014): each is
+        // idempotent, and tried again for a while.
+        settled(|| relayed.ensure(replicas))
             .await
             .map_err(e("the relayed stream"))?;
         // The runner's handle first: it makes the queue, and sets the lease it uses.
-        let queue = NatsQueue::open(clients.runner, JOBS, MAX_ATTEMPTS)
+        let queue = settled(|| NatsQueue::open(clients.runner.clone(), JOBS, MAX_ATTEMPTS))
             .await
             .map_err(e("the runner's queue"))?;
-        let straight_queue = NatsQueue::open(clients.straight.clone(), JOBS, MAX_ATTEMPTS)
-            .await
-            .map_err(e("the enqueuer's queue"))?;
+        let straight_queue =
+            settled(|| NatsQueue::open(clients.straight.clone(), JOBS, MAX_ATTEMPTS))
+                .await
+                .map_err(e("the enqueuer's queue"))?;
         let applied = Applied::default();
         let fail_next = Arc::new(AtomicBool::new(false));
         let supervisor = Supervisor::new(seed);
@@ -675,17 +683,30 @@ impl Drivers {
             }
         };
         let js = jetstream::new(admin.clone());
-        let stream = js
-            .get_stream(RELAYED_STREAM)
-            .await
-            .map_err(|e| format!("the relayed stream after healing: {e}"))?;
+        // A cluster's stream may still answer "temporarily unavailable" (503) just after
+        // healing: each read is tried again until a deadline of its own (seed 30009).
+        let read_by = Instant::now() + RELAYED_READ_WITHIN;
+        let stream = loop {
+            match js.get_stream(RELAYED_STREAM).await {
+                Ok(stream) => break stream,
+                Err(e) if Instant::now() > read_by => {
+                    return Err(format!("the relayed stream after healing: {e}"));
+                }
+                Err(_) => sleep(Duration::from_millis(200)).await,
+            }
+        };
         let last = stream.cached_info().state.last_sequence;
         let mut events = BTreeMap::new();
         for position in 1..=last {
-            let message = stream
-                .get_raw_message(position)
-                .await
-                .map_err(|e| format!("the relayed stream's event {position}: {e}"))?;
+            let message = loop {
+                match stream.get_raw_message(position).await {
+                    Ok(message) => break message,
+                    Err(e) if Instant::now() > read_by => {
+                        return Err(format!("the relayed stream's event {position}: {e}"));
+                    }
+                    Err(_) => sleep(Duration::from_millis(200)).await,
+                }
+            };
             let seq = Event::decode(&message.payload).map_or(0, |e| e.seq());
             *events.entry(seq).or_default() += 1;
         }
@@ -831,4 +852,20 @@ async fn write_registry(
         let _ = timeout(pause, stop.changed()).await;
     }
     Ok(written)
+}
+
+/// A start-up step tried again on failure for [`START_WITHIN`]: its last error after that.
+async fn settled<T, F, Fut>(mut step: F) -> tidemark::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = tidemark::Result<T>>,
+{
+    let deadline = Instant::now() + START_WITHIN;
+    loop {
+        match step().await {
+            Ok(done) => return Ok(done),
+            Err(e) if Instant::now() > deadline => return Err(e),
+            Err(_) => sleep(Duration::from_millis(200)).await,
+        }
+    }
 }
