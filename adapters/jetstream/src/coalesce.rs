@@ -68,18 +68,33 @@ pub enum Coalesce {
     },
 }
 
-/// How an enqueue points the pending key at the job it published. Either is a
-/// compare-and-set; if it fails, another enqueue or a lease changed the key meanwhile and
-/// the job just published still runs (at least once): return its id all the same.
+/// A compare-and-set write of a key of the queue's state bucket, naming the revision its
+/// writer decided from, so a write raced by another fails instead of overwriting it.
+///
+/// An enqueue points the pending key at the job it published with one; if it fails,
+/// another enqueue or a lease changed the key meanwhile and the job just published still
+/// runs (at least once): it returns its id all the same. A runner writes a job's state
+/// with one ([`job_delivery`](crate::job_delivery)): if it fails, it decides again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeyWrite {
     /// Create the key; there was none.
     Create,
-    /// Replace the stale key if it is still at `revision`.
+    /// Replace the key if it is still at `revision`.
     Replace {
         /// The revision read.
         revision: u64,
     },
+}
+
+impl KeyWrite {
+    /// The write for a key read at `revision` (`None`: the key was not there).
+    #[must_use]
+    pub fn of(revision: Option<u64>) -> KeyWrite {
+        match revision {
+            None => KeyWrite::Create,
+            Some(revision) => KeyWrite::Replace { revision },
+        }
+    }
 }
 
 /// Decides an enqueue from what it found under its pending key: absorbed by a job still
@@ -110,6 +125,12 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_key_read_names_its_revision_in_the_write() {
+        assert_eq!(KeyWrite::of(None), KeyWrite::Create);
+        assert_eq!(KeyWrite::of(Some(7)), KeyWrite::Replace { revision: 7 });
+    }
 
     #[test]
     fn only_a_job_never_leased_absorbs_an_enqueue() {

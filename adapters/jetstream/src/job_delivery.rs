@@ -10,7 +10,7 @@
 //! the message, and a crash of the second runner before its own ack leaves the job
 //! "leased" with no message that could ever end it (the NATS campaign's "job left leased",
 //! seeds 60104, 60113, 70028). So every write of a job's state is a compare-and-set on
-//! the revision the decision was made from ([`StateWrite`]): a write that loses it was
+//! the revision the decision was made from ([`KeyWrite`](crate::KeyWrite)): a write that loses it was
 //! raced by another runner, and the decision is taken again from the state read anew —
 //! up to [`CLAIM_ATTEMPTS`] times, after which the message is left to be delivered again.
 //!
@@ -66,30 +66,6 @@ pub fn delivery(recorded: Option<Recorded>, attempt: u32, max_attempts: u32) -> 
     }
 }
 
-/// How a write of a job's state names the state its decision was made from: a
-/// compare-and-set, so a write raced by another runner's fails instead of overwriting it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateWrite {
-    /// Create the state; none was recorded.
-    Create,
-    /// Replace the state read if it is still at `revision`.
-    Replace {
-        /// The revision read (the stream sequence of the state's message).
-        revision: u64,
-    },
-}
-
-impl StateWrite {
-    /// The write for a state read at `revision` (`None`: no state recorded).
-    #[must_use]
-    pub fn of(revision: Option<u64>) -> StateWrite {
-        match revision {
-            None => StateWrite::Create,
-            Some(revision) => StateWrite::Replace { revision },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,11 +92,5 @@ mod tests {
     fn a_queue_that_allows_no_attempt_still_runs_the_first() {
         assert_eq!(delivery(None, 1, 0), Delivery::Run);
         assert_eq!(delivery(None, 2, 0), Delivery::DeadLetter);
-    }
-
-    #[test]
-    fn a_state_read_names_its_revision_in_the_write() {
-        assert_eq!(StateWrite::of(None), StateWrite::Create);
-        assert_eq!(StateWrite::of(Some(7)), StateWrite::Replace { revision: 7 });
     }
 }

@@ -17,7 +17,7 @@ use tidemark::tidemark_core::{Job, JobId};
 use tidemark::{
     Error, JobCounts, JobRecord, JobRetention, JobState, Leased, Queue, Result, TickKey,
 };
-use tidemark_jetstream::job_delivery::{CLAIM_ATTEMPTS, Delivery, Recorded, StateWrite, delivery};
+use tidemark_jetstream::job_delivery::{CLAIM_ATTEMPTS, Delivery, Recorded, delivery};
 use tidemark_jetstream::{
     Coalesce, Found, KeyWrite, Named, ScanEnd, ScanStep, TickJob, TickRecord, coalesce, tick_job,
     tick_of_message_id,
@@ -245,19 +245,8 @@ impl NatsQueue {
                 job: Some(id),
             })
             .map_err(|e| unavailable("queue", e))?;
-            let claimed = match entry {
-                Some(e) => match self.inner.state.update(key, mark.into(), e.revision).await {
-                    Ok(_) => true,
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => false,
-                    Err(e) => return Err(unavailable("queue", e)),
-                },
-                None => match self.inner.state.create(key, mark.into()).await {
-                    Ok(_) => true,
-                    Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => false,
-                    Err(e) => return Err(unavailable("queue", e)),
-                },
-            };
-            if claimed {
+            let write = KeyWrite::of(entry.map(|e| e.revision));
+            if self.compare_and_put(key, mark.into(), write).await? {
                 return Ok(None);
             }
         }
@@ -293,7 +282,7 @@ impl NatsQueue {
 
     /// The message of a lease this handle still holds, with the write that records its
     /// end only if no other runner's lease came first; or [`Error::LeaseLost`].
-    async fn held(&self, lease: &Leased) -> Result<(jetstream::Message, StateWrite)> {
+    async fn held(&self, lease: &Leased) -> Result<(jetstream::Message, KeyWrite)> {
         let mut leases = self.inner.leases.lock().await;
         Self::forget_expired(&mut leases, Instant::now());
         match leases.get(&lease.id.0) {
@@ -323,7 +312,7 @@ impl NatsQueue {
     /// [`held`](Self::held) read: a runner that leased the job since (its lease expired
     /// while this one finished) makes it [`Error::LeaseLost`], and the job is that
     /// runner's.
-    async fn record_held(&self, lease: &Leased, write: StateWrite, stored: &Stored) -> Result<()> {
+    async fn record_held(&self, lease: &Leased, write: KeyWrite, stored: &Stored) -> Result<()> {
         if self.write_state(lease.id.0, write, stored).await? {
             Ok(())
         } else {
@@ -614,49 +603,43 @@ impl NatsQueue {
 
     /// Job `id`'s state, decoded, and the write that replaces it only if no other write
     /// came first ([`tidemark_jetstream::job_delivery`]).
-    async fn state_for_write(&self, id: u64) -> Result<(Option<Stored>, StateWrite)> {
+    async fn state_for_write(&self, id: u64) -> Result<(Option<Stored>, KeyWrite)> {
         let at = self.state_from_leader(id).await?;
         let stored = at.bytes.map(|bytes| decode_state(id, &bytes)).transpose()?;
-        Ok((stored, StateWrite::of(at.revision)))
+        Ok((stored, KeyWrite::of(at.revision)))
     }
 
     /// Writes job `id`'s state by compare-and-set on the state its writer decided from:
     /// `false` when another write (another runner's) came in between, and nothing was
     /// written.
-    async fn write_state(&self, id: u64, write: StateWrite, stored: &Stored) -> Result<bool> {
+    async fn write_state(&self, id: u64, write: KeyWrite, stored: &Stored) -> Result<bool> {
         #[cfg(test)]
         self.inner.gate.pass(id).await;
-        let (key, value) = (id.to_string(), stored.encode()?);
-        match write {
-            StateWrite::Create => match self.inner.state.create(key, value).await {
-                Ok(_) => Ok(true),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
-                Err(e) => Err(unavailable("queue", e)),
-            },
-            StateWrite::Replace { revision } => {
-                match self.inner.state.update(key, value, revision).await {
-                    Ok(_) => Ok(true),
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
-                    Err(e) => Err(unavailable("queue", e)),
-                }
-            }
-        }
+        self.compare_and_put(&id.to_string(), stored.encode()?, write)
+            .await
     }
 
     /// Points the pending key at job `id`, just published. A failed compare-and-set
     /// means an enqueue or a lease changed the key meanwhile; the job runs all the same.
     async fn point_pending(&self, key: String, write: KeyWrite, id: u64) -> Result<()> {
-        let value = Bytes::from(id.to_string());
+        self.compare_and_put(&key, Bytes::from(id.to_string()), write)
+            .await
+            .map(drop)
+    }
+
+    /// Writes `value` under `key` of the state bucket by compare-and-set: `false` when
+    /// another write came first ([`KeyWrite`]), and nothing was written.
+    async fn compare_and_put(&self, key: &str, value: Bytes, write: KeyWrite) -> Result<bool> {
         match write {
             KeyWrite::Create => match self.inner.state.create(key, value).await {
-                Ok(_) => Ok(()),
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(()),
+                Ok(_) => Ok(true),
+                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => Ok(false),
                 Err(e) => Err(unavailable("queue", e)),
             },
             KeyWrite::Replace { revision } => {
                 match self.inner.state.update(key, value, revision).await {
-                    Ok(_) => Ok(()),
-                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(()),
+                    Ok(_) => Ok(true),
+                    Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(false),
                     Err(e) => Err(unavailable("queue", e)),
                 }
             }
@@ -799,18 +782,8 @@ impl Queue for NatsQueue {
         .map_err(|e| unavailable("queue", e))?;
         // A failed compare-and-set: another scheduler recorded this tick (or a later one)
         // meanwhile; the message id kept the job single.
-        match entry {
-            Some(e) => match self.inner.state.update(key, mark.into(), e.revision).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {}
-                Err(e) => return Err(unavailable("queue", e)),
-            },
-            None => match self.inner.state.create(key, mark.into()).await {
-                Ok(_) => {}
-                Err(e) if e.kind() == kv::CreateErrorKind::AlreadyExists => {}
-                Err(e) => return Err(unavailable("queue", e)),
-            },
-        }
+        self.compare_and_put(&key, mark.into(), KeyWrite::of(entry.map(|e| e.revision)))
+            .await?;
         Ok((!ack.duplicate).then_some(JobId(ack.sequence)))
     }
 
