@@ -686,27 +686,15 @@ impl Drivers {
         // A cluster's stream may still answer "temporarily unavailable" (503) just after
         // healing: each read is tried again until a deadline of its own (seed 30009).
         let read_by = Instant::now() + RELAYED_READ_WITHIN;
-        let stream = loop {
-            match js.get_stream(RELAYED_STREAM).await {
-                Ok(stream) => break stream,
-                Err(e) if Instant::now() > read_by => {
-                    return Err(format!("the relayed stream after healing: {e}"));
-                }
-                Err(_) => sleep(Duration::from_millis(200)).await,
-            }
-        };
+        let stream = retried_until(read_by, || js.get_stream(RELAYED_STREAM))
+            .await
+            .map_err(|e| format!("the relayed stream after healing: {e}"))?;
         let last = stream.cached_info().state.last_sequence;
         let mut events = BTreeMap::new();
         for position in 1..=last {
-            let message = loop {
-                match stream.get_raw_message(position).await {
-                    Ok(message) => break message,
-                    Err(e) if Instant::now() > read_by => {
-                        return Err(format!("the relayed stream's event {position}: {e}"));
-                    }
-                    Err(_) => sleep(Duration::from_millis(200)).await,
-                }
-            };
+            let message = retried_until(read_by, || stream.get_raw_message(position))
+                .await
+                .map_err(|e| format!("the relayed stream's event {position}: {e}"))?;
             let seq = Event::decode(&message.payload).map_or(0, |e| e.seq());
             *events.entry(seq).or_default() += 1;
         }
@@ -855,12 +843,20 @@ async fn write_registry(
 }
 
 /// A start-up step tried again on failure for [`START_WITHIN`]: its last error after that.
-async fn settled<T, F, Fut>(mut step: F) -> tidemark::Result<T>
+async fn settled<T, F, Fut>(step: F) -> tidemark::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = tidemark::Result<T>>,
 {
-    let deadline = Instant::now() + START_WITHIN;
+    retried_until(Instant::now() + START_WITHIN, step).await
+}
+
+/// `step` tried again every 200 ms while it fails, until `deadline`: its last error after.
+async fn retried_until<T, E, F, Fut>(deadline: Instant, mut step: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     loop {
         match step().await {
             Ok(done) => return Ok(done),

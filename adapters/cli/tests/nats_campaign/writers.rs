@@ -572,17 +572,8 @@ impl Writer {
                 ));
             }
             sleep(Duration::from_millis(50)).await;
-            if self.client.connection_state() != State::Connected {
+            if !self.readable().await {
                 continue;
-            }
-            if !matches!(timeout(ACK_TIMEOUT, self.client.flush()).await, Ok(Ok(()))) {
-                continue;
-            }
-            if let Some(node_fault) = &self.node_fault {
-                if node_fault.load(Ordering::Relaxed) || !self.group_heard().await {
-                    continue;
-                }
-                sleep(HELD_PROPOSAL).await;
             }
             sleep(Duration::from_millis(200)).await;
             let Ok(first) = self.last_of(key).await else {
@@ -613,17 +604,8 @@ impl Writer {
     /// a cluster only with no node fault and a leader that heard every replica, and read
     /// twice, 200 ms apart, the same, as in [`resolve`](Self::resolve).
     async fn stable_last(&self, key: &str) -> Option<Option<(u64, Kind)>> {
-        if self.client.connection_state() != State::Connected {
+        if !self.readable().await {
             return None;
-        }
-        if !matches!(timeout(ACK_TIMEOUT, self.client.flush()).await, Ok(Ok(()))) {
-            return None;
-        }
-        if let Some(node_fault) = &self.node_fault {
-            if node_fault.load(Ordering::Relaxed) || !self.group_heard().await {
-                return None;
-            }
-            sleep(HELD_PROPOSAL).await;
         }
         let first = self.last_of(key).await.ok()?;
         if self.node_fault.is_none() {
@@ -633,6 +615,26 @@ impl Writer {
         sleep(Duration::from_millis(200)).await;
         let second = self.last_of(key).await.ok()?;
         (first == second).then_some(first)
+    }
+
+    /// Whether what a read of the bucket finds now is what the server stored: the
+    /// connection is up and flushed (every publish has left the client), and on a cluster
+    /// no node fault is on and the group's leader heard every replica, then
+    /// [`HELD_PROPOSAL`] passed (a proposal held for a quorum has landed or is lost).
+    async fn readable(&self) -> bool {
+        if self.client.connection_state() != State::Connected {
+            return false;
+        }
+        if !matches!(timeout(ACK_TIMEOUT, self.client.flush()).await, Ok(Ok(()))) {
+            return false;
+        }
+        if let Some(node_fault) = &self.node_fault {
+            if node_fault.load(Ordering::Relaxed) || !self.group_heard().await {
+                return false;
+            }
+            sleep(HELD_PROPOSAL).await;
+        }
+        true
     }
 
     /// Whether the bucket's group has a leader that has heard from every replica within
