@@ -69,6 +69,13 @@ for run in $(seq 1 "$runs"); do
         grep -E "$pattern" "$log" | sed -e 's/^ *//' -e 's/|/\//g' | while IFS= read -r line; do
             echo "| $name | $run | $load | $line |" >>"$table"
         done
+        if [ "$name" = sim ]; then
+            # The simulator prints its rate; its baseline is the goal of 40 seeds/s.
+            sed -nE 's/.*\(([0-9.]+) seeds\/s\).*/\1/p' "$log" | head -1 | while read -r rate; do
+                ratio="$(awk -v r="$rate" 'BEGIN { printf "%.2f", r / 40 }')"
+                echo "| $name | $run | $load | ratio sim/goal: $ratio (goal 40 seeds/s) |" >>"$table"
+            done
+        fi
     done
 done
 echo
