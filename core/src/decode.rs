@@ -18,6 +18,16 @@ pub trait Decode {
     /// Decodes the value stored under `key`. Takes the bytes by value so that a decoder
     /// that keeps them (like [`RawBytes`]) copies nothing.
     fn decode(&self, key: &str, bytes: Vec<u8>) -> Result<Self::Value, Self::Error>;
+
+    /// Whether a value a sink holds and a newly decoded one are the same value, so that a
+    /// new history's entry carrying it can keep the held one rather than store a second
+    /// copy until the switch (see [`Cached`](crate::Cached)). The default says never:
+    /// correct for any value, only costlier. Say `true` only for values no reader can
+    /// tell apart.
+    fn same(&self, held: &Self::Value, new: &Self::Value) -> bool {
+        let _ = (held, new);
+        false
+    }
 }
 
 /// Keeps the bytes as they are.
@@ -31,6 +41,10 @@ impl Decode for RawBytes {
     fn decode(&self, _key: &str, bytes: Vec<u8>) -> Result<Vec<u8>, Infallible> {
         Ok(bytes)
     }
+
+    fn same(&self, held: &Vec<u8>, new: &Vec<u8>) -> bool {
+        held == new
+    }
 }
 
 /// Decodes UTF-8 text.
@@ -43,6 +57,10 @@ impl Decode for Utf8 {
 
     fn decode(&self, _key: &str, bytes: Vec<u8>) -> Result<String, Self::Error> {
         String::from_utf8(bytes)
+    }
+
+    fn same(&self, held: &String, new: &String) -> bool {
+        held == new
     }
 }
 

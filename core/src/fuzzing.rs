@@ -155,6 +155,16 @@ impl Observed {
                         "removed absent key {key}"
                     );
                 }
+                Output::Apply(Apply::Restamp { keys }) => {
+                    for (key, seq) in keys {
+                        let have = self.cache.get_mut(&*key);
+                        assert!(
+                            have.as_ref().is_some_and(|have| seq > **have),
+                            "{key}: restamped at {seq}, absent or over newer or equal {have:?}"
+                        );
+                        self.cache.insert(key.to_string(), seq);
+                    }
+                }
                 Output::Request(Request::Checkpoint { position }) => {
                     let again = self.failed == Some(position);
                     assert!(

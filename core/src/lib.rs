@@ -96,8 +96,8 @@ pub use entry::{CacheChange, Entry, Op};
 pub use error::ConfigError;
 pub use event::{EncodeError, Event, NotAnEvent};
 pub use follower::{
-    Ahead, Apply, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow, Follower,
-    Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
+    Ahead, Apply, Cached, CaughtUp, Cause, Continuity, Counters, Diagnostic, FeedInfo, Follow,
+    Follower, Input, InvalidReason, Notice, Output, Phase, Request, Status, Token,
 };
 pub use job::{BUILT_IN_KINDS, CustomJob, Job, JobError, JobId, UNDECODABLE_KIND};
 pub use limits::{

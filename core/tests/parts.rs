@@ -448,3 +448,163 @@ fn keys_remembered_between_parts_have_the_snapshot_read_again() {
     );
     assert_eq!(h.f.watermark(), 8);
 }
+
+/// What a sink holds (key → value), as a new history's parts compare with it.
+struct Holds(std::collections::BTreeMap<String, String>);
+
+impl Cached<String> for Holds {
+    fn holds(&self, key: &str, same: &mut dyn FnMut(&String) -> bool) -> bool {
+        self.0.get(key).is_some_and(|v| same(v))
+    }
+}
+
+fn holding(values: &[(u8, &str)]) -> Holds {
+    Holds(
+        values
+            .iter()
+            .map(|(k, v)| (key(*k), (*v).to_owned()))
+            .collect(),
+    )
+}
+
+/// Hands `h` a part, or with `last` the last part, of the snapshot asked for under
+/// `token`, the sink holding `cached`.
+fn part_with(
+    h: &mut H,
+    token: Token,
+    (entries, source_watermark, last): (Vec<Entry>, u64, bool),
+    cached: &Holds,
+) -> Vec<Output<String>> {
+    let input = if last {
+        Input::Snapshot {
+            token,
+            entries,
+            source_watermark,
+        }
+    } else {
+        Input::SnapshotPart {
+            token,
+            entries,
+            source_watermark,
+        }
+    };
+    h.f.handle_input_with(input, h.now, cached);
+    h.drain()
+}
+
+fn restamps(outs: &[Output<String>]) -> Vec<(String, u64)> {
+    outs.iter()
+        .filter_map(|o| match o {
+            Output::Apply(Apply::Restamp { keys }) => Some(keys),
+            _ => None,
+        })
+        .flatten()
+        .map(|(k, s)| (k.to_string(), *s))
+        .collect()
+}
+
+#[test]
+fn a_new_history_keeps_only_the_key_and_seq_of_an_entry_whose_value_the_sink_holds() {
+    let (mut h, token) = cache_of(4);
+    let cached = holding(&[(0, "v1"), (1, "v1"), (2, "v1"), (3, "v1")]);
+    // Below the watermark: a new history. k0 equal at its seq, k1 differs, k2 equal at
+    // another seq (a restore of the same value written at another point), k3 gone.
+    let entries = vec![held(0, 1), Entry::put(3, "k1", "v2")];
+    let keys: Vec<Arc<str>> = entries.iter().map(|e| Arc::clone(&e.key)).collect();
+    part_with(&mut h, token, (entries, 3, false), &cached);
+    assert_eq!(
+        Arc::strong_count(&keys[0]),
+        1,
+        "an entry equal to the held value is not kept: its value is the sink's"
+    );
+    assert!(
+        Arc::strong_count(&keys[1]) > 1,
+        "a differing entry is kept whole"
+    );
+    let out = part_with(&mut h, token, (vec![held(2, 2)], 3, true), &cached);
+    assert_eq!(h.f.counters().resets, 1);
+    assert_eq!(
+        restamps(&out),
+        vec![(key(0), 1), (key(2), 2)],
+        "each equal value stands as of the new history's seq, not the old one's"
+    );
+    assert_eq!(puts(&out), vec![(key(1), 3, "v2".to_owned())]);
+    assert_eq!(removes(&out), vec![(key(3), 3)]);
+    let restamp_at = out
+        .iter()
+        .position(|o| matches!(o, Output::Apply(Apply::Restamp { .. })));
+    let put_at = out
+        .iter()
+        .position(|o| matches!(o, Output::Apply(Apply::Put { .. })));
+    assert!(
+        restamp_at < put_at,
+        "restamps come before the puts: {out:?}"
+    );
+    assert_eq!(h.f.seq_of("k2"), Some(2));
+    assert_eq!(h.f.seq_of("k0"), Some(1));
+    assert_eq!(h.f.watermark(), 3);
+    assert!(h.f.is_ready());
+}
+
+#[test]
+fn without_the_sinks_values_a_new_history_puts_every_entry() {
+    let (mut h, token) = cache_of(3);
+    part(&mut h, token, vec![held(0, 1)], 2);
+    let out = last(&mut h, token, vec![held(1, 2)], 2);
+    assert!(restamps(&out).is_empty(), "nothing to restamp against");
+    assert_eq!(puts(&out).len(), 2);
+}
+
+#[test]
+fn a_repeated_key_restamped_then_put_ends_at_the_newer_seq() {
+    let (mut h, token) = cache_of(4);
+    let cached = holding(&[(0, "v1"), (1, "v1"), (2, "v1"), (3, "v1")]);
+    // k0 equal at 1 in the first part, then again, differing, at 3 in the last.
+    part_with(&mut h, token, (vec![held(0, 1)], 3, false), &cached);
+    let entries = vec![held(1, 2), Entry::put(3, "k0", "v9")];
+    let out = part_with(&mut h, token, (entries, 3, true), &cached);
+    assert_eq!(h.f.seq_of("k0"), Some(3));
+    assert_eq!(restamps(&out), vec![(key(0), 1), (key(1), 2)]);
+    assert_eq!(puts(&out), vec![(key(0), 3, "v9".to_owned())]);
+}
+
+#[test]
+fn a_restamped_keys_value_expiring_between_parts_has_the_snapshot_read_again() {
+    // k9 cached with an expiry; a new history names it with the same value: its entry is
+    // not kept, so its value must still be the sink's at the switch.
+    let (mut h, token) = cache_of(1);
+    let mut e = Entry::put(5, "k9", "v1");
+    e.expires_in = Some(Duration::from_secs(1));
+    last(&mut h, token, vec![held(0, 1), e], 5);
+    let feed = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token: feed,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h.reopen(sparse(20, 30));
+    let token = h.request.unwrap();
+    let cached = holding(&[(0, "v1"), (9, "v1")]);
+    part_with(
+        &mut h,
+        token,
+        (vec![Entry::put(2, "k9", "v1")], 3, false),
+        &cached,
+    );
+    let out = h.advance(Duration::from_secs(2));
+    assert_eq!(removes(&out), vec![("k9".to_owned(), 5)]);
+    let again = h.request.unwrap();
+    assert_ne!(again, token, "the snapshot is asked for again");
+    let cached = holding(&[(0, "v1")]);
+    let out = part_with(
+        &mut h,
+        again,
+        (vec![held(0, 1), Entry::put(2, "k9", "v1")], 3, true),
+        &cached,
+    );
+    assert!(
+        puts(&out).contains(&("k9".to_owned(), 2, "v1".to_owned())),
+        "the expired value is put again from the new history: {out:?}"
+    );
+    assert_eq!(h.f.seq_of("k9"), Some(2));
+}

@@ -89,6 +89,9 @@ pub struct CacheWriter<V> {
     shared: Arc<Shared<V>>,
     ready: watch::Sender<bool>,
     pending: Vec<Pending<V>>,
+    /// Keys restamped in the batch (a new history's entries equal to what the cache
+    /// holds), each list with the number of pending changes before it.
+    restamps: Vec<(usize, Vec<(Arc<str>, u64)>)>,
 }
 
 /// A new, empty cache: its writer (give it to a follower) and a reader.
@@ -105,6 +108,7 @@ pub fn cache<V>() -> (CacheWriter<V>, Cache<V>) {
             shared: Arc::clone(&shared),
             ready: tx,
             pending: Vec::new(),
+            restamps: Vec::new(),
         },
         Cache { shared, ready: rx },
     )
@@ -222,7 +226,7 @@ impl<V> CacheWriter<V> {
     /// Applies the batch's changes under one write lock and moves the watermark, then
     /// tells subscribers (who thus never see a change above the watermark they read).
     fn apply_pending(&mut self, watermark: u64) {
-        if self.pending.is_empty() {
+        if self.pending.is_empty() && self.restamps.is_empty() {
             self.shared.watermark.store(watermark, Ordering::Release);
             return;
         }
@@ -231,7 +235,11 @@ impl<V> CacheWriter<V> {
         let mut changes = Vec::new();
         {
             let mut map = self.shared.map.write().unwrap_or_else(|e| e.into_inner());
-            for Pending { key, seq, value } in self.pending.drain(..) {
+            let mut restamps = std::mem::take(&mut self.restamps).into_iter().peekable();
+            for (i, Pending { key, seq, value }) in self.pending.drain(..).enumerate() {
+                while let Some((_, keys)) = restamps.next_if(|(before, _)| *before <= i) {
+                    restamp(&mut map, keys, announced.then_some(&mut changes));
+                }
                 match value {
                     Some(value) => {
                         if announced {
@@ -251,6 +259,9 @@ impl<V> CacheWriter<V> {
                     }
                 }
             }
+            for (_, keys) in restamps {
+                restamp(&mut map, keys, announced.then_some(&mut changes));
+            }
             self.shared.watermark.store(watermark, Ordering::Release);
         }
         for change in changes {
@@ -259,8 +270,41 @@ impl<V> CacheWriter<V> {
     }
 }
 
+/// Keeps each key's value, now as of its new seq (noted in `changes`, when someone
+/// listens). The follower restamps only keys the cache said it holds.
+fn restamp<V>(map: &mut Map<V>, keys: Vec<(Arc<str>, u64)>, mut changes: Option<&mut Vec<Change>>) {
+    for (key, seq) in keys {
+        let Some(held) = map.get_mut(&key) else {
+            debug_assert!(false, "{key} restamped but not held");
+            continue;
+        };
+        held.0 = seq;
+        if let Some(changes) = changes.as_deref_mut() {
+            let key = key.to_string();
+            changes.push(Change::Put { key, seq });
+        }
+    }
+}
+
 impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     const FALLIBLE: bool = false;
+    const HOLDS_VALUES: bool = true;
+
+    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
+        // Only what is committed: a change pending would not be what it compares with.
+        debug_assert!(self.pending.is_empty() && self.restamps.is_empty());
+        self.shared
+            .map
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(|(_, value)| same(value))
+    }
+
+    async fn restamp(&mut self, keys: Vec<(Arc<str>, u64)>) -> Result<()> {
+        self.restamps.push((self.pending.len(), keys));
+        Ok(())
+    }
 
     async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
         self.pending.push(Pending {
@@ -301,5 +345,6 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
 
     async fn rollback(&mut self) {
         self.pending.clear();
+        self.restamps.clear();
     }
 }

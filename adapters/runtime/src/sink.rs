@@ -144,6 +144,13 @@ pub trait Sink<V>: Send {
     /// follower the bookkeeping that a rewind needs.
     const FALLIBLE: bool = true;
 
+    /// Whether it keeps its values in memory and says which it holds
+    /// ([`holds`](Self::holds)) and can keep one as of a new seq
+    /// ([`restamp`](Self::restamp)). The follower then takes a new history (a source
+    /// restored from a backup, a bucket recreated and refilled) without a second copy of
+    /// each value it already holds: see [`Cached`](tidemark_core::Cached).
+    const HOLDS_VALUES: bool = false;
+
     /// Upsert `key` to `value` as of `seq`. The key is shared with the follower's index
     /// (a clone is a count, not a copy): a sink that keeps keys can keep this one.
     fn put(&mut self, key: Arc<str>, seq: u64, value: V)
@@ -151,6 +158,29 @@ pub trait Sink<V>: Send {
 
     /// Remove `key` as of `seq`.
     fn remove(&mut self, key: Arc<str>, seq: u64) -> impl Future<Output = Result<()>> + Send;
+
+    /// Calls `same` on the value committed for `key` and returns its answer; `false`
+    /// (without calling it) when none is. Asked only of a sink that says
+    /// [`HOLDS_VALUES`](Self::HOLDS_VALUES), between commits.
+    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
+        let _ = (key, same);
+        false
+    }
+
+    /// Each of `keys` keeps the value it holds, now as of its seq (a new history's
+    /// entries equal to what it held: [`Apply::Restamp`](tidemark_core::Apply::Restamp)),
+    /// in order with the batch's other changes. Asked only of a sink that says
+    /// [`HOLDS_VALUES`](Self::HOLDS_VALUES), and only for keys it said it holds; the
+    /// default refuses (a sink that says it holds values must restamp them).
+    fn restamp(&mut self, keys: Vec<(Arc<str>, u64)>) -> impl Future<Output = Result<()>> + Send {
+        let _ = keys;
+        async {
+            Err(crate::Error::Worker {
+                worker: "sink".into(),
+                reason: "it says it holds values (HOLDS_VALUES) but cannot restamp them".into(),
+            })
+        }
+    }
 
     /// A hint, during an initial sync: about `keys` more keys than it held at its last
     /// commit are coming (the feed's pending count, bounded by

@@ -25,8 +25,9 @@ struct Parts {
     reads: Arc<AtomicUsize>,
     /// Reads left that fail after their first part.
     fail_midway: Arc<AtomicUsize>,
-    /// Set: reads wait on it after their first part.
+    /// Set: reads wait on it after their first `hold_after` parts.
     hold: Option<Arc<Notify>>,
+    hold_after: usize,
 }
 
 impl Parts {
@@ -37,6 +38,7 @@ impl Parts {
             reads: Arc::default(),
             fail_midway: Arc::default(),
             hold: None,
+            hold_after: 1,
         }
     }
 }
@@ -69,14 +71,17 @@ impl Source for Parts {
             .is_ok();
         let counted = Arc::clone(&self.parts);
         let hold = self.hold.clone();
+        let hold_after = self.hold_after;
         let parts = read.parts.enumerate().then(move |(i, part)| {
             let counted = Arc::clone(&counted);
             let hold = hold.clone();
             async move {
+                if i == hold_after
+                    && let Some(hold) = hold
+                {
+                    hold.notified().await;
+                }
                 if i == 1 {
-                    if let Some(hold) = hold {
-                        hold.notified().await;
-                    }
                     if fail {
                         return Err(Error::unavailable("source", "connection lost midway"));
                     }
@@ -197,4 +202,106 @@ async fn a_stop_midway_through_the_parts_stops() {
         cache.get("k7").is_some(),
         "nothing of the unfinished read was applied"
     );
+}
+
+/// Ten keys written "old" (the backup is taken there), then k0 written again with the
+/// same value (a new seq) and k1 with another, and k10 added: a follower reading parts of
+/// `part_len` loads that. The restore that follows is a new history: k0..k9 "old" at
+/// seqs 1..=10.
+async fn restore_setup(
+    source: &Parts,
+    part_len: usize,
+) -> (
+    tidemark::Cache<String>,
+    tidemark::FollowerHandle,
+    tidemark_memory::MemoryBackup,
+) {
+    for i in 0..10 {
+        let key = format!("k{i}");
+        source.inner.put(&key, b"old".to_vec()).await.unwrap();
+    }
+    let backup = source.inner.backup();
+    source.inner.put("k0", b"old".to_vec()).await.unwrap();
+    source.inner.put("k1", b"new".to_vec()).await.unwrap();
+    source.inner.put("k10", b"new".to_vec()).await.unwrap();
+    let (writer, reader) = cache();
+    let handle = FollowerTask::new(
+        config("restore"),
+        Utf8,
+        source.clone(),
+        source.inner.clone(),
+        writer,
+    )
+    .snapshot_part_len(part_len)
+    .spawn();
+    assert_eq!(reader.wait_ready().await.unwrap(), 13);
+    (reader, handle, backup)
+}
+
+/// The cache as the backup's history holds it: k0..k9 "old" at seqs 1..=10.
+fn restored() -> Vec<(String, u64, Arc<String>)> {
+    let mut all: Vec<_> = (0..10)
+        .map(|i| (format!("k{i}"), i + 1, Arc::new("old".to_owned())))
+        .collect();
+    all.sort();
+    all
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_new_history_keeps_each_equal_value_at_its_new_seq_and_puts_each_other() {
+    let source = Parts::new(MemorySource::default());
+    let (cache, h, backup) = restore_setup(&source, 3).await;
+    let before = cache.snapshot();
+    source.inner.restore(&backup);
+    until("the follower takes the restored history", || {
+        h.status().counters.resets == 1 && cache.watermark() == 10
+    })
+    .await;
+    assert!(source.parts.load(Ordering::SeqCst) >= 4, "read in parts");
+    assert_eq!(
+        cache.snapshot(),
+        restored(),
+        "every key, value and seq is the new history's (k0 at 1, not 11; k1 back to old; k10 gone)"
+    );
+    let held = |key: &str| before.iter().find(|(k, ..)| k == key).unwrap().2.clone();
+    for key in ["k0", "k2", "k9"] {
+        assert!(
+            Arc::ptr_eq(&held(key), &cache.get(key).unwrap()),
+            "{key}: an equal value is kept, not copied again"
+        );
+    }
+    assert!(!Arc::ptr_eq(&held("k1"), &cache.get("k1").unwrap()));
+    assert_eq!(h.status().phase, Phase::Live);
+}
+
+#[tokio::test(start_paused = true)]
+async fn readers_see_no_mix_of_histories_while_a_new_one_is_read_in_parts() {
+    let mut source = Parts::new(MemorySource::default());
+    let hold = Arc::new(Notify::new());
+    source.hold = Some(Arc::clone(&hold));
+    // Parts of two: the core has the first two (k0, k1, k10, k2: restamps and a put)
+    // when the read waits before the fourth.
+    source.hold_after = 3;
+    let (cache, h, backup) = restore_setup(&source, 2).await;
+    let before = cache.snapshot();
+    let mut changes = cache.subscribe();
+    source.inner.restore(&backup);
+    until("the read is under way", || {
+        source.parts.load(Ordering::SeqCst) >= 3
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    assert_eq!(h.status().phase, Phase::Resyncing);
+    assert_eq!(
+        cache.snapshot(),
+        before,
+        "until the last part, readers see the old history whole"
+    );
+    assert!(changes.try_recv().is_err(), "and no change of the new one");
+    hold.notify_one();
+    until("the follower takes the restored history", || {
+        h.status().counters.resets == 1 && cache.watermark() == 10
+    })
+    .await;
+    assert_eq!(cache.snapshot(), restored(), "then the new history whole");
 }

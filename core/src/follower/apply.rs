@@ -647,7 +647,8 @@ impl<D: Decode> Follower<D> {
         let present = Present::of(&entries);
         let gone = self.gone(source_watermark, |key| present.contains(key));
         drop(present);
-        self.apply_snapshot(entries, gone, source_watermark, source_watermark);
+        let at = (source_watermark, source_watermark);
+        self.apply_snapshot(entries, Vec::new(), gone, at);
     }
 
     /// A snapshot of a new history (below the watermark, or one a read's lineage proved
@@ -689,15 +690,16 @@ impl<D: Decode> Follower<D> {
         gone
     }
 
-    /// Applies a snapshot once its verdicts are settled: removes the `gone` keys, puts
-    /// each entry the index does not hold at its seq, and catches up to the highest seq
-    /// named (`top`, at least `source_watermark`).
+    /// Applies a snapshot once its verdicts are settled: removes the `gone` keys,
+    /// restamps the `same` keys (a new history's entries whose values the sink holds),
+    /// puts each entry the index does not hold at its seq, and catches up to the highest
+    /// seq named (`top`, at least `source_watermark`).
     pub(super) fn apply_snapshot(
         &mut self,
         entries: Vec<Entry>,
+        same: Vec<(Arc<str>, u64)>,
         gone: Vec<Arc<str>>,
-        source_watermark: u64,
-        top: u64,
+        (source_watermark, top): (u64, u64),
     ) {
         let removal_seq = source_watermark.max(self.watermark);
         for key in &gone {
@@ -708,7 +710,7 @@ impl<D: Decode> Follower<D> {
                 seq: removal_seq,
             }));
         }
-        let (mut applied, mut top) = (0, top.max(source_watermark));
+        let (mut applied, mut top) = (self.restamp(same), top.max(source_watermark));
         for entry in entries {
             top = top.max(entry.seq);
             if entry.seq == 0 {
@@ -734,6 +736,26 @@ impl<D: Decode> Follower<D> {
             resynced: true,
         }));
         self.settle();
+    }
+
+    /// Restamps the keys of a new history's entries whose values the sink holds: each
+    /// keeps its value as of its seq, as a put of that value would (never older: a
+    /// repeated key's newer seq stands). Returns how many.
+    fn restamp(&mut self, mut keys: Vec<(Arc<str>, u64)>) -> usize {
+        keys.retain(|(key, seq)| {
+            if self.index.get(key).is_some_and(|held| held >= *seq) {
+                self.counters.stale += 1;
+                return false;
+            }
+            self.index.set(Arc::clone(key), *seq);
+            true
+        });
+        let restamped = keys.len();
+        self.counters.applied += restamped as u64;
+        if restamped > 0 {
+            self.out.push_back(Output::Apply(Apply::Restamp { keys }));
+        }
+        restamped
     }
 
     /// Whether a snapshot entry naming `key` at the seq the cache holds it at is put

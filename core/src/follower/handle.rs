@@ -1,6 +1,6 @@
 //! The `handle_*` family: a fact arrived (an input) or time passed (a timeout).
 
-use super::{Follower, Held, Pending, Stage};
+use super::{Cached, Follower, Held, Pending, Stage};
 use crate::decode::Decode;
 use crate::follower::io::{Input, Notice, Output, Request, Token};
 use crate::follower::status::{Cause, Diagnostic};
@@ -42,6 +42,17 @@ impl<D: Decode> Follower<D> {
 
     /// A fact happened at `now`.
     pub fn handle_input(&mut self, input: Input, now: Time) {
+        self.handle(input, now, None);
+    }
+
+    /// A fact happened at `now`; a new history's snapshot parts compare their entries
+    /// with what the sink holds, where `cached` says ([`Cached`]).
+    pub(super) fn handle(
+        &mut self,
+        input: Input,
+        now: Time,
+        cached: Option<&dyn Cached<D::Value>>,
+    ) {
         if self.stopped() {
             return;
         }
@@ -117,7 +128,7 @@ impl<D: Decode> Follower<D> {
             } => {
                 let read = self.read_lineage(token);
                 if self.has_parts(token) {
-                    self.on_last_part(entries, source_watermark, now);
+                    self.on_last_part(entries, source_watermark, now, cached);
                 } else if self.take_request(token, |r| matches!(r, Pending::Snapshot)) {
                     self.backoffs.failure.healthy(now);
                     self.on_snapshot(entries, source_watermark, read);
@@ -127,7 +138,7 @@ impl<D: Decode> Follower<D> {
                 token,
                 entries,
                 source_watermark,
-            } => self.on_snapshot_part(token, entries, source_watermark, now),
+            } => self.on_snapshot_part(token, entries, source_watermark, now, cached),
             Input::Fetched {
                 token,
                 value,

@@ -304,6 +304,14 @@ pub enum Apply<V> {
         /// The seq of the removal.
         seq: u64,
     },
+    /// Each key keeps the value the sink holds for it, now as of its seq: a new history's
+    /// entries whose values equal the held ones (asked only of a sink that said what it
+    /// holds: [`Follower::handle_input_with`](crate::Follower::handle_input_with)). In
+    /// order with the other changes of the batch, and in the same commit.
+    Restamp {
+        /// The keys and their new seqs.
+        keys: Vec<(Arc<str>, u64)>,
+    },
 }
 
 /// What the follower tells whoever waits on it.

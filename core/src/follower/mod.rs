@@ -3,12 +3,14 @@
 //! One idea a file: [`io`] what goes in and out, [`status`] what an operator sees,
 //! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
 //! [`apply`] how entries, reconciles and snapshots change the cache, [`parts`] what a
-//! snapshot read in parts keeps until its last part, [`feed`] the feed's
+//! snapshot read in parts keeps until its last part, [`cached`] how a new history's parts
+//! compare with what the sink holds, [`feed`] the feed's
 //! life, [`handle`] the dispatch of inputs and timeouts, [`confirm`] announcements awaiting
 //! the source's confirmation, [`vanishing`] what a source drops without a message. This file holds the machine
 //! itself: its state, constructors, getters, mutators and requests.
 
 mod apply;
+mod cached;
 mod confirm;
 mod feed;
 mod handle;
@@ -31,6 +33,7 @@ use crate::prefix::KeyPrefix;
 use crate::rng::Rng;
 use crate::time::Time;
 
+pub use cached::Cached;
 pub use confirm::Ahead;
 pub use io::{
     Apply, CaughtUp, Continuity, FeedInfo, Follow, Input, Notice, Output, Request, Token,

@@ -1,11 +1,14 @@
 //! A snapshot read part by part ([`Input::SnapshotPart`](crate::Input::SnapshotPart)):
 //! what a resync keeps while the parts pass — the keys they name, and only the entries that
 //! differ from the cache — so that it holds what changed, not a second copy of the source,
-//! and how the last part applies exactly what the whole snapshot would have.
+//! and how the last part applies exactly what the whole snapshot would have. A snapshot of
+//! a new history keeps every entry, but of one whose value the sink already holds (see
+//! [`Cached`]) only its key and seq.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
+use super::cached::Cached;
 use super::confirm::Confirmation;
 use super::{Follower, Pending};
 use crate::decode::Decode;
@@ -30,6 +33,11 @@ pub(super) struct Parts {
     /// differs from the index, names a key an announcement claims, carries an expiry,
     /// repeats a key, or is invalid.
     kept: Vec<Entry>,
+    /// The entries of a new history whose values the sink holds already: their keys
+    /// (the index's own allocation) and seqs, in the order they came. At the switch they
+    /// are restamped before any kept entry is put: a later put of the key then wins or is
+    /// stale by seq, as it would be against the put they stand for.
+    same: Vec<(Arc<str>, u64)>,
     /// What the entries passed so far say of the announcements held unconfirmed: the first
     /// verdict found for each key (the whole snapshot's `find_map`).
     found: BTreeMap<String, Confirmation>,
@@ -90,6 +98,7 @@ impl<D: Decode> Follower<D> {
         entries: Vec<Entry>,
         source_watermark: u64,
         now: Time,
+        cached: Option<&dyn Cached<D::Value>>,
     ) {
         if !self.snapshot_outstanding(token) {
             self.counters.ignored += 1;
@@ -107,8 +116,10 @@ impl<D: Decode> Follower<D> {
                     source_watermark,
                     reset,
                     seen: Seen::Sorted(Vec::with_capacity(keys)),
-                    // A new history keeps every entry.
-                    kept: Vec::with_capacity(if reset { keys } else { 0 }),
+                    // A new history keeps every entry, or where the sink says what it
+                    // holds, about every key and seq.
+                    kept: Vec::with_capacity(if reset && cached.is_none() { keys } else { 0 }),
+                    same: Vec::with_capacity(if reset && cached.is_some() { keys } else { 0 }),
                     found: BTreeMap::new(),
                     top: source_watermark,
                     went_back: false,
@@ -118,7 +129,7 @@ impl<D: Decode> Follower<D> {
         let Some(mut parts) = self.same_point(parts, source_watermark, now) else {
             return;
         };
-        self.absorb(&mut parts, entries);
+        self.absorb(&mut parts, entries, cached);
         self.parts = Some(parts);
     }
 
@@ -129,7 +140,13 @@ impl<D: Decode> Follower<D> {
     }
 
     /// The last part of a snapshot read in parts ([`has_parts`](Self::has_parts)).
-    pub(super) fn on_last_part(&mut self, entries: Vec<Entry>, source_watermark: u64, now: Time) {
+    pub(super) fn on_last_part(
+        &mut self,
+        entries: Vec<Entry>,
+        source_watermark: u64,
+        now: Time,
+        cached: Option<&dyn Cached<D::Value>>,
+    ) {
         let Some(parts) = self.parts.take() else {
             return;
         };
@@ -138,7 +155,7 @@ impl<D: Decode> Follower<D> {
         };
         self.request = None;
         self.backoffs.failure.healthy(now);
-        self.absorb(&mut parts, entries);
+        self.absorb(&mut parts, entries, cached);
         if self.read_again_as_new(&parts) {
             return;
         }
@@ -188,8 +205,14 @@ impl<D: Decode> Follower<D> {
     /// Takes a part's entries in: records their keys and keeps those the last part must
     /// see. An entry dropped here is one the whole snapshot would have passed over (the
     /// index holds the key at its seq), and its key is recorded with the index's own
-    /// allocation, so the entry is freed whole.
-    fn absorb(&mut self, parts: &mut Parts, entries: Vec<Entry>) {
+    /// allocation, so the entry is freed whole. So is an entry of a new history whose
+    /// value `cached` holds for its key (the first named of its key), its seq kept.
+    fn absorb(
+        &mut self,
+        parts: &mut Parts,
+        entries: Vec<Entry>,
+        cached: Option<&dyn Cached<D::Value>>,
+    ) {
         for entry in entries {
             parts.top = parts.top.max(entry.seq);
             let claim = self.ahead.get(&*entry.key);
@@ -206,6 +229,20 @@ impl<D: Decode> Follower<D> {
                 && let Some(verdict) = claim.is(&entry)
             {
                 parts.found.insert(entry.key.to_string(), verdict);
+            }
+            // An announced key is settled by the snapshot's entry itself, put as it is.
+            if parts.reset
+                && claim.is_none()
+                && let Some(cached) = cached
+                && self.same_as_cached(&entry, cached)
+            {
+                let key = found.map_or_else(|| Arc::clone(&entry.key), |(k, _)| Arc::clone(k));
+                if parts.seen.insert(Arc::clone(&key)) {
+                    parts.same.push((key, entry.seq));
+                    continue;
+                }
+                parts.kept.push(entry);
+                continue;
             }
             // An expiring value is kept: the index may drop its key before the last part
             // (the expiry comes due), and the whole snapshot would then put it again.
@@ -240,6 +277,7 @@ impl<D: Decode> Follower<D> {
             reset,
             seen,
             kept,
+            same,
             found,
             top,
             ..
@@ -252,7 +290,7 @@ impl<D: Decode> Follower<D> {
         self.reset_if_new(source_watermark, reset);
         let gone = self.gone(source_watermark, |key| seen.contains(key));
         drop(seen);
-        self.apply_snapshot(kept, gone, source_watermark, top);
+        self.apply_snapshot(kept, same, gone, (source_watermark, top));
     }
 
     /// The index changed between parts (`key` expired, or keys were learned): what was
@@ -261,8 +299,14 @@ impl<D: Decode> Follower<D> {
     /// key whose part has not come, or whose entry was kept, changes nothing kept.
     pub(super) fn parts_disturbed(&mut self, key: Option<&str>) {
         let Some(parts) = &self.parts else { return };
+        // A new history's entry standing for the value the sink holds is disturbed when
+        // that value goes: it must be put whole.
         let harmless = key.is_some_and(|key| {
-            parts.reset || !parts.seen.contains(key) || parts.kept.iter().any(|e| *e.key == *key)
+            if parts.reset {
+                !parts.same.iter().any(|(k, _)| **k == *key)
+            } else {
+                !parts.seen.contains(key) || parts.kept.iter().any(|e| *e.key == *key)
+            }
         });
         if !harmless && self.snapshot_outstanding(parts.token) {
             self.send(Pending::Snapshot);

@@ -121,6 +121,7 @@ where
         let applied = match apply {
             Apply::Put { key, seq, value } => self.sink.put(key, seq, value).await,
             Apply::Remove { key, seq } => self.sink.remove(key, seq).await,
+            Apply::Restamp { keys } => self.sink.restamp(keys).await,
         };
         match applied {
             Ok(()) => Ok(true),
@@ -280,9 +281,16 @@ where
                 // The sink failed before the answer could be used: the core rewound.
                 Asked::Dropped => continue,
             };
-            self.core.handle_input(answer, self.clock.now());
+            self.hand(answer);
         }
         Ok(())
+    }
+
+    /// Hands the core an answer, with what the sink holds where it says
+    /// ([`Sink::HOLDS_VALUES`]): a new history's snapshot then keeps no second copy of a
+    /// value the sink holds.
+    pub(super) fn hand(&mut self, input: Input) {
+        hand(&mut self.core, &self.sink, input, self.clock.now());
     }
 
     /// Carries out an output that needs no port (a cache change, a checkpoint, a notice, a
@@ -571,14 +579,12 @@ where
             if entries.is_empty() {
                 continue;
             }
-            self.core.handle_input(
-                Input::SnapshotPart {
-                    token,
-                    entries,
-                    source_watermark,
-                },
-                self.clock.now(),
-            );
+            let part = Input::SnapshotPart {
+                token,
+                entries,
+                source_watermark,
+            };
+            hand(&mut self.core, &self.sink, part, self.clock.now());
         }
         Some(Input::Snapshot {
             token,
@@ -773,5 +779,27 @@ fn diagnose(worker: &str, source: &str, d: Diagnostic) {
             );
         }
         other => debug!(worker, source, ?other, "diagnostic"),
+    }
+}
+
+/// Hands `core` an input (see [`FollowerTask::hand`]), borrowing only the core and the
+/// sink (a snapshot's parts borrow the source meanwhile).
+fn hand<D: Decode, V, K: Sink<V>>(core: &mut Follower<D>, sink: &K, input: Input, now: Time)
+where
+    D: Decode<Value = V>,
+{
+    if K::HOLDS_VALUES {
+        core.handle_input_with(input, now, &Held(sink));
+    } else {
+        core.handle_input(input, now);
+    }
+}
+
+/// A sink's committed values, as the core compares a new history's entries with them.
+struct Held<'a, K>(&'a K);
+
+impl<V, K: Sink<V>> tidemark_core::Cached<V> for Held<'_, K> {
+    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
+        self.0.holds(key, same)
     }
 }
