@@ -2,8 +2,13 @@
 //! code): bytes per cached key at 1M keys with 100-byte values against a bare
 //! `HashMap<String, Vec<u8>>` of the same entries, and the peak during a full resync
 //! against the steady state (a relist that doubles memory is what kube-runtime users
-//! complain of). The resync reads its snapshot in parts and keeps only what changed; the
-//! peak when the snapshot is of a new history (every entry kept) is printed too.
+//! complain of). The resync reads its snapshot in parts and keeps only what changed.
+//!
+//! Then the peak when the snapshot is of a new history, twice: a restore of the same data
+//! (every value equal to the cached one: only keys and seqs are kept until the switch),
+//! and a history whose every value differs, where both copies must live at the switch
+//! instant (the old for readers until it, the new right after). Its floor is printed
+//! beside it: the steady state plus each new value as the cache holds it.
 //!
 //! `cargo bench -p tidemark-memory --bench memory`
 #![allow(clippy::unwrap_used)]
@@ -54,6 +59,13 @@ fn main() {
         }
         // Restored at the end, for a resync from a new history (counted in `before`).
         let backup = source.backup();
+        // Another history of the same keys, every value different (counted in `before`).
+        let other = MemorySource::default();
+        for i in 0..N {
+            other.put(&key(i), vec![b'z'; VALUE]).await.unwrap();
+        }
+        let differing = other.backup();
+        drop(other);
         // The follower's share: what is live once it is ready, less what was live before
         // (the source's own copy of the entries).
         let before = live();
@@ -108,6 +120,36 @@ fn main() {
             .unwrap();
         let source_now = (before - freed) as isize + grown;
         let reset_peak_bytes = (peak() as isize - source_now) as usize + shared_keys;
+        assert_eq!(cache.len(), N);
+        let settled = live();
+
+        // A new history where every value differs: one more write takes the follower past
+        // the other history's head, which is then restored (its keys and values are the
+        // backup's own, allocated before `before`: the restore allocates the source's copy).
+        let mut status = handle.watch_status();
+        source.put(&key(N), vec![b'y'; VALUE]).await.unwrap();
+        status
+            .wait_for(|s| s.watermark == source.current_watermark())
+            .await
+            .unwrap();
+        let ahead = live();
+        source.restore(&differing);
+        let grown = live() as isize - ahead as isize;
+        reset_peak();
+        status
+            .wait_for(|s| s.counters.resets == 2 && s.watermark == source.current_watermark())
+            .await
+            .unwrap();
+        // The source's share: as after the restore above, plus the write (the follower's
+        // few hundred bytes of it counted as the source's) and this restore.
+        let source_now = source_now + (ahead as isize - settled as isize) + grown;
+        let differing_peak = (peak() as isize - source_now) as usize + shared_keys;
+        assert_eq!(cache.len(), N);
+        assert_eq!(cache.get(&key(0)).unwrap().as_slice(), &[b'z'; VALUE][..]);
+        // The floor: both copies of every value at the switch instant, each new one as
+        // the cache holds it (its bytes, and the `Arc` of its `Vec` header), nothing else.
+        let new_value = VALUE + std::mem::size_of::<[usize; 2]>() + std::mem::size_of::<Vec<u8>>();
+        let floor = steady + N * new_value;
 
         println!(
             "bare HashMap<String, Vec<u8>>: {:.1} MiB, {:.0} bytes/key",
@@ -127,9 +169,20 @@ fn main() {
             mib(after)
         );
         println!(
-            "resync peak from a new history (every entry kept): {:.1} MiB = {:.2}x the steady state",
+            "resync peak from a new history, same values (a restore): {:.1} MiB = {:.2}x the steady state (goal <= 1.5x)",
             mib(reset_peak_bytes),
             reset_peak_bytes as f64 / steady as f64
+        );
+        println!(
+            "resync peak from a new history, every value different: {:.1} MiB = {:.2}x the steady state",
+            mib(differing_peak),
+            differing_peak as f64 / steady as f64
+        );
+        println!(
+            "  its floor, both copies at the switch: steady {:.1} MiB + {N} x {new_value} bytes (a {VALUE}-byte value in its Arc'd Vec) = {:.1} MiB = {:.2}x",
+            mib(steady),
+            mib(floor),
+            floor as f64 / steady as f64
         );
         handle
             .stop_within(std::time::Duration::from_secs(60))
