@@ -454,7 +454,7 @@ struct Holds(std::collections::BTreeMap<String, String>);
 
 impl Cached<String> for Holds {
     fn holds(&self, key: &str, same: &mut dyn FnMut(&String) -> bool) -> bool {
-        self.0.get(key).is_some_and(|v| same(v))
+        self.0.get(key).is_some_and(same)
     }
 }
 

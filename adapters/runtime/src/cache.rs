@@ -74,6 +74,9 @@ impl<V> Clone for Cache<V> {
     }
 }
 
+/// Keys that keep their values, each as of its new seq ([`Sink::restamp`]).
+type Restamps = Vec<(Arc<str>, u64)>;
+
 /// One change waiting for the batch's commit: a value to put, or `None` to remove.
 #[derive(Debug)]
 struct Pending<V> {
@@ -91,7 +94,7 @@ pub struct CacheWriter<V> {
     pending: Vec<Pending<V>>,
     /// Keys restamped in the batch (a new history's entries equal to what the cache
     /// holds), each list with the number of pending changes before it.
-    restamps: Vec<(usize, Vec<(Arc<str>, u64)>)>,
+    restamps: Vec<(usize, Restamps)>,
 }
 
 /// A new, empty cache: its writer (give it to a follower) and a reader.
@@ -272,7 +275,7 @@ impl<V> CacheWriter<V> {
 
 /// Keeps each key's value, now as of its new seq (noted in `changes`, when someone
 /// listens). The follower restamps only keys the cache said it holds.
-fn restamp<V>(map: &mut Map<V>, keys: Vec<(Arc<str>, u64)>, mut changes: Option<&mut Vec<Change>>) {
+fn restamp<V>(map: &mut Map<V>, keys: Restamps, mut changes: Option<&mut Vec<Change>>) {
     for (key, seq) in keys {
         let Some(held) = map.get_mut(&key) else {
             debug_assert!(false, "{key} restamped but not held");

@@ -81,10 +81,8 @@ impl Source for Parts {
                 {
                     hold.notified().await;
                 }
-                if i == 1 {
-                    if fail {
-                        return Err(Error::unavailable("source", "connection lost midway"));
-                    }
+                if i == 1 && fail {
+                    return Err(Error::unavailable("source", "connection lost midway"));
                 }
                 counted.fetch_add(1, Ordering::SeqCst);
                 part

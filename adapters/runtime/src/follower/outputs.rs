@@ -784,10 +784,7 @@ fn diagnose(worker: &str, source: &str, d: Diagnostic) {
 
 /// Hands `core` an input (see [`FollowerTask::hand`]), borrowing only the core and the
 /// sink (a snapshot's parts borrow the source meanwhile).
-fn hand<D: Decode, V, K: Sink<V>>(core: &mut Follower<D>, sink: &K, input: Input, now: Time)
-where
-    D: Decode<Value = V>,
-{
+fn hand<D: Decode, K: Sink<D::Value>>(core: &mut Follower<D>, sink: &K, input: Input, now: Time) {
     if K::HOLDS_VALUES {
         core.handle_input_with(input, now, &Held(sink));
     } else {
