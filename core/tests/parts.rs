@@ -453,8 +453,8 @@ fn keys_remembered_between_parts_have_the_snapshot_read_again() {
 struct Holds(std::collections::BTreeMap<String, String>);
 
 impl Cached<String> for Holds {
-    fn holds(&self, key: &str, same: &mut dyn FnMut(&String) -> bool) -> bool {
-        self.0.get(key).is_some_and(same)
+    fn holds(&self, key: &str, new: &String, same: &dyn Fn(&String, &String) -> bool) -> bool {
+        self.0.get(key).is_some_and(|held| same(held, new))
     }
 }
 

@@ -293,7 +293,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     const FALLIBLE: bool = false;
     const HOLDS_VALUES: bool = true;
 
-    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
+    fn holds(&self, key: &str, new: &V, same: &dyn Fn(&V, &V) -> bool) -> bool {
         // Only what is committed: a change pending would not be what it compares with.
         debug_assert!(self.pending.is_empty() && self.restamps.is_empty());
         self.shared
@@ -301,7 +301,7 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(key)
-            .is_some_and(|(_, value)| same(value))
+            .is_some_and(|(_, held)| same(held, new))
     }
 
     async fn restamp(&mut self, keys: Vec<(Arc<str>, u64)>) -> Result<()> {

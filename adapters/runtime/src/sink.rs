@@ -159,11 +159,12 @@ pub trait Sink<V>: Send {
     /// Remove `key` as of `seq`.
     fn remove(&mut self, key: Arc<str>, seq: u64) -> impl Future<Output = Result<()>> + Send;
 
-    /// Calls `same` on the value committed for `key` and returns its answer; `false`
-    /// (without calling it) when none is. Asked only of a sink that says
-    /// [`HOLDS_VALUES`](Self::HOLDS_VALUES), between commits.
-    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
-        let _ = (key, same);
+    /// Whether the value committed for `key` is `new`: by `same` (the decoder's
+    /// [`Decode::same`](tidemark_core::Decode::same)) against a value it keeps, or by its
+    /// own means (a store of bytes compares bytes); `false` when it holds none. Asked only
+    /// of a sink that says [`HOLDS_VALUES`](Self::HOLDS_VALUES), between commits.
+    fn holds(&self, key: &str, new: &V, same: &dyn Fn(&V, &V) -> bool) -> bool {
+        let _ = (key, new, same);
         false
     }
 

@@ -14,9 +14,10 @@ use crate::time::Time;
 /// and nothing since (between parts, nothing is applied), so the value compared with is
 /// the one the sink still holds when the history switches.
 pub trait Cached<V> {
-    /// Calls `same` on the value held for `key` and returns its answer; `false` (without
-    /// calling it) when none is held.
-    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool;
+    /// Whether the value held for `key` is `new`: by `same` (the decoder's
+    /// [`Decode::same`]) against a held value, or by the sink's own means (a store that
+    /// keeps bytes compares bytes). `false` when none is held.
+    fn holds(&self, key: &str, new: &V, same: &dyn Fn(&V, &V) -> bool) -> bool;
 }
 
 impl<D: Decode> Follower<D> {
@@ -46,12 +47,11 @@ impl<D: Decode> Follower<D> {
         {
             return false;
         }
-        // Decoded only for a key the sink holds; a copy, since an entry that differs is
-        // kept whole and decoded again at the switch.
-        cached.holds(&entry.key, &mut |held| {
-            self.decoder
-                .decode(&entry.key, entry.value.clone())
-                .is_ok_and(|new| self.decoder.same(held, &new))
-        })
+        // A copy, since an entry that differs is kept whole and decoded again at the
+        // switch (a poison one too: it is counted there).
+        let Ok(new) = self.decoder.decode(&entry.key, entry.value.clone()) else {
+            return false;
+        };
+        cached.holds(&entry.key, &new, &|held, new| self.decoder.same(held, new))
     }
 }

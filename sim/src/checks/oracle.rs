@@ -902,6 +902,73 @@ impl Probe {
     }
 }
 
+impl<K> Probed<K> {
+    /// Checks a put (or what stands for one: `what`) of `value` at `seq` against what the
+    /// probe saw, and records it for the commit.
+    fn check_put(&self, what: &str, key: String, seq: u64, value: String) {
+        let p = &self.probe;
+        let mut s = lock(&p.state);
+        // A follower taking a restored history forgets every seq it held and puts the
+        // source's state again: the same change again is no regression then.
+        // So does a follower whose source compacted past its watermark, where nothing
+        // may be left to tell its history from a restored one.
+        let adopting = p.past_replaced(&s) || p.history.compacted_past(s.watermark);
+        let again = |have: u64, held: &str| adopting && have == seq && held == value;
+        // A foreign event's seq and value are no real version: replacing them is no
+        // regression.
+        if let Some((have, held)) = s.working(&key)
+            && have >= seq
+            && p.history.wrote(&key, have, held)
+            && !again(have, held)
+        {
+            p.violation(
+                &mut s,
+                format!("{key}: put at seq {seq} over newer-or-equal {have}"),
+            );
+        }
+        // A removal shown at the seq of a put the source made there stands for a
+        // removal the source made later (a marker's fetch found the key absent): a
+        // real put older than that removal, shown after it, brings back a value the
+        // source had removed.
+        if !adopting
+            && let Some(at) = s.removed_at(&key)
+            && at < seq
+            && p.history.wrote(&key, seq, &value)
+            && let Some(removal) = p.history.removal_behind(&key, at)
+            && seq < removal
+        {
+            p.violation(
+                &mut s,
+                format!(
+                    "{key}: put at seq {seq} after its removal shown at {at}, which the \
+                     source made at {removal}: older than the removal"
+                ),
+            );
+        }
+        // Putting a real change again over a forged value is the repair of the forgery
+        // (a read of the source replaced it), not a second apply.
+        let over_forged = match s.working(&key) {
+            Some((have, held)) => !p.history.wrote(&key, have, held),
+            None => s
+                .removed_at(&key)
+                .is_some_and(|at| !p.history.removed(&key, at)),
+        };
+        // Only a change the source made has a seq to apply twice: a claim it never
+        // made (a replaced history's, a forged one) comes again whenever the stream
+        // delivers it again, and the next read replaces it again.
+        if !over_forged
+            && !adopting
+            && p.history.wrote(&key, seq, &value)
+            && (s.applied.contains(&(seq, key.clone(), value.clone()))
+                || s.pending_applied(&key, seq, &value))
+        {
+            p.violation(&mut s, format!("seq {seq} applied twice"));
+        }
+        p.trace.line(format!("{} {what} {key}@{seq}", p.name));
+        s.pending.push((key, seq, Some(value)));
+    }
+}
+
 /// Whether a check excuses the revisions a follower's sparse feed never delivered.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Skips {
@@ -922,71 +989,32 @@ pub struct Probed<K> {
 impl<K: Sink<String>> Sink<String> for Probed<K> {
     const FALLIBLE: bool = K::FALLIBLE;
 
+    const HOLDS_VALUES: bool = K::HOLDS_VALUES;
+
     async fn put(&mut self, shared: Arc<str>, seq: u64, value: String) -> Result<()> {
-        {
-            let key = shared.to_string();
-            let p = &self.probe;
-            let mut s = lock(&p.state);
-            // A follower taking a restored history forgets every seq it held and puts the
-            // source's state again: the same change again is no regression then.
-            // So does a follower whose source compacted past its watermark, where nothing
-            // may be left to tell its history from a restored one.
-            let adopting = p.past_replaced(&s) || p.history.compacted_past(s.watermark);
-            let again = |have: u64, held: &str| adopting && have == seq && held == value;
-            // A foreign event's seq and value are no real version: replacing them is no
-            // regression.
-            if let Some((have, held)) = s.working(&key)
-                && have >= seq
-                && p.history.wrote(&key, have, held)
-                && !again(have, held)
-            {
-                p.violation(
-                    &mut s,
-                    format!("{key}: put at seq {seq} over newer-or-equal {have}"),
-                );
-            }
-            // A removal shown at the seq of a put the source made there stands for a
-            // removal the source made later (a marker's fetch found the key absent): a
-            // real put older than that removal, shown after it, brings back a value the
-            // source had removed.
-            if !adopting
-                && let Some(at) = s.removed_at(&key)
-                && at < seq
-                && p.history.wrote(&key, seq, &value)
-                && let Some(removal) = p.history.removal_behind(&key, at)
-                && seq < removal
-            {
-                p.violation(
-                    &mut s,
-                    format!(
-                        "{key}: put at seq {seq} after its removal shown at {at}, which the \
-                         source made at {removal}: older than the removal"
-                    ),
-                );
-            }
-            // Putting a real change again over a forged value is the repair of the forgery
-            // (a read of the source replaced it), not a second apply.
-            let over_forged = match s.working(&key) {
-                Some((have, held)) => !p.history.wrote(&key, have, held),
-                None => s
-                    .removed_at(&key)
-                    .is_some_and(|at| !p.history.removed(&key, at)),
-            };
-            // Only a change the source made has a seq to apply twice: a claim it never
-            // made (a replaced history's, a forged one) comes again whenever the stream
-            // delivers it again, and the next read replaces it again.
-            if !over_forged
-                && !adopting
-                && p.history.wrote(&key, seq, &value)
-                && (s.applied.contains(&(seq, key.clone(), value.clone()))
-                    || s.pending_applied(&key, seq, &value))
-            {
-                p.violation(&mut s, format!("seq {seq} applied twice"));
-            }
-            p.trace.line(format!("{} put {key}@{seq}", p.name));
-            s.pending.push((key, seq, Some(value.clone())));
-        }
+        self.check_put("put", shared.to_string(), seq, value.clone());
         self.inner.put(shared, seq, value).await
+    }
+
+    fn holds(&self, key: &str, new: &String, same: &dyn Fn(&String, &String) -> bool) -> bool {
+        self.inner.holds(key, new, same)
+    }
+
+    /// Checked as a put of the value held: a restamp stands for it.
+    async fn restamp(&mut self, keys: Vec<(Arc<str>, u64)>) -> Result<()> {
+        for (key, seq) in &keys {
+            let held = lock(&self.probe.state)
+                .working(key)
+                .map(|(_, v)| v.to_owned());
+            let Some(held) = held else {
+                let p = &self.probe;
+                let what = format!("{key}: restamped at {seq} but not held");
+                p.violation(&mut lock(&p.state), what);
+                continue;
+            };
+            self.check_put("restamp", key.to_string(), *seq, held);
+        }
+        self.inner.restamp(keys).await
     }
 
     async fn remove(&mut self, shared: Arc<str>, seq: u64) -> Result<()> {
@@ -1081,23 +1109,6 @@ impl<K: Sink<String>> Sink<String> for Probed<K> {
 
     async fn drain(&mut self) {
         self.inner.drain().await;
-    }
-}
-
-/// The sink of a follower whose cache lives only in its process: nothing to make durable,
-/// nothing to resume, never fails.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Volatile;
-
-impl<V: Send> Sink<V> for Volatile {
-    const FALLIBLE: bool = false;
-
-    async fn put(&mut self, _key: Arc<str>, _seq: u64, _value: V) -> Result<()> {
-        Ok(())
-    }
-
-    async fn remove(&mut self, _key: Arc<str>, _seq: u64) -> Result<()> {
-        Ok(())
     }
 }
 

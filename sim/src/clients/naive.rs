@@ -163,6 +163,20 @@ macro_rules! each {
 }
 
 impl Sink<String> for Durable {
+    // The persisted cache's: the naive ones over it say they hold none.
+    const HOLDS_VALUES: bool = true;
+
+    fn holds(&self, key: &str, new: &String, same: &dyn Fn(&String, &String) -> bool) -> bool {
+        match self {
+            Durable::Store(s) => Sink::<String>::holds(s, key, new, same),
+            Durable::ForgetsIndex(_) | Durable::WatermarkFirst(_) => false,
+        }
+    }
+
+    async fn restamp(&mut self, keys: Vec<(Arc<str>, u64)>) -> Result<()> {
+        each!(self, s => Sink::<String>::restamp(s, keys).await)
+    }
+
     async fn put(&mut self, key: Arc<str>, seq: u64, value: String) -> Result<()> {
         each!(self, s => Sink::<String>::put(s, key, seq, value).await)
     }

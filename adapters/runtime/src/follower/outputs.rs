@@ -796,7 +796,7 @@ fn hand<D: Decode, K: Sink<D::Value>>(core: &mut Follower<D>, sink: &K, input: I
 struct Held<'a, K>(&'a K);
 
 impl<V, K: Sink<V>> tidemark_core::Cached<V> for Held<'_, K> {
-    fn holds(&self, key: &str, same: &mut dyn FnMut(&V) -> bool) -> bool {
-        self.0.holds(key, same)
+    fn holds(&self, key: &str, new: &V, same: &dyn Fn(&V, &V) -> bool) -> bool {
+        self.0.holds(key, new, same)
     }
 }
