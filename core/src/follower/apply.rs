@@ -696,7 +696,7 @@ impl<D: Decode> Follower<D> {
     /// seq named (`top`, at least `source_watermark`).
     pub(super) fn apply_snapshot(
         &mut self,
-        entries: Vec<Entry>,
+        entries: impl IntoIterator<Item = Entry>,
         same: Vec<(Arc<str>, u64)>,
         gone: Vec<Arc<str>>,
         (source_watermark, top): (u64, u64),
