@@ -144,6 +144,7 @@ fn main() {
         // few hundred bytes of it counted as the source's) and this restore.
         let source_now = source_now + (ahead as isize - settled as isize) + grown;
         let differing_peak = (peak() as isize - source_now) as usize + shared_keys;
+        let differing_after = (live() as isize - source_now) as usize + shared_keys;
         assert_eq!(cache.len(), N);
         assert_eq!(cache.get(&key(0)).unwrap().as_slice(), &[b'z'; VALUE][..]);
         // The floor: both copies of every value at the switch instant, each new one as
@@ -174,9 +175,10 @@ fn main() {
             reset_peak_bytes as f64 / steady as f64
         );
         println!(
-            "resync peak from a new history, every value different: {:.1} MiB = {:.2}x the steady state",
+            "resync peak from a new history, every value different: {:.1} MiB = {:.2}x the steady state; after it {:.1} MiB",
             mib(differing_peak),
-            differing_peak as f64 / steady as f64
+            differing_peak as f64 / steady as f64,
+            mib(differing_after)
         );
         println!(
             "  its floor, both copies at the switch: steady {:.1} MiB + {N} x {new_value} bytes (a {VALUE}-byte value in its Arc'd Vec) = {:.1} MiB = {:.2}x",

@@ -267,6 +267,11 @@ impl<V> CacheWriter<V> {
             }
             self.shared.watermark.store(watermark, Ordering::Release);
         }
+        // A batch of a whole new history needs room for a change per key: not kept once
+        // it is applied (32 MiB at 1M keys), beyond what a sync's batch needs.
+        if self.pending.capacity() > crate::sink::SYNC_FEED_BATCH {
+            self.pending.shrink_to(crate::sink::SYNC_FEED_BATCH);
+        }
         for change in changes {
             let _ = self.shared.changes.send(change);
         }
@@ -349,5 +354,29 @@ impl<V: Send + Sync> Sink<V> for CacheWriter<V> {
     async fn rollback(&mut self) {
         self.pending.clear();
         self.restamps.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_huge_batch_leaves_no_room_for_another_behind() {
+        let (mut writer, reader) = cache::<u64>();
+        let n = 2 * crate::sink::SYNC_FEED_BATCH as u64;
+        for i in 0..n {
+            writer.put(format!("k{i}").into(), i + 1, i).await.unwrap();
+        }
+        writer
+            .commit(n, tidemark_core::Lineage::default())
+            .await
+            .unwrap();
+        assert_eq!(reader.len() as u64, n);
+        assert!(
+            writer.pending.capacity() <= crate::sink::SYNC_FEED_BATCH,
+            "{} changes of room kept, empty",
+            writer.pending.capacity()
+        );
     }
 }

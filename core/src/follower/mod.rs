@@ -558,7 +558,13 @@ impl<D: Decode> Follower<D> {
     /// The next decision, if any.
     #[must_use]
     pub fn poll_output(&mut self) -> Option<Output<D::Value>> {
-        self.out.pop_front()
+        let out = self.out.pop_front();
+        // A resync onto a new history decides a change per key at once: room for 1M
+        // outputs (72 MiB) would otherwise stay held, empty, for the follower's life.
+        if out.is_none() && self.out.capacity() > MAX_HELD {
+            self.out.shrink_to(MAX_HELD);
+        }
+        out
     }
 
     /// The next decision, left in place: a driver that carries out some kinds of output
@@ -686,5 +692,29 @@ impl<D: Decode> Follower<D> {
             return;
         }
         self.maybe_open_feed();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decode::RawBytes;
+
+    #[test]
+    fn the_room_a_huge_decision_took_is_given_back_once_it_is_drained() {
+        let config = FollowerConfig::builder("t")
+            .build()
+            .expect("a valid config");
+        let mut f = Follower::new(config, RawBytes);
+        while f.poll_output().is_some() {}
+        for _ in 0..10 * MAX_HELD {
+            f.out.push_back(Output::Notice(Notice::Stopped));
+        }
+        while f.poll_output().is_some() {}
+        assert!(
+            f.out.capacity() <= MAX_HELD,
+            "{} outputs of room kept, empty",
+            f.out.capacity()
+        );
     }
 }
