@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::confirm::{Claim, Claimed, Confirmation};
+use super::switch::{Rest, Switch};
 use super::{Follower, Held, Pending};
 use crate::decode::Decode;
 use crate::entry::{CacheChange, Entry, Op};
@@ -600,7 +601,7 @@ impl<D: Decode> Follower<D> {
     /// named with an entry the follower could not apply (poison, too large, invalid).
     /// Skipping poison keeps the key's older value only when that value is the source's;
     /// this one never was. Returns how many it removed.
-    fn remove_unreplaced(&mut self, seq: u64) -> usize {
+    pub(super) fn remove_unreplaced(&mut self, seq: u64) -> usize {
         let mut stale: Vec<Arc<str>> = self
             .index
             .seqs
@@ -648,7 +649,7 @@ impl<D: Decode> Follower<D> {
         let gone = self.gone(source_watermark, |key| present.contains(key));
         drop(present);
         let at = (source_watermark, source_watermark);
-        self.apply_snapshot(entries, Vec::new(), gone, at);
+        self.apply_snapshot(Rest::Whole(entries.into_iter()), Vec::new(), gone, at);
     }
 
     /// A snapshot of a new history (below the watermark, or one a read's lineage proved
@@ -696,7 +697,7 @@ impl<D: Decode> Follower<D> {
     /// seq named (`top`, at least `source_watermark`).
     pub(super) fn apply_snapshot(
         &mut self,
-        entries: impl IntoIterator<Item = Entry>,
+        entries: Rest,
         same: Vec<(Arc<str>, u64)>,
         gone: Vec<Arc<str>>,
         (source_watermark, top): (u64, u64),
@@ -710,32 +711,15 @@ impl<D: Decode> Follower<D> {
                 seq: removal_seq,
             }));
         }
-        let (mut applied, mut top) = (self.restamp(same), top.max(source_watermark));
-        for entry in entries {
-            top = top.max(entry.seq);
-            if entry.seq == 0 {
-                self.invalid(0, &entry.key, InvalidReason::ZeroSeq);
-            } else if entry.op != Op::Put {
-                self.invalid(entry.seq, &entry.key, InvalidReason::UnexpectedInRows);
-            } else if self.index.get(&entry.key) != Some(entry.seq) || self.put_again(&entry.key) {
-                applied += self
-                    .apply(entry.seq, entry.key, Op::Put, entry.value, entry.expires_in)
-                    .0;
-            }
-        }
-        let removed = gone.len() + self.remove_unreplaced(removal_seq);
-        self.advance(top);
-        let read = self.read_lineage.take().map(|(_, l)| l);
-        self.adopt_snapshot_lineage(source_watermark, read);
-        self.become_ready();
-        let watermark = self.watermark;
-        self.notice(Notice::CaughtUp(CaughtUp {
+        let applied = self.restamp(same);
+        self.start_switch(Switch {
+            rest: entries,
             applied,
-            removed,
-            watermark,
-            resynced: true,
-        }));
-        self.settle();
+            top: top.max(source_watermark),
+            removal_seq,
+            removed: gone.len(),
+            source_watermark,
+        });
     }
 
     /// Restamps the keys of a new history's entries whose values the sink holds: each
@@ -763,7 +747,7 @@ impl<D: Decode> Follower<D> {
     /// seq may name another change (see
     /// [`unconfirmed_at_compaction`](Self::unconfirmed_at_compaction)). Its seq is
     /// forgotten first, so the put is not taken for a stale one.
-    fn put_again(&mut self, key: &Arc<str>) -> bool {
+    pub(super) fn put_again(&mut self, key: &Arc<str>) -> bool {
         if self.unconfirmed {
             self.index.set(Arc::clone(key), 0);
         }

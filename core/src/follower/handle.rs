@@ -11,6 +11,7 @@ impl<D: Decode> Follower<D> {
 
     /// Time passed: retries whose backoff is over happen now.
     pub fn handle_timeout(&mut self, now: Time) {
+        self.finish_switch();
         if self.stopped() {
             return;
         }
@@ -53,6 +54,7 @@ impl<D: Decode> Follower<D> {
         now: Time,
         cached: Option<&dyn Cached<D::Value>>,
     ) {
+        self.finish_switch();
         if self.stopped() {
             return;
         }

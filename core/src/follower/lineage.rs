@@ -51,6 +51,7 @@ impl<D: Decode> Follower<D> {
     /// A warm start: the lineage the sink kept with the watermark it resumed from (see
     /// [`lineage`](Self::lineage)). The first read of the source checks it.
     pub fn remember_lineage(&mut self, lineage: Lineage) {
+        self.finish_switch();
         self.known = Known {
             history: lineage.history,
             stamp_at: lineage.stamp.map(|s| (self.watermark, s)),

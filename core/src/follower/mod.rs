@@ -4,7 +4,8 @@
 //! [`index`] the key index and its undo log, [`timers`] the backoff deadlines, and
 //! [`apply`] how entries, reconciles and snapshots change the cache, [`parts`] what a
 //! snapshot read in parts keeps until its last part, [`cached`] how a new history's parts
-//! compare with what the sink holds, [`feed`] the feed's
+//! compare with what the sink holds, [`switch`] a snapshot's puts decided as they are
+//! taken, [`feed`] the feed's
 //! life, [`handle`] the dispatch of inputs and timeouts, [`confirm`] announcements awaiting
 //! the source's confirmation, [`vanishing`] what a source drops without a message. This file holds the machine
 //! itself: its state, constructors, getters, mutators and requests.
@@ -19,6 +20,7 @@ mod io;
 mod lineage;
 mod parts;
 mod status;
+mod switch;
 mod timers;
 mod vanishing;
 
@@ -181,6 +183,8 @@ pub struct Follower<D: Decode> {
     prefixes: Vec<KeyPrefix>,
     /// A resync whose snapshot parts are arriving: what it keeps of them.
     parts: Option<Box<parts::Parts>>,
+    /// A snapshot whose puts are being decided as the driver takes them.
+    switch: Option<Box<switch::Switch>>,
     /// The watermark of the last complete listing of the source's keys: a per-key feed
     /// whose first available seq is at most one past it needs no listing again.
     listed_at: Option<u64>,
@@ -266,6 +270,7 @@ impl<D: Decode> Follower<D> {
             now: Time::ZERO,
             prefixes: Vec::new(),
             parts: None,
+            switch: None,
             known: lineage::Known::default(),
             read_lineage: None,
             other_history: false,
@@ -292,6 +297,7 @@ impl<D: Decode> Follower<D> {
     /// only once it runs. Ignored once the follower has left [`Phase::Starting`] or knows
     /// keys.
     pub fn start_from(&mut self, watermark: u64, held: usize) {
+        self.finish_switch();
         if self.stage != Stage::Starting || self.watermark != 0 || self.index.len() != 0 {
             return;
         }
@@ -461,6 +467,7 @@ impl<D: Decode> Follower<D> {
     /// knows keeps what it knows (its own applies since are newer than anything the sink
     /// can say, and a key a read set aside must stay so); the watermark does not move.
     pub fn remember(&mut self, keys: impl IntoIterator<Item = (String, u64)>) {
+        self.finish_switch();
         self.parts_disturbed(None);
         for (key, seq) in keys {
             // Held past the watermark on an announcements stream: applied from an
@@ -503,6 +510,7 @@ impl<D: Decode> Follower<D> {
     /// would send every read on to a snapshot. A lazily resumed cache's key outside the
     /// prefixes leaves at the next resync, as the others do.
     pub fn remember_ahead(&mut self, changes: impl IntoIterator<Item = Ahead>) {
+        self.finish_switch();
         self.parts_disturbed(None);
         self.ahead_told = true;
         for change in changes {
@@ -531,18 +539,21 @@ impl<D: Decode> Follower<D> {
 
     /// The driver told it every cached key: nothing is left unknown.
     pub fn index_complete(&mut self) {
+        self.finish_switch();
         self.index.unknown = 0;
     }
 
     /// Records, from now on, what each batch changes, so that a failed batch can be
     /// undone ([`Input::SinkFailed`]). A driver whose sink cannot fail need not.
     pub fn track_commits(&mut self, on: bool) {
+        self.finish_switch();
         self.index.track(on);
     }
 
     /// The sink committed everything applied so far: a later [`Input::SinkFailed`] goes
     /// back to this point, not before it.
     pub fn commit(&mut self) {
+        self.finish_switch();
         self.index.commit();
         self.committed_ahead.clone_from(&self.ahead);
         self.mark = Mark {
@@ -559,6 +570,7 @@ impl<D: Decode> Follower<D> {
     #[must_use]
     pub fn poll_output(&mut self) -> Option<Output<D::Value>> {
         let out = self.out.pop_front();
+        self.switch_on();
         // A resync onto a new history decides a change per key at once: room for 1M
         // outputs (72 MiB) would otherwise stay held, empty, for the follower's life.
         if out.is_none() && self.out.capacity() > MAX_HELD {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::cached::Cached;
 use super::confirm::Confirmation;
+use super::switch::Rest;
 use super::{Follower, Pending};
 use crate::decode::Decode;
 use crate::entry::{Entry, Op};
@@ -32,7 +33,7 @@ pub(super) struct Parts {
     /// The entries the last part must see, in the order they came: every entry that
     /// differs from the index, names a key an announcement claims, carries an expiry,
     /// repeats a key, or is invalid.
-    kept: Vec<Kept>,
+    kept: Vec<Vec<Kept>>,
     /// The entries of a new history whose values the sink holds already: their keys
     /// (the index's own allocation) and seqs, in the order they came. At the switch they
     /// are restamped before any kept entry is put: a later put of the key then wins or is
@@ -54,7 +55,7 @@ pub(super) struct Parts {
 /// [`Entry`]'s 128 (at 1M keys, 76 MiB less held until the switch) — and any other
 /// entry whole.
 #[derive(Debug)]
-enum Kept {
+pub(super) enum Kept {
     Put {
         key: Arc<str>,
         seq: u64,
@@ -86,7 +87,7 @@ impl Kept {
         }
     }
 
-    fn into_entry(self) -> Entry {
+    pub(super) fn into_entry(self) -> Entry {
         match self {
             Kept::Put { key, seq, value } => Entry::put(seq, key, value),
             Kept::Other(entry) => *entry,
@@ -163,7 +164,7 @@ impl<D: Decode> Follower<D> {
                     seen: Seen::Sorted(Vec::with_capacity(keys)),
                     // A new history keeps every entry, or where the sink says what it
                     // holds, about every key and seq.
-                    kept: Vec::with_capacity(if reset && cached.is_none() { keys } else { 0 }),
+                    kept: Vec::new(),
                     same: Vec::with_capacity(if reset && cached.is_some() { keys } else { 0 }),
                     found: BTreeMap::new(),
                     top: source_watermark,
@@ -258,6 +259,8 @@ impl<D: Decode> Follower<D> {
         entries: Vec<Entry>,
         cached: Option<&dyn Cached<D::Value>>,
     ) {
+        // The part's own list: freed as soon as the switch has decided it.
+        let mut kept = Vec::new();
         for entry in entries {
             parts.top = parts.top.max(entry.seq);
             let claim = self.ahead.get(&*entry.key);
@@ -286,7 +289,7 @@ impl<D: Decode> Follower<D> {
                     parts.same.push((key, entry.seq));
                     continue;
                 }
-                parts.kept.push(Kept::from(entry));
+                kept.push(Kept::from(entry));
                 continue;
             }
             // An expiring value is kept: the index may drop its key before the last part
@@ -310,8 +313,11 @@ impl<D: Decode> Follower<D> {
                 }
             };
             if !dropped {
-                parts.kept.push(Kept::from(entry));
+                kept.push(Kept::from(entry));
             }
+        }
+        if !kept.is_empty() {
+            parts.kept.push(kept);
         }
     }
 
@@ -335,7 +341,10 @@ impl<D: Decode> Follower<D> {
         self.reset_if_new(source_watermark, reset);
         let gone = self.gone(source_watermark, |key| seen.contains(key));
         drop(seen);
-        let kept = kept.into_iter().map(Kept::into_entry);
+        let kept = Rest::Parts {
+            parts: kept.into_iter(),
+            part: Vec::new().into_iter(),
+        };
         self.apply_snapshot(kept, same, gone, (source_watermark, top));
     }
 
@@ -351,7 +360,7 @@ impl<D: Decode> Follower<D> {
             if parts.reset {
                 !parts.same.iter().any(|(k, _)| **k == *key)
             } else {
-                !parts.seen.contains(key) || parts.kept.iter().any(|e| e.key() == key)
+                !parts.seen.contains(key) || parts.kept.iter().flatten().any(|e| e.key() == key)
             }
         });
         if !harmless && self.snapshot_outstanding(parts.token) {
