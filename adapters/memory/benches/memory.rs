@@ -181,7 +181,7 @@ fn main() {
             mib(differing_after)
         );
         println!(
-            "  its floor, both copies at the switch: steady {:.1} MiB + {N} x {new_value} bytes (a {VALUE}-byte value in its Arc'd Vec) = {:.1} MiB = {:.2}x",
+            "resync peak floor, every value different (both copies at the switch): steady {:.1} MiB + {N} x {new_value} bytes (a {VALUE}-byte value in its Arc'd Vec) = {:.1} MiB = {:.2}x",
             mib(steady),
             mib(floor),
             floor as f64 / steady as f64
