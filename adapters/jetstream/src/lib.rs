@@ -46,8 +46,8 @@ pub use liveness::{
 };
 pub use replay::{Confirmed, Gate, ReadyGate, Replay, Step};
 pub use stream::{
-    Created, Identity, LastPresent, Limits, Reader, StreamState, first_available, head,
-    per_key_only,
+    Created, Identity, LastPresent, LastRead, Limits, Reader, StreamState, first_available, head,
+    last_read, per_key_only, read_unfiltered, whole_stream,
 };
 
 #[cfg(feature = "model")]

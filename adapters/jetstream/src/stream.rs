@@ -52,6 +52,55 @@ pub fn head(state: &StreamState, last: LastPresent) -> u64 {
     if state.messages == 0 { 0 } else { last.seq() }
 }
 
+/// Whether a view reading the subjects `filter` holds every message its stream holds: the
+/// stream takes exactly those subjects (`subjects`, from its config) and copies nothing
+/// from another stream (`copies`: a mirror or sources, whose messages keep subjects of
+/// their own). Such a view is read without a subject filter: nats-server answers an
+/// unfiltered consumer's pending count and first message from its totals, where a
+/// wildcard filter — even one naming every subject of the stream — walks its index of
+/// every subject the stream holds, once when the consumer is created and once at its
+/// first message.
+#[must_use]
+pub fn whole_stream(subjects: &[String], copies: bool, filter: &str) -> bool {
+    !copies && matches!(subjects, [only] if only == filter)
+}
+
+/// Whether a consumer of a view reads the stream unfiltered: only a view of the whole
+/// stream ([`whole_stream`]), and when it asks for the last message per subject
+/// (`last_per_subject`, which nats-server refuses without a filter) only on a stream that
+/// keeps one message per subject (`per_subject`, its config's limit), where "all from the
+/// first" delivers the same messages (nats-server itself starts such a consumer at the
+/// first seq: `consumer.selectStartingSeqNo`). A stream that keeps more revisions (or was
+/// changed to since its config was read) would deliver each of them: the same final value
+/// per key, in order, at more cost.
+#[must_use]
+pub fn read_unfiltered(whole: bool, per_subject: i64, last_per_subject: bool) -> bool {
+    whole && (!last_per_subject || per_subject == 1)
+}
+
+/// Where the read of the last message present for a view looks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastRead {
+    /// At the message with this seq, the stream's last: when it is still there, it is the
+    /// last message present of a view that holds the whole stream (nothing is stored
+    /// above the last seq). When it is gone, look [`BySubjects`](Self::BySubjects).
+    AtSeq(u64),
+    /// The server's lookup of the last message for the view's subjects, which for a
+    /// wildcard walks every subject the stream holds.
+    BySubjects,
+}
+
+/// Where to read the last message present of a view ([`whole_stream`] or not) of a stream
+/// in `state`.
+#[must_use]
+pub fn last_read(whole: bool, state: &StreamState) -> LastRead {
+    if whole && state.messages > 0 && state.last_seq > 0 {
+        LastRead::AtSeq(state.last_seq)
+    } else {
+        LastRead::BySubjects
+    }
+}
+
 /// The limits a stream's config sets on what it keeps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
@@ -210,5 +259,61 @@ mod tests {
             last_seq: 9,
         };
         assert_eq!(first_available(&empty), 10);
+    }
+
+    #[test]
+    fn only_a_view_of_every_subject_of_a_stream_that_copies_nothing_is_whole() {
+        let bucket = ["$KV.b.>".to_owned()];
+        assert!(whole_stream(&bucket, false, "$KV.b.>"));
+        assert!(
+            !whole_stream(&bucket, false, "$KV.b.orders.>"),
+            "a prefix view must keep its filter, or it would deliver other keys"
+        );
+        assert!(
+            !whole_stream(&bucket, true, "$KV.b.>"),
+            "a mirror or sourced stream may hold messages on subjects of their own"
+        );
+        let more = ["$KV.b.>".to_owned(), "other.>".to_owned()];
+        assert!(
+            !whole_stream(&more, false, "$KV.b.>"),
+            "a stream that takes other subjects holds messages outside the view"
+        );
+        assert!(!whole_stream(&[], false, "$KV.b.>"));
+    }
+
+    #[test]
+    fn last_per_subject_reads_unfiltered_only_where_it_is_all() {
+        assert!(read_unfiltered(true, 1, true));
+        assert!(
+            !read_unfiltered(true, 5, true),
+            "with a history, all from the first would deliver every revision"
+        );
+        assert!(
+            read_unfiltered(true, 5, false),
+            "a resume reads every revision anyway"
+        );
+        assert!(!read_unfiltered(false, 1, true));
+        assert!(!read_unfiltered(false, 1, false));
+    }
+
+    #[test]
+    fn the_last_message_of_a_whole_view_is_read_by_seq() {
+        let state = StreamState {
+            messages: 3,
+            first_seq: 4,
+            last_seq: 9,
+        };
+        assert_eq!(last_read(true, &state), LastRead::AtSeq(9));
+        assert_eq!(
+            last_read(false, &state),
+            LastRead::BySubjects,
+            "a filtered view's last message may sit below the stream's last"
+        );
+        let empty = StreamState {
+            messages: 0,
+            first_seq: 10,
+            last_seq: 9,
+        };
+        assert_eq!(last_read(true, &empty), LastRead::BySubjects);
     }
 }

@@ -367,19 +367,35 @@ impl KvBucket {
         format!("{}{within}>", store.prefix)
     }
 
+    /// The subjects this view reads, and whether they are the whole stream's
+    /// ([`tidemark_jetstream::whole_stream`]) as the bucket's config said when the handle
+    /// looked it up.
+    fn subjects(&self, store: &kv::Store) -> Subjects {
+        let filter = self.filter(store);
+        let config = &store.stream.cached_info().config;
+        let copies =
+            config.mirror.is_some() || config.sources.as_ref().is_some_and(|s| !s.is_empty());
+        Subjects {
+            whole: tidemark_jetstream::whole_stream(&config.subjects, copies, &filter),
+            filter,
+            per_subject: config.max_messages_per_subject,
+        }
+    }
+
     /// The head an initial sync must reach ([`tidemark_jetstream::head`]): the seq of the
     /// last message still in the stream for this view (0 if none).
-    async fn head(&self, store: &kv::Store, state: &State, port: &'static str) -> Result<u64> {
+    async fn head(
+        &self,
+        store: &kv::Store,
+        subjects: &Subjects,
+        state: &State,
+        port: &'static str,
+    ) -> Result<u64> {
         if state.messages == 0 {
             return Ok(0);
         }
-        let last = self.last_present(store, port).await?;
+        let last = view_last_present(&store.stream, subjects, Some(state), port).await?;
         Ok(tidemark_jetstream::head(&facts(state), last))
-    }
-
-    /// The last message present now for this view's subjects ([`last_present`]).
-    async fn last_present(&self, store: &kv::Store, port: &'static str) -> Result<LastPresent> {
-        last_present(&store.stream, &self.filter(store), port).await
     }
 
     /// Replays the bucket with `deliver`, handing each entry to `take`, until a read
@@ -402,13 +418,16 @@ impl KvBucket {
             DeliverPolicy::ByStartSequence { start_sequence } => start_sequence,
             _ => 1,
         };
+        // The consumer and every read confirming its end take the same view.
+        let subjects = self.subjects(store);
+        let (filter, policy) = subjects.consumer(deliver);
         let mut reader = PushReader::open(
             &self.inner.client,
             &self.inner.context,
             &store.stream,
             Deliver {
-                filter: self.filter(store),
-                policy: deliver,
+                filter,
+                policy,
                 max_in_flight: self.max_in_flight,
                 headers_only,
             },
@@ -419,7 +438,7 @@ impl KvBucket {
         let (store, stamped, stream) = self.stamped_info(port, origin).await?;
         let aging = aging(&stamped, origin);
         let state = stamped.info.state;
-        let head = self.head(&store, &state, port).await?;
+        let head = self.head(&store, &subjects, &state, port).await?;
         let mut replay = Replay::new(from, head);
         let mut step = replay.start();
         loop {
@@ -432,7 +451,7 @@ impl KvBucket {
                     ));
                 }
                 Step::Confirm => {
-                    let last = self.last_present(&store, port).await?;
+                    let last = view_last_present(&store.stream, &subjects, None, port).await?;
                     step = replay.on_confirmed(last.seq());
                 }
                 Step::Read => {
@@ -563,6 +582,76 @@ pub(crate) async fn last_present(
             Err(unavailable(port, e))
         }
     }
+}
+
+/// The subjects a view reads: a filter, and whether it names every subject of a stream
+/// that copies nothing from another ([`tidemark_jetstream::whole_stream`]).
+#[derive(Clone, Debug)]
+pub(crate) struct Subjects {
+    filter: String,
+    whole: bool,
+    /// The messages the stream keeps per subject, as its config said.
+    per_subject: i64,
+}
+
+impl Subjects {
+    /// The subject filter and start of a consumer of the view reading per `deliver`:
+    /// unfiltered where [`tidemark_jetstream::read_unfiltered`] says so, "last per
+    /// subject" then being "all".
+    fn consumer(&self, deliver: DeliverPolicy) -> (String, DeliverPolicy) {
+        let last_per_subject = matches!(deliver, DeliverPolicy::LastPerSubject);
+        if tidemark_jetstream::read_unfiltered(self.whole, self.per_subject, last_per_subject) {
+            let deliver = if last_per_subject {
+                DeliverPolicy::All
+            } else {
+                deliver
+            };
+            (String::new(), deliver)
+        } else {
+            (self.filter.clone(), deliver)
+        }
+    }
+}
+
+/// [`last_present`] for the view `subjects`: for a view of the whole stream, the message at
+/// the stream's last seq (from `state`, or stream info read now) when it is still there —
+/// a read by seq, where nats-server's lookup by a wildcard subject walks its index of every
+/// subject the stream holds (`fileStore.loadLastLocked` matches the wildcard against all
+/// of them) — and the lookup when it is gone. Both answer from the stream leader, after
+/// the delivery they confirm.
+pub(crate) async fn view_last_present(
+    stream: &stream::Stream,
+    subjects: &Subjects,
+    state: Option<&State>,
+    port: &'static str,
+) -> Result<LastPresent> {
+    if subjects.whole {
+        let state = match state {
+            Some(state) => facts(state),
+            None => facts(
+                &stream
+                    .get_info()
+                    .await
+                    .map_err(|e| unavailable(port, e))?
+                    .state,
+            ),
+        };
+        if let tidemark_jetstream::LastRead::AtSeq(seq) =
+            tidemark_jetstream::last_read(true, &state)
+        {
+            match stream.get_raw_message(seq).await {
+                Ok(message) => return Ok(LastPresent::At(message.sequence)),
+                Err(e)
+                    if e.kind()
+                        == async_nats::jetstream::stream::RawMessageErrorKind::NoMessageFound => {}
+                Err(e) => {
+                    debug!(error = %e, seq, "message lookup failed");
+                    return Err(unavailable(port, e));
+                }
+            }
+        }
+    }
+    last_present(stream, &subjects.filter, port).await
 }
 
 /// What a KV feed reports: a bucket that keeps only a history per key says so
@@ -990,7 +1079,7 @@ pub struct KvStream {
     queued: Option<FeedItem>,
     /// For the gate's reads.
     store: kv::Store,
-    filter: String,
+    subjects: Subjects,
     seen: u64,
     owner: Arc<Inner>,
 }
@@ -1014,7 +1103,9 @@ impl FeedStream for KvStream {
                 return Some(Ok(item));
             }
             if let Some(seq) = self.held.as_ref().map(|d| d.seq) {
-                let last = match last_present(&self.store.stream, &self.filter, "feed").await {
+                let last = match view_last_present(&self.store.stream, &self.subjects, None, "feed")
+                    .await
+                {
                     Ok(last) => last.seq(),
                     Err(e) => return Some(Err(e)),
                 };
@@ -1084,14 +1175,17 @@ impl Feed for KvBucket {
             }
         };
         // The consumer first, the head after: a key overwritten while the head is read is
-        // then delivered at or below it, and a first sync waits for it.
+        // then delivered at or below it, and a first sync waits for it. The consumer and
+        // every read of the head take the same view.
+        let subjects = self.subjects(&store);
+        let (filter, policy) = subjects.consumer(deliver);
         let reader = PushReader::open(
             &self.inner.client,
             &self.inner.context,
             &store.stream,
             Deliver {
-                filter: self.filter(&store),
-                policy: deliver,
+                filter,
+                policy,
                 max_in_flight: self.max_in_flight,
                 headers_only: false,
             },
@@ -1103,7 +1197,7 @@ impl Feed for KvBucket {
         let aging = aging(&stamped, origin);
         let state = stamped.info.state;
         let mut head = FeedInfo::filtered_head(
-            self.head(&store, &state, "feed").await?,
+            self.head(&store, &subjects, &state, "feed").await?,
             state.last_sequence,
             from,
         );
@@ -1127,7 +1221,7 @@ impl Feed for KvBucket {
                 gate: ReadyGate::new(head),
                 held: None,
                 queued: None,
-                filter: self.filter(&store),
+                subjects,
                 store,
                 seen: from.saturating_sub(1),
                 owner: Arc::clone(&self.inner),
