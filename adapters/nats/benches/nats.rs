@@ -155,8 +155,12 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
         struct Message(String);
         impl tracing::field::Visit for Message {
             fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
+                // The message, and why (a failed feed's error), so a slow round says
+                // what failed.
+                match field.name() {
+                    "message" => self.0.insert_str(0, &format!("{value:?}")),
+                    "error" => self.0.push_str(&format!(" ({value:?})")),
+                    _ => {}
                 }
             }
         }
@@ -194,7 +198,7 @@ async fn run() {
     );
 
     if wanted("sync") {
-        initial_sync(&client, &js, &server).await;
+        initial_sync(&client, &js, &server, &events).await;
     }
     // ---- live follow rate ----
     // Rounds interleaved, best of them each (fresh buckets every round), as for the initial
@@ -216,7 +220,12 @@ async fn run() {
 
 /// Initial sync of 100,000 keys (`TIDEMARK_BENCH_SYNC_KEYS=1000000` for 1M) against bare
 /// async-nats loops, with the CPU split between the server and this process.
-async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, server: &NatsServer) {
+async fn initial_sync(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    server: &NatsServer,
+    events: &Events,
+) {
     let n: u32 = std::env::var("TIDEMARK_BENCH_SYNC_KEYS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -227,14 +236,19 @@ async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, serv
     // Each contender three times, interleaved, best of three: on a shared 2-core machine
     // (nats-server on the same cores) a single run swings by 10-20 points, and whoever
     // runs first meets a colder server.
-    let (mut bare, mut bare_map, mut feed_only, mut ours) =
-        (Duration::MAX, Duration::MAX, Duration::MAX, Duration::MAX);
+    let (mut bare, mut bare_map, mut feed_only, mut ours, mut bare_all) = (
+        Duration::MAX,
+        Duration::MAX,
+        Duration::MAX,
+        Duration::MAX,
+        Duration::MAX,
+    );
     // Where the CPU goes, per contender, summed over the rounds: the server's and this
     // process's (which is the client's: nothing else runs here meanwhile).
     let server_pid = server
         .pid()
         .map_or_else(|| "self".to_owned(), |p| p.to_string());
-    let mut split = [CpuSplit::default(); 4];
+    let mut split = [CpuSplit::default(); 5];
     for _ in 0..3 {
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
@@ -268,6 +282,15 @@ async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, serv
         split[1].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(kept.len(), n as usize);
         drop((watch, kept));
+        // The same usual worker on a consumer with no subject filter (the bucket's stream
+        // holds only the bucket's subjects), delivering everything from the first message:
+        // what the server spends on the filter alone.
+        let cpu = CpuSplit::start(&server_pid);
+        let t = Instant::now();
+        let unfiltered = bare_unfiltered(client, &store, last).await;
+        bare_all = bare_all.min(t.elapsed());
+        split[4].add(&cpu, &server_pid, t.elapsed());
+        assert_eq!(unfiltered, n as usize);
         // The adapter's feed alone, without the follower task and cache.
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
@@ -277,16 +300,27 @@ async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, serv
             .expect("open")
             .stream;
         let mut read = 0u32;
+        let mut failed = None;
         while read < n {
             match tidemark::FeedStream::next(&mut feed).await {
                 Some(Ok(_)) => read += 1,
-                other => panic!("feed ended: {other:?}"),
+                other => {
+                    failed = Some(format!("{other:?}"));
+                    break;
+                }
             }
         }
         perf("feed", false);
-        feed_only = feed_only.min(t.elapsed());
+        if let Some(failed) = failed {
+            // A gap (the client's subscription overflowed) ends the feed: the follower
+            // reopens; this bare read only says so.
+            println!("  feed alone failed after {read} entries: {failed}");
+        } else {
+            feed_only = feed_only.min(t.elapsed());
+        }
         split[2].add(&cpu, &server_pid, t.elapsed());
         drop(feed);
+        events.take();
         let cpu = CpuSplit::start(&server_pid);
         let t = Instant::now();
         perf("tidemark", true);
@@ -297,25 +331,47 @@ async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, serv
         split[3].add(&cpu, &server_pid, t.elapsed());
         assert_eq!(cache.len(), n as usize);
         h.stop();
+        let wall = |c: &CpuSplit| c.wall;
+        println!(
+            "  round (load {}): cumulative wall s bare {:.2}, bare+map {:.2}, unfiltered+map {:.2}, feed {:.2}, tidemark {:.2}; tidemark logged: {}",
+            load(),
+            wall(&split[0]),
+            wall(&split[1]),
+            wall(&split[4]),
+            wall(&split[2]),
+            wall(&split[3]),
+            events.take()
+        );
     }
+    println!(
+        "  bare + map on an unfiltered consumer: {:.0} keys/s ({bare_all:.2?}) -> {:.0}% of bare + map",
+        f64::from(n) / bare_all.as_secs_f64(),
+        100.0 * bare_map.as_secs_f64() / bare_all.as_secs_f64()
+    );
     println!(
         "  feed alone (no follower task, no cache): {:.0} keys/s ({feed_only:.2?}) -> {:.0}% of bare",
         f64::from(n) / feed_only.as_secs_f64(),
         100.0 * bare.as_secs_f64() / feed_only.as_secs_f64()
     );
     let per_key = |secs: f64| secs * 1e6 / (3.0 * f64::from(n));
-    let parts: Vec<String> = ["bare", "bare + map", "feed alone", "tidemark"]
-        .iter()
-        .zip(split)
-        .map(|(name, c)| {
-            format!(
-                "{name} {:.2} server + {:.2} client of {:.2} wall",
-                per_key(c.server),
-                per_key(c.client),
-                per_key(c.wall)
-            )
-        })
-        .collect();
+    let parts: Vec<String> = [
+        "bare",
+        "bare + map",
+        "feed alone",
+        "tidemark",
+        "unfiltered + map",
+    ]
+    .iter()
+    .zip(split)
+    .map(|(name, c)| {
+        format!(
+            "{name} {:.2} server + {:.2} client of {:.2} wall",
+            per_key(c.server),
+            per_key(c.client),
+            per_key(c.wall)
+        )
+    })
+    .collect();
     println!(
         "  CPU µs per key (server + client of wall): {}",
         parts.join("; ")
@@ -340,6 +396,37 @@ async fn initial_sync(client: &async_nats::Client, js: &jetstream::Context, serv
         f64::from(n) / keys_get.as_secs_f64(),
         keys_get.as_secs_f64() / ours.as_secs_f64(),
     );
+}
+
+/// The usual worker's loop on an ordered push consumer with no subject filter, from the
+/// first message, keeping the last value per key in a map until it reads `last`: how many
+/// keys it kept.
+async fn bare_unfiltered(client: &async_nats::Client, store: &kv::Store, last: u64) -> usize {
+    use async_nats::jetstream::consumer::{DeliverPolicy, ReplayPolicy, push};
+    let consumer = store
+        .stream
+        .create_consumer(push::OrderedConfig {
+            deliver_subject: client.new_inbox(),
+            deliver_policy: DeliverPolicy::All,
+            replay_policy: ReplayPolicy::Instant,
+            ..Default::default()
+        })
+        .await
+        .expect("consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut kept: std::collections::HashMap<String, (u64, Bytes)> =
+        std::collections::HashMap::with_capacity(0);
+    let prefix = store.prefix.clone();
+    while let Some(m) = messages.next().await {
+        let m = m.expect("message");
+        let seq = m.info().expect("info").stream_sequence;
+        let key = m.subject.strip_prefix(prefix.as_str()).unwrap_or_default();
+        kept.insert(key.to_owned(), (seq, m.payload.clone()));
+        if seq >= last {
+            break;
+        }
+    }
+    kept.len()
 }
 
 /// Live follow of pipelined puts: a tidemark cache and a bare `watch_all` loop follow the
