@@ -122,7 +122,8 @@ pub(crate) struct PushReader {
     replies: Arc<Replies>,
     /// What every message, heartbeat and tick means: the decisions of this reader.
     liveness: Liveness,
-    pump: tokio::task::JoinHandle<()>,
+    /// Held only to stop the pump (and unsubscribe) when the reader goes.
+    _pump: Pump,
     stream: String,
     consumer: String,
     connects: u64,
@@ -220,7 +221,8 @@ impl PushReader {
             context: context.clone(),
             delivered,
             batch: Vec::new().into_iter(),
-            pump: tokio::spawn(pump(subscriber, tx, Arc::clone(&replies))),
+            _pump: Pump::spawn(subscriber, tx, Arc::clone(&replies))
+                .map_err(|e| unavailable(port, format!("starting the pump: {e}")))?,
             replies,
             liveness: Liveness::new(HEARTBEAT_NS, max_in_flight.map(|m| m.max(1) as u64))
                 .created_at(consumer.cached_info().created.unix_timestamp_nanos()),
@@ -472,10 +474,13 @@ async fn consumer_info(
 /// SQLite took 93-100 s, mostly waiting (the `pauses` bench shows the gap). Moved here,
 /// they wait in an unbounded queue instead, still bounded by flow control: it is answered
 /// only when the reader reaches the request, in order, so the server sends no more than
-/// its window ahead of the reader. The pump is a task, though: on a runtime whose workers
-/// are all busy the client can still outrun it, which only a cap on the messages in
-/// flight ([`KvBucket::with_max_in_flight`](crate::KvBucket::with_max_in_flight)) rules
-/// out.
+/// its window ahead of the reader. The pump runs on a thread of its own ([`Pump`]): as a
+/// task it waited behind whatever held the runtime's workers (the follower's turn of 16k
+/// entries on one, the client's connection task, which moves a whole burst into the
+/// channel in one poll, on the other), and a 1M-key initial sync into memory failed on a
+/// gap and backed off 1-5 times a round under load. Only a cap on the messages in flight
+/// ([`KvBucket::with_max_in_flight`](crate::KvBucket::with_max_in_flight)) rules an
+/// overflow out whatever the machine does.
 ///
 /// What the client already holds goes along with the message awaited, one batch per send
 /// (at most [`PUMP_BATCH`]): on an initial sync that is most of them, and the reader then
@@ -504,13 +509,39 @@ async fn pump(
     }
 }
 
+/// The thread that runs [`pump`] for one subscription. Dropping it stops the pump, which
+/// drops the subscription (unsubscribed).
+struct Pump {
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Pump {
+    fn spawn(
+        subscriber: Subscriber,
+        tx: mpsc::UnboundedSender<(Sent, Vec<Message>)>,
+        replies: Arc<Replies>,
+    ) -> std::io::Result<Pump> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // In the runtime's context: dropping the subscription may spawn its unsubscribe.
+        let runtime = tokio::runtime::Handle::try_current().ok();
+        std::thread::Builder::new()
+            .name("tidemark-pump".into())
+            .spawn(move || {
+                let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
+                futures::executor::block_on(async move {
+                    let pumping = std::pin::pin!(pump(subscriber, tx, replies));
+                    futures::future::select(pumping, stopped).await;
+                });
+            })?;
+        Ok(Pump { _stop: stop })
+    }
+}
+
 /// The most messages [`pump`] moves in one send.
 const PUMP_BATCH: usize = 512;
 
 impl Drop for PushReader {
     fn drop(&mut self) {
-        // The subscription goes with the pump: unsubscribed.
-        self.pump.abort();
         if let Some(asking) = self.asking.take() {
             asking.abort();
         }
