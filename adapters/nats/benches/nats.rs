@@ -214,7 +214,7 @@ async fn run() {
         latency(&client, &js).await;
     }
     if wanted("persisted") {
-        persisted_warm_vs_cold(&client, &js).await;
+        persisted_warm_vs_cold(&client, &js, &server).await;
     }
 }
 
@@ -585,12 +585,31 @@ async fn latency(client: &async_nats::Client, js: &jetstream::Context) {
 /// A 1M-key bucket mirrored into a SQLite file: the cold start against a warm restart
 /// after 1,000 changes made while the mirror was down (the SQLite bench's warm-vs-cold
 /// figure, same sizes, with a NATS source).
-async fn persisted_warm_vs_cold(client: &async_nats::Client, js: &jetstream::Context) {
+async fn persisted_warm_vs_cold(
+    client: &async_nats::Client,
+    js: &jetstream::Context,
+    server: &NatsServer,
+) {
     let n = 1_000_000u32;
     let missed = 1_000u32;
     let store = bucket(js, "persisted").await;
     fill(&store, n, "v").await;
     let b = KvBucket::new(client.clone(), "persisted").unwrap();
+    let server_pid = server
+        .pid()
+        .map_or_else(|| "self".to_owned(), |p| p.to_string());
+    // The in-memory cache's initial sync of the same bucket: what the cold mirror is
+    // measured against.
+    let mut memory_cpu = CpuSplit::default();
+    let cpu = CpuSplit::start(&server_pid);
+    let t = Instant::now();
+    let (cache, h) = spawn_cache(config("memory"), RawBytes, b.clone(), b.clone());
+    cache.wait_ready().await.expect("ready");
+    let memory_time = t.elapsed();
+    memory_cpu.add(&cpu, &server_pid, memory_time);
+    assert_eq!(cache.len(), n as usize);
+    h.stop();
+    drop(cache);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("mirror.db");
     let run = |b: KvBucket, path: std::path::PathBuf| async move {
@@ -614,7 +633,22 @@ async fn persisted_warm_vs_cold(client: &async_nats::Client, js: &jetstream::Con
         let s = h.stop_within(Duration::from_secs(60)).await.expect("stop");
         (s, took)
     };
+    let mut cold_cpu = CpuSplit::default();
+    let cpu = CpuSplit::start(&server_pid);
+    perf("cold", true);
     let (cold, cold_time) = run(b.clone(), path.clone()).await;
+    perf("cold", false);
+    cold_cpu.add(&cpu, &server_pid, cold_time);
+    let per_key = |secs: f64| secs * 1e6 / f64::from(n);
+    println!(
+        "  cold mirror into SQLite {cold_time:.2?} vs in-memory cache {memory_time:.2?} on the same bucket -> {:.0}% of memory's rate (goal >= 80%); CPU µs per key: memory {:.2} server + {:.2} client, cold {:.2} server + {:.2} client (load {})",
+        100.0 * memory_time.as_secs_f64() / cold_time.as_secs_f64(),
+        per_key(memory_cpu.server),
+        per_key(memory_cpu.client),
+        per_key(cold_cpu.server),
+        per_key(cold_cpu.client),
+        load()
+    );
     for i in 0..missed {
         let key = format!("k{}", i * 97 % n);
         if i % 10 == 0 {
