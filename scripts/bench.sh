@@ -5,6 +5,7 @@
 #   bash scripts/bench.sh                 # every bench, once
 #   bash scripts/bench.sh --runs 3        # every bench three times (a row per run)
 #   bash scripts/bench.sh core memory     # only those (core memory sqlite relay nats
+#                                         #   nats-sync-200k nats-sync-1m nats-mirror-200k
 #                                         #   nats-memory recovery pauses sim first-run)
 #
 # The soaks (`--bench soak` of tidemark-sqlite and tidemark-nats) are left out: they write
@@ -21,11 +22,11 @@ selected=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --runs) runs="$2"; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
         *) selected+=("$1"); shift ;;
     esac
 done
-[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite relay nats nats-memory recovery pauses sim first-run)
+[ ${#selected[@]} -gt 0 ] || selected=(core memory sqlite relay nats nats-sync-200k nats-sync-1m nats-mirror-200k nats-memory recovery pauses sim first-run)
 
 # name | command | the lines of its output that carry its headline figures (an ERE)
 benches=(
@@ -33,7 +34,10 @@ benches=(
     "memory|cargo bench -q -p tidemark-memory|^ratio task/core|^  the task over a sink keeping no map|^follower task:|^core alone:|^follower \\+ cache|^resync peak|^bare HashMap<"
     "sqlite|cargo bench -q -p tidemark-sqlite --bench sqlite --bench resync_memory|^writes \\(|^reconcile of|^persisted follower|wake latency|^snapshot of"
     "relay|cargo bench -q -p tidemark-sqlite --bench relay -- --rows 20000|^relay:|x$"
-    "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^persisted mirror"
+    "nats|cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  bare watch_with_history keeping|^  feed alone|^  CPU µs per key|^live follow|^write->applied|^  cold mirror|^persisted mirror"
+    "nats-sync-200k|env TIDEMARK_BENCH_SYNC_KEYS=200000 TIDEMARK_BENCH_PARTS=sync cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  bare watch_with_history keeping|^  CPU µs per key"
+    "nats-sync-1m|env TIDEMARK_BENCH_SYNC_KEYS=1000000 TIDEMARK_BENCH_PARTS=sync cargo bench -q -p tidemark-nats --bench nats|^initial sync of|^  bare watch_with_history keeping|^  CPU µs per key"
+    "nats-mirror-200k|env TIDEMARK_BENCH_MIRROR_KEYS=200000 TIDEMARK_BENCH_PARTS=persisted cargo bench -q -p tidemark-nats --bench nats|^  cold mirror|^persisted mirror"
     "nats-memory|cargo bench -q -p tidemark-nats --bench snapshot_memory|^snapshot of|^cache of"
     "recovery|cargo bench -q -p tidemark-nats --bench recovery|catch-up p50|not caught up"
     "pauses|cargo bench -q -p tidemark-nats --bench pauses|^pause "
@@ -41,7 +45,7 @@ benches=(
     "first-run|bash scripts/first-run.sh|^first run:|^ratio first-run"
 )
 
-if printf '%s\n' "${selected[@]}" | grep -qE '^(nats|nats-memory|recovery|pauses)$'; then
+if printf '%s\n' "${selected[@]}" | grep -qE '^(nats|nats-sync-200k|nats-sync-1m|nats-mirror-200k|nats-memory|recovery|pauses)$'; then
     bash scripts/provision-nats.sh >/dev/null
     if [ -z "${NATS_SERVER_BIN:-}" ] && [ -x .tools/nats/bin/nats-server ]; then
         export NATS_SERVER_BIN="$PWD/.tools/nats/bin/nats-server"

@@ -582,7 +582,8 @@ async fn latency(client: &async_nats::Client, js: &jetstream::Context) {
     }
 }
 
-/// A 1M-key bucket mirrored into a SQLite file: the cold start against a warm restart
+/// A 1M-key bucket (`TIDEMARK_BENCH_MIRROR_KEYS` to change) mirrored into a SQLite file,
+/// beside an in-memory cache's sync of the same bucket: the cold start against a warm restart
 /// after 1,000 changes made while the mirror was down (the SQLite bench's warm-vs-cold
 /// figure, same sizes, with a NATS source).
 async fn persisted_warm_vs_cold(
@@ -590,8 +591,12 @@ async fn persisted_warm_vs_cold(
     js: &jetstream::Context,
     server: &NatsServer,
 ) {
-    let n = 1_000_000u32;
-    let missed = 1_000u32;
+    // 1M keys unless `TIDEMARK_BENCH_MIRROR_KEYS` says otherwise.
+    let n: u32 = std::env::var("TIDEMARK_BENCH_MIRROR_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let missed = 1_000u32.min(n);
     let store = bucket(js, "persisted").await;
     fill(&store, n, "v").await;
     let b = KvBucket::new(client.clone(), "persisted").unwrap();
