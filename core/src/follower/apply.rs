@@ -585,13 +585,19 @@ impl<D: Decode> Follower<D> {
         self.advance(top);
         // A reconcile reads the source up to its watermark: whatever the cache held before,
         // it now holds every current entry.
+        self.caught_up(applied, removed, false);
+    }
+
+    /// A read is applied (a reconcile's, or a snapshot's switch when `resynced`): ready at
+    /// the watermark, said in a [`Notice::CaughtUp`], then settled.
+    pub(super) fn caught_up(&mut self, applied: usize, removed: usize, resynced: bool) {
         self.become_ready();
         let watermark = self.watermark;
         self.notice(Notice::CaughtUp(CaughtUp {
             applied,
             removed,
             watermark,
-            resynced: false,
+            resynced,
         }));
         self.settle();
     }

@@ -11,7 +11,6 @@ use super::Follower;
 use super::parts::Kept;
 use crate::decode::Decode;
 use crate::entry::{Entry, Op};
-use crate::follower::io::{CaughtUp, Notice};
 use crate::follower::status::InvalidReason;
 
 /// How many outputs a switch decides ahead of the driver.
@@ -122,15 +121,7 @@ impl<D: Decode> Follower<D> {
         self.advance(top);
         let read = self.read_lineage.take().map(|(_, l)| l);
         self.adopt_snapshot_lineage(source_watermark, read);
-        self.become_ready();
-        let watermark = self.watermark;
-        self.notice(Notice::CaughtUp(CaughtUp {
-            applied,
-            removed,
-            watermark,
-            resynced: true,
-        }));
-        self.settle();
+        self.caught_up(applied, removed, true);
     }
 }
 
