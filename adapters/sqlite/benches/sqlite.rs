@@ -129,6 +129,7 @@ async fn reconcile_vs_snapshot(size: &Size) {
     // measured against, in CPU seconds of the process as well as wall time.
     let db = open(&path, Synchronous::Normal).await;
     let (cpu, t) = (cpu_secs(), Instant::now());
+    perf("memory", true);
     let (cache, h) = tidemark::spawn_cache(
         FollowerConfig::builder("memory").seed(1).build().unwrap(),
         tidemark::RawBytes,
@@ -136,14 +137,16 @@ async fn reconcile_vs_snapshot(size: &Size) {
         tidemark::NoFeed,
     );
     cache.wait_ready().await.unwrap();
+    perf("memory", false);
     let (memory_time, memory_cpu, memory_load) = (t.elapsed(), cpu_secs() - cpu, load());
     assert_eq!(cache.len() as u64, size.registry);
     h.stop();
     drop((cache, db));
     let db = open(&path, Synchronous::Normal).await;
-    let cpu = cpu_secs();
-    let (c, cold_time) = persisted_catch_up(&db, "bench").await;
-    let (cold_cpu, cold_load) = (cpu_secs() - cpu, load());
+    perf("cold", true);
+    let (c, cold_time, cold_cpu) = persisted_catch_up(&db, "bench").await;
+    perf("cold", false);
+    let cold_load = load();
     assert_eq!(c.counters.applied, size.registry);
     drop(db);
     let per_key = |secs: f64| secs * 1e6 / size.registry as f64;
@@ -168,7 +171,7 @@ async fn reconcile_vs_snapshot(size: &Size) {
     }
     drop((src, db));
     let db = open(&path, Synchronous::Normal).await;
-    let (w, warm_time) = persisted_catch_up(&db, "bench").await;
+    let (w, warm_time, _) = persisted_catch_up(&db, "bench").await;
     let delta = w.counters.applied + w.counters.removed;
     assert!(delta <= size.missed, "a warm restart reads only the delta");
     println!(
@@ -191,8 +194,28 @@ fn cpu_secs() -> f64 {
         .map_or("", |(_, rest)| rest)
         .split_whitespace()
         .collect();
-    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok()).unwrap_or(0.0);
+    let tick = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
     (tick(11) + tick(12)) / 100.0
+}
+
+/// Profiles one contender: under `perf record --control fifo:<path> -D -1`, with
+/// `TIDEMARK_BENCH_PERF_CTL=<path>` and `TIDEMARK_BENCH_PERF_WHAT` naming it (`cold`,
+/// `memory`), perf records only while that one runs.
+fn perf(contender: &str, on: bool) {
+    let (Ok(ctl), Ok(what)) = (
+        std::env::var("TIDEMARK_BENCH_PERF_CTL"),
+        std::env::var("TIDEMARK_BENCH_PERF_WHAT"),
+    ) else {
+        return;
+    };
+    if what == contender {
+        std::fs::write(ctl, if on { "enable\n" } else { "disable\n" }).unwrap();
+    }
 }
 
 /// The machine's one-minute load average, printed beside each figure (it is shared).
@@ -204,9 +227,10 @@ fn load() -> String {
 }
 
 /// Runs a wake-only follower named `name` over `db`'s registry into its persisted cache
-/// until it is ready; its status and how long that took.
-async fn persisted_catch_up(db: &SqliteDb, name: &str) -> (tidemark::Status, Duration) {
-    let t = Instant::now();
+/// until it is ready; its status, how long that took and the CPU seconds it cost (to
+/// ready, as the in-memory cache's are counted: not its stop, which frees its index).
+async fn persisted_catch_up(db: &SqliteDb, name: &str) -> (tidemark::Status, Duration, f64) {
+    let (t, cpu) = (Instant::now(), cpu_secs());
     let h = tidemark::FollowerTask::new(
         FollowerConfig::builder(name).seed(1).build().unwrap(),
         tidemark::RawBytes,
@@ -217,9 +241,9 @@ async fn persisted_catch_up(db: &SqliteDb, name: &str) -> (tidemark::Status, Dur
     .spawn();
     let mut status = h.watch_status();
     status.wait_for(|s| s.ready).await.unwrap();
-    let took = t.elapsed();
+    let (took, cpu) = (t.elapsed(), cpu_secs() - cpu);
     let s = h.stop_within(Duration::from_secs(60)).await.unwrap();
-    (s, took)
+    (s, took, cpu)
 }
 
 async fn wake_latency(size: &Size) {
