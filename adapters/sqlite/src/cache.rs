@@ -45,7 +45,7 @@ fn sql(e: rusqlite::Error) -> Error {
 pub struct PersistedCache {
     db: SqliteDb,
     name: String,
-    batch: Vec<CacheOp>,
+    batch: Batch,
 }
 
 impl Clone for PersistedCache {
@@ -59,7 +59,7 @@ impl PersistedCache {
         PersistedCache {
             db,
             name,
-            batch: Vec::new(),
+            batch: Batch::default(),
         }
     }
 
@@ -271,9 +271,22 @@ impl PersistedCache {
     /// given (a resync after the source was restored from an older backup lowers it) and
     /// each op lands as it is.
     pub async fn apply(&self, ops: Vec<CacheOp>, watermark: u64, lineage: Lineage) -> Result<()> {
+        let mut batch = Batch::default();
+        for op in ops {
+            match op {
+                CacheOp::Put { key, seq, value } => batch.push(key.into(), seq, Some(&value)),
+                CacheOp::Remove { key, seq } => batch.push(key.into(), seq, None),
+            }
+        }
+        self.write(batch, watermark, lineage).await
+    }
+
+    /// Writes `batch` and records `watermark` with `lineage`, in one transaction.
+    async fn write(&self, mut batch: Batch, watermark: u64, lineage: Lineage) -> Result<()> {
         let name = self.name.clone();
         self.db
             .write("cache", move |conn| {
+                batch.settle();
                 let tx = begin_write(conn, sql)?;
                 // How many keys the batch adds (negative: removes), for the kept count.
                 let mut delta: i64 = 0;
@@ -315,14 +328,15 @@ impl PersistedCache {
                     let mut unmark = tx
                         .prepare_cached("DELETE FROM follower_ahead WHERE name = ?1 AND key = ?2")
                         .map_err(sql)?;
-                    for op in &ops {
-                        let removed = matches!(op, CacheOp::Remove { .. });
-                        if op.seq() > watermark {
-                            mark.execute(params![name, op.key(), to_i64(op.seq()), removed])
+                    for row in &batch.rows {
+                        let key: &str = &row.key;
+                        if row.seq > watermark {
+                            let removed = row.value.is_none();
+                            mark.execute(params![name, key, to_i64(row.seq), removed])
                                 .map_err(sql)?;
                             ahead_held = true;
                         } else if ahead_held {
-                            unmark.execute(params![name, op.key()]).map_err(sql)?;
+                            unmark.execute(params![name, key]).map_err(sql)?;
                         }
                     }
                 }
@@ -333,38 +347,7 @@ impl PersistedCache {
                     )
                     .map_err(sql)?;
                 }
-                {
-                    let mut insert = tx
-                        .prepare_cached(
-                            "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
-                             ON CONFLICT (name, key) DO NOTHING",
-                        )
-                        .map_err(sql)?;
-                    let mut update = tx
-                        .prepare_cached(
-                            "UPDATE follower_cache SET seq = ?3, value = ?4 WHERE name = ?1 AND key = ?2",
-                        )
-                        .map_err(sql)?;
-                    let mut del = tx
-                        .prepare_cached("DELETE FROM follower_cache WHERE name = ?1 AND key = ?2")
-                        .map_err(sql)?;
-                    for op in &ops {
-                        match op {
-                            CacheOp::Put { key, seq, value } => {
-                                let args = params![name, key, to_i64(*seq), value];
-                                if insert.execute(args).map_err(sql)? == 1 {
-                                    delta += 1;
-                                } else {
-                                    update.execute(args).map_err(sql)?;
-                                }
-                            }
-                            CacheOp::Remove { key, .. } => {
-                                let gone = del.execute(params![name, key]).map_err(sql)?;
-                                delta -= i64::try_from(gone).unwrap_or(0);
-                            }
-                        }
-                    }
-                }
+                delta += write_rows(&tx, &name, &batch)?;
                 // The count before this batch: kept with the watermark, or (a follower new
                 // to this file, or one from before the count was kept) counted once.
                 let keys = match state.map(|(_, keys)| keys) {
@@ -395,6 +378,125 @@ impl PersistedCache {
                 tx.commit().map_err(sql)
             })
             .await
+    }
+}
+
+/// Writes a settled batch's rows for follower `name`; how many keys it added (negative:
+/// removed). The name is bound once per statement and each row binds only its own
+/// columns: SQLite copies every bound text, so a name bound per row was an allocation
+/// per row.
+fn write_rows(tx: &rusqlite::Transaction<'_>, name: &str, batch: &Batch) -> Result<i64> {
+    let mut insert = tx
+        .prepare_cached(
+            "INSERT INTO follower_cache (name, key, seq, value) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (name, key) DO NOTHING",
+        )
+        .map_err(sql)?;
+    let mut update = tx
+        .prepare_cached(
+            "UPDATE follower_cache SET seq = ?3, value = ?4 WHERE name = ?1 AND key = ?2",
+        )
+        .map_err(sql)?;
+    let mut del = tx
+        .prepare_cached("DELETE FROM follower_cache WHERE name = ?1 AND key = ?2")
+        .map_err(sql)?;
+    for stmt in [&mut insert, &mut update, &mut del] {
+        stmt.raw_bind_parameter(1, name).map_err(sql)?;
+    }
+    let mut delta: i64 = 0;
+    for row in &batch.rows {
+        let key: &str = &row.key;
+        match batch.value(row) {
+            Some(value) => {
+                let seq = to_i64(row.seq);
+                let put = |stmt: &mut rusqlite::CachedStatement<'_>| {
+                    stmt.raw_bind_parameter(2, key)?;
+                    stmt.raw_bind_parameter(3, seq)?;
+                    stmt.raw_bind_parameter(4, value)?;
+                    stmt.raw_execute()
+                };
+                if put(&mut insert).map_err(sql)? == 1 {
+                    delta += 1;
+                } else {
+                    put(&mut update).map_err(sql)?;
+                }
+            }
+            None => {
+                del.raw_bind_parameter(2, key).map_err(sql)?;
+                let gone = del.raw_execute().map_err(sql)?;
+                delta -= i64::try_from(gone).unwrap_or(0);
+            }
+        }
+    }
+    Ok(delta)
+}
+
+/// One change a batch holds until its commit: the key as the follower shares it, and
+/// where the value's bytes are in the batch's buffer (`None`: a removal).
+#[derive(Debug)]
+struct Row {
+    key: Arc<str>,
+    seq: u64,
+    value: Option<std::ops::Range<usize>>,
+}
+
+/// What a sink buffers until its commit. It keeps the follower's keys (a clone is a count)
+/// and copies every value into one buffer, so a row allocates nothing of its own: a copy
+/// of each key and value, and a map to coalesce them, were about a third of a cold
+/// start's CPU, most of it malloc and free.
+#[derive(Debug)]
+struct Batch {
+    rows: Vec<Row>,
+    bytes: Vec<u8>,
+    /// Whether each key is above the one before (an initial sync read in key order): then
+    /// the keys are distinct and in the table's order, and the batch is settled as it is.
+    ascending: bool,
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch {
+            rows: Vec::new(),
+            bytes: Vec::new(),
+            ascending: true,
+        }
+    }
+}
+
+impl Batch {
+    fn push(&mut self, key: Arc<str>, seq: u64, value: Option<&[u8]>) {
+        self.ascending &= self.rows.last().is_none_or(|last| *last.key < *key);
+        let value = value.map(|v| {
+            let start = self.bytes.len();
+            self.bytes.extend_from_slice(v);
+            start..self.bytes.len()
+        });
+        self.rows.push(Row { key, seq, value });
+    }
+
+    /// Leaves one row per key, its last, in key order: what the batch leaves behind, in
+    /// the order the table keeps (inserts in key order append to its pages rather than
+    /// land across them).
+    fn settle(&mut self) {
+        if self.ascending {
+            return;
+        }
+        // Stable: a key's rows stay in the order they came.
+        self.rows.sort_by(|a, b| a.key.cmp(&b.key));
+        // `dedup_by` keeps the first of a run of one key: the later row takes its place.
+        self.rows.dedup_by(|later, kept| {
+            let same = later.key == kept.key;
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        self.ascending = true;
+    }
+
+    /// The bytes `row` puts (`None`: it removes its key).
+    fn value(&self, row: &Row) -> Option<&[u8]> {
+        row.value.clone().map(|range| &self.bytes[range])
     }
 }
 
@@ -429,29 +531,22 @@ fn ahead_of(conn: &rusqlite::Connection, name: &str) -> Result<Vec<Ahead>> {
 
 impl<V: AsRef<[u8]> + Send> Sink<V> for PersistedCache {
     async fn put(&mut self, key: Arc<str>, seq: u64, value: V) -> Result<()> {
-        self.batch.push(CacheOp::Put {
-            key: key.to_string(),
-            seq,
-            value: value.as_ref().to_vec(),
-        });
+        self.batch.push(key, seq, Some(value.as_ref()));
         Ok(())
     }
 
     async fn remove(&mut self, key: Arc<str>, seq: u64) -> Result<()> {
-        self.batch.push(CacheOp::Remove {
-            key: key.to_string(),
-            seq,
-        });
+        self.batch.push(key, seq, None);
         Ok(())
     }
 
     async fn commit(&mut self, watermark: u64, lineage: Lineage) -> Result<()> {
-        let ops = CacheOp::coalesce(std::mem::take(&mut self.batch));
-        self.apply(ops, watermark, lineage).await
+        let batch = std::mem::take(&mut self.batch);
+        self.write(batch, watermark, lineage).await
     }
 
     async fn rollback(&mut self) {
-        self.batch.clear();
+        self.batch = Batch::default();
     }
 
     async fn resume(&mut self) -> Result<Option<Held>> {

@@ -685,3 +685,64 @@ async fn a_warm_start_reads_after_the_commit_an_aborted_follower_left_in_flight(
     assert_eq!(cache.watermark().await.unwrap(), 2, "the commit landed");
     assert_eq!(cache.len().await.unwrap(), 2);
 }
+
+/// A batch that names keys out of order and some more than once (a feed's, not a
+/// snapshot's) lands as the last change to each key and counts each key once; so does
+/// one in key order that names a key twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_lands_as_the_last_change_to_each_key_in_any_order() {
+    let (_dir, _path, db) = common::fresh().await;
+    let mut cache = db.follower_cache("o");
+    let mut apply = async |changes: &[(&str, u64, Option<&str>)], watermark: u64| {
+        for &(key, seq, value) in changes {
+            match value {
+                Some(v) => Sink::<Vec<u8>>::put(&mut cache, key.into(), seq, v.into()).await,
+                None => Sink::<Vec<u8>>::remove(&mut cache, key.into(), seq).await,
+            }
+            .unwrap();
+        }
+        Sink::<Vec<u8>>::commit(&mut cache, watermark, tidemark::Lineage::default())
+            .await
+            .unwrap();
+    };
+    apply(
+        &[
+            ("m", 1, Some("m1")),
+            ("b", 2, Some("b1")),
+            ("m", 3, None),
+            ("a", 4, Some("a1")),
+            ("m", 5, Some("m2")),
+            ("z", 6, Some("z1")),
+            ("b", 7, Some("b2")),
+            ("z", 8, None),
+        ],
+        8,
+    )
+    .await;
+    apply(
+        &[("c", 9, Some("c1")), ("c", 10, Some("c2")), ("d", 11, None)],
+        11,
+    )
+    .await;
+    let cache = db.follower_cache("o");
+    let entries: Vec<(String, u64, Vec<u8>)> = [
+        ("a", 4, "a1"),
+        ("b", 7, "b2"),
+        ("c", 10, "c2"),
+        ("m", 5, "m2"),
+    ]
+    .into_iter()
+    .map(|(k, s, v)| (k.to_owned(), s, v.into()))
+    .collect();
+    assert_eq!(
+        cache.entries().await.unwrap(),
+        entries,
+        "each key holds its batch's last change, whatever order the batch named them in"
+    );
+    let held = cache.held().await.unwrap().unwrap();
+    assert_eq!(
+        (held.watermark, held.keys),
+        (11, 4),
+        "each key counted once"
+    );
+}
