@@ -288,3 +288,55 @@ fn a_failed_batch_gives_back_a_replaced_claim_and_the_next_read_replaces_it_agai
         "the read after the rewind replaces the forged value again: {replaced:?}"
     );
 }
+
+/// An initial sync's batch begins on an empty index and records no step per key: going
+/// back empties the index, and the retry decides every change again.
+#[test]
+fn a_failed_first_batch_goes_back_to_an_empty_index() {
+    let mut h = committing();
+    h.open(FeedInfo::change_log(1, 3));
+    h.put(1, "a", "1");
+    h.put(2, "b", "2");
+    h.entry(Entry::delete(3, "b"));
+    h.input(Input::SinkFailed {
+        error: "disk full".into(),
+    });
+    assert_eq!(
+        h.f.len(),
+        0,
+        "the sink holds nothing: neither does the index"
+    );
+    assert_eq!(h.f.seq_of("a"), None, "a put the sink lost is not held");
+    h.run_to_timeout();
+    h.reopen(FeedInfo::change_log(1, 3));
+    let mut outs = h.put(1, "a", "1");
+    outs.extend(h.put(2, "b", "2"));
+    assert_eq!(
+        puts(&outs),
+        [("a".into(), 1, "1".into()), ("b".into(), 2, "2".into())],
+        "nothing is skipped as stale"
+    );
+}
+
+/// A warm start learns what the sink holds after the driver turned tracking on (the
+/// runtime's order): that is no change, and a failed first batch keeps it.
+#[test]
+fn a_failed_first_batch_of_a_warm_start_keeps_what_the_sink_holds() {
+    let mut f = Follower::new(config().build().unwrap(), Utf8);
+    f.track_commits(true);
+    f.start_from(10, 1000);
+    let mut h = H::with(f);
+    h.f.remember([("k1".to_owned(), 7)]);
+    h.open(FeedInfo::kv(1, 11));
+    h.entry(Entry::put(11, "k2", "2"));
+    h.input(Input::SinkFailed {
+        error: "disk full".into(),
+    });
+    assert_eq!(h.f.len(), 1000, "the keys the sink holds are still counted");
+    assert_eq!(
+        h.f.seq_of("k1"),
+        Some(7),
+        "a learnt seq is what the sink holds"
+    );
+    assert_eq!(h.f.seq_of("k2"), None, "the failed batch's put is undone");
+}

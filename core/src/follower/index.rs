@@ -36,6 +36,10 @@ pub(super) struct KeyIndex {
     pub(super) unknown: usize,
     /// Steps since the last commit, when the driver commits batches.
     pub(super) undo: Option<Vec<Step>>,
+    /// Whether the index was empty at the last commit (an initial sync's batch): going
+    /// back empties it, so no step is recorded (a step per key was a tenth of a cold
+    /// start's CPU into a persisted cache).
+    pub(super) from_empty: bool,
     /// When values expire (a source that drops aged values silently): (when, key, seq).
     /// An entry whose key no longer holds that seq is dropped when it comes due.
     pub(super) expiries: BTreeSet<(Time, Arc<str>, u64)>,
@@ -51,6 +55,7 @@ impl KeyIndex {
             tombstones: BTreeMap::new(),
             unknown: 0,
             undo: None,
+            from_empty: false,
             expiries: BTreeSet::new(),
             presized: 0,
         }
@@ -85,6 +90,8 @@ impl KeyIndex {
         }
         self.seqs.insert(key.into(), seq);
         self.unknown = self.unknown.saturating_sub(1);
+        // What the sink holds is no change to undo: the index is no longer empty under it.
+        self.from_empty = false;
         true
     }
 
@@ -93,16 +100,17 @@ impl KeyIndex {
     pub(super) fn learn_removed(&mut self, key: &str, seq: u64) {
         let tomb = self.tombstones.entry(key.into()).or_insert(0);
         *tomb = (*tomb).max(seq);
+        self.from_empty = false;
     }
 
     /// Whether steps are recorded for undo.
     pub(super) fn tracking(&self) -> bool {
-        self.undo.is_some()
+        self.undo.is_some() && !self.from_empty
     }
 
     /// Records that `key` held `before` (for undo), when the driver commits batches.
     pub(super) fn record(&mut self, key: &Arc<str>, before: Option<u64>) {
-        if let Some(undo) = &mut self.undo {
+        if let Some(undo) = steps(&mut self.undo, self.from_empty) {
             undo.push(Step::Seq(Arc::clone(key), before));
         }
     }
@@ -121,14 +129,14 @@ impl KeyIndex {
 
     pub(super) fn tomb(&mut self, key: &Arc<str>, seq: u64) {
         let before = self.tombstones.insert(Arc::clone(key), seq);
-        if let Some(undo) = &mut self.undo {
+        if let Some(undo) = steps(&mut self.undo, self.from_empty) {
             undo.push(Step::Tomb(Arc::clone(key), before));
         }
     }
 
     pub(super) fn untomb(&mut self, key: &str) {
         if let Some((key, before)) = self.tombstones.remove_entry(key)
-            && let Some(undo) = &mut self.undo
+            && let Some(undo) = steps(&mut self.undo, self.from_empty)
         {
             undo.push(Step::Tomb(key, Some(before)));
         }
@@ -139,7 +147,7 @@ impl KeyIndex {
         if self.tombstones.is_empty() {
             return;
         }
-        match &mut self.undo {
+        match steps(&mut self.undo, self.from_empty) {
             None => self.tombstones.retain(|_, s| *s > watermark),
             Some(undo) => self.tombstones.retain(|k, s| {
                 let keep = *s > watermark;
@@ -155,13 +163,13 @@ impl KeyIndex {
     /// snapshot replaces or removes it.
     pub(super) fn forget_seqs(&mut self) {
         for (key, seq) in &mut self.seqs {
-            if let Some(undo) = &mut self.undo {
+            if let Some(undo) = steps(&mut self.undo, self.from_empty) {
                 undo.push(Step::Seq(Arc::clone(key), Some(*seq)));
             }
             *seq = 0;
         }
         let tombs = std::mem::take(&mut self.tombstones);
-        if let Some(undo) = &mut self.undo {
+        if let Some(undo) = steps(&mut self.undo, self.from_empty) {
             undo.extend(tombs.into_iter().map(|(k, s)| Step::Tomb(k, Some(s))));
         }
     }
@@ -178,7 +186,7 @@ impl KeyIndex {
             let Some((at, key, seq)) = self.expiries.pop_first() else {
                 break;
             };
-            if let Some(undo) = &mut self.undo {
+            if let Some(undo) = steps(&mut self.undo, self.from_empty) {
                 undo.push(Step::Expiry(at, Arc::clone(&key), seq));
             }
             due.push((key, seq));
@@ -189,13 +197,31 @@ impl KeyIndex {
     /// Starts or stops recording steps for [`rewind`](Self::rewind).
     pub(super) fn track(&mut self, on: bool) {
         self.undo = on.then(Vec::new);
+        self.from_empty = on && self.holds_nothing();
     }
 
     /// The batch was committed: its steps need no undo.
     pub(super) fn commit(&mut self) {
         if let Some(undo) = &mut self.undo {
             undo.clear();
+            self.from_empty = self.holds_nothing();
         }
+    }
+
+    /// The sink holds `held` keys it was not told about (a lazy warm start, before any
+    /// change).
+    pub(super) fn hold_unknown(&mut self, held: usize) {
+        self.unknown = held;
+        self.from_empty &= held == 0;
+    }
+
+    /// Whether it holds nothing an undo would have to give back: no key (known or not),
+    /// no tombstone, no expiry.
+    fn holds_nothing(&self) -> bool {
+        self.seqs.is_empty()
+            && self.unknown == 0
+            && self.tombstones.is_empty()
+            && self.expiries.is_empty()
     }
 
     /// Undoes every step since the last commit. `false` when steps were not recorded.
@@ -203,6 +229,14 @@ impl KeyIndex {
         let Some(undo) = &mut self.undo else {
             return false;
         };
+        if self.from_empty {
+            // The batch began on an empty index: what it left goes, expiries included.
+            undo.clear();
+            self.seqs.clear();
+            self.tombstones.clear();
+            self.expiries.clear();
+            return true;
+        }
         for step in std::mem::take(undo).into_iter().rev() {
             match step {
                 Step::Seq(key, Some(seq)) => {
@@ -224,4 +258,10 @@ impl KeyIndex {
         }
         true
     }
+}
+
+/// The steps to record into: none when nothing is tracked, or when the batch began on an
+/// empty index (its undo empties it).
+fn steps(undo: &mut Option<Vec<Step>>, from_empty: bool) -> Option<&mut Vec<Step>> {
+    undo.as_mut().filter(|_| !from_empty)
 }

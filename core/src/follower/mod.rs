@@ -303,7 +303,7 @@ impl<D: Decode> Follower<D> {
         }
         self.watermark = watermark;
         self.mark.watermark = watermark;
-        self.index.unknown = held;
+        self.index.hold_unknown(held);
     }
 
     /// Sets how the follower follows its feed (default [`Follow::Replay`]). A driver
