@@ -14,9 +14,11 @@
 //! that says how to get a good one; tests must fail on it, never skip.
 //!
 //! [`fuzz_corpus`] hands the checked-in fuzz corpus to the tests that replay it, and
-//! [`CountingAlloc`] counts the heap for the benches that measure memory.
+//! [`CountingAlloc`] counts the heap for the benches that measure memory; [`bench`] has
+//! what they print beside their figures (CPU seconds, the load) and their `perf` switch.
 
 pub mod alloc;
+pub mod bench;
 mod corpus;
 mod fault_proxy;
 mod nats_bin;

@@ -10,6 +10,10 @@
 //! - a 1M-key bucket mirrored into SQLite: cold start against a warm restart.
 //!
 //! `TIDEMARK_BENCH_PARTS=sync,live,latency,persisted` runs only the parts named.
+//! `TIDEMARK_BENCH_PERF_CTL`/`TIDEMARK_BENCH_PERF_WHAT` ([`tidemark_tests::bench::perf`])
+//! profile one contender of the initial sync (`bare`, `bare_map`, `feed`, `tidemark`; the
+//! server's CPU too, as perf follows the child it started) or the mirror's cold start
+//! (`cold`).
 //! `cargo bench -p tidemark-nats` runs it; `cargo test --benches` (no `--bench` flag)
 //! only checks that it builds and skips the heavy work.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -25,32 +29,11 @@ use futures::StreamExt as _;
 use tidemark::tidemark_core::{FollowerConfig, RawBytes};
 use tidemark::{Change, spawn_cache};
 use tidemark_nats::KvBucket;
+use tidemark_tests::bench::{cpu_secs, load, perf};
 use tidemark_tests::{NatsServer, NatsServerBin};
 
 fn main() {
     common::run_bench("nats", "cargo bench -p tidemark-nats", run());
-}
-
-/// CPU seconds (user + system) process `pid` used so far (`self`: this one), from
-/// `/proc/<pid>/stat` (clock ticks of 10 ms); 0 where the kernel does not say.
-fn cpu_secs(pid: &str) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // The fields after the command name (which may hold spaces): state is the first,
-    // utime the 12th and stime the 13th.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    (tick(11) + tick(12)) as f64 / 100.0
 }
 
 /// The CPU the server and this process (the client) used, and the wall time, over runs.
@@ -104,22 +87,6 @@ async fn bucket(js: &jetstream::Context, name: &str) -> kv::Store {
 
 fn config(name: &str) -> FollowerConfig {
     FollowerConfig::builder(name).build().expect("config")
-}
-
-/// Profiles one contender of the initial sync: under `perf record --control
-/// fifo:<path> -D -1`, with `TIDEMARK_BENCH_PERF_CTL=<path>` and `TIDEMARK_BENCH_PERF_WHAT`
-/// naming the contender (`bare`, `bare_map`, `feed`, `tidemark`), perf records only while
-/// that one runs (the server's CPU too, as perf follows the child it started).
-fn perf(contender: &str, on: bool) {
-    let (Ok(ctl), Ok(what)) = (
-        std::env::var("TIDEMARK_BENCH_PERF_CTL"),
-        std::env::var("TIDEMARK_BENCH_PERF_WHAT"),
-    ) else {
-        return;
-    };
-    if what == contender {
-        std::fs::write(ctl, if on { "enable\n" } else { "disable\n" }).expect("perf control");
-    }
 }
 
 /// Whether the part `name` runs: all of them unless `TIDEMARK_BENCH_PARTS` names some
@@ -500,14 +467,6 @@ async fn live_follow(client: &async_nats::Client, js: &jetstream::Context, event
         ratios.first().copied().unwrap_or_default(),
         ratios.last().copied().unwrap_or_default(),
     );
-}
-
-/// The machine's 1-minute load average, as the kernel says it.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
 }
 
 /// Write -> applied latency over 8 followers against 8 bare watches.

@@ -6,6 +6,8 @@
 //!
 //! `cargo bench -p tidemark-sqlite` runs it at full size. Without `--bench` (as under
 //! `cargo test --benches`) it runs a tiny smoke version, so test runs stay quick.
+//! `TIDEMARK_BENCH_PERF_CTL`/`TIDEMARK_BENCH_PERF_WHAT` ([`tidemark_tests::bench::perf`])
+//! profile the cold start (`cold`) or the in-memory cache's sync (`memory`).
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use std::time::{Duration, Instant};
@@ -13,6 +15,7 @@ use std::time::{Duration, Instant};
 use tidemark::tidemark_core::FollowerConfig;
 use tidemark::{Changes, Received, Source, Wake, WakeListener};
 use tidemark_sqlite::{Options, SqliteDb, Synchronous, Write};
+use tidemark_tests::bench::{cpu_secs, load, perf};
 
 struct Size {
     single: u64,
@@ -128,7 +131,7 @@ async fn reconcile_vs_snapshot(size: &Size) {
     // The in-memory cache's initial sync of the same registry: what the cold start is
     // measured against, in CPU seconds of the process as well as wall time.
     let db = open(&path, Synchronous::Normal).await;
-    let (cpu, t) = (cpu_secs(), Instant::now());
+    let (cpu, t) = (cpu_secs("self"), Instant::now());
     perf("memory", true);
     let (cache, h) = tidemark::spawn_cache(
         FollowerConfig::builder("memory").seed(1).build().unwrap(),
@@ -138,7 +141,7 @@ async fn reconcile_vs_snapshot(size: &Size) {
     );
     cache.wait_ready().await.unwrap();
     perf("memory", false);
-    let (memory_time, memory_cpu, memory_load) = (t.elapsed(), cpu_secs() - cpu, load());
+    let (memory_time, memory_cpu, memory_load) = (t.elapsed(), cpu_secs("self") - cpu, load());
     assert_eq!(cache.len() as u64, size.registry);
     h.stop();
     drop((cache, db));
@@ -183,54 +186,11 @@ async fn reconcile_vs_snapshot(size: &Size) {
     );
 }
 
-/// CPU seconds (user + system) this process has used so far: on a shared machine, a
-/// steadier figure than wall time.
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // After the command name (which may hold spaces): utime and stime are the 12th and
-    // 13th fields, in clock ticks (100 a second on Linux).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
-    let tick = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (tick(11) + tick(12)) / 100.0
-}
-
-/// Profiles one contender: under `perf record --control fifo:<path> -D -1`, with
-/// `TIDEMARK_BENCH_PERF_CTL=<path>` and `TIDEMARK_BENCH_PERF_WHAT` naming it (`cold`,
-/// `memory`), perf records only while that one runs.
-fn perf(contender: &str, on: bool) {
-    let (Ok(ctl), Ok(what)) = (
-        std::env::var("TIDEMARK_BENCH_PERF_CTL"),
-        std::env::var("TIDEMARK_BENCH_PERF_WHAT"),
-    ) else {
-        return;
-    };
-    if what == contender {
-        std::fs::write(ctl, if on { "enable\n" } else { "disable\n" }).unwrap();
-    }
-}
-
-/// The machine's one-minute load average, printed beside each figure (it is shared).
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
 /// Runs a wake-only follower named `name` over `db`'s registry into its persisted cache
 /// until it is ready; its status, how long that took and the CPU seconds it cost (to
 /// ready, as the in-memory cache's are counted: not its stop, which frees its index).
 async fn persisted_catch_up(db: &SqliteDb, name: &str) -> (tidemark::Status, Duration, f64) {
-    let (t, cpu) = (Instant::now(), cpu_secs());
+    let (t, cpu) = (Instant::now(), cpu_secs("self"));
     let h = tidemark::FollowerTask::new(
         FollowerConfig::builder(name).seed(1).build().unwrap(),
         tidemark::RawBytes,
@@ -241,7 +201,7 @@ async fn persisted_catch_up(db: &SqliteDb, name: &str) -> (tidemark::Status, Dur
     .spawn();
     let mut status = h.watch_status();
     status.wait_for(|s| s.ready).await.unwrap();
-    let (took, cpu) = (t.elapsed(), cpu_secs() - cpu);
+    let (took, cpu) = (t.elapsed(), cpu_secs("self") - cpu);
     let s = h.stop_within(Duration::from_secs(60)).await.unwrap();
     (s, took, cpu)
 }
