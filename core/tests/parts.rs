@@ -233,6 +233,19 @@ fn cache_of(n: u64) -> (H, Token) {
     resyncing(&start)
 }
 
+/// The feed fails and reopens on a log compacted past the watermark: a snapshot is asked
+/// again. Its token.
+fn resync_again(h: &mut H) -> Token {
+    let feed = h.feed.unwrap();
+    h.input(Input::FeedFailed {
+        token: feed,
+        error: "x".into(),
+    });
+    h.run_to_timeout();
+    h.reopen(sparse(20, 30));
+    h.request.unwrap()
+}
+
 fn held(k: u8, seq: u64) -> Entry {
     Entry::put(seq, key(k).as_str(), "v1")
 }
@@ -346,14 +359,7 @@ fn a_value_that_expires_after_its_part_passed_has_the_snapshot_read_again() {
     last(&mut h, token, vec![e], 5);
     assert_eq!(h.f.seq_of("k9"), Some(5));
     // A second resync (a compaction again), the part passes, then the value expires.
-    let feed = h.feed.unwrap();
-    h.input(Input::FeedFailed {
-        token: feed,
-        error: "x".into(),
-    });
-    h.run_to_timeout();
-    h.reopen(sparse(20, 30));
-    let token = h.request.unwrap();
+    let token = resync_again(&mut h);
     part(
         &mut h,
         token,
@@ -386,14 +392,7 @@ fn an_expiring_value_is_kept_so_its_expiry_between_parts_needs_no_second_read() 
     };
     let (mut h, token) = cache_of(1);
     last(&mut h, token, vec![held(0, 1), expiring()], 5);
-    let feed = h.feed.unwrap();
-    h.input(Input::FeedFailed {
-        token: feed,
-        error: "x".into(),
-    });
-    h.run_to_timeout();
-    h.reopen(sparse(20, 30));
-    let token = h.request.unwrap();
+    let token = resync_again(&mut h);
     part(&mut h, token, vec![held(0, 1), expiring()], 5);
     let out = h.advance(Duration::from_secs(2));
     assert_eq!(removes(&out), vec![("k9".to_owned(), 5)]);
@@ -576,14 +575,7 @@ fn a_restamped_keys_value_expiring_between_parts_has_the_snapshot_read_again() {
     let mut e = Entry::put(5, "k9", "v1");
     e.expires_in = Some(Duration::from_secs(1));
     last(&mut h, token, vec![held(0, 1), e], 5);
-    let feed = h.feed.unwrap();
-    h.input(Input::FeedFailed {
-        token: feed,
-        error: "x".into(),
-    });
-    h.run_to_timeout();
-    h.reopen(sparse(20, 30));
-    let token = h.request.unwrap();
+    let token = resync_again(&mut h);
     let cached = holding(&[(0, "v1"), (9, "v1")]);
     part_with(
         &mut h,
