@@ -14,7 +14,7 @@
 //! that says how to get a good one; tests must fail on it, never skip.
 //!
 //! [`fuzz_corpus`] hands the checked-in fuzz corpus to the tests that replay it, and
-//! [`CountingAlloc`] counts the heap for the benches that measure memory; [`bench`] has
+//! [`CountingAlloc`] counts the heap for the benches that measure memory; [`mod@bench`] has
 //! what they print beside their figures (CPU seconds, the load) and their `perf` switch.
 
 pub mod alloc;
